@@ -1,0 +1,36 @@
+# fedlink: one command for each thing a newcomer or CI does.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test proto lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first, pinned: anything looser resolves to a multi-GB CUDA build.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m fedlink simulate examples/demo_poor_network.toml
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+proto: $(STAMP)
+	$(PY) -m fedlink.proto.regen
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check fedlink tests benchmarks clients examples
+	$(VENV)/bin/mypy
+
+bench: $(STAMP)
+	@set -e; for b in benchmarks/*.py; do \
+	  echo "== $$b"; $(PY) $$b --quick --json runs/bench/$$(basename $$b .py).json; \
+	done
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,122 @@
+"""Coordinator configuration: the flush rule, the run, and the limits, as frozen dataclasses."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedlink.config import from_table, require
+
+
+@dataclass(frozen=True)
+class FlushRule:
+    """When the updates gathered so far become one step of the global model.
+
+    A flush fires when ``goal`` updates are in, or when ``deadline_s`` seconds have passed since
+    the current model version was published and at least ``min_updates`` are in. Tasks are
+    issued for up to ``ceil(goal * over_selection)`` clients per version, so a few slow or dead
+    clients do not hold a flush back. Updates more than ``max_staleness`` versions old are
+    refused. Synchronous FedAvg is ``goal = cohort, max_staleness = 0`` (the default preset).
+    If the deadline passes with fewer than ``min_updates`` in, the open tasks are released and
+    their places offered to other clients; the deadline then starts again.
+    """
+
+    goal: int = 10
+    min_updates: int = 1
+    deadline_s: float | None = 60.0
+    over_selection: float = 1.0
+    max_staleness: int = 0
+
+    def __post_init__(self) -> None:
+        require(self.goal >= 1, "flush.goal", f"must be >= 1, got {self.goal}")
+        require(1 <= self.min_updates <= self.goal, "flush.min_updates",
+                f"must be in [1, goal={self.goal}], got {self.min_updates}")
+        require(self.deadline_s is None or self.deadline_s > 0, "flush.deadline_s",
+                f"must be > 0 (or absent for no deadline), got {self.deadline_s}")
+        require(self.over_selection >= 1.0, "flush.over_selection",
+                f"must be >= 1.0, got {self.over_selection}")
+        require(self.max_staleness >= 0, "flush.max_staleness",
+                f"must be >= 0, got {self.max_staleness}")
+
+    @property
+    def cohort(self) -> int:
+        """How many tasks may be open per model version."""
+        return math.ceil(self.goal * self.over_selection)
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Local training every client is asked to do (served at ``Join``)."""
+
+    local_steps: int = 0
+    local_epochs: int = 1
+    batch_size: int = 32
+    learning_rate: float = 0.05
+    trainer_options: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        require(self.local_steps >= 0, "training.local_steps", "must be >= 0")
+        require(self.local_steps > 0 or self.local_epochs >= 1, "training.local_epochs",
+                "must be >= 1 when local_steps is 0")
+        require(self.batch_size >= 1, "training.batch_size", "must be >= 1")
+        require(self.learning_rate > 0, "training.learning_rate", "must be > 0")
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    """Size limits and timing knobs of the coordinator."""
+
+    chunk_bytes: int = 1 << 20
+    max_chunk_bytes: int = 3 << 20
+    max_update_bytes: int = 1 << 30
+    heartbeat_interval_s: float = 5.0
+    long_poll_s: float = 10.0
+    retry_after_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        require(0 < self.chunk_bytes <= self.max_chunk_bytes, "limits.chunk_bytes",
+                f"must be in (0, max_chunk_bytes={self.max_chunk_bytes}]")
+        require(self.max_chunk_bytes < 4 << 20, "limits.max_chunk_bytes",
+                "must stay under gRPC's 4 MiB message limit")
+        require(self.max_update_bytes > 0, "limits.max_update_bytes", "must be > 0")
+        require(self.heartbeat_interval_s > 0, "limits.heartbeat_interval_s", "must be > 0")
+        require(self.long_poll_s >= 0, "limits.long_poll_s", "must be >= 0")
+        require(self.retry_after_s > 0, "limits.retry_after_s", "must be > 0")
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """Everything a coordinator needs to run one federated training run."""
+
+    run_name: str = "fedlink-run"
+    rounds: int = 10
+    flush: FlushRule = field(default_factory=FlushRule)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    server_optimizer: str = "fedavg"
+    server_optimizer_options: Mapping[str, Any] = field(default_factory=dict)
+    staleness_weight: str = "constant"
+    staleness_weight_options: Mapping[str, Any] = field(default_factory=dict)
+    join_token: str = ""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        require(self.rounds >= 1, "rounds", f"must be >= 1, got {self.rounds}")
+        require(bool(self.run_name), "run_name", "must not be empty")
+
+    @classmethod
+    def from_dict(cls, table: Mapping[str, Any]) -> CoordinatorConfig:
+        """Build from a ``[coordinator]``-style table with ``flush``/``training``/``limits``."""
+        nested = {"flush": FlushRule, "training": TrainingConfig, "limits": LimitsConfig}
+        values = dict(table)
+        for key, sub in nested.items():
+            if key in values:
+                values[key] = from_table(sub, values[key], f"coordinator.{key}")
+        return from_table(cls, values, "coordinator")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-dict form (for event logs and summaries)."""
+        return dataclasses.asdict(self)

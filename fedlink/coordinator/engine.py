@@ -1,0 +1,310 @@
+"""The round engine: issues tasks, folds in updates, and flushes them into new model versions.
+
+One engine serves synchronous, elastic and asynchronous training: the mode is only the
+``FlushRule`` it is given (see ``fedlink.coordinator.config.FlushRule``). The engine is plain,
+synchronous Python with an injected clock: no gRPC, no asyncio, no torch, so it is unit-testable
+with a fake clock and the servicer stays thin.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedlink.aggregate import SERVER_OPTIMIZERS, STALENESS_WEIGHTS, StreamingMean
+from fedlink.compress import get_codec
+from fedlink.coordinator.config import CoordinatorConfig
+from fedlink.errors import InvalidArgument, NotFound, PermissionDenied, UpdateRefused
+from fedlink.messages import Finished, Task, TaskReply, Wait
+from fedlink.metrics import EventLog
+from fedlink.wire import Payload, pack
+
+
+@dataclass
+class TaskRecord:
+    """One task issued to one client, for one model version."""
+
+    task_id: str
+    client_id: str
+    version: int
+    issued_at: float
+    done: bool = False
+    expired: bool = False
+
+
+@dataclass(frozen=True)
+class ReceivedUpdate:
+    """A decoded, validated client update, ready to be folded in."""
+
+    client_id: str
+    task_id: str
+    base_version: int
+    delta: np.ndarray
+    num_examples: int
+    steps_completed: int
+    steps_planned: int
+    bytes_up: int
+
+
+@dataclass(frozen=True)
+class FlushOutcome:
+    """A new model version, made from ``num_updates`` updates."""
+
+    version: int
+    model: np.ndarray
+    num_updates: int
+    total_weight: float
+    round_seconds: float
+    bytes_up: int
+    finished: bool
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """An update was folded in (and maybe triggered a flush)."""
+
+    model_version: int
+    staleness: int
+    weight: float
+    flush: FlushOutcome | None
+
+
+class RoundEngine:
+    """Task issuing, staleness checks, weighting, streaming aggregation and the flush rule."""
+
+    def __init__(
+        self,
+        config: CoordinatorConfig,
+        initial_model: np.ndarray,
+        events: EventLog,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.rule = config.flush
+        self.events = events
+        self._clock = clock
+        self._model = np.ascontiguousarray(initial_model, dtype=np.float32).reshape(-1)
+        self._version = 0
+        self._optimizer = SERVER_OPTIMIZERS.create(
+            config.server_optimizer, **dict(config.server_optimizer_options))
+        self._staleness_weight = STALENESS_WEIGHTS.create(
+            config.staleness_weight, **dict(config.staleness_weight_options))
+        self._accumulator = StreamingMean()
+        self._codec = get_codec("fp32")
+        self._payloads: dict[int, Payload] = {0: pack(self._model, self._codec)}
+        self._tasks: dict[str, TaskRecord] = {}
+        self._issued: set[tuple[str, int]] = set()
+        self._task_ids = itertools.count(1)
+        self._round_started = clock()
+        self._round_bytes_up = 0
+        self.finished_reason = ""
+
+    # -- read-only views -------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        """The current global model version (0 is the initial model)."""
+        return self._version
+
+    @property
+    def model(self) -> np.ndarray:
+        """The current global model (do not modify)."""
+        return self._model
+
+    @property
+    def finished(self) -> bool:
+        """True once the run is over."""
+        return bool(self.finished_reason)
+
+    @property
+    def num_parameters(self) -> int:
+        """Length of the global model vector."""
+        return int(self._model.size)
+
+    def payload(self, version: int) -> Payload:
+        """The encoded model of ``version`` (``UpdateRefused`` once it is no longer kept)."""
+        payload = self._payloads.get(version)
+        if payload is None:
+            raise UpdateRefused(f"model version {version} is no longer served "
+                                f"(current version is {self._version})")
+        return payload
+
+    def task(self, client_id: str, task_id: str) -> TaskRecord:
+        """The task ``task_id``, which must belong to ``client_id``."""
+        record = self._tasks.get(task_id)
+        if record is None:
+            raise NotFound(f"unknown task id {task_id!r}")
+        if record.client_id != client_id:
+            raise PermissionDenied(f"task {task_id!r} belongs to another client")
+        return record
+
+    def is_open(self, record: TaskRecord) -> bool:
+        """Whether an update for ``record`` could still be accepted."""
+        return (not record.done and not self.finished
+                and self._version - record.version <= self.rule.max_staleness)
+
+    # -- issuing tasks ---------------------------------------------------------------------
+
+    def issue(self, client_id: str) -> TaskReply:
+        """A task for ``client_id``, or ``Wait``/``Finished``. Repeated calls are idempotent."""
+        if self.finished:
+            return Finished(self.finished_reason)
+        held = self._open_task_of(client_id)
+        if held is not None:
+            return self._task_message(held)
+        if (client_id, self._version) in self._issued:
+            return Wait(self.config.limits.retry_after_s,
+                        f"already trained on version {self._version}; waiting for the next")
+        if self._free_slots() <= 0:
+            return Wait(self.config.limits.retry_after_s,
+                        f"cohort of version {self._version} is full")
+        return self._task_message(self._new_task(client_id))
+
+    def _open_task_of(self, client_id: str) -> TaskRecord | None:
+        for record in self._tasks.values():
+            if record.client_id == client_id and self.is_open(record):
+                return record
+        return None
+
+    def _free_slots(self) -> int:
+        in_flight = sum(1 for t in self._tasks.values()
+                        if not t.expired and self.is_open(t))
+        return self.rule.cohort - self._accumulator.count - in_flight
+
+    def _new_task(self, client_id: str) -> TaskRecord:
+        record = TaskRecord(f"t{next(self._task_ids)}-v{self._version}", client_id,
+                            self._version, self._clock())
+        self._tasks[record.task_id] = record
+        self._issued.add((client_id, self._version))
+        self.events.emit("task_issued", client_id=client_id, task_id=record.task_id,
+                         model_version=record.version)
+        return record
+
+    def _task_message(self, record: TaskRecord) -> Task:
+        training = self.config.training
+        return Task(
+            task_id=record.task_id,
+            model_version=record.version,
+            local_steps=training.local_steps,
+            local_epochs=training.local_epochs,
+            deadline_s=self._time_left(),
+            model=self.payload(record.version).header,
+        )
+
+    def _time_left(self) -> float:
+        """Seconds until this version's deadline (0 means no deadline)."""
+        if self.rule.deadline_s is None:
+            return 0.0
+        return max(0.001, self.rule.deadline_s - (self._clock() - self._round_started))
+
+    # -- receiving updates -----------------------------------------------------------------
+
+    def submit(self, update: ReceivedUpdate) -> Acceptance:
+        """Fold in ``update`` (``UpdateRefused``/``InvalidArgument`` leave the model unchanged)."""
+        record = self.task(update.client_id, update.task_id)
+        if update.base_version != record.version:
+            raise InvalidArgument(f"base_version {update.base_version} does not match task "
+                                  f"{record.task_id!r} (version {record.version})")
+        if update.delta.shape != self._model.shape:
+            raise InvalidArgument(f"update has {update.delta.size} values, "
+                                  f"model has {self._model.size}")
+        self._check_open(record)
+        staleness = self._version - record.version
+        weight = self._weight(update, staleness)
+        self._accumulator.add(update.delta, weight)
+        record.done = True
+        self._round_bytes_up += update.bytes_up
+        self.events.emit("update_accepted", client_id=update.client_id,
+                         task_id=update.task_id, base_version=record.version,
+                         staleness=staleness, num_examples=update.num_examples,
+                         steps_completed=update.steps_completed, bytes_up=update.bytes_up,
+                         weight=weight)
+        flush = self._flush() if self._accumulator.count >= self.rule.goal else None
+        return Acceptance(self._version, staleness, weight, flush)
+
+    def _check_open(self, record: TaskRecord) -> None:
+        if self.finished:
+            raise UpdateRefused(f"the run is over: {self.finished_reason}")
+        if record.done:
+            raise UpdateRefused(f"task {record.task_id!r} already has an accepted update")
+        staleness = self._version - record.version
+        if staleness > self.rule.max_staleness:
+            raise UpdateRefused(f"too stale: trained on version {record.version}, current is "
+                                f"{self._version} (staleness {staleness} > max_staleness "
+                                f"{self.rule.max_staleness})")
+
+    def _weight(self, update: ReceivedUpdate, staleness: int) -> float:
+        """``num_examples x staleness_weight(tau) x work_fraction`` (DESIGN.md)."""
+        work = 1.0
+        if update.steps_planned > 0:
+            work = min(1.0, update.steps_completed / update.steps_planned)
+        return float(update.num_examples * self._staleness_weight(staleness) * work)
+
+    # -- flushing ---------------------------------------------------------------------------
+
+    def poll(self) -> FlushOutcome | None:
+        """Apply the deadline part of the flush rule; call it periodically."""
+        if self.finished or self.rule.deadline_s is None:
+            return None
+        if self._clock() - self._round_started < self.rule.deadline_s:
+            return None
+        if self._accumulator.count >= self.rule.min_updates:
+            return self._flush()
+        self._release_late_tasks()
+        return None
+
+    def _release_late_tasks(self) -> None:
+        """Deadline passed without ``min_updates``: give late clients' places to others.
+
+        A released task may still deliver (it is not closed); it just stops holding a place.
+        """
+        for record in self._tasks.values():
+            if record.version == self._version and not record.done and not record.expired:
+                record.expired = True
+                self._issued.discard((record.client_id, record.version))
+                self.events.emit("client_timeout", client_id=record.client_id,
+                                 task_id=record.task_id, model_version=record.version)
+        self._round_started = self._clock()
+
+    def _flush(self) -> FlushOutcome:
+        now = self._clock()
+        mean_delta = self._accumulator.mean()
+        outcome_updates = self._accumulator.count
+        total_weight = self._accumulator.total_weight
+        self._model = self._optimizer.step(self._model, mean_delta)
+        self._version += 1
+        self._accumulator.reset()
+        self._publish()
+        if self._version >= self.config.rounds:
+            self.finish(f"completed {self.config.rounds} rounds")
+        outcome = FlushOutcome(self._version, self._model, outcome_updates, total_weight,
+                               now - self._round_started, self._round_bytes_up, self.finished)
+        self._round_started = now
+        self._round_bytes_up = 0
+        return outcome
+
+    def _publish(self) -> None:
+        """Encode the new version once; keep only versions a client may still train from."""
+        self._payloads[self._version] = pack(self._model, self._codec)
+        oldest = self._version - self.rule.max_staleness
+        for version in [v for v in self._payloads if v < oldest]:
+            del self._payloads[version]
+        self._tasks = {k: t for k, t in self._tasks.items() if self._version - t.version
+                       <= self.rule.max_staleness + 1}
+        self._issued = {(c, v) for c, v in self._issued if v >= oldest}
+
+    def release_client(self, client_id: str) -> None:
+        """A client left: its open tasks stop holding places."""
+        for record in self._tasks.values():
+            if record.client_id == client_id and not record.done:
+                record.expired = True
+                record.done = True
+
+    def finish(self, reason: str) -> None:
+        """End the run: no more tasks, no more updates."""
+        if not self.finished:
+            self.finished_reason = reason

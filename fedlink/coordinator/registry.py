@@ -1,0 +1,63 @@
+"""The client registry: who joined, under which id, with how much data, seen when."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from fedlink.errors import InvalidArgument, Unauthenticated
+
+MAX_NAME_LENGTH = 128
+
+
+@dataclass
+class ClientRecord:
+    """One client the coordinator knows."""
+
+    client_id: str
+    name: str
+    num_examples: int
+    joined_at: float
+    last_seen: float
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+class ClientRegistry:
+    """Issues client ids at join and checks them on every later call."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clients: dict[str, ClientRecord] = {}
+        self._ids = itertools.count(1)
+        self._clock = clock
+
+    def __len__(self) -> int:
+        return len(self._clients)
+
+    def join(self, name: str, num_examples: int, metadata: Mapping[str, str]) -> ClientRecord:
+        """Register a client and return its record (with a fresh id)."""
+        if len(name) > MAX_NAME_LENGTH:
+            raise InvalidArgument(f"client_name is longer than {MAX_NAME_LENGTH} characters")
+        if num_examples < 0:
+            raise InvalidArgument(f"num_examples must be >= 0, got {num_examples}")
+        now = self._clock()
+        client_id = f"c{next(self._ids)}"
+        record = ClientRecord(client_id, name or client_id, num_examples, now, now,
+                              dict(metadata))
+        self._clients[client_id] = record
+        return record
+
+    def touch(self, client_id: str) -> ClientRecord:
+        """The record of ``client_id``, marked as seen now (``Unauthenticated`` if unknown)."""
+        record = self._clients.get(client_id)
+        if record is None:
+            raise Unauthenticated(f"unknown client id {client_id!r}: call Join first")
+        record.last_seen = self._clock()
+        return record
+
+    def remove(self, client_id: str) -> ClientRecord:
+        """Forget ``client_id`` (``Unauthenticated`` if unknown)."""
+        record = self.touch(client_id)
+        del self._clients[client_id]
+        return record

@@ -1,0 +1,129 @@
+"""The coordinator process: a ``grpc.aio`` server with health, reflection and clean shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from pathlib import Path
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from fedlink.coordinator.config import CoordinatorConfig
+from fedlink.coordinator.service import CoordinatorService, Evaluator
+from fedlink.coordinator.servicer import CoordinatorServicer
+from fedlink.metrics import EventLog
+from fedlink.proto.v1 import coordinator_pb2 as pb
+from fedlink.proto.v1 import coordinator_pb2_grpc as pb_grpc
+from fedlink.wire.options import server_options
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Coordinator"].full_name
+POLL_INTERVAL_S = 0.05
+
+
+class CoordinatorServer:
+    """Runs a ``CoordinatorService`` behind gRPC on ``address`` until the run ends or stops.
+
+    Use as an async context manager, or ``start()`` / ``stop()``::
+
+        async with CoordinatorServer(config, model, events) as server:
+            print("listening on", server.port)
+            await server.wait_finished()
+    """
+
+    def __init__(self, config: CoordinatorConfig, initial_model: np.ndarray, events: EventLog,
+                 evaluator: Evaluator | None = None, address: str = "127.0.0.1:0") -> None:
+        self.config = config
+        self.address = address
+        self.events = events
+        self.service = CoordinatorService(config, initial_model, events, evaluator)
+        self._server: grpc.aio.Server | None = None
+        self._health = health.aio.HealthServicer()
+        self._background: list[asyncio.Task[None]] = []
+        self.port = 0
+
+    async def start(self) -> int:
+        """Bind, start serving and return the bound port."""
+        server = grpc.aio.server(options=server_options())
+        pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(self.service), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        self.port = server.add_insecure_port(self.address)
+        if self.port == 0:
+            raise OSError(f"could not bind the coordinator to {self.address}")
+        await server.start()
+        self._server = server
+        for status_name in ("", SERVICE_NAME):
+            await self._health.set(status_name, health_pb2.HealthCheckResponse.SERVING)
+        self.events.emit("run_started", config=self.config.to_dict(), port=self.port,
+                         num_parameters=self.service.engine.num_parameters)
+        self._background = [asyncio.create_task(self._poll_deadlines()),
+                            asyncio.create_task(self.service.report_flushes())]
+        log.info("coordinator listening on port %d", self.port)
+        return self.port
+
+    async def _poll_deadlines(self) -> None:
+        while not self.service.engine.finished:
+            self.service.poll()
+            await asyncio.sleep(POLL_INTERVAL_S)
+
+    async def wait_finished(self) -> None:
+        """Return once the run is over and its last flush was reported."""
+        await self.service.finished.wait()
+
+    async def stop(self, grace_s: float = 2.0) -> None:
+        """Stop accepting calls, let running ones finish for ``grace_s``, then stop."""
+        if self._server is None:
+            return
+        await self._health.enter_graceful_shutdown()
+        await self._server.stop(grace_s)
+        for task in self._background:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._server = None
+        log.info("coordinator stopped")
+
+    async def __aenter__(self) -> CoordinatorServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+async def serve_until_done(server: CoordinatorServer) -> None:
+    """Serve until the run finishes or SIGINT/SIGTERM arrives, then shut down gracefully."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await server.start()
+        done = asyncio.ensure_future(server.wait_finished())
+        interrupted = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({done, interrupted}, return_when=asyncio.FIRST_COMPLETED)
+        if interrupted.done():
+            log.info("signal received: shutting down")
+            server.service.engine.finish("stopped by signal")
+            server.events.emit("run_finished", reason="stopped by signal",
+                               model_version=server.service.engine.version)
+        for fut in (done, interrupted):
+            fut.cancel()
+    finally:
+        await server.stop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def save_model(path: Path, model: np.ndarray) -> None:
+    """Write the final global model as a ``.npy`` file (parent folders created)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(path, model)

@@ -1,0 +1,276 @@
+"""The coordinator's call handlers, in plain async Python over fedlink's own messages.
+
+The gRPC servicer (``servicer.py``) only converts messages and status codes; everything a call
+means is here: checking the caller, validating input at the edge, and handing off to the
+``RoundEngine``. Handlers raise ``fedlink.errors.RemoteError`` subclasses for every refusal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from fedlink.coordinator.config import CoordinatorConfig
+from fedlink.coordinator.engine import FlushOutcome, ReceivedUpdate, RoundEngine
+from fedlink.coordinator.registry import ClientRegistry
+from fedlink.coordinator.uploads import UploadSession, UploadStore
+from fedlink.compress import CODECS
+from fedlink.errors import (
+    InvalidArgument,
+    RemoteError,
+    Unauthenticated,
+    UpdateRefused,
+    UploadIncomplete,
+)
+from fedlink.messages import (
+    CommitReply,
+    CommitRequest,
+    DataChunk,
+    DownloadRequest,
+    Finished,
+    GetTaskRequest,
+    HeartbeatReply,
+    HeartbeatRequest,
+    JoinReply,
+    JoinRequest,
+    LeaveReply,
+    LeaveRequest,
+    RunConfig,
+    Task,
+    TaskReply,
+    UploadChunk,
+    UploadReply,
+    UploadStatusRequest,
+)
+from fedlink.metrics import EventLog
+from fedlink.wire import iter_chunks, unpack
+
+log = logging.getLogger(__name__)
+
+Evaluator = Callable[[np.ndarray], Mapping[str, float]]
+
+
+class CoordinatorService:
+    """Implements every call of ``fedlink.v1.Coordinator`` on top of a ``RoundEngine``."""
+
+    def __init__(self, config: CoordinatorConfig, initial_model: np.ndarray, events: EventLog,
+                 evaluator: Evaluator | None = None) -> None:
+        self.config = config
+        self.events = events
+        self.engine = RoundEngine(config, initial_model, events)
+        self.registry = ClientRegistry()
+        self.uploads = UploadStore(config.limits.max_update_bytes,
+                                   config.limits.max_chunk_bytes)
+        self._evaluator = evaluator
+        self._changed = asyncio.Event()
+        self._flushes: asyncio.Queue[tuple[FlushOutcome, int]] = asyncio.Queue()
+        self._round_bytes_down = 0
+        self.finished = asyncio.Event()
+
+    # -- calls --------------------------------------------------------------------------------
+
+    async def join(self, request: JoinRequest) -> JoinReply:
+        """Register a client; answer with its id and the run configuration."""
+        if self.config.join_token and request.token != self.config.join_token:
+            raise Unauthenticated("join token is missing or wrong")
+        record = self.registry.join(request.client_name, request.num_examples, request.metadata)
+        self.events.emit("client_joined", client_id=record.client_id, name=record.name,
+                         num_examples=record.num_examples)
+        return JoinReply(record.client_id, self.run_config())
+
+    def run_config(self) -> RunConfig:
+        """What every client is told at ``Join``."""
+        training, limits = self.config.training, self.config.limits
+        return RunConfig(
+            run_name=self.config.run_name,
+            num_parameters=self.engine.num_parameters,
+            local_steps=training.local_steps,
+            local_epochs=training.local_epochs,
+            batch_size=training.batch_size,
+            learning_rate=training.learning_rate,
+            chunk_bytes=limits.chunk_bytes,
+            heartbeat_interval_s=limits.heartbeat_interval_s,
+            max_staleness=self.config.flush.max_staleness,
+            accepted_encodings=CODECS.names(),
+            trainer_options=dict(training.trainer_options),
+        )
+
+    async def get_task(self, request: GetTaskRequest) -> TaskReply:
+        """A task, or ``Wait``/``Finished``; waits up to ``long_poll_s`` for one to free up.
+
+        Long polling keeps an idle client from hammering the coordinator, and hands out the
+        next version's tasks the moment it is published instead of at the next poll.
+        """
+        self.registry.touch(request.client_id)
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + self.config.limits.long_poll_s
+        while True:
+            changed = self._changed
+            reply = self.engine.issue(request.client_id)
+            remaining = give_up_at - loop.time()
+            if isinstance(reply, Task | Finished) or remaining <= 0:
+                return reply
+            try:
+                await asyncio.wait_for(changed.wait(), timeout=remaining)
+            except TimeoutError:
+                return self.engine.issue(request.client_id)
+
+    async def download(self, request: DownloadRequest) -> AsyncIterator[DataChunk]:
+        """Stream the model of a task from ``request.offset``."""
+        self.registry.touch(request.client_id)
+        record = self.engine.task(request.client_id, request.task_id)
+        if not self.engine.is_open(record):
+            raise UpdateRefused(f"task {request.task_id!r} is closed")
+        payload = self.engine.payload(record.version)
+        if request.offset > len(payload.data):
+            raise InvalidArgument(f"offset {request.offset} is past the end of the "
+                                  f"{len(payload.data)}-byte model")
+        chunk_bytes = min(request.max_chunk_bytes or self.config.limits.chunk_bytes,
+                          self.config.limits.max_chunk_bytes)
+        sent = 0
+        for offset, piece in iter_chunks(payload.data, chunk_bytes, request.offset):
+            sent += len(piece)
+            yield DataChunk(offset, piece)
+        self._round_bytes_down += sent
+        self.events.emit("download_finished", client_id=request.client_id,
+                         task_id=request.task_id, bytes=sent, offset=request.offset)
+
+    async def upload(self, chunks: AsyncIterator[UploadChunk]) -> UploadReply:
+        """Receive chunks of one upload; answer with the bytes held."""
+        reply: UploadReply | None = None
+        async for chunk in chunks:
+            self.registry.touch(chunk.client_id)
+            if reply is not None and chunk.upload_id != reply.upload_id:
+                raise InvalidArgument("one Upload stream must carry a single upload_id")
+            session = self.uploads.write(chunk.client_id, chunk.upload_id, chunk.offset,
+                                         chunk.data)
+            reply = UploadReply(session.upload_id, session.committed_offset)
+        if reply is None:
+            raise InvalidArgument("Upload stream carried no chunk")
+        return reply
+
+    async def upload_status(self, request: UploadStatusRequest) -> UploadReply:
+        """How many bytes of an upload the coordinator holds."""
+        self.registry.touch(request.client_id)
+        held = self.uploads.status(request.client_id, request.upload_id)
+        return UploadReply(request.upload_id, held)
+
+    async def commit(self, request: CommitRequest) -> CommitReply:
+        """Turn a complete upload into an accepted update; the same answer on every repeat."""
+        self.registry.touch(request.client_id)
+        previous = self.uploads.answer(request.client_id, request.upload_id)
+        if previous is not None:
+            return self._replay(previous)
+        session = self.uploads.get(request.client_id, request.upload_id)
+        try:
+            reply = self._accept(request, session)
+        except RemoteError as err:
+            if not isinstance(err, UploadIncomplete):
+                self.uploads.settle(request.client_id, request.upload_id, err)
+            self.events.emit("update_refused", client_id=request.client_id,
+                             task_id=request.task_id, reason=err.detail, code=err.code,
+                             bytes_up=request.update.num_bytes)
+            raise
+        self.uploads.settle(request.client_id, request.upload_id, reply)
+        return reply
+
+    async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatReply:
+        """Note that the client is alive; say whether its task is still open."""
+        self.registry.touch(request.client_id)
+        task_open = False
+        if request.task_id:
+            task_open = self.engine.is_open(self.engine.task(request.client_id,
+                                                             request.task_id))
+        return HeartbeatReply(self.engine.version, task_open)
+
+    async def leave(self, request: LeaveRequest) -> LeaveReply:
+        """Forget the client; its open task stops holding a place in the cohort."""
+        self.registry.remove(request.client_id)
+        self.engine.release_client(request.client_id)
+        self.events.emit("client_left", client_id=request.client_id, reason=request.reason)
+        self._notify()
+        return LeaveReply()
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _accept(self, request: CommitRequest, session: UploadSession) -> CommitReply:
+        if session.committed_offset < request.update.num_bytes:
+            raise UploadIncomplete(f"upload {request.upload_id!r} is incomplete: "
+                                f"{session.committed_offset} of {request.update.num_bytes} "
+                                "bytes received; resume it, then commit")
+        _check_counts(request)
+        delta = unpack(request.update, bytes(session.data), self.engine.num_parameters)
+        acceptance = self.engine.submit(ReceivedUpdate(
+            client_id=request.client_id, task_id=request.task_id,
+            base_version=request.base_version, delta=delta,
+            num_examples=request.num_examples, steps_completed=request.steps_completed,
+            steps_planned=request.steps_planned, bytes_up=request.update.num_bytes))
+        if acceptance.flush is not None:
+            self._on_flush(acceptance.flush)
+        return CommitReply(request.upload_id, acceptance.model_version, acceptance.staleness)
+
+    @staticmethod
+    def _replay(previous: CommitReply | RemoteError) -> CommitReply:
+        if isinstance(previous, RemoteError):
+            raise type(previous)(previous.detail)
+        return previous
+
+    def poll(self) -> None:
+        """Apply the deadline rule (called periodically by the server)."""
+        outcome = self.engine.poll()
+        if outcome is not None:
+            self._on_flush(outcome)
+        elif self.engine.rule.deadline_s is not None:
+            self._notify()  # released places may let waiting clients in
+
+    def _on_flush(self, outcome: FlushOutcome) -> None:
+        self._flushes.put_nowait((outcome, self._round_bytes_down))
+        self._round_bytes_down = 0
+        self._notify()
+
+    def _notify(self) -> None:
+        """Wake every long-polling ``GetTask``."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def report_flushes(self) -> None:
+        """Evaluate each new version off the event loop and log its ``flush`` event.
+
+        Runs as one background task so evaluation never delays a call, and flush events come
+        out in version order.
+        """
+        while True:
+            outcome, bytes_down = await self._flushes.get()
+            metrics = await self._evaluate(outcome.model)
+            self.events.emit("flush", model_version=outcome.version,
+                             num_updates=outcome.num_updates, total_weight=outcome.total_weight,
+                             round_seconds=outcome.round_seconds, bytes_up=outcome.bytes_up,
+                             bytes_down=bytes_down, **metrics)
+            if outcome.finished:
+                self.events.emit("run_finished", reason=self.engine.finished_reason,
+                                 model_version=outcome.version)
+                self.finished.set()
+
+    async def _evaluate(self, model: np.ndarray) -> dict[str, Any]:
+        if self._evaluator is None:
+            return {}
+        try:
+            return dict(await asyncio.to_thread(self._evaluator, model))
+        except Exception:  # an evaluator bug must not stop training
+            log.exception("evaluating the global model failed")
+            return {}
+
+
+def _check_counts(request: CommitRequest) -> None:
+    if request.num_examples < 1:
+        raise InvalidArgument(f"num_examples must be >= 1, got {request.num_examples}")
+    if request.steps_completed < 0 or request.steps_planned < 0:
+        raise InvalidArgument("steps_completed and steps_planned must be >= 0")
+    if request.steps_completed > request.steps_planned > 0:
+        raise InvalidArgument(f"steps_completed {request.steps_completed} exceeds "
+                              f"steps_planned {request.steps_planned}")
+

@@ -1,0 +1,94 @@
+"""The gRPC servicer: converts messages and status codes, nothing else.
+
+Every call is handed to ``CoordinatorService``. A ``RemoteError`` becomes its status code and
+detail; any other exception is logged with its traceback and answered ``INTERNAL`` with a short
+message, so no Python traceback ever travels on the wire.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NoReturn
+
+import grpc
+from google.protobuf.message import Message
+
+from fedlink.coordinator.service import CoordinatorService
+from fedlink.errors import RemoteError
+from fedlink.proto.v1 import coordinator_pb2 as pb
+from fedlink.proto.v1 import coordinator_pb2_grpc as pb_grpc
+from fedlink.wire import from_proto, task_reply_to_proto, to_proto
+
+log = logging.getLogger(__name__)
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: Exception, call: str) -> NoReturn:
+    if isinstance(exc, RemoteError):
+        await context.abort(grpc.StatusCode[exc.code], exc.detail)
+    log.exception("unexpected error in %s", call, exc_info=exc)
+    await context.abort(grpc.StatusCode.INTERNAL,
+                        f"internal error in {call}; the coordinator log has the details")
+    raise AssertionError("unreachable")  # context.abort always raises
+
+
+class CoordinatorServicer(pb_grpc.CoordinatorServicer):
+    """``fedlink.v1.Coordinator`` over ``grpc.aio``, delegating to a ``CoordinatorService``."""
+
+    def __init__(self, service: CoordinatorService) -> None:
+        self.service = service
+
+    async def _unary(self, context: grpc.aio.ServicerContext, call: str,
+                     handler: Callable[[Any], Awaitable[Any]], request: Message,
+                     convert: Callable[[Any], Message] = to_proto) -> Message:
+        try:
+            return convert(await handler(from_proto(request)))
+        except Exception as exc:  # translated, never leaked
+            await _abort(context, exc, call)
+
+    async def Join(self, request: pb.JoinRequest, context: Any) -> Message:
+        """See ``CoordinatorService.join``."""
+        return await self._unary(context, "Join", self.service.join, request)
+
+    async def GetTask(self, request: pb.GetTaskRequest, context: Any) -> Message:
+        """See ``CoordinatorService.get_task``."""
+        return await self._unary(context, "GetTask", self.service.get_task, request,
+                                 task_reply_to_proto)
+
+    async def UploadStatus(self, request: pb.UploadStatusRequest, context: Any) -> Message:
+        """See ``CoordinatorService.upload_status``."""
+        return await self._unary(context, "UploadStatus", self.service.upload_status, request)
+
+    async def Commit(self, request: pb.CommitRequest, context: Any) -> Message:
+        """See ``CoordinatorService.commit``."""
+        return await self._unary(context, "Commit", self.service.commit, request)
+
+    async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> Message:
+        """See ``CoordinatorService.heartbeat``."""
+        return await self._unary(context, "Heartbeat", self.service.heartbeat, request)
+
+    async def Leave(self, request: pb.LeaveRequest, context: Any) -> Message:
+        """See ``CoordinatorService.leave``."""
+        return await self._unary(context, "Leave", self.service.leave, request)
+
+    async def Download(self, request: pb.DownloadRequest,
+                       context: Any) -> AsyncIterator[Message]:
+        """See ``CoordinatorService.download``."""
+        try:
+            async for chunk in self.service.download(from_proto(request)):
+                yield to_proto(chunk)
+        except Exception as exc:
+            await _abort(context, exc, "Download")
+
+    async def Upload(self, request_iterator: AsyncIterator[pb.UploadChunk],
+                     context: Any) -> Message:
+        """See ``CoordinatorService.upload``."""
+
+        async def chunks() -> AsyncIterator[Any]:
+            async for message in request_iterator:
+                yield from_proto(message)
+
+        try:
+            return to_proto(await self.service.upload(chunks()))
+        except Exception as exc:
+            await _abort(context, exc, "Upload")

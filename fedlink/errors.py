@@ -1,0 +1,151 @@
+"""fedlink's own exception tree.
+
+Errors from grpc, tenacity and opacus are translated into these where they cross the library
+boundary, so user code catches ``fedlink.errors.*`` and never a transport-specific type.
+
+``RemoteError`` subclasses each carry the gRPC status code *name* (a plain string) that the
+coordinator answers with; the servicer maps them onto the wire and the client SDK maps them
+back, so neither side's domain code imports grpc to raise or catch them.
+
+Status codes used by the coordinator:
+
+======================  ==================================================================
+``INVALID_ARGUMENT``    malformed request: wrong vector length, shape or dtype, NaN/Inf,
+                        unknown encoding, offset gaps, bad field values
+``UNAUTHENTICATED``     unknown client id or bad join token (the SDK re-joins once)
+``NOT_FOUND``           unknown task or upload id
+``FAILED_PRECONDITION`` valid but refused: too stale, task closed, upload incomplete
+``DATA_LOSS``           checksum mismatch between the header and the received bytes
+``RESOURCE_EXHAUSTED``  payload larger than allowed
+``UNAVAILABLE``         transient: retry
+======================  ==================================================================
+"""
+
+from __future__ import annotations
+
+
+class FedlinkError(Exception):
+    """Base class of every error fedlink raises on purpose."""
+
+
+class ConfigError(FedlinkError, ValueError):
+    """A configuration value is missing, of the wrong type or out of range."""
+
+
+class RunFinished(FedlinkError):
+    """The coordinator has ended the run; no more tasks will be issued."""
+
+
+class RemoteError(FedlinkError):
+    """An error that crosses the wire as a gRPC status code plus a human-readable detail."""
+
+    code: str = "UNKNOWN"
+    retryable: bool = False
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.detail}"
+
+
+class InvalidArgument(RemoteError):
+    """The request is malformed or its payload is not acceptable."""
+
+    code = "INVALID_ARGUMENT"
+
+
+class Unauthenticated(RemoteError):
+    """The caller is not known to the coordinator (or its credentials are wrong)."""
+
+    code = "UNAUTHENTICATED"
+
+
+class PermissionDenied(RemoteError):
+    """The caller is known but may not do this."""
+
+    code = "PERMISSION_DENIED"
+
+
+class NotFound(RemoteError):
+    """A task or upload id the coordinator does not know."""
+
+    code = "NOT_FOUND"
+
+
+class UpdateRefused(RemoteError):
+    """A well-formed update the coordinator will not use (too stale, task closed, ...)."""
+
+    code = "FAILED_PRECONDITION"
+
+
+class UploadIncomplete(UpdateRefused):
+    """A commit arrived before all of its upload's bytes; resume the upload, then commit."""
+
+
+class DataLoss(RemoteError):
+    """Received bytes do not match their checksum."""
+
+    code = "DATA_LOSS"
+
+
+class ResourceExhausted(RemoteError):
+    """A size or rate limit was exceeded."""
+
+    code = "RESOURCE_EXHAUSTED"
+
+
+class Unavailable(RemoteError):
+    """The coordinator cannot be reached or is shutting down; retry later."""
+
+    code = "UNAVAILABLE"
+    retryable = True
+
+
+class DeadlineExceeded(RemoteError):
+    """A call did not finish within its deadline; retry later."""
+
+    code = "DEADLINE_EXCEEDED"
+    retryable = True
+
+
+class Internal(RemoteError):
+    """The coordinator failed unexpectedly (its log has the details)."""
+
+    code = "INTERNAL"
+
+
+class Cancelled(RemoteError):
+    """The call was cancelled."""
+
+    code = "CANCELLED"
+    retryable = True
+
+
+REMOTE_ERRORS: dict[str, type[RemoteError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidArgument,
+        Unauthenticated,
+        PermissionDenied,
+        NotFound,
+        UpdateRefused,
+        DataLoss,
+        ResourceExhausted,
+        Unavailable,
+        DeadlineExceeded,
+        Internal,
+        Cancelled,
+    )
+}
+
+
+def remote_error(code: str, detail: str) -> RemoteError:
+    """The ``RemoteError`` for a status code name (``RemoteError`` itself when unknown)."""
+    cls = REMOTE_ERRORS.get(code)
+    if cls is None:
+        err = RemoteError(detail)
+        err.code = code
+        return err
+    return cls(detail)

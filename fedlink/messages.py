@@ -1,0 +1,193 @@
+"""fedlink's own message types: what the protocol says, free of protobuf.
+
+Each class mirrors one message of ``protos/fedlink/v1/coordinator.proto``; ``fedlink.wire``
+is the only place that converts between the two. Domain code (coordinator handlers, the client
+SDK) works with these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TensorHeader:
+    """Describes one encoded tensor payload: codec, decoded shape and dtype, size, checksum."""
+
+    encoding: str
+    shape: tuple[int, ...]
+    dtype: str
+    num_bytes: int
+    checksum: str
+    codec_params: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The run configuration every client receives at ``Join``."""
+
+    run_name: str
+    num_parameters: int
+    local_steps: int = 0
+    local_epochs: int = 1
+    batch_size: int = 32
+    learning_rate: float = 0.05
+    chunk_bytes: int = 1 << 20
+    heartbeat_interval_s: float = 5.0
+    max_staleness: int = 0
+    accepted_encodings: tuple[str, ...] = ()
+    trainer_options: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JoinRequest:
+    """A client asks to take part in the run."""
+
+    client_name: str
+    token: str = ""
+    num_examples: int = 0
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JoinReply:
+    """The coordinator's answer to ``Join``."""
+
+    client_id: str
+    config: RunConfig
+
+
+@dataclass(frozen=True)
+class GetTaskRequest:
+    """A client asks for work."""
+
+    client_id: str
+    held_version: int = -1
+
+
+@dataclass(frozen=True)
+class Task:
+    """Train from ``model_version`` and commit an update within ``deadline_s`` seconds."""
+
+    task_id: str
+    model_version: int
+    local_steps: int
+    local_epochs: int
+    deadline_s: float
+    model: TensorHeader
+
+
+@dataclass(frozen=True)
+class Wait:
+    """No work now: ask again after ``retry_after_s`` seconds."""
+
+    retry_after_s: float
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The run is over."""
+
+    reason: str = ""
+
+
+TaskReply = Task | Wait | Finished
+
+
+@dataclass(frozen=True)
+class DownloadRequest:
+    """Stream a task's model from ``offset``."""
+
+    client_id: str
+    task_id: str
+    offset: int = 0
+    max_chunk_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class DataChunk:
+    """A piece of a downloaded payload."""
+
+    offset: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class UploadChunk:
+    """A piece of an uploaded payload, placed at ``offset`` of upload ``upload_id``."""
+
+    client_id: str
+    upload_id: str
+    offset: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class UploadReply:
+    """How many bytes of an upload the coordinator holds, contiguous from 0."""
+
+    upload_id: str
+    committed_offset: int
+
+
+@dataclass(frozen=True)
+class UploadStatusRequest:
+    """Ask how much of an upload the coordinator holds."""
+
+    client_id: str
+    upload_id: str
+
+
+@dataclass(frozen=True)
+class CommitRequest:
+    """Submit a fully uploaded update for aggregation."""
+
+    client_id: str
+    upload_id: str
+    task_id: str
+    base_version: int
+    num_examples: int
+    steps_completed: int
+    steps_planned: int
+    update: TensorHeader
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CommitReply:
+    """The update was accepted."""
+
+    upload_id: str
+    model_version: int
+    staleness: int
+
+
+@dataclass(frozen=True)
+class HeartbeatRequest:
+    """I am alive and working on ``task_id``."""
+
+    client_id: str
+    task_id: str = ""
+
+
+@dataclass(frozen=True)
+class HeartbeatReply:
+    """The coordinator's current version and whether the task is still open."""
+
+    model_version: int
+    task_open: bool
+
+
+@dataclass(frozen=True)
+class LeaveRequest:
+    """A client leaves the run."""
+
+    client_id: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class LeaveReply:
+    """Acknowledges ``Leave``."""

@@ -1,0 +1,70 @@
+"""Run metrics: the event log, run summaries, the Markdown/PNG report and console output.
+
+Typical use by a run driver::
+
+    with EventLog(run_dir / "events.jsonl") as log, RunProgress(rounds) as progress:
+        log.emit("run_started", config=config)
+        ...
+        log.emit("flush", model_version=v, num_updates=n, accuracy=acc, loss=loss,
+                 bytes_up=up, bytes_down=down, round_seconds=secs)
+        progress.update(round, acc, total_up, total_down)
+    summary = summarize(read_events(run_dir / "events.jsonl"), config)
+    write_summary(run_dir / SUMMARY_FILENAME, summary)
+    write_report(run_dir, log.events, summary)
+    print_summary(summary, run_dir)
+
+The event schema is documented in :mod:`fedlink.metrics.events`, the summary fields in
+:mod:`fedlink.metrics.summary`.
+"""
+
+from fedlink.metrics.console import RunProgress, print_summary
+from fedlink.metrics.events import (
+    CLIENT_JOINED,
+    CLIENT_LEFT,
+    CLIENT_TIMEOUT,
+    DOWNLOAD_FINISHED,
+    EVENT_KINDS,
+    FLUSH,
+    RUN_FINISHED,
+    RUN_STARTED,
+    TASK_ISSUED,
+    UPDATE_ACCEPTED,
+    UPDATE_REFUSED,
+    Event,
+    EventLog,
+    read_events,
+)
+from fedlink.metrics.formatting import human_bytes, human_seconds, key_figures
+from fedlink.metrics.report import REPORT_FILENAME, write_report
+from fedlink.metrics.summary import SUMMARY_FILENAME, summarize, write_summary
+
+EVENTS_FILENAME = "events.jsonl"
+"""The conventional file name of the event log inside a run folder."""
+
+__all__ = [
+    "CLIENT_JOINED",
+    "CLIENT_LEFT",
+    "CLIENT_TIMEOUT",
+    "DOWNLOAD_FINISHED",
+    "EVENTS_FILENAME",
+    "EVENT_KINDS",
+    "FLUSH",
+    "REPORT_FILENAME",
+    "RUN_FINISHED",
+    "RUN_STARTED",
+    "SUMMARY_FILENAME",
+    "TASK_ISSUED",
+    "UPDATE_ACCEPTED",
+    "UPDATE_REFUSED",
+    "Event",
+    "EventLog",
+    "RunProgress",
+    "human_bytes",
+    "human_seconds",
+    "key_figures",
+    "print_summary",
+    "read_events",
+    "summarize",
+    "write_report",
+    "write_summary",
+]

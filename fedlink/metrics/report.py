@@ -1,0 +1,170 @@
+"""The run report: ``report.md`` plus PNG plots, written into a run folder.
+
+Plots are drawn on a bare :class:`matplotlib.figure.Figure` with an explicit Agg canvas, so
+writing a report neither needs a display nor touches global pyplot state. matplotlib is
+imported only when a plot is drawn, keeping ``import fedlink.metrics`` light.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedlink.metrics.events import FLUSH, Event
+from fedlink.metrics.formatting import fmt_metric, human_bytes, human_seconds, key_figures
+from fedlink.metrics.summary import of_kind, start_elapsed
+
+REPORT_FILENAME = "report.md"
+"""The file name of the report inside the run folder."""
+
+ACCURACY_VS_ROUND = "accuracy_vs_round.png"
+ACCURACY_VS_TIME = "accuracy_vs_time.png"
+LOSS_VS_ROUND = "loss_vs_round.png"
+
+
+@dataclass(frozen=True)
+class _Series:
+    """One line to plot: x and y values, axis labels and the output file name."""
+
+    filename: str
+    title: str
+    x: list[float]
+    y: list[float]
+    xlabel: str
+    ylabel: str
+
+
+def write_report(run_dir: Path, events: list[Event], summary: Mapping[str, Any]) -> Path:
+    """Write ``report.md`` and its plots into ``run_dir`` (created if needed); return its path.
+
+    A run with no ``flush`` events gets a report that says so, without plots.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    flushes = of_kind(events, FLUSH)
+    plots = [s for s in _series(flushes, start_elapsed(events)) if s.x]
+    for series in plots:
+        _draw(run_dir / series.filename, series)
+    path = run_dir / REPORT_FILENAME
+    title = summary.get("run_name") or run_dir.name
+    path.write_text(_markdown(str(title), summary, flushes, plots), encoding="utf-8")
+    return path
+
+
+def _series(flushes: list[Event], start: float) -> list[_Series]:
+    """The plots a run's flush events support (empty series are dropped by the caller)."""
+    acc = [e for e in flushes if e.get("accuracy") is not None]
+    loss = [e for e in flushes if e.get("loss") is not None]
+    accuracy = [float(e["accuracy"]) for e in acc]
+    return [
+        _Series(ACCURACY_VS_ROUND, "Accuracy vs model version", _versions(acc), accuracy,
+                "model version", "accuracy"),
+        _Series(ACCURACY_VS_TIME, "Accuracy vs time",
+                [float(e["elapsed"]) - start for e in acc], accuracy,
+                "seconds since run start", "accuracy"),
+        _Series(LOSS_VS_ROUND, "Loss vs model version", _versions(loss),
+                [float(e["loss"]) for e in loss], "model version", "loss"),
+    ]
+
+
+def _versions(flushes: list[Event]) -> list[float]:
+    """The model version after each flush (its round number if the version is missing)."""
+    versions = [e.get("model_version") for e in flushes]
+    return [float(i if v is None else v) for i, v in enumerate(versions, start=1)]
+
+
+def _draw(path: Path, series: _Series) -> None:
+    """Render one line plot to a PNG file with the Agg canvas."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 4.0), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.plot(series.x, series.y, marker="o", markersize=3, linewidth=1.5)
+    ax.set_title(series.title)
+    ax.set_xlabel(series.xlabel)
+    ax.set_ylabel(series.ylabel)
+    ax.grid(True, alpha=0.3)
+    fig.savefig(path, format="png", dpi=100)
+
+
+def _markdown(
+    title: str, summary: Mapping[str, Any], flushes: list[Event], plots: list[_Series]
+) -> str:
+    """The whole report as Markdown text."""
+    parts = [f"# Run report: {_cell(title)}", _summary_section(summary)]
+    parts.append(_plots_section(flushes, plots))
+    parts.append(_refusals_section(summary.get("refusal_reasons") or {}))
+    parts.append(_rounds_section(flushes))
+    return "\n\n".join(parts) + "\n"
+
+
+def _summary_section(summary: Mapping[str, Any]) -> str:
+    """The key figures as a two-column table."""
+    rows = [[label, value] for label, value in key_figures(dict(summary))]
+    reason = summary.get("finish_reason")
+    if reason:
+        rows.append(["Finish reason", str(reason)])
+    return "## Summary\n\n" + _table(["Figure", "Value"], rows)
+
+
+def _plots_section(flushes: list[Event], plots: list[_Series]) -> str:
+    """Embedded plots, or a note explaining why there are none."""
+    if not flushes:
+        return "## Plots\n\nNo rounds completed (no flush events), so there is nothing to plot."
+    if not plots:
+        return "## Plots\n\nNo round recorded an accuracy or a loss, so there is nothing to plot."
+    images = [f"![{s.title}]({s.filename})" for s in plots]
+    return "## Plots\n\n" + "\n\n".join(images)
+
+
+def _refusals_section(reasons: Mapping[str, int]) -> str:
+    """Refused updates by reason, or a note that none were refused."""
+    if not reasons:
+        return "## Refused updates\n\nNo updates were refused."
+    rows = [[reason, str(count)] for reason, count in reasons.items()]
+    return "## Refused updates\n\n" + _table(["Reason", "Count"], rows)
+
+
+def _rounds_section(flushes: list[Event]) -> str:
+    """One table row per flush, or a note that no round completed."""
+    if not flushes:
+        return "## Rounds\n\nNo rounds completed."
+    header = ["Round", "Version", "Accuracy", "Loss", "Updates", "Bytes up", "Bytes down",
+              "Seconds"]
+    rows = [_round_row(i, e) for i, e in enumerate(flushes, start=1)]
+    return "## Rounds\n\n" + _table(header, rows)
+
+
+def _round_row(number: int, flush: Event) -> list[str]:
+    """The per-round table row of one flush event."""
+    return [
+        str(number),
+        str(flush.get("model_version", "-")),
+        fmt_metric(flush.get("accuracy")),
+        fmt_metric(flush.get("loss")),
+        str(flush.get("num_updates", "-")),
+        human_bytes(flush.get("bytes_up") or 0),
+        human_bytes(flush.get("bytes_down") or 0),
+        human_seconds(flush.get("round_seconds")),
+    ]
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A GitHub-flavoured Markdown table; the first column is left-aligned, others right."""
+    align = [":---"] + ["---:"] * (len(header) - 1)
+    lines = [_row(header), _row(align)]
+    lines.extend(_row([_cell(c) for c in row]) for row in rows)
+    return "\n".join(lines)
+
+
+def _row(cells: Sequence[str]) -> str:
+    """One Markdown table row."""
+    return "| " + " | ".join(cells) + " |"
+
+
+def _cell(text: str) -> str:
+    """Escape text for a Markdown table cell (pipes, newlines)."""
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")

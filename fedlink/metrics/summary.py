@@ -1,0 +1,174 @@
+"""Run summaries: the headline figures of a run, computed from its event log.
+
+:func:`summarize` returns a JSON-ready dict with these fields:
+
+======================== ===================================================================
+``run_name``             ``config["run_name"]``, ``config["name"]`` or
+                         ``config["run"]["name"]``;
+                         None when the config names no run
+``final_accuracy``       accuracy of the last ``flush`` (None without flushes or evaluation)
+``final_loss``           loss of the last ``flush`` (None likewise)
+``best_accuracy``        highest accuracy over all flushes (None likewise)
+``final_model_version``  ``model_version`` of the last flush (None without flushes)
+``rounds``               number of ``flush`` events
+``wall_seconds``         ``elapsed`` from the first ``run_started`` (or the first event) to the
+                         last ``run_finished`` (or the last event); 0.0 for an empty log
+``bytes_up``             sum of ``bytes_up`` over ``update_accepted`` and ``update_refused``
+                         events (a refused update that was received still cost its upload)
+``bytes_down``           sum of ``bytes`` over ``download_finished`` events
+``tasks_issued``         number of ``task_issued`` events
+``updates_accepted``     number of ``update_accepted`` events
+``updates_refused``      number of ``update_refused`` events
+``refusal_reasons``      ``reason`` -> count over ``update_refused`` events
+``refusal_codes``        ``code`` -> count over ``update_refused`` events
+``mean_staleness``       mean ``staleness`` of accepted updates (None if none accepted)
+``max_staleness``        largest ``staleness`` of accepted updates (None if none accepted)
+``clients``              number of distinct ``client_id`` values in ``client_joined`` events
+``clients_left``         number of ``client_left`` events
+``client_timeouts``      number of ``client_timeout`` events
+``finish_reason``        ``reason`` of the last ``run_finished`` (None if it never finished)
+``config``               the configuration passed in, as plain JSON data
+======================== ===================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from fedlink.metrics.events import (
+    CLIENT_JOINED,
+    CLIENT_LEFT,
+    CLIENT_TIMEOUT,
+    DOWNLOAD_FINISHED,
+    FLUSH,
+    RUN_FINISHED,
+    RUN_STARTED,
+    TASK_ISSUED,
+    UPDATE_ACCEPTED,
+    UPDATE_REFUSED,
+    Event,
+    to_jsonable,
+)
+
+SUMMARY_FILENAME = "summary.json"
+"""The conventional file name of a run summary inside a run folder."""
+
+
+def summarize(events: list[Event], config: Mapping[str, Any]) -> dict[str, Any]:
+    """Compute the run summary (fields in the module docstring) from ``events``."""
+    summary: dict[str, Any] = {"run_name": run_name(config)}
+    summary.update(_accuracy_figures(of_kind(events, FLUSH)))
+    summary.update(_traffic_figures(events))
+    summary.update(_update_figures(events))
+    summary.update(_client_figures(events))
+    summary["wall_seconds"] = wall_seconds(events)
+    summary["config"] = to_jsonable(config)
+    return summary
+
+
+def write_summary(path: Path, summary: Mapping[str, Any]) -> None:
+    """Write ``summary`` as indented, key-sorted JSON, atomically (write, fsync, rename)."""
+    text = json.dumps(to_jsonable(summary), indent=2, sort_keys=True, allow_nan=False) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def of_kind(events: Iterable[Event], kind: str) -> list[Event]:
+    """The events of one kind, in their original order."""
+    return [e for e in events if e.get("kind") == kind]
+
+
+def run_name(config: Mapping[str, Any]) -> str | None:
+    """The run's name from its config, or None when it names none."""
+    run = config.get("run")
+    candidates = [config.get("run_name"), config.get("name")]
+    if isinstance(run, Mapping):
+        candidates.append(run.get("name"))
+    return next((str(c) for c in candidates if c), None)
+
+
+def start_elapsed(events: list[Event]) -> float:
+    """``elapsed`` of the first ``run_started`` event, else of the first event, else 0.0."""
+    started = of_kind(events, RUN_STARTED)
+    first = started[0] if started else (events[0] if events else None)
+    return float(first["elapsed"]) if first is not None else 0.0
+
+
+def wall_seconds(events: list[Event]) -> float:
+    """Seconds from the run's start to ``run_finished`` (or the last event)."""
+    if not events:
+        return 0.0
+    finished = of_kind(events, RUN_FINISHED)
+    end = finished[-1] if finished else max(events, key=lambda e: float(e["elapsed"]))
+    return max(0.0, float(end["elapsed"]) - start_elapsed(events))
+
+
+def _accuracy_figures(flushes: list[Event]) -> dict[str, Any]:
+    """Final/best accuracy, final loss, final version and round count from flush events."""
+    last = flushes[-1] if flushes else {}
+    accuracies = [float(e["accuracy"]) for e in flushes if e.get("accuracy") is not None]
+    return {
+        "final_accuracy": _opt_float(last.get("accuracy")),
+        "final_loss": _opt_float(last.get("loss")),
+        "best_accuracy": max(accuracies) if accuracies else None,
+        "final_model_version": last.get("model_version"),
+        "rounds": len(flushes),
+    }
+
+
+def _traffic_figures(events: list[Event]) -> dict[str, int]:
+    """Total bytes up (accepted and refused updates) and down (finished downloads)."""
+    uploads = of_kind(events, UPDATE_ACCEPTED) + of_kind(events, UPDATE_REFUSED)
+    return {
+        "bytes_up": sum(int(e.get("bytes_up") or 0) for e in uploads),
+        "bytes_down": sum(int(e.get("bytes") or 0) for e in of_kind(events, DOWNLOAD_FINISHED)),
+    }
+
+
+def _update_figures(events: list[Event]) -> dict[str, Any]:
+    """Counts of tasks and updates, refusal tallies and staleness statistics."""
+    accepted = of_kind(events, UPDATE_ACCEPTED)
+    refused = of_kind(events, UPDATE_REFUSED)
+    staleness = [int(e["staleness"]) for e in accepted if e.get("staleness") is not None]
+    return {
+        "tasks_issued": len(of_kind(events, TASK_ISSUED)),
+        "updates_accepted": len(accepted),
+        "updates_refused": len(refused),
+        "refusal_reasons": _tally(refused, "reason"),
+        "refusal_codes": _tally(refused, "code"),
+        "mean_staleness": sum(staleness) / len(staleness) if staleness else None,
+        "max_staleness": max(staleness) if staleness else None,
+    }
+
+
+def _client_figures(events: list[Event]) -> dict[str, Any]:
+    """Distinct clients joined, departures, timeouts and the finish reason."""
+    joined = {e.get("client_id") for e in of_kind(events, CLIENT_JOINED)}
+    finished = of_kind(events, RUN_FINISHED)
+    return {
+        "clients": len(joined),
+        "clients_left": len(of_kind(events, CLIENT_LEFT)),
+        "client_timeouts": len(of_kind(events, CLIENT_TIMEOUT)),
+        "finish_reason": finished[-1].get("reason") if finished else None,
+    }
+
+
+def _tally(events: list[Event], field: str) -> dict[str, int]:
+    """``field`` value -> count, most common first (missing values count as ``unknown``)."""
+    counts = Counter(str(e.get(field) or "unknown") for e in events)
+    return dict(counts.most_common())
+
+
+def _opt_float(value: Any) -> float | None:
+    """``float(value)``, or None when value is None."""
+    return None if value is None else float(value)

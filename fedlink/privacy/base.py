@@ -1,0 +1,39 @@
+"""The privacy stage contract: what happens to a client's delta before it is compressed.
+
+Privacy runs **before** compression: compression is then post-processing of an already
+privatised update and cannot weaken the guarantee. ``fedlink.client.pipeline.UpdatePipeline``
+makes the other order impossible: a privacy stage maps a float vector to a float vector, a
+codec maps a float vector to bytes, and the pipeline only chains them in that order.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from fedlink.registry import Registry
+
+
+class UpdatePrivacy(ABC):
+    """Transforms a client's delta (clipping, noise) before it leaves the device."""
+
+    name: str = ""
+
+    @abstractmethod
+    def apply(self, delta: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """The privatised delta (a new array; ``delta`` is left unchanged)."""
+
+
+PRIVACY_STAGES: Registry[UpdatePrivacy] = Registry("privacy stage")
+
+
+@PRIVACY_STAGES.register("none")
+class NoPrivacy(UpdatePrivacy):
+    """No clipping and no noise: the delta leaves as it is."""
+
+    name = "none"
+
+    def apply(self, delta: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """``delta`` itself (copied)."""
+        return np.array(delta, dtype=np.float32, copy=True)

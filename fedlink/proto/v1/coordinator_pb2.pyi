@@ -1,0 +1,253 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TensorHeader(_message.Message):
+    __slots__ = ("encoding", "shape", "dtype", "num_bytes", "checksum", "codec_params")
+    class CodecParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    CODEC_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    encoding: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    dtype: str
+    num_bytes: int
+    checksum: str
+    codec_params: _containers.ScalarMap[str, str]
+    def __init__(self, encoding: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., num_bytes: _Optional[int] = ..., checksum: _Optional[str] = ..., codec_params: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class RunConfig(_message.Message):
+    __slots__ = ("run_name", "num_parameters", "local_steps", "local_epochs", "batch_size", "learning_rate", "chunk_bytes", "heartbeat_interval_s", "max_staleness", "accepted_encodings", "trainer_options")
+    class TrainerOptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    RUN_NAME_FIELD_NUMBER: _ClassVar[int]
+    NUM_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_ENCODINGS_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    run_name: str
+    num_parameters: int
+    local_steps: int
+    local_epochs: int
+    batch_size: int
+    learning_rate: float
+    chunk_bytes: int
+    heartbeat_interval_s: float
+    max_staleness: int
+    accepted_encodings: _containers.RepeatedScalarFieldContainer[str]
+    trainer_options: _containers.ScalarMap[str, str]
+    def __init__(self, run_name: _Optional[str] = ..., num_parameters: _Optional[int] = ..., local_steps: _Optional[int] = ..., local_epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., chunk_bytes: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., max_staleness: _Optional[int] = ..., accepted_encodings: _Optional[_Iterable[str]] = ..., trainer_options: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class JoinRequest(_message.Message):
+    __slots__ = ("client_name", "token", "num_examples", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    client_name: str
+    token: str
+    num_examples: int
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, client_name: _Optional[str] = ..., token: _Optional[str] = ..., num_examples: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class JoinReply(_message.Message):
+    __slots__ = ("client_id", "config")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    config: RunConfig
+    def __init__(self, client_id: _Optional[str] = ..., config: _Optional[_Union[RunConfig, _Mapping]] = ...) -> None: ...
+
+class GetTaskRequest(_message.Message):
+    __slots__ = ("client_id", "held_version")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    HELD_VERSION_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    held_version: int
+    def __init__(self, client_id: _Optional[str] = ..., held_version: _Optional[int] = ...) -> None: ...
+
+class Task(_message.Message):
+    __slots__ = ("task_id", "model_version", "local_steps", "local_epochs", "deadline_s", "model")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    model_version: int
+    local_steps: int
+    local_epochs: int
+    deadline_s: float
+    model: TensorHeader
+    def __init__(self, task_id: _Optional[str] = ..., model_version: _Optional[int] = ..., local_steps: _Optional[int] = ..., local_epochs: _Optional[int] = ..., deadline_s: _Optional[float] = ..., model: _Optional[_Union[TensorHeader, _Mapping]] = ...) -> None: ...
+
+class Wait(_message.Message):
+    __slots__ = ("retry_after_s", "reason")
+    RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    retry_after_s: float
+    reason: str
+    def __init__(self, retry_after_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Finished(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class GetTaskReply(_message.Message):
+    __slots__ = ("task", "wait", "finished")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    task: Task
+    wait: Wait
+    finished: Finished
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., wait: _Optional[_Union[Wait, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ...) -> None: ...
+
+class DownloadRequest(_message.Message):
+    __slots__ = ("client_id", "task_id", "offset", "max_chunk_bytes")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    task_id: str
+    offset: int
+    max_chunk_bytes: int
+    def __init__(self, client_id: _Optional[str] = ..., task_id: _Optional[str] = ..., offset: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ...) -> None: ...
+
+class DataChunk(_message.Message):
+    __slots__ = ("offset", "data")
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    data: bytes
+    def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class UploadChunk(_message.Message):
+    __slots__ = ("client_id", "upload_id", "offset", "data")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    upload_id: str
+    offset: int
+    data: bytes
+    def __init__(self, client_id: _Optional[str] = ..., upload_id: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class UploadReply(_message.Message):
+    __slots__ = ("upload_id", "committed_offset")
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    upload_id: str
+    committed_offset: int
+    def __init__(self, upload_id: _Optional[str] = ..., committed_offset: _Optional[int] = ...) -> None: ...
+
+class UploadStatusRequest(_message.Message):
+    __slots__ = ("client_id", "upload_id")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    upload_id: str
+    def __init__(self, client_id: _Optional[str] = ..., upload_id: _Optional[str] = ...) -> None: ...
+
+class CommitRequest(_message.Message):
+    __slots__ = ("client_id", "upload_id", "task_id", "base_version", "num_examples", "steps_completed", "steps_planned", "update", "metrics")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    STEPS_COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    STEPS_PLANNED_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    upload_id: str
+    task_id: str
+    base_version: int
+    num_examples: int
+    steps_completed: int
+    steps_planned: int
+    update: TensorHeader
+    metrics: _containers.ScalarMap[str, float]
+    def __init__(self, client_id: _Optional[str] = ..., upload_id: _Optional[str] = ..., task_id: _Optional[str] = ..., base_version: _Optional[int] = ..., num_examples: _Optional[int] = ..., steps_completed: _Optional[int] = ..., steps_planned: _Optional[int] = ..., update: _Optional[_Union[TensorHeader, _Mapping]] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class CommitReply(_message.Message):
+    __slots__ = ("upload_id", "model_version", "staleness")
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STALENESS_FIELD_NUMBER: _ClassVar[int]
+    upload_id: str
+    model_version: int
+    staleness: int
+    def __init__(self, upload_id: _Optional[str] = ..., model_version: _Optional[int] = ..., staleness: _Optional[int] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("client_id", "task_id")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    task_id: str
+    def __init__(self, client_id: _Optional[str] = ..., task_id: _Optional[str] = ...) -> None: ...
+
+class HeartbeatReply(_message.Message):
+    __slots__ = ("model_version", "task_open")
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TASK_OPEN_FIELD_NUMBER: _ClassVar[int]
+    model_version: int
+    task_open: bool
+    def __init__(self, model_version: _Optional[int] = ..., task_open: _Optional[bool] = ...) -> None: ...
+
+class LeaveRequest(_message.Message):
+    __slots__ = ("client_id", "reason")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    reason: str
+    def __init__(self, client_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class LeaveReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

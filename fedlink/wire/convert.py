@@ -1,0 +1,98 @@
+"""``to_proto`` / ``from_proto``: the only conversion between protobuf and fedlink messages.
+
+Each fedlink message in ``fedlink.messages`` pairs with one protobuf message of the same name;
+fields convert by name. Repeated fields become tuples, maps become dicts, nested messages
+convert recursively. ``GetTaskReply``'s ``oneof`` has its own pair of functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+from fedlink import messages as m
+from fedlink.errors import InvalidArgument
+from fedlink.proto.v1 import coordinator_pb2 as pb
+
+_PAIRS: tuple[tuple[type, type[Message]], ...] = (
+    (m.TensorHeader, pb.TensorHeader),
+    (m.RunConfig, pb.RunConfig),
+    (m.JoinRequest, pb.JoinRequest),
+    (m.JoinReply, pb.JoinReply),
+    (m.GetTaskRequest, pb.GetTaskRequest),
+    (m.Task, pb.Task),
+    (m.Wait, pb.Wait),
+    (m.Finished, pb.Finished),
+    (m.DownloadRequest, pb.DownloadRequest),
+    (m.DataChunk, pb.DataChunk),
+    (m.UploadChunk, pb.UploadChunk),
+    (m.UploadReply, pb.UploadReply),
+    (m.UploadStatusRequest, pb.UploadStatusRequest),
+    (m.CommitRequest, pb.CommitRequest),
+    (m.CommitReply, pb.CommitReply),
+    (m.HeartbeatRequest, pb.HeartbeatRequest),
+    (m.HeartbeatReply, pb.HeartbeatReply),
+    (m.LeaveRequest, pb.LeaveRequest),
+    (m.LeaveReply, pb.LeaveReply),
+)
+PROTO_OF: dict[type, type[Message]] = dict(_PAIRS)
+DOMAIN_OF: dict[type[Message], type] = {proto: dom for dom, proto in _PAIRS}
+
+
+def to_proto(obj: Any) -> Message:
+    """The protobuf message for a fedlink message."""
+    proto_cls = PROTO_OF.get(type(obj))
+    if proto_cls is None:
+        raise TypeError(f"no protobuf message for {type(obj).__name__}")
+    return proto_cls(**{f.name: _value_to_proto(getattr(obj, f.name))
+                        for f in dataclasses.fields(obj)})
+
+
+def _value_to_proto(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return to_proto(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def from_proto(msg: Message) -> Any:
+    """The fedlink message for a protobuf message."""
+    domain_cls = DOMAIN_OF.get(type(msg))
+    if domain_cls is None:
+        raise TypeError(f"no fedlink message for {type(msg).__name__}")
+    fields_by_name = msg.DESCRIPTOR.fields_by_name
+    return domain_cls(**{f.name: _value_from_proto(fields_by_name[f.name], getattr(msg, f.name))
+                         for f in dataclasses.fields(domain_cls)})
+
+
+def _value_from_proto(descriptor: FieldDescriptor, value: Any) -> Any:
+    is_message = descriptor.type == FieldDescriptor.TYPE_MESSAGE
+    if is_message and descriptor.message_type.GetOptions().map_entry:
+        return dict(value)
+    if descriptor.is_repeated:
+        return tuple(from_proto(v) if is_message else v for v in value)
+    if is_message:
+        return from_proto(value)
+    return value
+
+
+def task_reply_to_proto(reply: m.TaskReply) -> pb.GetTaskReply:
+    """Wrap a ``Task``, ``Wait`` or ``Finished`` in ``GetTaskReply``'s oneof."""
+    slot = {m.Task: "task", m.Wait: "wait", m.Finished: "finished"}[type(reply)]
+    return pb.GetTaskReply(**{slot: to_proto(reply)})
+
+
+def task_reply_from_proto(msg: pb.GetTaskReply) -> m.TaskReply:
+    """Unwrap ``GetTaskReply``'s oneof (``InvalidArgument`` when it is empty)."""
+    slot = msg.WhichOneof("outcome")
+    if slot is None:
+        raise InvalidArgument("GetTaskReply carries neither a task, a wait nor a finish")
+    result: m.TaskReply = from_proto(getattr(msg, slot))
+    return result

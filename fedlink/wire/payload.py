@@ -1,0 +1,92 @@
+"""Tensor payloads: pack a vector with a codec into header + bytes, unpack and verify.
+
+Both sides use this: the coordinator packs the model and unpacks updates; clients do the
+reverse. Verification order is the order of the status codes a sender needs to fix things:
+encoding known, shape and dtype as expected, size as declared, checksum, then decoded values
+finite.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedlink.compress import Codec, decoder_for
+from fedlink.errors import DataLoss, InvalidArgument
+from fedlink.messages import TensorHeader
+
+DTYPE = "float32"
+CHECKSUM_ALGORITHM = "sha256"
+DEFAULT_CHUNK_BYTES = 1 << 20  # 1 MiB: well under gRPC's 4 MiB message limit
+
+
+@dataclass(frozen=True)
+class Payload:
+    """An encoded tensor ready to send: its header and its bytes."""
+
+    header: TensorHeader
+    data: bytes
+
+
+def checksum(data: bytes) -> str:
+    """``"sha256:<hex>"`` of ``data``."""
+    return f"{CHECKSUM_ALGORITHM}:{hashlib.sha256(data).hexdigest()}"
+
+
+def pack(vector: np.ndarray, codec: Codec) -> Payload:
+    """Encode a flat float32 vector with ``codec`` and describe it in a header."""
+    flat = np.ascontiguousarray(vector, dtype=np.float32).reshape(-1)
+    encoded = codec.encode(flat)
+    header = TensorHeader(
+        encoding=codec.name,
+        shape=(int(flat.size),),
+        dtype=DTYPE,
+        num_bytes=len(encoded.data),
+        checksum=checksum(encoded.data),
+        codec_params=dict(encoded.params),
+    )
+    return Payload(header, encoded.data)
+
+
+def unpack(header: TensorHeader, data: bytes, expected_size: int) -> np.ndarray:
+    """Verify ``data`` against ``header`` and decode it into a finite float32 vector.
+
+    Raises ``InvalidArgument`` (unknown encoding, wrong shape/dtype/size, non-finite values) or
+    ``DataLoss`` (checksum mismatch).
+    """
+    codec = decoder_for(header.encoding)
+    check_header(header, expected_size)
+    if len(data) != header.num_bytes:
+        raise InvalidArgument(f"payload has {len(data)} bytes, header says {header.num_bytes}")
+    if checksum(data) != header.checksum:
+        raise DataLoss(f"checksum mismatch: header says {header.checksum!r}, "
+                       f"received bytes hash to {checksum(data)!r}")
+    vector = codec.decode(data, header.codec_params, expected_size)
+    if not np.isfinite(vector).all():
+        bad = int(np.count_nonzero(~np.isfinite(vector)))
+        raise InvalidArgument(f"update holds {bad} non-finite values (NaN or Inf)")
+    return vector
+
+
+def check_header(header: TensorHeader, expected_size: int) -> None:
+    """Raise ``InvalidArgument`` unless the header describes a flat float32 vector of the size."""
+    if header.dtype != DTYPE:
+        raise InvalidArgument(f"dtype {header.dtype!r} is not supported; send {DTYPE!r}")
+    if tuple(header.shape) != (expected_size,):
+        raise InvalidArgument(f"shape {list(header.shape)} does not match the model: "
+                              f"expected [{expected_size}]")
+    if not header.checksum.startswith(f"{CHECKSUM_ALGORITHM}:"):
+        raise InvalidArgument(f"checksum must be '{CHECKSUM_ALGORITHM}:<hex>', "
+                              f"got {header.checksum!r}")
+
+
+def iter_chunks(data: bytes, chunk_bytes: int, offset: int = 0) -> Iterator[tuple[int, bytes]]:
+    """``(offset, piece)`` pairs covering ``data[offset:]`` in pieces of ``chunk_bytes``."""
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    view = memoryview(data)
+    for start in range(offset, len(data), chunk_bytes):
+        yield start, bytes(view[start:start + chunk_bytes])
