@@ -4,11 +4,45 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fedlink.aggregate import SERVER_OPTIMIZERS, STALENESS_WEIGHTS
 from fedlink.config import from_table, require
+from fedlink.errors import ConfigError
+
+
+def _is_a(value: object, hint: Any) -> bool:
+    if hint is Any:
+        return True
+    if hint is type(None):
+        return value is None
+    origin = typing.get_origin(hint) or hint
+    if origin in (int, float) and isinstance(value, bool):
+        return False
+    if origin is int:
+        return isinstance(value, numbers.Integral)
+    if origin is float:
+        return isinstance(value, numbers.Real)
+    return isinstance(value, origin)
+
+
+def _check_types(config: object, section: str) -> None:
+    """``ConfigError`` naming the field when a value has the wrong type (e.g. ``goal = "3"``)."""
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):  # type: ignore[arg-type]
+        hint = hints[f.name]
+        options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        value = getattr(config, f.name)
+        if not any(_is_a(value, option) for option in options):
+            name = f"{section}.{f.name}" if section else f.name
+            expected = " or ".join(getattr(o, "__name__", str(o)) for o in options)
+            raise ConfigError(f"{name}: expected {expected.replace('NoneType', 'nothing')}, "
+                              f"got {type(value).__name__} {value!r}")
 
 
 @dataclass(frozen=True)
@@ -31,6 +65,7 @@ class FlushRule:
     max_staleness: int = 0
 
     def __post_init__(self) -> None:
+        _check_types(self, "flush")
         require(self.goal >= 1, "flush.goal", f"must be >= 1, got {self.goal}")
         require(1 <= self.min_updates <= self.goal, "flush.min_updates",
                 f"must be in [1, goal={self.goal}], got {self.min_updates}")
@@ -49,7 +84,11 @@ class FlushRule:
 
 @dataclass(frozen=True)
 class TrainingConfig:
-    """Local training every client is asked to do (served at ``Join``)."""
+    """Local training every client is asked to do (served at ``Join``).
+
+    ``trainer_options`` reach the client's trainer as strings; ``TorchTrainer`` reads
+    ``prox_mu`` (FedProx's proximal coefficient).
+    """
 
     local_steps: int = 0
     local_epochs: int = 1
@@ -58,11 +97,15 @@ class TrainingConfig:
     trainer_options: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        _check_types(self, "training")
         require(self.local_steps >= 0, "training.local_steps", "must be >= 0")
         require(self.local_steps > 0 or self.local_epochs >= 1, "training.local_epochs",
                 "must be >= 1 when local_steps is 0")
         require(self.batch_size >= 1, "training.batch_size", "must be >= 1")
         require(self.learning_rate > 0, "training.learning_rate", "must be > 0")
+        # Options travel as strings in the protocol; accept TOML numbers and booleans too.
+        options = {str(k): str(v) for k, v in self.trainer_options.items()}
+        object.__setattr__(self, "trainer_options", options)
 
 
 @dataclass(frozen=True)
@@ -77,6 +120,7 @@ class LimitsConfig:
     retry_after_s: float = 1.0
 
     def __post_init__(self) -> None:
+        _check_types(self, "limits")
         require(0 < self.chunk_bytes <= self.max_chunk_bytes, "limits.chunk_bytes",
                 f"must be in (0, max_chunk_bytes={self.max_chunk_bytes}]")
         require(self.max_chunk_bytes < 4 << 20, "limits.max_chunk_bytes",
@@ -104,8 +148,17 @@ class CoordinatorConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        _check_types(self, "")
         require(self.rounds >= 1, "rounds", f"must be >= 1, got {self.rounds}")
         require(bool(self.run_name), "run_name", "must not be empty")
+        for name, registry, options in (
+            ("server_optimizer", SERVER_OPTIMIZERS, self.server_optimizer_options),
+            ("staleness_weight", STALENESS_WEIGHTS, self.staleness_weight_options),
+        ):
+            try:
+                registry.create(getattr(self, name), **dict(options))
+            except ConfigError as exc:
+                raise ConfigError(f"{name}: {exc}") from exc
 
     @classmethod
     def from_dict(cls, table: Mapping[str, Any]) -> CoordinatorConfig:

@@ -11,8 +11,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from fedlink.errors import InvalidArgument, NotFound, PermissionDenied, RemoteError, \
-    ResourceExhausted
+from fedlink.errors import (
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    RemoteError,
+    ResourceExhausted,
+)
 from fedlink.messages import CommitReply
 
 _UPLOAD_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")

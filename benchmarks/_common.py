@@ -1,0 +1,29 @@
+"""Shared plumbing for benchmarks: ``--quick`` / ``--json FILE`` and printing figures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def parse_args(description: str) -> argparse.Namespace:
+    """Every benchmark's flags: ``--quick`` (about a minute) and ``--json FILE``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true", help="a small version (about a minute)")
+    parser.add_argument("--json", type=Path, default=None, metavar="FILE",
+                        help="write the named figures as one flat JSON object")
+    return parser.parse_args()
+
+
+def report(figures: dict[str, Any], path: Path | None) -> None:
+    """Print the figures and, when asked, write them as flat JSON."""
+    width = max(len(k) for k in figures)
+    for key, value in figures.items():
+        shown = f"{value:.4f}" if isinstance(value, float) else str(value)
+        print(f"{key:<{width}}  {shown}")
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
+        print(f"figures written to {path}")

@@ -1,0 +1,7 @@
+"""``python -m fedlink``: the same as the ``fedlink`` command."""
+
+import sys
+
+from fedlink.cli import main
+
+sys.exit(main())

@@ -1,0 +1,95 @@
+"""The ``fedlink`` command: ``simulate``, ``serve``, ``client`` and ``--version``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from fedlink._version import __version__
+from fedlink.errors import FedlinkError
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _add_simulate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("simulate", help="run a coordinator and N clients in one process")
+    p.add_argument("config", type=Path, help="experiment TOML file (see examples/)")
+    p.add_argument("--output-dir", type=Path, default=None,
+                   help="where the run folder goes (default: [run] output_dir)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_simulate)
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run a coordinator")
+    p.add_argument("--config", type=Path, required=True, help="coordinator TOML file")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=50051, help="port (0 picks a free one)")
+    p.add_argument("--output-dir", type=Path, default=None, help="run folder parent")
+    p.set_defaults(func=_serve)
+
+
+def _add_client(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("client", help="run one client against a coordinator")
+    p.add_argument("--server", required=True, help="coordinator address, HOST:PORT")
+    p.add_argument("--config", type=Path, required=True, help="experiment TOML file")
+    p.add_argument("--index", type=int, default=0,
+                   help="which partition of the configured data this client holds")
+    p.add_argument("--name", default="", help="client name shown in the coordinator's log")
+    p.add_argument("--token", default="", help="join token, if the coordinator needs one")
+    p.set_defaults(func=_client)
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from fedlink.metrics import print_summary
+    from fedlink.sim import ExperimentConfig, run_simulation
+
+    config = ExperimentConfig.from_toml(args.config)
+    result = run_simulation(config, args.output_dir, progress=not args.no_progress)
+    print_summary(result.summary, result.run_dir)
+    print(f"final accuracy: {result.summary.get('final_accuracy')}")
+    print(f"report: {result.report}")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from fedlink.cli.serve import serve
+
+    return asyncio.run(serve(args.config, f"{args.host}:{args.port}", args.output_dir))
+
+
+def _client(args: argparse.Namespace) -> int:
+    from fedlink.cli.client import run_one_client
+
+    return run_one_client(args.server, args.config, args.index, args.name, args.token)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``fedlink`` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="fedlink", description="Federated learning that keeps training on bad networks.")
+    parser.add_argument("--version", action="version", version=f"fedlink {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="more log output (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_simulate, _add_serve, _add_client):
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``fedlink`` console script."""
+    args = build_parser().parse_args(argv)
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args))
+    except FedlinkError as exc:
+        print(f"fedlink: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,29 @@
+"""``fedlink client``: one SDK client training on one partition of the configured data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from fedlink.client import ClientOptions, UpdatePipeline, run_client
+from fedlink.errors import ConfigError
+from fedlink.sim.config import ExperimentConfig
+from fedlink.sim.setup import Experiment
+
+
+def run_one_client(server: str, config_path: Path, index: int, name: str, token: str) -> int:
+    """Join ``server`` and train until the run ends; prints what this client did."""
+    config = ExperimentConfig.from_toml(config_path)
+    if not 0 <= index < config.data.clients:
+        raise ConfigError(f"--index must be in [0, {config.data.clients}), got {index}")
+    torch.set_num_threads(config.run.torch_threads)
+    experiment = Experiment.build(config)
+    options = ClientOptions(name=name or f"client-{index}", token=token,
+                            seed=config.run.seed * 1_000_003 + index)
+    pipeline = UpdatePipeline.from_names(config.client.privacy, config.client.compression)
+    stats = run_client(server, experiment.trainer(index), options, pipeline)
+    print(f"tasks {stats.tasks}, accepted {stats.accepted}, refused {stats.refused}, "
+          f"retries {stats.retries}, up {stats.bytes_up} B, down {stats.bytes_down} B",
+          flush=True)
+    return 0

@@ -1,0 +1,53 @@
+"""Builds what an experiment needs from its config: data, models, evaluator, trainers.
+
+Shared by ``fedlink simulate`` (everything in one process), ``fedlink serve`` (initial model and
+evaluator) and ``fedlink client`` (one client's trainer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedlink.client.torch_trainer import TorchTrainer
+from fedlink.data import FederatedData, load_federated
+from fedlink.models import Evaluator, build_model
+from fedlink.params import to_vector
+from fedlink.sim.config import ExperimentConfig
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """An experiment's data and model, built once from its config."""
+
+    config: ExperimentConfig
+    data: FederatedData
+
+    @classmethod
+    def build(cls, config: ExperimentConfig) -> Experiment:
+        """Load and partition the data (seeded)."""
+        section = config.data
+        data = load_federated(section.dataset, section.clients, config.run.seed,
+                              section.partition, **dict(section.options))
+        return cls(config, data)
+
+    def new_model(self) -> torch.nn.Module:
+        """A freshly initialised model (the same weights on every call)."""
+        return build_model(self.config.model.name, self.data.num_features,
+                           self.data.num_classes, seed=self.config.run.seed,
+                           **dict(self.config.model.options))
+
+    def initial_vector(self) -> np.ndarray:
+        """The global model at version 0, as a flat float32 vector."""
+        return to_vector(self.new_model())
+
+    def evaluator(self) -> Evaluator:
+        """Scores a global model vector on the central test set."""
+        return Evaluator(self.new_model(), self.data.test)
+
+    def trainer(self, index: int) -> TorchTrainer:
+        """The trainer of client ``index``, over its local data."""
+        return TorchTrainer(self.new_model(), self.data.clients[index],
+                            seed=self.config.run.seed * 7919 + index)
