@@ -23,7 +23,7 @@ from fedlink.client.base import Trainer, TrainPlan, TrainResult
 from fedlink.client.pipeline import UpdatePipeline
 from fedlink.client.retry import RetryPolicy, Sleep
 from fedlink.client.transport import Timeouts, Transport
-from fedlink.errors import DataLoss, RemoteError, Unauthenticated, UpdateRefused
+from fedlink.errors import DataLoss, NotFound, RemoteError, Unauthenticated, UpdateRefused
 from fedlink.messages import (
     CommitRequest,
     DownloadRequest,
@@ -52,6 +52,7 @@ class SessionStats:
     tasks: int = 0
     accepted: int = 0
     refused: int = 0
+    failed: int = 0
     retries: int = 0
     bytes_up: int = 0
     bytes_down: int = 0
@@ -139,6 +140,11 @@ class ClientSession:
             self.stats.refusals.append(refusal.detail)
             log.warning("%s: update for %s refused: %s", self.client_id, task.task_id,
                         refusal.detail)
+        except (DataLoss, NotFound) as failure:
+            # bytes corrupted in transit or a task the coordinator no longer knows: this task
+            # is lost, the next one may well succeed
+            self.stats.failed += 1
+            log.warning("%s: task %s failed: %s", self.client_id, task.task_id, failure)
 
     # -- calls ----------------------------------------------------------------------------------
 

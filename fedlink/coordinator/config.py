@@ -54,6 +54,7 @@ class FlushRule:
     issued for up to ``ceil(goal * over_selection)`` clients per version, so a few slow or dead
     clients do not hold a flush back. Updates more than ``max_staleness`` versions old are
     refused. Synchronous FedAvg is ``goal = cohort, max_staleness = 0`` (the default preset).
+    ``deadline_s = 0`` (or ``None``) means no deadline: flush only at ``goal`` (FedBuff).
     If the deadline passes with fewer than ``min_updates`` in, the open tasks are released and
     their places offered to other clients; the deadline then starts again.
     """
@@ -69,8 +70,10 @@ class FlushRule:
         require(self.goal >= 1, "flush.goal", f"must be >= 1, got {self.goal}")
         require(1 <= self.min_updates <= self.goal, "flush.min_updates",
                 f"must be in [1, goal={self.goal}], got {self.min_updates}")
-        require(self.deadline_s is None or self.deadline_s > 0, "flush.deadline_s",
-                f"must be > 0 (or absent for no deadline), got {self.deadline_s}")
+        require(self.deadline_s is None or self.deadline_s >= 0, "flush.deadline_s",
+                f"must be > 0, or 0 for no deadline, got {self.deadline_s}")
+        if self.deadline_s == 0:  # TOML has no null: 0 spells "no deadline"
+            object.__setattr__(self, "deadline_s", None)
         require(self.over_selection >= 1.0, "flush.over_selection",
                 f"must be >= 1.0, got {self.over_selection}")
         require(self.max_staleness >= 0, "flush.max_staleness",

@@ -9,6 +9,7 @@ with a fake clock and the servicer stays thin.
 from __future__ import annotations
 
 import itertools
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from fedlink.errors import InvalidArgument, NotFound, PermissionDenied, UpdateRe
 from fedlink.messages import Finished, Task, TaskReply, Wait
 from fedlink.metrics import EventLog
 from fedlink.wire import Payload, pack
+
+_TASK_ID = re.compile(r"^t\d+-v(\d+)$")
 
 
 @dataclass
@@ -103,6 +106,10 @@ class RoundEngine:
         self._round_bytes_up = 0
         self.finished_reason = ""
 
+    def start(self) -> None:
+        """Start the clock of the first round (the deadline counts from here, not from build)."""
+        self._round_started = self._clock()
+
     # -- read-only views -------------------------------------------------------------------
 
     @property
@@ -137,6 +144,13 @@ class RoundEngine:
         """The task ``task_id``, which must belong to ``client_id``."""
         record = self._tasks.get(task_id)
         if record is None:
+            # Tasks too old to ever be accepted are forgotten; say "too stale", not "unknown",
+            # so a slow client drops its update instead of failing.
+            issued = _TASK_ID.match(task_id)
+            if issued and int(issued[1]) < self._version - self.rule.max_staleness:
+                raise UpdateRefused(f"too stale: task {task_id!r} was for version "
+                                    f"{issued[1]}, current is {self._version} "
+                                    f"(max_staleness {self.rule.max_staleness})")
             raise NotFound(f"unknown task id {task_id!r}")
         if record.client_id != client_id:
             raise PermissionDenied(f"task {task_id!r} belongs to another client")

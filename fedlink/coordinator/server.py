@@ -62,6 +62,7 @@ class CoordinatorServer:
         self._server = server
         for status_name in ("", SERVICE_NAME):
             await self._health.set(status_name, health_pb2.HealthCheckResponse.SERVING)
+        self.service.engine.start()
         self.events.emit("run_started", config=self.config.to_dict(), port=self.port,
                          num_parameters=self.service.engine.num_parameters)
         self._background = [asyncio.create_task(self._poll_deadlines()),

@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
+from fedlink.compress import CODECS
 from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.engine import FlushOutcome, ReceivedUpdate, RoundEngine
 from fedlink.coordinator.registry import ClientRegistry
 from fedlink.coordinator.uploads import UploadSession, UploadStore
-from fedlink.compress import CODECS
 from fedlink.errors import (
     InvalidArgument,
     RemoteError,
@@ -183,8 +183,11 @@ class CoordinatorService:
         self.registry.touch(request.client_id)
         task_open = False
         if request.task_id:
-            task_open = self.engine.is_open(self.engine.task(request.client_id,
-                                                             request.task_id))
+            try:
+                task_open = self.engine.is_open(self.engine.task(request.client_id,
+                                                                 request.task_id))
+            except UpdateRefused:  # forgotten because too stale: closed
+                task_open = False
         return HeartbeatReply(self.engine.version, task_open)
 
     async def leave(self, request: LeaveRequest) -> LeaveReply:

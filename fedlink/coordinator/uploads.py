@@ -46,6 +46,7 @@ class UploadStore:
         self._sessions: dict[str, UploadSession] = {}
         self._answers: dict[str, CommitReply | RemoteError] = {}
         self._owners: dict[str, str] = {}
+        self._settled_sizes: dict[str, int] = {}
 
     def write(self, client_id: str, upload_id: str, offset: int, data: bytes) -> UploadSession:
         """Place ``data`` at ``offset`` of the upload; returns the session."""
@@ -65,10 +66,18 @@ class UploadStore:
         return session
 
     def status(self, client_id: str, upload_id: str) -> int:
-        """Bytes held for the upload (0 if it was never started)."""
+        """Bytes held for the upload (0 if it was never started).
+
+        A committed upload reports the size it had, so a client that resumes after a crash sees
+        that nothing is left to send and commits again, getting the remembered answer.
+        """
         session = self._sessions.get(upload_id)
         if session is None:
             self._check_id(upload_id)
+            owner = self._owners.get(upload_id)
+            if owner is not None:
+                self._check_owner(owner, client_id, upload_id)
+                return self._settled_sizes[upload_id]
             return 0
         self._check_owner(session.client_id, client_id, upload_id)
         return session.committed_offset
@@ -90,7 +99,8 @@ class UploadStore:
         """Remember the final answer for ``upload_id`` and free its bytes."""
         self._answers[upload_id] = answer
         self._owners[upload_id] = client_id
-        self._sessions.pop(upload_id, None)
+        session = self._sessions.pop(upload_id, None)
+        self._settled_sizes[upload_id] = session.committed_offset if session else 0
 
     def _session(self, client_id: str, upload_id: str, create: bool) -> UploadSession:
         session = self._sessions.get(upload_id)

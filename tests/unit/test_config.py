@@ -1,0 +1,165 @@
+"""CoordinatorConfig: built from TOML-style tables, validated at the edge with clear errors."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fedlink.config import load_toml
+from fedlink.coordinator import CoordinatorConfig, FlushRule, LimitsConfig, TrainingConfig
+from fedlink.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO_ROOT / "server" / "coordinator.example.toml"
+
+FULL = """
+run_name = "edge-trial"
+rounds = 7
+server_optimizer = "fedavgm"
+staleness_weight = "polynomial"
+join_token = "s3cret"
+seed = 42
+
+[server_optimizer_options]
+lr = 0.5
+momentum = 0.8
+
+[staleness_weight_options]
+a = 0.25
+
+[flush]
+goal = 8
+min_updates = 5
+deadline_s = 20
+over_selection = 1.3
+max_staleness = 2
+
+[training]
+local_steps = 50
+batch_size = 16
+learning_rate = 0.1
+trainer_options = { model = "mlp" }
+
+[limits]
+chunk_bytes = 65536
+max_update_bytes = 10_000_000
+long_poll_s = 0
+"""
+
+
+def test_from_dict_with_nested_tables() -> None:
+    config = CoordinatorConfig.from_dict(tomllib.loads(FULL))
+    assert config.run_name == "edge-trial"
+    assert config.rounds == 7
+    assert config.flush == FlushRule(goal=8, min_updates=5, deadline_s=20, over_selection=1.3,
+                                     max_staleness=2)
+    assert config.flush.cohort == 11  # ceil(8 * 1.3)
+    assert config.training == TrainingConfig(local_steps=50, batch_size=16, learning_rate=0.1,
+                                             trainer_options={"model": "mlp"})
+    assert config.limits.chunk_bytes == 65536
+    assert config.limits.max_update_bytes == 10_000_000
+    assert config.limits.long_poll_s == 0
+    assert config.limits.max_chunk_bytes == LimitsConfig().max_chunk_bytes  # default kept
+    assert config.server_optimizer == "fedavgm"
+    assert dict(config.server_optimizer_options) == {"lr": 0.5, "momentum": 0.8}
+    assert config.join_token == "s3cret" and config.seed == 42
+    assert config.to_dict()["flush"]["goal"] == 8
+
+
+def test_empty_table_gives_defaults() -> None:
+    assert CoordinatorConfig.from_dict({}) == CoordinatorConfig()
+
+
+def test_default_is_synchronous_fedavg() -> None:
+    rule = CoordinatorConfig().flush
+    assert rule.max_staleness == 0
+    assert rule.cohort == rule.goal
+
+
+@pytest.mark.parametrize(("table", "section", "key"), [
+    ({"roundz": 3}, "[coordinator]", "roundz"),
+    ({"flush": {"goal": 3, "deadline": 5}}, "[coordinator.flush]", "deadline"),
+    ({"training": {"epochs": 2}}, "[coordinator.training]", "epochs"),
+    ({"limits": {"chunk_size": 2}}, "[coordinator.limits]", "chunk_size"),
+])
+def test_unknown_keys_are_config_errors_naming_the_key(table: dict[str, Any], section: str,
+                                                       key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        CoordinatorConfig.from_dict(table)
+    message = str(err.value)
+    assert section in message
+    assert repr(key) in message
+    assert "allowed" in message
+
+
+@pytest.mark.parametrize(("table", "field"), [
+    ({"rounds": 0}, "rounds"),
+    ({"run_name": ""}, "run_name"),
+    ({"flush": {"goal": 0}}, "flush.goal"),
+    ({"flush": {"goal": 4, "min_updates": 5}}, "flush.min_updates"),
+    ({"flush": {"deadline_s": -1}}, "flush.deadline_s"),
+    ({"flush": {"over_selection": 0.5}}, "flush.over_selection"),
+    ({"flush": {"max_staleness": -1}}, "flush.max_staleness"),
+    ({"training": {"learning_rate": 0}}, "training.learning_rate"),
+    ({"training": {"batch_size": 0}}, "training.batch_size"),
+    ({"training": {"local_steps": -1}}, "training.local_steps"),
+    ({"training": {"local_epochs": 0}}, "training.local_epochs"),
+    ({"limits": {"chunk_bytes": 4 << 20}}, "limits.chunk_bytes"),
+    ({"limits": {"max_chunk_bytes": 5 << 20, "chunk_bytes": 1024}}, "limits.max_chunk_bytes"),
+    ({"limits": {"retry_after_s": 0}}, "limits.retry_after_s"),
+    ({"limits": {"heartbeat_interval_s": -1}}, "limits.heartbeat_interval_s"),
+    # wrong types, as a TOML file can easily hold
+    ({"rounds": "ten"}, "rounds"),
+    ({"flush": {"goal": "3"}}, "flush.goal"),
+    ({"flush": {"goal": 2.5}}, "flush.goal"),
+    ({"flush": {"deadline_s": "30s"}}, "flush.deadline_s"),
+    ({"training": {"trainer_options": "mlp"}}, "training.trainer_options"),
+    # unknown components
+    ({"server_optimizer": "sgd-please"}, "server_optimizer"),
+    ({"server_optimizer": "fedavgm", "server_optimizer_options": {"momentum": 1.5}},
+     "server_optimizer"),
+    ({"staleness_weight": "exponential"}, "staleness_weight"),
+    ({"staleness_weight": "hinge", "staleness_weight_options": {"c": 1}}, "staleness_weight"),
+])
+def test_invalid_values_are_config_errors_naming_the_field(table: dict[str, Any],
+                                                           field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        CoordinatorConfig.from_dict(table)
+    assert str(err.value).startswith(f"{field}:"), str(err.value)
+
+
+def test_nested_value_must_be_a_table() -> None:
+    with pytest.raises(ConfigError, match=r"\[coordinator.flush\] must be a table"):
+        CoordinatorConfig.from_dict({"flush": 3})
+
+
+def test_integers_are_accepted_for_float_fields() -> None:
+    rule = CoordinatorConfig.from_dict({"flush": {"deadline_s": 30, "over_selection": 2}}).flush
+    assert rule.deadline_s == 30 and rule.cohort == 2 * rule.goal
+
+
+def test_load_toml_errors_name_the_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError, match=r"nope\.toml"):
+        load_toml(missing)
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[flush\ngoal = 3\n")
+    with pytest.raises(ConfigError, match=r"broken\.toml: invalid TOML"):
+        load_toml(broken)
+
+
+@pytest.mark.skipif(not EXAMPLE.exists(),
+                    reason="server/coordinator.example.toml is not written yet")
+def test_example_server_config_loads() -> None:
+    document = load_toml(EXAMPLE)
+    table = document.get("coordinator", document)
+    config = CoordinatorConfig.from_dict(table)
+    assert config.rounds >= 1
+
+
+def test_deadline_zero_means_no_deadline() -> None:
+    rule = CoordinatorConfig.from_dict({"flush": {"deadline_s": 0}}).flush
+    assert rule.deadline_s is None

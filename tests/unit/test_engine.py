@@ -1,0 +1,284 @@
+"""RoundEngine: task issuing, weighting, the flush rule and refusals, on a fake clock."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import FakeClock
+
+from fedlink.coordinator import CoordinatorConfig, FlushRule, RoundEngine
+from fedlink.coordinator.engine import ReceivedUpdate
+from fedlink.errors import InvalidArgument, NotFound, PermissionDenied, UpdateRefused
+from fedlink.messages import Finished, Task, Wait
+from fedlink.metrics import EventLog
+
+DIM = 5
+X0 = np.array([1.0, -2.0, 0.5, 0.0, 3.0], dtype=np.float32)
+
+
+def make_engine(clock: FakeClock, rounds: int = 10, **flush: object) -> RoundEngine:
+    config = CoordinatorConfig(rounds=rounds, flush=FlushRule(**flush))  # type: ignore[arg-type]
+    return RoundEngine(config, X0.copy(), EventLog(None), clock=clock)
+
+
+def task_for(engine: RoundEngine, client: str) -> Task:
+    reply = engine.issue(client)
+    assert isinstance(reply, Task), reply
+    return reply
+
+
+def update(client: str, task: Task, delta: np.ndarray | float, examples: int = 10,
+           done: int = 1, planned: int = 1, base: int | None = None) -> ReceivedUpdate:
+    vector = np.full(DIM, delta, dtype=np.float32) if np.isscalar(delta) else delta
+    return ReceivedUpdate(client_id=client, task_id=task.task_id,
+                          base_version=task.model_version if base is None else base,
+                          delta=np.asarray(vector, dtype=np.float32), num_examples=examples,
+                          steps_completed=done, steps_planned=planned, bytes_up=4 * DIM)
+
+
+def kinds(engine: RoundEngine, kind: str) -> list[dict[str, object]]:
+    return engine.events.of_kind(kind)
+
+
+# -- synchronous FedAvg ---------------------------------------------------------------------------
+
+def test_sync_fedavg_flushes_weighted_mean_when_goal_reached(fake_clock: FakeClock) -> None:
+    engine = make_engine(fake_clock, goal=3, deadline_s=None)
+    rng = np.random.default_rng(0)
+    deltas = [rng.normal(size=DIM).astype(np.float32) for _ in range(3)]
+    # (num_examples, steps_completed, steps_planned) -> weight = n * min(1, done / planned)
+    work = [(10, 5, 5), (30, 1, 4), (20, 0, 0)]
+    tasks = [task_for(engine, f"c{i}") for i in range(3)]
+
+    first = engine.submit(update("c0", tasks[0], deltas[0], *work[0]))
+    second = engine.submit(update("c1", tasks[1], deltas[1], *work[1]))
+    assert first.flush is None and second.flush is None
+    assert engine.version == 0
+    np.testing.assert_array_equal(engine.model, X0)
+
+    third = engine.submit(update("c2", tasks[2], deltas[2], *work[2]))
+    assert (first.weight, second.weight, third.weight) == (10.0, 7.5, 20.0)
+    assert third.flush is not None
+    assert third.flush.num_updates == 3
+    assert third.flush.total_weight == pytest.approx(37.5)
+    assert engine.version == third.flush.version == 1
+    weights = np.array([10.0, 7.5, 20.0])
+    expected = X0 + (weights[:, None] * np.stack(deltas)).sum(0) / weights.sum()
+    np.testing.assert_allclose(engine.model, expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(third.flush.model, engine.model)
+    assert [e["weight"] for e in kinds(engine, "update_accepted")] == [10.0, 7.5, 20.0]
+
+
+def test_model_versions_are_served_as_payloads(fake_clock: FakeClock) -> None:
+    engine = make_engine(fake_clock, goal=1, deadline_s=None)
+    task = task_for(engine, "a")
+    assert task.model == engine.payload(0).header
+    assert task.model.shape == (DIM,)
+    engine.submit(update("a", task, 1.0))
+    np.testing.assert_array_equal(
+        np.frombuffer(engine.payload(1).data, dtype="<f4"), X0 + 1.0)
+
+
+# -- cohort and over-selection --------------------------------------------------------------------
+
+def test_over_selection_issues_ceil_goal_times_factor_tasks(fake_clock: FakeClock) -> None:
+    engine = make_engine(fake_clock, goal=4, over_selection=1.5, deadline_s=None)
+    tasks = {f"c{i}": task_for(engine, f"c{i}") for i in range(6)}
+    late = engine.issue("c6")
+    assert isinstance(late, Wait) and "full" in late.reason
+    # an accepted update keeps holding its place
+    engine.submit(update("c0", tasks["c0"], 0.1))
+    assert isinstance(engine.issue("c6"), Wait)
+    for name in ("c1", "c2", "c3"):
+        engine.submit(update(name, tasks[name], 0.1))
+    assert engine.version == 1
+    # the two unfinished v0 tasks are closed: the whole cohort is free again
+    assert task_for(engine, "c6").model_version == 1
+    assert len(kinds(engine, "task_issued")) == 7
+
+
+def test_one_task_per_client_per_version(fake_clock: FakeClock) -> None:
+    engine = make_engine(fake_clock, goal=2, deadline_s=None)
+    task = task_for(engine, "a")
+    engine.submit(update("a", task, 0.5))
+    again = engine.issue("a")
+    assert isinstance(again, Wait) and "already trained on version 0" in again.reason
+    engine.submit(update("b", task_for(engine, "b"), 0.5))
+    nxt = task_for(engine, "a")
+    assert nxt.model_version == 1 and nxt.task_id != task.task_id
+
+
+def test_issue_is_idempotent(fake_clock: FakeClock) -> None:
+    engine = make_engine(fake_clock, goal=2, deadline_s=None)
+    first = task_for(engine, "a")
+    second = task_for(engine, "a")
+    assert first.task_id == second.task_id
+    assert len(kinds(engine, "task_issued")) == 1
+    # and the repeat did not take a second place in the cohort
+    assert isinstance(engine.issue("b"), Task)
+
+
+# -- the deadline ---------------------------------------------------------------------------------
+
+def test_deadline_with_min_updates_flushes(fake_clock: FakeClock) -> None:
+    engine = make_engine(fake_clock, goal=3, min_updates=2, deadline_s=10.0)
+    tasks = [task_for(engine, f"c{i}") for i in range(3)]
+    assert tasks[0].deadline_s == pytest.approx(10.0)
+    engine.submit(update("c0", tasks[0], 1.0, examples=1))
+    fake_clock.advance(4.0)
+    assert task_for(engine, "c1").deadline_s == pytest.approx(6.0)  # time left, not the rule
+    engine.submit(update("c1", tasks[1], 4.0, examples=3))
+    fake_clock.advance(5.9)
+    assert engine.poll() is None
+    fake_clock.advance(0.2)
+    outcome = engine.poll()
+    assert outcome is not None
+    assert outcome.num_updates == 2
+    assert outcome.round_seconds == pytest.approx(10.1)
+    assert engine.version == 1
+    np.testing.assert_allclose(engine.model, X0 + (1 * 1.0 + 3 * 4.0) / 4, rtol=1e-6)
+    # the straggler's v0 task is closed now
+    with pytest.raises(UpdateRefused, match="too stale"):
+        engine.submit(update("c2", tasks[2], 1.0))
+
+
+def test_deadline_below_min_releases_tasks_and_restarts(fake_clock: FakeClock) -> None:
+    engine = make_engine(fake_clock, goal=3, min_updates=2, deadline_s=10.0)
+    tasks = {n: task_for(engine, n) for n in ("a", "b", "c")}
+    assert isinstance(engine.issue("d"), Wait)
+    engine.submit(update("a", tasks["a"], 1.0))
+    fake_clock.advance(10.5)
+    assert engine.poll() is None
+    assert engine.version == 0
+    np.testing.assert_array_equal(engine.model, X0)
+    timeouts = kinds(engine, "client_timeout")
+    assert sorted(e["client_id"] for e in timeouts) == ["b", "c"]
+    assert {e["task_id"] for e in timeouts} == {tasks["b"].task_id, tasks["c"].task_id}
+    # released places go to other clients, with a fresh deadline
+    fresh = task_for(engine, "d")
+    assert fresh.deadline_s == pytest.approx(10.0)
+    assert isinstance(engine.issue("e"), Task)
+    fake_clock.advance(9.0)
+    assert engine.poll() is None  # the deadline restarted at the release
+    # a released task may still deliver
+    engine.submit(update("b", tasks["b"], 3.0))
+    fake_clock.advance(1.5)
+    outcome = engine.poll()
+    assert outcome is not None and outcome.num_updates == 2
+    np.testing.assert_allclose(engine.model, X0 + 2.0, rtol=1e-6)
+
+
+def test_no_deadline_never_flushes_on_poll(fake_clock: FakeClock) -> None:
+    engine = make_engine(fake_clock, goal=2, deadline_s=None)
+    task = task_for(engine, "a")
+    assert task.deadline_s == 0.0
+    engine.submit(update("a", task, 1.0))
+    fake_clock.advance(1e6)
+    assert engine.poll() is None
+    assert engine.version == 0
+
+
+# -- refusals -------------------------------------------------------------------------------------
+
+def test_stale_update_is_refused_and_model_unchanged(fake_clock: FakeClock) -> None:
+    engine = make_engine(fake_clock, goal=1, over_selection=2.0, deadline_s=None)
+    fast, slow = task_for(engine, "fast"), task_for(engine, "slow")
+    engine.submit(update("fast", fast, 1.0))
+    model_v1 = engine.model.copy()
+    with pytest.raises(UpdateRefused, match=r"too stale.*max_staleness 0"):
+        engine.submit(update("slow", slow, 100.0))
+    assert engine.version == 1
+    np.testing.assert_array_equal(engine.model, model_v1)
+    assert len(kinds(engine, "update_accepted")) == 1
+
+
+def test_update_two_versions_old_is_refused_not_unknown(fake_clock: FakeClock) -> None:
+    """A task the engine issued stays refusable as stale, however old it gets."""
+    engine = make_engine(fake_clock, goal=1, over_selection=2.0, deadline_s=None)
+    slow = task_for(engine, "slow")
+    for _ in range(3):
+        engine.submit(update("fast", task_for(engine, "fast"), 1.0))
+    with pytest.raises(UpdateRefused, match="stale"):
+        engine.submit(update("slow", slow, 100.0))
+    np.testing.assert_allclose(engine.model, X0 + 3.0)
+
+
+def test_bounded_staleness_is_accepted_with_discount(fake_clock: FakeClock) -> None:
+    config = CoordinatorConfig(rounds=10,
+                               flush=FlushRule(goal=1, over_selection=2.0, deadline_s=None,
+                                               max_staleness=1),
+                               staleness_weight="polynomial",
+                               staleness_weight_options={"a": 0.5})
+    engine = RoundEngine(config, X0.copy(), EventLog(None), clock=fake_clock)
+    fast, slow = task_for(engine, "fast"), task_for(engine, "slow")
+    engine.submit(update("fast", fast, 1.0))
+    accepted = engine.submit(update("slow", slow, 2.0, examples=8))
+    assert accepted.staleness == 1
+    assert accepted.weight == pytest.approx(8 * 2 ** -0.5)
+    np.testing.assert_allclose(engine.model, X0 + 3.0, rtol=1e-6)
+
+
+def test_wrong_base_version_is_invalid_argument(fake_clock: FakeClock) -> None:
+    engine = make_engine(fake_clock, goal=1, deadline_s=None)
+    task = task_for(engine, "a")
+    with pytest.raises(InvalidArgument, match="base_version 3"):
+        engine.submit(update("a", task, 1.0, base=3))
+    assert engine.version == 0
+    np.testing.assert_array_equal(engine.model, X0)
+    engine.submit(update("a", task, 1.0))  # the task is still usable
+    assert engine.version == 1
+
+
+def test_wrong_length_is_invalid_argument(fake_clock: FakeClock) -> None:
+    engine = make_engine(fake_clock, goal=1, deadline_s=None)
+    task = task_for(engine, "a")
+    with pytest.raises(InvalidArgument, match=f"{DIM + 1} values, model has {DIM}"):
+        engine.submit(update("a", task, np.ones(DIM + 1)))
+    assert engine.version == 0
+    np.testing.assert_array_equal(engine.model, X0)
+
+
+def test_second_update_for_a_task_is_refused(fake_clock: FakeClock) -> None:
+    engine = make_engine(fake_clock, goal=2, deadline_s=None)
+    task = task_for(engine, "a")
+    engine.submit(update("a", task, 1.0))
+    with pytest.raises(UpdateRefused, match="already has an accepted update"):
+        engine.submit(update("a", task, 1.0))
+    assert len(kinds(engine, "update_accepted")) == 1
+
+
+def test_unknown_and_foreign_tasks(fake_clock: FakeClock) -> None:
+    engine = make_engine(fake_clock, goal=1, deadline_s=None)
+    task = task_for(engine, "a")
+    with pytest.raises(NotFound, match="unknown task id"):
+        engine.task("a", "no-such-task")
+    with pytest.raises(PermissionDenied, match="another client"):
+        engine.submit(update("b", task, 1.0))
+    assert engine.version == 0
+
+
+def test_leaving_client_releases_its_place(fake_clock: FakeClock) -> None:
+    engine = make_engine(fake_clock, goal=1, deadline_s=None)
+    task_for(engine, "a")
+    assert isinstance(engine.issue("b"), Wait)
+    engine.release_client("a")
+    assert isinstance(engine.issue("b"), Task)
+
+
+# -- end of run -----------------------------------------------------------------------------------
+
+def test_finishes_after_rounds(fake_clock: FakeClock) -> None:
+    engine = make_engine(fake_clock, rounds=2, goal=1, over_selection=2.0, deadline_s=None,
+                         max_staleness=1)
+    first = engine.submit(update("a", task_for(engine, "a"), 1.0))
+    assert first.flush is not None and not first.flush.finished
+    spare = task_for(engine, "b")
+    last = engine.submit(update("a", task_for(engine, "a"), 1.0))
+    assert last.flush is not None and last.flush.finished
+    assert engine.finished and engine.version == 2
+    reply = engine.issue("c")
+    assert isinstance(reply, Finished) and "2 rounds" in reply.reason
+    with pytest.raises(UpdateRefused, match="run is over"):
+        engine.submit(update("b", spare, 1.0))
+    np.testing.assert_allclose(engine.model, X0 + 2.0)
+    assert engine.poll() is None
