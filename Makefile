@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m fedlink simulate examples/digits_fedavg.toml
+	$(PY) -m fedlink simulate examples/demo_poor_network.toml
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from fedlink._version import __version__
+from fedlink.cli.netem import add_netem_parser
 from fedlink.errors import FedlinkError
 
 Command = Callable[[argparse.Namespace], int]
@@ -76,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="more log output (-vv for debug)")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_simulate, _add_serve, _add_client):
+    for add in (_add_simulate, _add_serve, _add_client, add_netem_parser):
         add(sub)
     return parser
 

@@ -15,30 +15,24 @@ from fedlink.metrics import (
     write_summary,
 )
 from fedlink.sim.config import ExperimentConfig
-from fedlink.sim.setup import Experiment
-
-
-class _AnnouncingServer(CoordinatorServer):
-    """A coordinator server that prints ``listening on HOST:PORT`` once it is bound."""
-
-    async def start(self) -> int:
-        port = await super().start()
-        host = self.address.rsplit(":", 1)[0]
-        print(f"fedlink coordinator for run {self.config.run_name!r} "
-              f"listening on {host}:{port}", flush=True)
-        return port
+from fedlink.sim.setup import Experiment, prepare_run_dir
 
 
 async def serve(config_path: Path, address: str, output_dir: Path | None) -> int:
     """Serve the run described by ``config_path`` until it ends or a signal stops it."""
     config = ExperimentConfig.from_toml(config_path)
     experiment = Experiment.build(config)
-    run_dir = Path(output_dir or config.run.output_dir) / config.run.name
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = prepare_run_dir(config, output_dir)
+    host = address.rsplit(":", 1)[0]
+
+    def announce(port: int) -> None:
+        print(f"fedlink coordinator for run {config.run.name!r} listening on {host}:{port}",
+              flush=True)
+
     with EventLog(run_dir / EVENTS_FILENAME) as events:
-        server = _AnnouncingServer(config.coordinator, experiment.initial_vector(), events,
+        server = CoordinatorServer(config.coordinator, experiment.initial_vector(), events,
                                    evaluator=experiment.evaluator(), address=address)
-        await serve_until_done(server)
+        await serve_until_done(server, on_started=announce)
         summary = summarize(events.events, config.to_dict())
     write_summary(run_dir / SUMMARY_FILENAME, summary)
     save_model(run_dir / "model.npy", server.service.engine.model)

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -47,7 +47,13 @@ T = TypeVar("T")
 
 @dataclass
 class SessionStats:
-    """What one client did during a run (for logs, reports and benchmarks)."""
+    """What one client did during a run (for logs, reports and benchmarks).
+
+    ``refused`` counts updates the coordinator would not use (too stale, task closed);
+    ``failed`` counts tasks lost to corrupted transfers or forgotten tasks; ``retries`` counts
+    retried calls; ``resumed_bytes`` the upload bytes a resume did not have to send again;
+    ``network_seconds`` the time spent downloading, uploading and committing.
+    """
 
     tasks: int = 0
     accepted: int = 0
@@ -58,6 +64,7 @@ class SessionStats:
     bytes_down: int = 0
     train_seconds: float = 0.0
     resumed_bytes: int = 0
+    network_seconds: float = 0.0
     refusals: list[str] = field(default_factory=list)
 
 
@@ -130,11 +137,13 @@ class ClientSession:
         try:
             # the task may close before the download (its round flushed meanwhile) as well as
             # before the commit: either way the coordinator refuses, and the client moves on
-            model = await self._download(task)
+            with self._network_clock():
+                model = await self._download(task)
             result = await self._train_with_heartbeats(task, model, started)
             delta = result.params - model
             payload = self.pipeline.process(delta, self._rng)
-            await self._deliver(task, payload, result)
+            with self._network_clock():
+                await self._deliver(task, payload, result)
         except UpdateRefused as refusal:
             self.stats.refused += 1
             self.stats.refusals.append(refusal.detail)
@@ -145,6 +154,15 @@ class ClientSession:
             # is lost, the next one may well succeed
             self.stats.failed += 1
             log.warning("%s: task %s failed: %s", self.client_id, task.task_id, failure)
+
+    @contextlib.contextmanager
+    def _network_clock(self) -> Iterator[None]:
+        """Adds the time spent in the block to ``stats.network_seconds`` (even on failure)."""
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.stats.network_seconds += time.monotonic() - started
 
     # -- calls ----------------------------------------------------------------------------------
 

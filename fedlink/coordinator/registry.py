@@ -35,6 +35,10 @@ class ClientRegistry:
     def __len__(self) -> int:
         return len(self._clients)
 
+    def ids(self) -> set[str]:
+        """Ids of every registered client."""
+        return set(self._clients)
+
     def join(self, name: str, num_examples: int, metadata: Mapping[str, str]) -> ClientRecord:
         """Register a client and return its record (with a fresh id)."""
         if len(name) > MAX_NAME_LENGTH:

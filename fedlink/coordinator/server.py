@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -79,6 +81,19 @@ class CoordinatorServer:
         """Return once the run is over and its last flush was reported."""
         await self.service.finished.wait()
 
+    async def drain(self) -> None:
+        """After the run: keep serving until every client was told it is over, or left.
+
+        Without this a client whose update ended the run would find the port closed when it
+        asks for its next task, and retry until its budget ran out. Bounded by one long poll
+        plus one retry interval, after which a client that still has not asked is presumed
+        gone.
+        """
+        limits = self.config.limits
+        give_up_at = time.monotonic() + limits.long_poll_s + limits.retry_after_s + 1.0
+        while not self.service.clients_informed() and time.monotonic() < give_up_at:
+            await asyncio.sleep(POLL_INTERVAL_S)
+
     async def stop(self, grace_s: float = 2.0) -> None:
         """Stop accepting calls, let running ones finish for ``grace_s``, then stop."""
         if self._server is None:
@@ -100,17 +115,25 @@ class CoordinatorServer:
         await self.stop()
 
 
-async def serve_until_done(server: CoordinatorServer) -> None:
-    """Serve until the run finishes or SIGINT/SIGTERM arrives, then shut down gracefully."""
+async def serve_until_done(server: CoordinatorServer,
+                           on_started: Callable[[int], None] | None = None) -> None:
+    """Serve until the run finishes or SIGINT/SIGTERM arrives, then shut down gracefully.
+
+    ``on_started`` is called with the bound port once the server listens.
+    """
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await server.start()
+        port = await server.start()
+        if on_started is not None:
+            on_started(port)
         done = asyncio.ensure_future(server.wait_finished())
         interrupted = asyncio.ensure_future(stop.wait())
         await asyncio.wait({done, interrupted}, return_when=asyncio.FIRST_COMPLETED)
+        if done.done():
+            await server.drain()
         if interrupted.done():
             log.info("signal received: shutting down")
             server.service.engine.finish("stopped by signal")

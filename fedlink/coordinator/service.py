@@ -69,6 +69,7 @@ class CoordinatorService:
         self._changed = asyncio.Event()
         self._flushes: asyncio.Queue[tuple[FlushOutcome, int]] = asyncio.Queue()
         self._round_bytes_down = 0
+        self._told_finished: set[str] = set()
         self.finished = asyncio.Event()
 
     # -- calls --------------------------------------------------------------------------------
@@ -106,18 +107,28 @@ class CoordinatorService:
         next version's tasks the moment it is published instead of at the next poll.
         """
         self.registry.touch(request.client_id)
+        reply = await self._next_task(request.client_id)
+        if isinstance(reply, Finished):
+            self._told_finished.add(request.client_id)
+        return reply
+
+    async def _next_task(self, client_id: str) -> TaskReply:
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + self.config.limits.long_poll_s
         while True:
             changed = self._changed
-            reply = self.engine.issue(request.client_id)
+            reply = self.engine.issue(client_id)
             remaining = give_up_at - loop.time()
             if isinstance(reply, Task | Finished) or remaining <= 0:
                 return reply
             try:
                 await asyncio.wait_for(changed.wait(), timeout=remaining)
             except TimeoutError:
-                return self.engine.issue(request.client_id)
+                return self.engine.issue(client_id)
+
+    def clients_informed(self) -> bool:
+        """Whether every client still registered has been told that the run is over."""
+        return self.registry.ids() <= self._told_finished
 
     async def download(self, request: DownloadRequest) -> AsyncIterator[DataChunk]:
         """Stream the model of a task from ``request.offset``."""

@@ -97,6 +97,9 @@ def _markdown(
     parts = [f"# Run report: {_cell(title)}", _summary_section(summary)]
     parts.append(_plots_section(flushes, plots))
     parts.append(_refusals_section(summary.get("refusal_reasons") or {}))
+    network = summary.get("network")
+    if network:
+        parts.append(_network_section(network.get("profiles") or {}))
     parts.append(_rounds_section(flushes))
     return "\n\n".join(parts) + "\n"
 
@@ -126,6 +129,21 @@ def _refusals_section(reasons: Mapping[str, int]) -> str:
         return "## Refused updates\n\nNo updates were refused."
     rows = [[reason, str(count)] for reason, count in reasons.items()]
     return "## Refused updates\n\n" + _table(["Reason", "Count"], rows)
+
+
+def _network_section(profiles: Mapping[str, Mapping[str, Any]]) -> str:
+    """Per link profile: what crossed the emulated links and what it cost the clients."""
+    header = ["Profile", "Clients", "Accepted", "Refused", "Bytes up", "Bytes down", "Resets",
+              "Blackouts", "Stalled", "Retries", "Time on network"]
+    rows = [[name, str(row.get("clients", 0)), str(row.get("accepted", 0)),
+             str(row.get("refused", 0)), human_bytes(row.get("bytes_up") or 0),
+             human_bytes(row.get("bytes_down") or 0), str(row.get("resets", 0)),
+             str(row.get("blackouts", 0)), human_seconds(row.get("stalled_s")),
+             str(row.get("retries", 0)), human_seconds(row.get("network_seconds"))]
+            for name, row in profiles.items()]
+    note = ("Bytes are what crossed each emulated link (gRPC framing included); time on "
+            "network is the clients' total time downloading, uploading and committing.")
+    return "## Network\n\n" + note + "\n\n" + _table(header, rows)
 
 
 def _rounds_section(flushes: list[Event]) -> str:

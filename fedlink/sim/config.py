@@ -10,6 +10,7 @@ Sections (every key optional unless noted; unknown keys are an error)::
     [coordinator.flush]     goal, min_updates, deadline_s, over_selection, max_staleness
     [coordinator.training]  local_steps, local_epochs, batch_size, learning_rate
     [coordinator.limits]    chunk_bytes, long_poll_s, ...
+    [network]      preset | profile | fleet, speed, profiles (see fedlink.netem.fleet)
 
 ``[coordinator] run_name`` defaults to ``[run] name``.
 """
@@ -25,6 +26,7 @@ from typing import Any
 from fedlink.config import from_table, load_toml, require
 from fedlink.coordinator import CoordinatorConfig
 from fedlink.errors import ConfigError
+from fedlink.netem import Fleet, parse_network
 
 
 @dataclass(frozen=True)
@@ -87,32 +89,40 @@ class ExperimentConfig:
     model: ModelSection = field(default_factory=ModelSection)
     client: ClientSection = field(default_factory=ClientSection)
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
+    network: Fleet | None = None
 
     @classmethod
-    def from_dict(cls, table: Mapping[str, Any]) -> ExperimentConfig:
-        """Build from a parsed TOML document."""
+    def from_dict(cls, table: Mapping[str, Any],
+                  base_dir: Path | None = None) -> ExperimentConfig:
+        """Build from a parsed TOML document (``base_dir``: where relative paths start)."""
         sections = {"run": RunSection, "data": DataSection, "model": ModelSection,
                     "client": ClientSection}
-        unknown = sorted(set(table) - set(sections) - {"coordinator"})
+        unknown = sorted(set(table) - set(sections) - {"coordinator", "network"})
         if unknown:
             raise ConfigError(f"unknown sections {unknown}; allowed: "
-                              f"{sorted([*sections, 'coordinator'])}")
+                              f"{sorted([*sections, 'coordinator', 'network'])}")
         values: dict[str, Any] = {k: from_table(c, table.get(k, {}), k)
                                   for k, c in sections.items()}
         coordinator = dict(table.get("coordinator", {}))
         coordinator.setdefault("run_name", values["run"].name)
         coordinator.setdefault("seed", values["run"].seed)
         values["coordinator"] = CoordinatorConfig.from_dict(coordinator)
+        if "network" in table:
+            values["network"] = parse_network(table["network"], seed=values["run"].seed,
+                                              base_dir=base_dir)
         return cls(**values)
 
     @classmethod
     def from_toml(cls, path: str | Path) -> ExperimentConfig:
         """Load and validate a TOML experiment file."""
         try:
-            return cls.from_dict(load_toml(path))
+            return cls.from_dict(load_toml(path), base_dir=Path(path).parent)
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc}") from exc
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-dict form (written into ``summary.json``)."""
-        return dataclasses.asdict(self)
+        plain: dict[str, Any] = {f.name: dataclasses.asdict(getattr(self, f.name))
+                                 for f in dataclasses.fields(self) if f.name != "network"}
+        plain["network"] = None if self.network is None else self.network.to_dict()
+        return plain

@@ -1,11 +1,12 @@
 """``fedlink simulate``: a coordinator and N SDK clients in one process, over real gRPC.
 
 The coordinator listens on a free loopback port; every client is a real ``ClientSession``
-with its own channel. Local training runs on a small thread pool (``run.train_workers``) so
-the event loop stays free for gRPC, or, with ``run.train_workers = 0`` (the default), on the
-event loop's thread itself, which is fastest for many small simulated clients (see
-``ClientSession``). At the end the run folder holds ``events.jsonl``,
-``summary.json`` and ``report.md`` with its plots.
+with its own channel. With a ``[network]`` section each client dials the coordinator through
+its own ``TcpProxy`` carrying the link profile the fleet gave it. Local training runs either on
+the event loop's thread (``run.train_workers = 0``, the default: fastest for many small
+simulated clients, see ``ClientSession``) or on a thread pool; stragglers (speed multipliers
+from the fleet) always train on threads, so their extra time does not stall the others.
+At the end the run folder holds ``events.jsonl``, ``summary.json`` and ``report.md``.
 """
 
 from __future__ import annotations
@@ -31,8 +32,12 @@ from fedlink.metrics import (
     write_report,
     write_summary,
 )
+from fedlink.netem import ClientLink
+from fedlink.netem.proxy import TcpProxy
 from fedlink.sim.config import ExperimentConfig
-from fedlink.sim.setup import Experiment
+from fedlink.sim.network import ClientOutcome, network_summary
+from fedlink.sim.setup import Experiment, prepare_run_dir
+from fedlink.sim.stragglers import SlowedTrainer
 
 PROGRESS_POLL_S = 0.2
 
@@ -44,7 +49,12 @@ class SimulationResult:
     summary: dict[str, Any]
     run_dir: Path
     report: Path
-    client_stats: tuple[SessionStats, ...]
+    clients: tuple[ClientOutcome, ...]
+
+    @property
+    def client_stats(self) -> tuple[SessionStats, ...]:
+        """Each client's ``SessionStats``, by client index."""
+        return tuple(c.stats for c in self.clients)
 
 
 def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
@@ -52,53 +62,95 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
     """Run the experiment to the end and write its run folder; returns the summary."""
     torch.set_num_threads(config.run.torch_threads)
     experiment = Experiment.build(config)
-    run_dir = Path(output_dir or config.run.output_dir) / config.run.name
-    run_dir.mkdir(parents=True, exist_ok=True)
-    events_path = run_dir / EVENTS_FILENAME
-    events_path.unlink(missing_ok=True)  # a re-run replaces the previous run's log
-    with EventLog(events_path) as events:
+    run_dir = prepare_run_dir(config, output_dir)
+    with EventLog(run_dir / EVENTS_FILENAME) as events:
         started = time.monotonic()
-        stats = asyncio.run(_simulate(experiment, events, progress))
+        outcomes = asyncio.run(_simulate(experiment, events, progress))
+        for outcome in outcomes:
+            events.emit("client_network", **outcome.as_event())
         summary = summarize(events.events, config.to_dict())
-    summary.update(_client_figures(stats, time.monotonic() - started))
+    summary.update(_client_figures(outcomes, time.monotonic() - started))
+    if config.network is not None:
+        summary["network"] = network_summary(outcomes)
     write_summary(run_dir / SUMMARY_FILENAME, summary)
     report = write_report(run_dir, events.events, summary)
-    return SimulationResult(summary, run_dir, report, stats)
+    return SimulationResult(summary, run_dir, report, outcomes)
+
+
+def _links(experiment: Experiment) -> list[ClientLink | None]:
+    fleet = experiment.config.network
+    n = experiment.data.num_clients
+    return [None] * n if fleet is None else list(fleet.sample(n))
+
+
+def _trainers(experiment: Experiment, links: list[ClientLink | None]) -> list[Trainer]:
+    """One trainer per client; stragglers slowed relative to the fastest client."""
+    speeds = [1.0 if link is None else link.speed for link in links]
+    fastest = min(speeds)
+    trainers: list[Trainer] = []
+    for index, speed in enumerate(speeds):
+        trainer: Trainer = experiment.trainer(index)
+        if speed > fastest:
+            trainer = SlowedTrainer(trainer, speed / fastest)
+        trainers.append(trainer)
+    return trainers
 
 
 async def _simulate(experiment: Experiment, events: EventLog,
-                    progress: bool) -> tuple[SessionStats, ...]:
+                    progress: bool) -> tuple[ClientOutcome, ...]:
     config = experiment.config
-    server = CoordinatorServer(config.coordinator, experiment.initial_vector(), events,
-                               evaluator=experiment.evaluator())
+    links = _links(experiment)
     # Trainers first: building one converts its data and warms torch up, which is set-up
     # cost, not part of the run.
-    trainers = [experiment.trainer(i) for i in range(experiment.data.num_clients)]
-    workers = max(1, config.run.train_workers)
+    trainers = _trainers(experiment, links)
+    threaded = config.run.train_workers > 0 or any(isinstance(t, SlowedTrainer)
+                                                   for t in trainers)
+    workers = len(trainers) if threaded and config.run.train_workers == 0 else \
+        max(1, config.run.train_workers)
+    server = CoordinatorServer(config.coordinator, experiment.initial_vector(), events,
+                               evaluator=experiment.evaluator())
     with ThreadPoolExecutor(workers, thread_name_prefix="train") as pool:
-        async with server:
-            target = f"127.0.0.1:{server.port}"
-            sessions = [_session(config, i, trainer, target, pool)
-                        for i, trainer in enumerate(trainers)]
-            with RunProgress(config.coordinator.rounds, enabled=progress) as bar:
-                watcher = asyncio.create_task(_watch(events, bar))
-                try:
-                    stats = await asyncio.gather(*(s.run() for s in sessions))
-                    await server.wait_finished()
-                finally:
-                    watcher.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await watcher
-                _show(events, bar)
-    return tuple(stats)
+        async with server, contextlib.AsyncExitStack() as stack:
+            upstream = f"127.0.0.1:{server.port}"
+            proxies = [await _open_link(stack, link, upstream) for link in links]
+            sessions = [
+                _session(config, i, trainer, upstream if proxy is None else proxy.address,
+                         pool, inline=not threaded)
+                for i, (trainer, proxy) in enumerate(zip(trainers, proxies, strict=True))]
+            stats = await _run_sessions(sessions, server, events, config.coordinator.rounds,
+                                        progress)
+    return tuple(ClientOutcome(i, link, proxy.counters if proxy else None, s)
+                 for i, (link, proxy, s) in enumerate(zip(links, proxies, stats, strict=True)))
+
+
+async def _open_link(stack: contextlib.AsyncExitStack, link: ClientLink | None,
+                     upstream: str) -> TcpProxy | None:
+    if link is None:
+        return None
+    return await stack.enter_async_context(TcpProxy(link.profile, upstream))
+
+
+async def _run_sessions(sessions: list[ClientSession], server: CoordinatorServer,
+                        events: EventLog, rounds: int, progress: bool) -> list[SessionStats]:
+    with RunProgress(rounds, enabled=progress) as bar:
+        watcher = asyncio.create_task(_watch(events, bar))
+        try:
+            stats = await asyncio.gather(*(s.run() for s in sessions))
+            await server.wait_finished()
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        _show(events, bar)
+    return list(stats)
 
 
 def _session(config: ExperimentConfig, index: int, trainer: Trainer, target: str,
-             pool: ThreadPoolExecutor) -> ClientSession:
+             pool: ThreadPoolExecutor, inline: bool) -> ClientSession:
     options = ClientOptions(name=f"sim-{index}", seed=config.run.seed * 1_000_003 + index)
     pipeline = UpdatePipeline.from_names(config.client.privacy, config.client.compression)
     return ClientSession(target, trainer, options, pipeline, executor=pool,
-                         inline_training=config.run.train_workers == 0)
+                         inline_training=inline)
 
 
 async def _watch(events: EventLog, bar: RunProgress) -> None:
@@ -117,10 +169,11 @@ def _show(events: EventLog, bar: RunProgress) -> None:
     bar.update(len(flushes), last.get("accuracy"), bytes_up, bytes_down)
 
 
-def _client_figures(stats: tuple[SessionStats, ...], wall: float) -> dict[str, Any]:
+def _client_figures(outcomes: tuple[ClientOutcome, ...], wall: float) -> dict[str, Any]:
     """Client-side totals that only the clients know."""
     return {
-        "client_retries": sum(s.retries for s in stats),
-        "client_train_seconds": sum(s.train_seconds for s in stats),
+        "client_retries": sum(o.stats.retries for o in outcomes),
+        "client_train_seconds": sum(o.stats.train_seconds for o in outcomes),
+        "client_network_seconds": sum(o.stats.network_seconds for o in outcomes),
         "simulation_seconds": wall,
     }

@@ -7,12 +7,14 @@ evaluator) and ``fedlink client`` (one client's trainer).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from fedlink.client.torch_trainer import TorchTrainer
 from fedlink.data import FederatedData, load_federated
+from fedlink.metrics import EVENTS_FILENAME
 from fedlink.models import Evaluator, build_model
 from fedlink.params import to_vector
 from fedlink.sim.config import ExperimentConfig
@@ -51,3 +53,11 @@ class Experiment:
         """The trainer of client ``index``, over its local data."""
         return TorchTrainer(self.new_model(), self.data.clients[index],
                             seed=self.config.run.seed * 7919 + index)
+
+
+def prepare_run_dir(config: ExperimentConfig, output_dir: Path | None) -> Path:
+    """Create ``<output_dir>/<run name>/``; a previous run's event log there is replaced."""
+    run_dir = Path(output_dir or config.run.output_dir) / config.run.name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / EVENTS_FILENAME).unlink(missing_ok=True)
+    return run_dir

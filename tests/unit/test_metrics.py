@@ -331,3 +331,17 @@ def test_metrics_imports_neither_grpc_nor_torch_nor_matplotlib_eagerly() -> None
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True, timeout=60)
     assert done.stdout.strip() == ""
+
+
+def test_report_has_a_per_profile_network_table_when_the_summary_has_one(tmp_path: Path) -> None:
+    summary = {"run_name": "net", "network": {"profiles": {
+        "3g": {"clients": 4, "accepted": 20, "refused": 1, "bytes_up": 2_000_000,
+               "bytes_down": 1_000_000, "resets": 3, "blackouts": 0, "stalled_s": 0.0,
+               "retries": 5, "network_seconds": 12.5}}}}
+
+    report = write_report(tmp_path, [], summary).read_text()
+
+    assert "## Network" in report
+    row = next(line for line in report.splitlines() if line.startswith("| 3g |"))
+    assert "| 4 | 20 | 1 | 2.0 MB | 1.0 MB | 3 |" in row
+    assert "| 5 |" in row

@@ -1,0 +1,67 @@
+"""Per-client and per-profile network figures of a simulation, for events and the report."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from fedlink.client import SessionStats
+from fedlink.netem import ClientLink, LinkCounters
+
+
+@dataclass(frozen=True)
+class ClientOutcome:
+    """One simulated client at the end of a run: its link, the link's counters, its stats."""
+
+    index: int
+    link: ClientLink | None
+    counters: LinkCounters | None
+    stats: SessionStats
+
+    @property
+    def profile_name(self) -> str:
+        """The link profile's name (``"direct"`` without a ``[network]`` section)."""
+        return "direct" if self.link is None else self.link.profile_name
+
+    def as_event(self) -> dict[str, Any]:
+        """Fields of this client's ``client_network`` event."""
+        counters = self.counters.as_dict() if self.counters else {}
+        return {
+            "index": self.index,
+            "profile": self.profile_name,
+            "speed": 1.0 if self.link is None else self.link.speed,
+            "tasks": self.stats.tasks,
+            "accepted": self.stats.accepted,
+            "refused": self.stats.refused,
+            "failed": self.stats.failed,
+            "retries": self.stats.retries,
+            "network_seconds": self.stats.network_seconds,
+            "train_seconds": self.stats.train_seconds,
+            "link": counters,
+        }
+
+
+_SUMMED = ("bytes_up", "bytes_down", "resets", "blackouts", "stalled_s")
+
+
+def network_summary(outcomes: tuple[ClientOutcome, ...]) -> dict[str, Any]:
+    """Per-profile totals: clients, bytes on the link, resets, retries, time on the network.
+
+    ``bytes_up``/``bytes_down`` are what crossed the emulated link (gRPC framing included);
+    ``network_seconds`` is the clients' time spent downloading, uploading and committing.
+    """
+    rows: dict[str, dict[str, Any]] = defaultdict(lambda: {
+        "clients": 0, "accepted": 0, "refused": 0, "retries": 0, "network_seconds": 0.0,
+        **{k: 0 for k in _SUMMED}})
+    for outcome in outcomes:
+        row = rows[outcome.profile_name]
+        row["clients"] += 1
+        row["accepted"] += outcome.stats.accepted
+        row["refused"] += outcome.stats.refused
+        row["retries"] += outcome.stats.retries
+        row["network_seconds"] += outcome.stats.network_seconds
+        if outcome.counters is not None:
+            for key in _SUMMED:
+                row[key] += getattr(outcome.counters, key)
+    return {"profiles": {name: rows[name] for name in sorted(rows)}}

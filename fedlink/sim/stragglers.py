@@ -1,0 +1,39 @@
+"""Stragglers in simulation: a trainer that computes ``speed`` times slower than it really does.
+
+A fleet (``fedlink.netem.fleet``) gives each simulated client a compute-speed multiplier; a
+multiplier of 2 means the client takes twice as long. ``SlowedTrainer`` realises it by
+sleeping ``(speed - 1)`` times the real training time after training, in the training thread,
+so a slow client's update really arrives late and the coordinator's flush rule has to cope
+(its deadline, ``min_updates`` and over-selection). The update itself holds the full work:
+the sleep is not checked against the task deadline.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from fedlink.client import Trainer, TrainPlan, TrainResult
+from fedlink.errors import ConfigError
+
+
+class SlowedTrainer:
+    """Wraps a ``Trainer`` so that each ``train`` call takes ``speed`` times as long."""
+
+    def __init__(self, trainer: Trainer, speed: float) -> None:
+        if not speed >= 1.0:
+            raise ConfigError(f"speed multiplier must be >= 1 to slow a trainer, got {speed}")
+        self.trainer = trainer
+        self.speed = speed
+
+    def num_examples(self) -> int:
+        """The wrapped trainer's example count."""
+        return self.trainer.num_examples()
+
+    def train(self, params: np.ndarray, plan: TrainPlan) -> TrainResult:
+        """Train, then wait out the rest of the slowed-down compute time."""
+        started = time.monotonic()
+        result = self.trainer.train(params, plan)
+        time.sleep((self.speed - 1.0) * (time.monotonic() - started))
+        return result

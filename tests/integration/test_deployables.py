@@ -1,0 +1,396 @@
+"""The deployables, end to end as real processes on loopback.
+
+``fedlink serve`` with the fleet launcher, the numpy-only edge client, graceful shutdown on
+signals, the API quickstart, ``--version``, and the shipped configs. Every process a test
+starts is killed (with its descendants) when the test ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import psutil
+import pytest
+
+from fedlink import __version__
+from fedlink.coordinator.config import (
+    CoordinatorConfig,
+    FlushRule,
+    LimitsConfig,
+    TrainingConfig,
+)
+from fedlink.sim import ExperimentConfig
+
+REPO = Path(__file__).resolve().parents[2]
+FEDLINK = [sys.executable, "-m", "fedlink"]
+LISTENING = re.compile(r"listening on ([\d.]+):(\d+)")
+STARTUP_S = 30.0
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def small_config(model: str, clients: int = 2) -> str:
+    """A two-round digits run that waits for ``clients`` updates per round."""
+    return f"""
+[run]
+name = "small-{model}"
+[data]
+dataset = "digits"
+clients = {clients}
+[model]
+name = "{model}"
+[coordinator]
+rounds = 2
+[coordinator.flush]
+goal = {clients}
+deadline_s = 30.0
+[coordinator.training]
+local_epochs = 1
+learning_rate = 0.1
+"""
+
+
+# -- process plumbing ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Proc:
+    """A child process whose merged output is collected by a thread."""
+
+    popen: subprocess.Popen[str]
+    lines: list[str] = dataclasses.field(default_factory=list)
+    reader: threading.Thread | None = None
+
+    @property
+    def output(self) -> str:
+        """Everything it printed so far."""
+        return "".join(self.lines)
+
+    def read(self) -> None:
+        """Collect output until the pipe closes (run in a thread)."""
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            self.lines.append(line)
+
+    def wait_for(self, pattern: re.Pattern[str], timeout_s: float) -> re.Match[str]:
+        """The first output match of ``pattern``; fails the test on exit or timeout."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            match = pattern.search(self.output)
+            if match:
+                return match
+            if self.popen.poll() is not None and not self.reader_alive():
+                break
+            time.sleep(0.05)
+        pytest.fail(f"no {pattern.pattern!r} in the output of {self.popen.args}:\n{self.output}")
+
+    def reader_alive(self) -> bool:
+        """Whether output may still arrive."""
+        return self.reader is not None and self.reader.is_alive()
+
+    def finish(self, timeout_s: float) -> int:
+        """Exit code once it exits (fails the test after ``timeout_s``); output fully read."""
+        try:
+            code = self.popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{self.popen.args} still running after {timeout_s} s:\n{self.output}")
+        if self.reader is not None:
+            self.reader.join(timeout=5.0)
+        return code
+
+
+class Spawner:
+    """Starts processes (``spawner(argv)``) and kills them, with descendants, in ``close``."""
+
+    def __init__(self, scratch: Path) -> None:
+        self.env = dict(os.environ, PYTHONUNBUFFERED="1", MPLCONFIGDIR=str(scratch / "mpl"))
+        self.procs: list[Proc] = []
+
+    def __call__(self, argv: Sequence[str], cwd: Path = REPO) -> Proc:
+        popen = subprocess.Popen(list(argv), cwd=cwd, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                                 env=self.env)
+        proc = Proc(popen)
+        proc.reader = threading.Thread(target=proc.read, daemon=True)
+        proc.reader.start()
+        self.procs.append(proc)
+        return proc
+
+    def close(self) -> None:
+        """Kill whatever is still running."""
+        for proc in self.procs:
+            _kill_tree(proc.popen)
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Spawner]:
+    """A ``Spawner`` for one test."""
+    spawner = Spawner(tmp_path)
+    try:
+        yield spawner
+    finally:
+        spawner.close()
+
+
+def _kill_tree(popen: subprocess.Popen[str]) -> None:
+    """SIGKILL ``popen`` and every process below it, then reap it."""
+    with contextlib.suppress(psutil.NoSuchProcess):
+        family = psutil.Process(popen.pid).children(recursive=True)
+        for process in family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        psutil.wait_procs(family, timeout=5)
+    if popen.poll() is None:
+        popen.kill()
+    popen.wait(timeout=5)
+
+
+def start_serve(spawn: Spawner, config: Path, output_dir: Path) -> tuple[Proc, str]:
+    """``fedlink serve`` on a free loopback port; (process, HOST:PORT) once it listens."""
+    proc = spawn([*FEDLINK, "serve", "--config", str(config), "--host", "127.0.0.1",
+                  "--port", "0", "--output-dir", str(output_dir)])
+    match = proc.wait_for(LISTENING, STARTUP_S)
+    return proc, f"{match[1]}:{match[2]}"
+
+
+def read_events(run_dir: Path) -> list[dict]:
+    """The run's event log."""
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+# -- fedlink serve + the fleet launcher ---------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetRun:
+    """What one launcher run left behind."""
+
+    code: int
+    output: str
+    run_dir: Path
+
+    def exit_codes(self) -> dict[str, int]:
+        """Exit code per process, from the launcher's report."""
+        found = re.findall(r"^--- (\S+): exit (-?\d+)", self.output, flags=re.MULTILINE)
+        return {name: int(code) for name, code in found}
+
+
+@pytest.fixture(scope="module")
+def fleet_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetRun]:
+    """The launcher starts ``fedlink serve`` and two clients; a two-round run to the end."""
+    tmp_path = tmp_path_factory.mktemp("fleet")
+    config = tmp_path / "fleet.toml"
+    config.write_text(small_config("mlp"))
+    spawner = Spawner(tmp_path)
+    try:
+        launcher = spawner([sys.executable, str(REPO / "clients/fleet/launch.py"),
+                            "--config", str(config), "--with-coordinator",
+                            "--output-dir", str(tmp_path / "runs"), "--grace", "3",
+                            "--timeout", "60", "--tail", "3"])
+        code = launcher.finish(timeout_s=90)
+        yield FleetRun(code, launcher.output, tmp_path / "runs" / "small-mlp")
+    finally:
+        spawner.close()
+
+
+def test_serve_and_fleet_complete_a_run(fleet_run: FleetRun) -> None:
+    codes = fleet_run.exit_codes()
+    assert "SERVING" in fleet_run.output
+    assert codes["coordinator"] == 0, fleet_run.output
+    assert set(codes) == {"coordinator", "fleet-0", "fleet-1"}, fleet_run.output
+    summary = json.loads((fleet_run.run_dir / "summary.json").read_text())
+    assert summary["rounds"] == 2
+    assert summary["finish_reason"] == "completed 2 rounds"
+    assert summary["updates_accepted"] == 4
+    assert (fleet_run.run_dir / "model.npy").is_file()
+    assert (fleet_run.run_dir / "report.md").is_file()
+
+
+def test_every_fleet_client_hears_that_the_run_finished(fleet_run: FleetRun) -> None:
+    assert fleet_run.code == 0, fleet_run.output
+    assert set(fleet_run.exit_codes().values()) == {0}
+
+
+def test_launcher_forwards_sigint_to_its_clients(spawn: Spawner, tmp_path: Path) -> None:
+    config = tmp_path / "fleet.toml"
+    config.write_text(small_config("mlp"))
+    with _free_port() as port:  # nothing listens there: the clients keep retrying
+        launcher = spawn([sys.executable, str(REPO / "clients/fleet/launch.py"),
+                          "--config", str(config), "--server", f"127.0.0.1:{port}",
+                          "--grace", "10", "--timeout", "60"])
+        launcher.wait_for(re.compile("started 2 clients"), STARTUP_S)
+        time.sleep(3.0)  # the clients are past their imports, retrying the dead address
+        launcher.popen.send_signal(signal.SIGINT)
+        code = launcher.finish(timeout_s=30)
+    assert code == 128 + signal.SIGINT, launcher.output
+    assert "forwarding to children" in launcher.output
+    assert "still running" not in launcher.output  # every client exited on the SIGINT
+    assert set(FleetRun(code, launcher.output, tmp_path).exit_codes()) == {"fleet-0", "fleet-1"}
+
+
+@contextlib.contextmanager
+def _free_port() -> Iterator[int]:
+    """A loopback port that nothing accepts on (held bound, never listening)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
+# -- the edge client (numpy only) ---------------------------------------------------------------
+
+# Runs the edge client with torch made unimportable, then checks it was never loaded.
+TORCH_FREE = """
+import runpy, sys
+
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("torch is not allowed in the edge client")
+
+sys.meta_path.insert(0, NoTorch())
+script, sys.argv = sys.argv[1], sys.argv[1:]
+code = 0
+try:
+    runpy.run_path(script, run_name="__main__")
+except SystemExit as exc:
+    code = exc.code
+assert "torch" not in sys.modules, "torch was imported"
+print("torch-free exit", code)
+sys.exit(code)
+"""
+
+EDGE = REPO / "clients/edge/edge_client.py"
+
+
+def load_edge_module() -> ModuleType:
+    """``clients/edge/edge_client.py`` as a module."""
+    spec = importlib.util.spec_from_file_location("edge_client", EDGE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_edge_clients_finish_a_logreg_run_without_torch(spawn: Spawner, tmp_path: Path) -> None:
+    from fedlink.data import load_federated
+
+    config = tmp_path / "edge.toml"
+    config.write_text(small_config("logreg"))
+    share = load_federated("digits", 2, 0, "iid").clients[0]
+    np.savez(tmp_path / "local.npz", x=share.x, y=share.y)
+    serve, address = start_serve(spawn, config, tmp_path / "runs")
+    data_args = (["--data", str(tmp_path / "local.npz"), "--index", "0"],
+                 ["--index", "1", "--of", "2"])
+    # --max-tasks 2 = rounds: each client leaves after its last task, not on hearing Finished.
+    edges = [spawn([sys.executable, "-c", TORCH_FREE, str(EDGE), "--server", address,
+                    "--name", f"edge-{i}", "--max-tasks", "2", *args])
+             for i, args in enumerate(data_args)]
+    for edge in edges:
+        assert edge.finish(timeout_s=60) == 0, edge.output
+        assert "torch-free exit 0" in edge.output
+        assert "tasks 2, accepted 2, refused 0" in edge.output
+    assert serve.finish(timeout_s=30) == 0, serve.output
+    summary = json.loads((tmp_path / "runs/small-logreg/summary.json").read_text())
+    assert summary["rounds"] == 2
+    assert summary["updates_accepted"] == 4
+    assert summary["final_accuracy"] > 0.5
+
+
+def test_edge_trainer_matches_torch_logreg() -> None:
+    """One full-batch SGD step of the numpy trainer equals ``TorchTrainer`` on ``logreg``."""
+    from fedlink.client import TrainPlan
+    from fedlink.client.torch_trainer import TorchTrainer
+    from fedlink.data import load_federated
+    from fedlink.models import build_model
+    from fedlink.params import to_vector
+
+    edge = load_edge_module()
+    share = load_federated("digits", 4, 0, "iid").clients[0]
+    start = to_vector(build_model("logreg", 64, 10, seed=0))
+    for mu in ("0", "0.5"):
+        plan = TrainPlan(local_steps=3, batch_size=len(share), learning_rate=0.5,
+                         options={"prox_mu": mu})
+        ours = edge.LogisticRegressionTrainer(share.x, share.y, 10).train(start, plan)
+        theirs = TorchTrainer(build_model("logreg", 64, 10, seed=0), share).train(start, plan)
+        np.testing.assert_allclose(ours.params, theirs.params, atol=1e-5)
+        assert ours.steps_completed == theirs.steps_completed == 3
+
+
+# -- signals ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_serve_stops_cleanly_on_a_signal(spawn: Spawner, tmp_path: Path, signum: int) -> None:
+    config = tmp_path / "idle.toml"
+    config.write_text(small_config("mlp"))
+    serve, _ = start_serve(spawn, config, tmp_path / "runs")
+    signalled = time.monotonic()
+    serve.popen.send_signal(signum)
+    assert serve.finish(timeout_s=10) == 0, serve.output
+    assert time.monotonic() - signalled < 5.0
+    finished = [e for e in read_events(tmp_path / "runs/small-mlp")
+                if e["kind"] == "run_finished"]
+    assert [e["reason"] for e in finished] == ["stopped by signal"]
+    summary = json.loads((tmp_path / "runs/small-mlp/summary.json").read_text())
+    assert summary["rounds"] == 0
+
+
+# -- quickstart, version, configs ---------------------------------------------------------------
+
+
+def test_api_quickstart_runs(spawn: Spawner, tmp_path: Path) -> None:
+    script = spawn([sys.executable, str(REPO / "examples/api_quickstart.py"),
+                    "--output-dir", str(tmp_path / "runs")], cwd=tmp_path)
+    assert script.finish(timeout_s=60) == 0, script.output
+    accuracy = float(re.search(r"final accuracy: ([\d.]+)", script.output)[1])
+    assert accuracy > 0.5
+    assert (tmp_path / "runs/api-quickstart/report.md").is_file()
+
+
+@pytest.mark.parametrize("argv", [[str(Path(sys.executable).parent / "fedlink")], FEDLINK],
+                         ids=["console-script", "python-m"])
+def test_version(argv: list[str]) -> None:
+    if not Path(argv[0]).exists():
+        pytest.skip("the fedlink console script is not installed next to this python")
+    done = subprocess.run([*argv, "--version"], capture_output=True, text=True, timeout=30,
+                          check=True)
+    assert done.stdout.strip() == f"fedlink {__version__}"
+
+
+def test_example_server_config_loads_and_lists_every_option() -> None:
+    path = REPO / "server/coordinator.example.toml"
+    config = ExperimentConfig.from_toml(path)
+    assert (config.data.dataset, config.model.name) == ("digits", "mlp")
+    assert config.data.clients == config.coordinator.flush.goal == 4
+    text = path.read_text()
+    tables = {"flush": FlushRule, "training": TrainingConfig, "limits": LimitsConfig}
+    for table, section in tables.items():
+        assert f"[coordinator.{table}]" in text
+        for field in dataclasses.fields(section):
+            assert re.search(rf"^{field.name} = ", text, flags=re.MULTILINE), field.name
+    for field in dataclasses.fields(CoordinatorConfig):
+        if field.name not in tables:  # run_name and seed default from [run]: shown commented
+            assert re.search(rf"^(# )?{field.name} = ", text, flags=re.MULTILINE), field.name
+
+
+def test_edge_coordinator_config_serves_logreg() -> None:
+    config = ExperimentConfig.from_toml(REPO / "clients/edge/coordinator.toml")
+    assert config.model.name == "logreg"
+    assert config.data.dataset == "digits"

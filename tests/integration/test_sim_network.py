@@ -1,0 +1,88 @@
+"""Simulation over emulated links: every client dials the coordinator through its own proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedlink.client import TrainPlan, TrainResult
+from fedlink.errors import ConfigError
+from fedlink.metrics import read_events
+from fedlink.sim import ExperimentConfig, run_simulation
+from fedlink.sim.stragglers import SlowedTrainer
+
+
+def _config(network: dict[str, object]) -> ExperimentConfig:
+    return ExperimentConfig.from_dict({
+        "run": {"name": "it-net", "seed": 3},
+        "data": {"dataset": "digits", "clients": 10},
+        "model": {"name": "logreg"},
+        "coordinator": {
+            "rounds": 3,
+            "flush": {"goal": 10, "min_updates": 5, "deadline_s": 10.0},
+            "training": {"local_steps": 2, "learning_rate": 0.5},
+        },
+        "network": network,
+    })
+
+
+@pytest.mark.timeout(120)
+def test_fleet_run_completes_and_reports_each_profile(tmp_path: Path) -> None:
+    config = _config({"fleet": {"4g": 0.6, "3g": 0.4}})
+
+    result = run_simulation(config, tmp_path, progress=False)
+
+    assert result.summary["rounds"] == 3
+    profiles = result.summary["network"]["profiles"]
+    assert {name: row["clients"] for name, row in profiles.items()} == {"4g": 6, "3g": 4}
+    model_bytes = 4 * (64 * 10 + 10)
+    for row in profiles.values():
+        # every byte of every model and update crossed a link, plus gRPC framing
+        assert row["bytes_down"] >= row["accepted"] * model_bytes
+        assert row["network_seconds"] > 0
+    # 3G's 100 ms one-way latency makes its clients slower on the network than 4G's
+    per_client = {n: r["network_seconds"] / r["clients"] for n, r in profiles.items()}
+    assert per_client["3g"] > per_client["4g"]
+    report = (result.run_dir / "report.md").read_text()
+    assert "## Network" in report and "| 3g |" in report
+    links = [e for e in read_events(result.run_dir / "events.jsonl")
+             if e["kind"] == "client_network"]
+    assert sorted(e["profile"] for e in links) == ["3g"] * 4 + ["4g"] * 6
+
+
+@pytest.mark.timeout(60)
+def test_latency_shows_up_in_the_wall_time(tmp_path: Path) -> None:
+    slow = run_simulation(_config({"profile": {"latency_ms": 100}}), tmp_path / "slow",
+                          progress=False)
+    fast = run_simulation(_config({"preset": "lan"}), tmp_path / "fast", progress=False)
+    # each round needs several round trips of 200 ms through the slow link
+    assert slow.summary["wall_seconds"] > fast.summary["wall_seconds"] + 3 * 0.4
+
+
+def test_network_section_errors_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match="unknown preset"):
+        _config({"preset": "dial-up"})
+    with pytest.raises(ConfigError, match="latency_ms"):
+        _config({"profile": {"latency_ms": -1}})
+
+
+class _FixedTimeTrainer:
+    def num_examples(self) -> int:
+        return 1
+
+    def train(self, params: np.ndarray, plan: TrainPlan) -> TrainResult:
+        time.sleep(0.05)
+        return TrainResult(params, 1, 1, 1)
+
+
+def test_slowed_trainer_takes_speed_times_as_long() -> None:
+    trainer = SlowedTrainer(_FixedTimeTrainer(), speed=3.0)
+    started = time.monotonic()
+    asyncio.run(asyncio.to_thread(trainer.train, np.zeros(2, np.float32), TrainPlan()))
+    assert 0.14 <= time.monotonic() - started <= 0.4
+    with pytest.raises(ConfigError):
+        SlowedTrainer(_FixedTimeTrainer(), speed=0.5)
