@@ -76,6 +76,13 @@ class Task:
     local_epochs: int
     deadline_s: float
     model: TensorHeader
+    delta: TensorHeader | None = None
+    delta_base_version: int = -1
+
+    @property
+    def has_delta(self) -> bool:
+        """Whether the coordinator offers a delta from ``delta_base_version``."""
+        return self.delta is not None and bool(self.delta.encoding)
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,7 @@ class DownloadRequest:
     task_id: str
     offset: int = 0
     max_chunk_bytes: int = 0
+    delta: bool = False
 
 
 @dataclass(frozen=True)

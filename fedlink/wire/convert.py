@@ -68,8 +68,17 @@ def from_proto(msg: Message) -> Any:
     if domain_cls is None:
         raise TypeError(f"no fedlink message for {type(msg).__name__}")
     fields_by_name = msg.DESCRIPTOR.fields_by_name
-    return domain_cls(**{f.name: _value_from_proto(fields_by_name[f.name], getattr(msg, f.name))
+    return domain_cls(**{f.name: _field_from_proto(msg, fields_by_name[f.name], f)
                          for f in dataclasses.fields(domain_cls)})
+
+
+def _field_from_proto(msg: Message, descriptor: FieldDescriptor,
+                      field: dataclasses.Field[Any]) -> Any:
+    # An optional nested message (default None in fedlink) that is unset stays None.
+    if (field.default is None and descriptor.type == FieldDescriptor.TYPE_MESSAGE
+            and not descriptor.is_repeated and not msg.HasField(descriptor.name)):
+        return None
+    return _value_from_proto(descriptor, getattr(msg, descriptor.name))
 
 
 def _value_from_proto(descriptor: FieldDescriptor, value: Any) -> Any:

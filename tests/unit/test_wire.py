@@ -60,7 +60,8 @@ run_config = st.builds(
     trainer_options=small_text_map,
 )
 task = st.builds(m.Task, task_id=text, model_version=int64, local_steps=int32,
-                 local_epochs=int32, deadline_s=double, model=header)
+                 local_epochs=int32, deadline_s=double, model=header,
+                 delta=st.none() | header, delta_base_version=int64)
 wait = st.builds(m.Wait, retry_after_s=double, reason=text)
 finished = st.builds(m.Finished, reason=text)
 
@@ -75,7 +76,7 @@ STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
     m.Wait: wait,
     m.Finished: finished,
     m.DownloadRequest: st.builds(m.DownloadRequest, client_id=text, task_id=text,
-                                 offset=uint64, max_chunk_bytes=uint32),
+                                 offset=uint64, max_chunk_bytes=uint32, delta=st.booleans()),
     m.DataChunk: st.builds(m.DataChunk, offset=uint64, data=st.binary(max_size=64)),
     m.UploadChunk: st.builds(m.UploadChunk, client_id=text, upload_id=text, offset=uint64,
                              data=st.binary(max_size=64)),

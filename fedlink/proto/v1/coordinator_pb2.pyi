@@ -98,20 +98,24 @@ class GetTaskRequest(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., held_version: _Optional[int] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "model_version", "local_steps", "local_epochs", "deadline_s", "model")
+    __slots__ = ("task_id", "model_version", "local_steps", "local_epochs", "deadline_s", "model", "delta", "delta_base_version")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_EPOCHS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    DELTA_BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     model_version: int
     local_steps: int
     local_epochs: int
     deadline_s: float
     model: TensorHeader
-    def __init__(self, task_id: _Optional[str] = ..., model_version: _Optional[int] = ..., local_steps: _Optional[int] = ..., local_epochs: _Optional[int] = ..., deadline_s: _Optional[float] = ..., model: _Optional[_Union[TensorHeader, _Mapping]] = ...) -> None: ...
+    delta: TensorHeader
+    delta_base_version: int
+    def __init__(self, task_id: _Optional[str] = ..., model_version: _Optional[int] = ..., local_steps: _Optional[int] = ..., local_epochs: _Optional[int] = ..., deadline_s: _Optional[float] = ..., model: _Optional[_Union[TensorHeader, _Mapping]] = ..., delta: _Optional[_Union[TensorHeader, _Mapping]] = ..., delta_base_version: _Optional[int] = ...) -> None: ...
 
 class Wait(_message.Message):
     __slots__ = ("retry_after_s", "reason")
@@ -138,16 +142,18 @@ class GetTaskReply(_message.Message):
     def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., wait: _Optional[_Union[Wait, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ...) -> None: ...
 
 class DownloadRequest(_message.Message):
-    __slots__ = ("client_id", "task_id", "offset", "max_chunk_bytes")
+    __slots__ = ("client_id", "task_id", "offset", "max_chunk_bytes", "delta")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     task_id: str
     offset: int
     max_chunk_bytes: int
-    def __init__(self, client_id: _Optional[str] = ..., task_id: _Optional[str] = ..., offset: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ...) -> None: ...
+    delta: bool
+    def __init__(self, client_id: _Optional[str] = ..., task_id: _Optional[str] = ..., offset: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ..., delta: _Optional[bool] = ...) -> None: ...
 
 class DataChunk(_message.Message):
     __slots__ = ("offset", "data")
