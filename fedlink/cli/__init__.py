@@ -42,6 +42,8 @@ def _add_client(sub: argparse._SubParsersAction) -> None:
                    help="which partition of the configured data this client holds")
     p.add_argument("--name", default="", help="client name shown in the coordinator's log")
     p.add_argument("--token", default="", help="join token, if the coordinator needs one")
+    p.add_argument("--outbox", type=Path, default=None, metavar="DIR",
+                   help="keep pending updates in DIR, delivered after a restart")
     p.set_defaults(func=_client)
 
 
@@ -66,7 +68,8 @@ def _serve(args: argparse.Namespace) -> int:
 def _client(args: argparse.Namespace) -> int:
     from fedlink.cli.client import run_one_client
 
-    return run_one_client(args.server, args.config, args.index, args.name, args.token)
+    return run_one_client(args.server, args.config, args.index, args.name, args.token,
+                          args.outbox)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,18 +12,24 @@ from fedlink.sim.config import ExperimentConfig
 from fedlink.sim.setup import Experiment
 
 
-def run_one_client(server: str, config_path: Path, index: int, name: str, token: str) -> int:
-    """Join ``server`` and train until the run ends; prints what this client did."""
+def run_one_client(server: str, config_path: Path, index: int, name: str, token: str,
+                   outbox: Path | None = None) -> int:
+    """Join ``server`` and train until the run ends; prints what this client did.
+
+    With ``outbox``, pending updates are kept in that directory, and a client restarted with
+    the same name and directory delivers what its previous process left there.
+    """
     config = ExperimentConfig.from_toml(config_path)
     if not 0 <= index < config.data.clients:
         raise ConfigError(f"--index must be in [0, {config.data.clients}), got {index}")
     torch.set_num_threads(config.run.torch_threads)
     experiment = Experiment.build(config)
     options = ClientOptions(name=name or f"client-{index}", token=token,
-                            seed=config.run.seed * 1_000_003 + index)
+                            seed=config.run.seed * 1_000_003 + index, outbox_dir=outbox)
     pipeline = UpdatePipeline.from_names(config.client.privacy, config.client.compression)
     stats = run_client(server, experiment.trainer(index), options, pipeline)
     print(f"tasks {stats.tasks}, accepted {stats.accepted}, refused {stats.refused}, "
-          f"retries {stats.retries}, up {stats.bytes_up} B, down {stats.bytes_down} B",
-          flush=True)
+          f"recovered {stats.recovered}, retries {stats.retries}, "
+          f"up {stats.bytes_up} B, down {stats.bytes_down} B, "
+          f"resumed {stats.resumed_bytes} B, offline {stats.offline_seconds:.1f} s", flush=True)
     return 0

@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import contextlib
 import signal
-import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -84,6 +83,7 @@ def run_proxy_command(args: argparse.Namespace) -> int:
 async def serve_proxy(profile: LinkProfile, upstream: str, listen: str,
                       interval: float = 5.0) -> int:
     """Run a ``TcpProxy`` until SIGINT/SIGTERM, printing counters every ``interval`` s."""
+    from fedlink.errors import ConfigError
     from fedlink.netem.presets import summarize
     from fedlink.netem.proxy import TcpProxy
 
@@ -92,7 +92,12 @@ async def serve_proxy(profile: LinkProfile, upstream: str, listen: str,
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows
             loop.add_signal_handler(signum, stop.set)
-    async with TcpProxy(profile, upstream, listen) as proxy:
+    proxy = TcpProxy(profile, upstream, listen)
+    try:
+        await proxy.start()
+    except OSError as exc:
+        raise ConfigError(f"--listen {listen}: cannot listen ({exc.strerror or exc})") from exc
+    try:
         print(f"fedlink netem proxy {proxy.address} -> {upstream}: {summarize(profile)}",
               flush=True)
         while not stop.is_set():
@@ -100,5 +105,7 @@ async def serve_proxy(profile: LinkProfile, upstream: str, listen: str,
                 await asyncio.wait_for(stop.wait(), max(interval, 0.1))
             if not stop.is_set():
                 print(format_counters(proxy.counters), flush=True)
-    print(f"stopped: {format_counters(proxy.counters)}", file=sys.stdout, flush=True)
+    finally:
+        await proxy.stop()
+    print(f"stopped: {format_counters(proxy.counters)}", flush=True)
     return 0

@@ -2,16 +2,19 @@
 
 Only errors marked retryable (``UNAVAILABLE``, ``DEADLINE_EXCEEDED``, ``CANCELLED``) are retried;
 ``INVALID_ARGUMENT``, ``PERMISSION_DENIED`` and the like are the caller's to handle. Tests swap
-the ``sleep`` function instead of sleeping.
+the ``sleep`` function instead of sleeping. ``Caller`` runs calls under a policy and counts what
+the retrying cost into a session's ``SessionStats``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+import numbers
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tenacity import (
     AsyncRetrying,
@@ -23,12 +26,14 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from fedlink.config import require
+from fedlink.client.stats import SessionStats
+from fedlink.config import from_table, require
 from fedlink.errors import RemoteError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 Sleep = Callable[[float], Awaitable[None]]
+Clock = Callable[[], float]
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -51,11 +56,26 @@ class RetryPolicy:
     budget_s: float = 120.0
 
     def __post_init__(self) -> None:
+        for name in ("initial_backoff_s", "max_backoff_s", "budget_s"):
+            value = getattr(self, name)
+            require(isinstance(value, numbers.Real) and not isinstance(value, bool),
+                    f"retry.{name}", f"must be a number, got {value!r}")
+        require(isinstance(self.max_attempts, numbers.Integral)
+                and not isinstance(self.max_attempts, bool), "retry.max_attempts",
+                f"must be an integer, got {self.max_attempts!r}")
         require(self.initial_backoff_s > 0, "retry.initial_backoff_s", "must be > 0")
         require(self.max_backoff_s >= self.initial_backoff_s, "retry.max_backoff_s",
                 "must be >= initial_backoff_s")
         require(self.max_attempts >= 1, "retry.max_attempts", "must be >= 1")
         require(self.budget_s > 0, "retry.budget_s", "must be > 0")
+
+    @classmethod
+    def from_dict(cls, table: Mapping[str, Any], section: str = "client.retry") -> RetryPolicy:
+        """Build from a TOML table such as ``[client.retry]``; unknown keys are a ``ConfigError``.
+
+        Missing keys keep their defaults; values are checked as in the constructor.
+        """
+        return from_table(cls, table, section)
 
     async def call(self, fn: Callable[[], Awaitable[T]], *, what: str = "call",
                    sleep: Sleep = asyncio.sleep,
@@ -85,3 +105,46 @@ class RetryPolicy:
             return await retrying(attempt)
         except RetryError as exc:  # only without reraise; kept for safety
             raise exc.last_attempt.result() from exc
+
+
+class Caller:
+    """Runs calls under a ``RetryPolicy`` and counts their retries and time offline.
+
+    ``stats.retries`` grows by one per retried attempt; ``stats.offline_seconds`` by the time
+    from the start of a call's first failed attempt to the start of the attempt that succeeded
+    (or to the moment the policy gave up): failed attempts plus backoff. ``clock`` and ``sleep``
+    are injectable so tests neither sleep nor depend on real time.
+    """
+
+    def __init__(self, policy: RetryPolicy, stats: SessionStats, sleep: Sleep = asyncio.sleep,
+                 clock: Clock = time.monotonic) -> None:
+        self.policy = policy
+        self.stats = stats
+        self._sleep = sleep
+        self._clock = clock
+
+    async def __call__(self, fn: Callable[[], Awaitable[T]], what: str) -> T:
+        """Run ``fn`` per the policy (``what`` names it in log lines)."""
+        started = self._clock()
+        offline_until = started  # start of the latest attempt, or when the call gave up
+        failed = False
+
+        def on_retry(_: BaseException) -> None:
+            nonlocal failed
+            failed = True
+            self.stats.retries += 1
+
+        async def attempt() -> T:
+            nonlocal offline_until
+            offline_until = self._clock()
+            return await fn()
+
+        try:
+            return await self.policy.call(attempt, what=what, sleep=self._sleep,
+                                          on_retry=on_retry)
+        except BaseException:
+            offline_until = self._clock()
+            raise
+        finally:
+            if failed:
+                self.stats.offline_seconds += offline_until - started

@@ -3,6 +3,11 @@
 ``ClientSession`` is the async core; ``run_client`` is the thin sync facade for scripts and
 devices that do not run an event loop of their own. Training runs off the event loop (in a
 thread, or the executor you pass), so heartbeats keep flowing while it trains.
+
+Every encoded update is kept in the outbox before it is uploaded, until the coordinator
+answers (``fedlink.client.delivery``). With ``ClientOptions.outbox_dir`` the outbox is a
+directory: a client restarted with the same name and directory first delivers, or discards with
+a logged reason, what its previous process left there.
 """
 
 from __future__ import annotations
@@ -12,21 +17,30 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import TypeVar
+from pathlib import Path
 
 import numpy as np
 
 from fedlink.client.base import Trainer, TrainPlan, TrainResult
+from fedlink.client.delivery import Courier
+from fedlink.client.outbox import PendingUpdate, open_outbox
 from fedlink.client.pipeline import UpdatePipeline
-from fedlink.client.retry import RetryPolicy, Sleep
+from fedlink.client.retry import Caller, Clock, RetryPolicy, Sleep
+from fedlink.client.stats import SessionStats
+from fedlink.client.transfer import HeldModel, Transfers
 from fedlink.client.transport import Timeouts, Transport
-from fedlink.errors import DataLoss, NotFound, RemoteError, Unauthenticated, UpdateRefused
+from fedlink.errors import (
+    DataLoss,
+    NotFound,
+    PermissionDenied,
+    RemoteError,
+    Unauthenticated,
+    UpdateRefused,
+)
 from fedlink.messages import (
-    CommitRequest,
-    DownloadRequest,
     Finished,
     GetTaskRequest,
     HeartbeatRequest,
@@ -35,42 +49,25 @@ from fedlink.messages import (
     RunConfig,
     Task,
     TaskReply,
-    UploadChunk,
-    UploadStatusRequest,
     Wait,
 )
-from fedlink.wire import Payload, iter_chunks, unpack
+
+__all__ = ["ClientOptions", "ClientSession", "SessionStats", "run_client"]
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
-
-@dataclass
-class SessionStats:
-    """What one client did during a run (for logs, reports and benchmarks).
-
-    ``refused`` counts updates the coordinator would not use (too stale, task closed);
-    ``failed`` counts tasks lost to corrupted transfers or forgotten tasks; ``retries`` counts
-    retried calls; ``resumed_bytes`` the upload bytes a resume did not have to send again;
-    ``network_seconds`` the time spent downloading, uploading and committing.
-    """
-
-    tasks: int = 0
-    accepted: int = 0
-    refused: int = 0
-    failed: int = 0
-    retries: int = 0
-    bytes_up: int = 0
-    bytes_down: int = 0
-    train_seconds: float = 0.0
-    resumed_bytes: int = 0
-    network_seconds: float = 0.0
-    refusals: list[str] = field(default_factory=list)
+# Failures that lose one task but let the client go on: corrupted bytes, a task or client the
+# coordinator forgot (the next GetTask joins again), a task that is no longer ours.
+TASK_FAILURES = (DataLoss, NotFound, Unauthenticated, PermissionDenied)
 
 
 @dataclass(frozen=True)
 class ClientOptions:
-    """How a client behaves; every field has a sensible default."""
+    """How a client behaves; every field has a sensible default.
+
+    ``outbox_dir``: where pending updates are kept across restarts (one client per directory);
+    ``None`` keeps them in memory only.
+    """
 
     name: str = ""
     token: str = ""
@@ -78,6 +75,7 @@ class ClientOptions:
     timeouts: Timeouts = field(default_factory=Timeouts)
     seed: int = 0
     max_tasks: int | None = None
+    outbox_dir: Path | None = None
 
 
 class ClientSession:
@@ -87,12 +85,14 @@ class ClientSession:
     meanwhile. ``inline_training=True`` trains on the event loop's own thread instead: for many
     simulated clients with small models in one process this avoids contention for the GIL
     between the loop and the training threads (about 3x less time per update on 2 cores), at
-    the price of no heartbeats during training.
+    the price of no heartbeats during training. ``sleep`` and ``clock`` serve retries and the
+    time counters in ``stats`` (tests pass fakes).
     """
 
     def __init__(self, target: str, trainer: Trainer, options: ClientOptions | None = None,
                  pipeline: UpdatePipeline | None = None, executor: Executor | None = None,
-                 sleep: Sleep = asyncio.sleep, inline_training: bool = False) -> None:
+                 sleep: Sleep = asyncio.sleep, inline_training: bool = False,
+                 clock: Clock = time.monotonic) -> None:
         self.target = target
         self.trainer = trainer
         self.options = options or ClientOptions()
@@ -100,11 +100,16 @@ class ClientSession:
         self.stats = SessionStats()
         self.client_id = ""
         self.config: RunConfig | None = None
+        self.outbox = open_outbox(self.options.outbox_dir)
         self._executor = executor
         self._inline_training = inline_training
         self._sleep = sleep
+        self._clock = clock
+        self._call = Caller(self.options.retry, self.stats, sleep, clock)
         self._rng = np.random.default_rng(self.options.seed)
         self._transport: Transport | None = None
+        self._courier: Courier | None = None
+        self._held: HeldModel | None = None
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -113,16 +118,20 @@ class ClientSession:
         async with Transport(self.target, self.options.timeouts) as transport:
             self._transport = transport
             try:
-                await self._join()
+                config = await self._join()
+                transfers = Transfers(transport, self._call, self.stats, config.chunk_bytes)
+                self._courier = Courier(transport, transfers, self._call, self.stats,
+                                        self.outbox, config)
+                await self._courier.recover(self.target, self.options.name, self.client_id)
                 await self._work()
                 await self._leave("run finished")
             finally:
-                self._transport = None
+                self._transport = self._courier = None
         return self.stats
 
     async def _work(self) -> None:
         while self.options.max_tasks is None or self.stats.tasks < self.options.max_tasks:
-            reply = await self._retry(self._get_task, "GetTask")
+            reply = await self._next_task()
             if isinstance(reply, Finished):
                 log.info("%s: run finished: %s", self.client_id, reply.reason)
                 return
@@ -133,36 +142,60 @@ class ClientSession:
 
     async def _do_task(self, task: Task) -> None:
         self.stats.tasks += 1
+        mark = self.stats.mark()
         started = time.monotonic()
         try:
             # the task may close before the download (its round flushed meanwhile) as well as
             # before the commit: either way the coordinator refuses, and the client moves on
             with self._network_clock():
-                model = await self._download(task)
+                model = await self.courier.transfers.fetch_model(self.client_id, task,
+                                                                 self._held)
+            self._held = HeldModel(task.model_version, model, task.model.checksum)
             result = await self._train_with_heartbeats(task, model, started)
-            delta = result.params - model
-            payload = self.pipeline.process(delta, self._rng)
+            update = self._pending_update(task, result, model)
+            await self.courier.keep(update)
             with self._network_clock():
-                await self._deliver(task, payload, result)
-        except UpdateRefused as refusal:
+                await self.courier.deliver(update, mark)
+        except RemoteError as err:
+            if not self._lost(task.task_id, err):
+                raise
+
+    def _lost(self, task_id: str, err: RemoteError) -> bool:
+        """Count a task lost to ``err``; ``False`` when ``err`` must stop the session."""
+        if isinstance(err, UpdateRefused):
             self.stats.refused += 1
-            self.stats.refusals.append(refusal.detail)
-            log.warning("%s: update for %s refused: %s", self.client_id, task.task_id,
-                        refusal.detail)
-        except (DataLoss, NotFound) as failure:
-            # bytes corrupted in transit or a task the coordinator no longer knows: this task
-            # is lost, the next one may well succeed
+            self.stats.refusals.append(err.detail)
+            log.warning("%s: update for %s refused: %s", self.client_id, task_id, err.detail)
+            return True
+        if isinstance(err, TASK_FAILURES):
             self.stats.failed += 1
-            log.warning("%s: task %s failed: %s", self.client_id, task.task_id, failure)
+            log.warning("%s: task %s failed: %s", self.client_id, task_id, err)
+            return True
+        return False
 
     @contextlib.contextmanager
     def _network_clock(self) -> Iterator[None]:
         """Adds the time spent in the block to ``stats.network_seconds`` (even on failure)."""
-        started = time.monotonic()
+        started = self._clock()
         try:
             yield
         finally:
-            self.stats.network_seconds += time.monotonic() - started
+            self.stats.network_seconds += self._clock() - started
+
+    # -- delivery -------------------------------------------------------------------------------
+
+    def _pending_update(self, task: Task, result: TrainResult, model: np.ndarray) -> PendingUpdate:
+        """Encode the trained update, with what its commit needs (for the outbox)."""
+        assert self.config is not None
+        payload = self.pipeline.process(result.params - model, self._rng)
+        return PendingUpdate(
+            target=self.target, run_name=self.config.run_name, client_name=self.options.name,
+            client_id=self.client_id,
+            upload_id=f"{self.client_id}-{task.task_id}-{uuid.uuid4().hex[:12]}",
+            task_id=task.task_id, base_version=task.model_version,
+            num_examples=result.num_examples, steps_completed=result.steps_completed,
+            steps_planned=result.steps_planned, payload=payload, metrics=dict(result.metrics),
+            created_at=time.time())
 
     # -- calls ----------------------------------------------------------------------------------
 
@@ -173,55 +206,42 @@ class ClientSession:
             raise RuntimeError("the session is not running")
         return self._transport
 
-    async def _retry(self, fn: Callable[[], Awaitable[T]], what: str) -> T:
-        """Retry ``fn`` per the policy; re-join once if the coordinator forgot us."""
+    @property
+    def courier(self) -> Courier:
+        """Transfers and deliveries over the open transport (only inside ``run``)."""
+        if self._courier is None:
+            raise RuntimeError("the session is not running")
+        return self._courier
 
-        def count(_: BaseException) -> None:
-            self.stats.retries += 1
-
-        async def attempt() -> T:
-            try:
-                return await fn()
-            except Unauthenticated:
-                log.info("%s: coordinator does not know us; joining again", self.client_id)
-                await self._join()
-                return await fn()
-
-        return await self.options.retry.call(attempt, what=what, sleep=self._sleep,
-                                             on_retry=count)
-
-    async def _join(self) -> None:
-        reply = await self.options.retry.call(
+    async def _join(self) -> RunConfig:
+        reply = await self._call(
             lambda: self.transport.join(JoinRequest(
                 client_name=self.options.name, token=self.options.token,
                 num_examples=self.trainer.num_examples(), metadata={"sdk": "fedlink"})),
-            what="Join", sleep=self._sleep)
+            "Join")
         self.client_id = reply.client_id
         self.config = reply.config
         log.info("joined as %s (%d parameters)", self.client_id, reply.config.num_parameters)
+        return reply.config
 
     async def _leave(self, reason: str) -> None:
         with contextlib.suppress(RemoteError):
             await self.transport.leave(LeaveRequest(self.client_id, reason))
 
+    async def _next_task(self) -> TaskReply:
+        """``GetTask``, joining again (once) if the coordinator has forgotten this client."""
+        try:
+            return await self._call(self._get_task, "GetTask")
+        except Unauthenticated:
+            log.info("%s: coordinator does not know us; joining again", self.client_id)
+            await self._join()
+            return await self._call(self._get_task, "GetTask")
+
     async def _get_task(self) -> TaskReply:
-        return await self.transport.get_task(GetTaskRequest(self.client_id))
+        held = self._held.version if self._held is not None else -1
+        return await self.transport.get_task(GetTaskRequest(self.client_id, held))
 
-    async def _download(self, task: Task) -> np.ndarray:
-        """Fetch the task's model, resuming from the bytes already received after a break."""
-        buffer = bytearray()
-
-        async def attempt() -> None:
-            request = DownloadRequest(self.client_id, task.task_id, offset=len(buffer))
-            async for chunk in self.transport.download(request):
-                if chunk.offset != len(buffer):
-                    raise DataLoss(f"download chunk at offset {chunk.offset}, "
-                                        f"expected {len(buffer)}")
-                buffer.extend(chunk.data)
-
-        await self._retry(attempt, "Download")
-        self.stats.bytes_down += len(buffer)
-        return unpack(task.model, bytes(buffer), task.model.shape[0])
+    # -- training -------------------------------------------------------------------------------
 
     async def _train_with_heartbeats(self, task: Task, model: np.ndarray,
                                      started: float) -> TrainResult:
@@ -255,41 +275,6 @@ class ClientSession:
             await self._sleep(self.config.heartbeat_interval_s)
             with contextlib.suppress(RemoteError):
                 await self.transport.heartbeat(HeartbeatRequest(self.client_id, task.task_id))
-
-    async def _deliver(self, task: Task, payload: Payload, result: TrainResult) -> None:
-        """Upload (resuming after breaks), then commit; commit is idempotent by upload id."""
-        upload_id = f"{self.client_id}-{task.task_id}-{uuid.uuid4().hex[:12]}"
-        attempts = 0
-
-        async def upload_attempt() -> None:
-            nonlocal attempts
-            attempts += 1
-            # A fresh upload id holds nothing yet; only a retry needs to ask where to resume.
-            await self._upload(upload_id, payload, resume=attempts > 1)
-
-        await self._retry(upload_attempt, "Upload")
-        request = CommitRequest(
-            client_id=self.client_id, upload_id=upload_id, task_id=task.task_id,
-            base_version=task.model_version, num_examples=result.num_examples,
-            steps_completed=result.steps_completed, steps_planned=result.steps_planned,
-            update=payload.header, metrics=dict(result.metrics))
-        await self._retry(lambda: self.transport.commit(request), "Commit")
-        self.stats.accepted += 1
-
-    async def _upload(self, upload_id: str, payload: Payload, resume: bool) -> None:
-        held = 0
-        if resume:
-            status = await self.transport.upload_status(
-                UploadStatusRequest(self.client_id, upload_id))
-            held = status.committed_offset
-            self.stats.resumed_bytes += held
-        if held >= len(payload.data):
-            return
-        assert self.config is not None
-        chunks = [UploadChunk(self.client_id, upload_id, offset, piece)
-                  for offset, piece in iter_chunks(payload.data, self.config.chunk_bytes, held)]
-        reply = await self.transport.upload(chunks)
-        self.stats.bytes_up += reply.committed_offset - held
 
 
 def run_client(target: str, trainer: Trainer, options: ClientOptions | None = None,

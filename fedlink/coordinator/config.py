@@ -113,7 +113,18 @@ class TrainingConfig:
 
 @dataclass(frozen=True)
 class LimitsConfig:
-    """Size limits and timing knobs of the coordinator."""
+    """Size limits and timing knobs of the coordinator.
+
+    ``liveness_timeout_s``: a client holding a task that the coordinator has not heard from
+    (any call, heartbeats included) for this many seconds is presumed dead, and its task stops
+    holding a place in the cohort (it may still deliver, like a task released at the
+    deadline). ``None`` (the default) means ``3 x heartbeat_interval_s + long_poll_s``;
+    ``0`` disables the check.
+
+    ``delta_history``: how many recent model versions the coordinator keeps as raw vectors so
+    that a client holding one of them downloads an exact ``xor-zlib`` delta instead of the
+    whole model. Costs ``delta_history x model size`` of memory; ``0`` disables deltas.
+    """
 
     chunk_bytes: int = 1 << 20
     max_chunk_bytes: int = 3 << 20
@@ -121,6 +132,8 @@ class LimitsConfig:
     heartbeat_interval_s: float = 5.0
     long_poll_s: float = 10.0
     retry_after_s: float = 1.0
+    liveness_timeout_s: float | None = None
+    delta_history: int = 4
 
     def __post_init__(self) -> None:
         _check_types(self, "limits")
@@ -132,11 +145,33 @@ class LimitsConfig:
         require(self.heartbeat_interval_s > 0, "limits.heartbeat_interval_s", "must be > 0")
         require(self.long_poll_s >= 0, "limits.long_poll_s", "must be >= 0")
         require(self.retry_after_s > 0, "limits.retry_after_s", "must be > 0")
+        require(self.liveness_timeout_s is None or self.liveness_timeout_s == 0
+                or self.liveness_timeout_s > self.heartbeat_interval_s,
+                "limits.liveness_timeout_s",
+                f"must exceed heartbeat_interval_s={self.heartbeat_interval_s}, or be 0 to "
+                f"disable the check, got {self.liveness_timeout_s}")
+        require(self.delta_history >= 0, "limits.delta_history",
+                f"must be >= 0, got {self.delta_history}")
+
+    @property
+    def liveness_timeout(self) -> float | None:
+        """The effective liveness timeout in seconds, or ``None`` when the check is off."""
+        if self.liveness_timeout_s is None:
+            return 3 * self.heartbeat_interval_s + self.long_poll_s
+        return self.liveness_timeout_s or None
 
 
 @dataclass(frozen=True)
 class CoordinatorConfig:
-    """Everything a coordinator needs to run one federated training run."""
+    """Everything a coordinator needs to run one federated training run.
+
+    ``state_dir``: where the coordinator keeps what must survive a restart. Empty (the default)
+    keeps everything in memory. With a folder, the bytes of every upload are spooled to
+    ``<state_dir>/uploads/`` and fsynced before the coordinator reports them received, and a
+    restarted coordinator reopens those spools, so ``UploadStatus`` still reports them. The
+    rest of the state (client registry, remembered commit answers, the round in progress,
+    model checkpoints) is still held in memory: making it durable is issue 8.
+    """
 
     run_name: str = "fedlink-run"
     rounds: int = 10
@@ -149,6 +184,7 @@ class CoordinatorConfig:
     staleness_weight_options: Mapping[str, Any] = field(default_factory=dict)
     join_token: str = ""
     seed: int = 0
+    state_dir: str = ""
 
     def __post_init__(self) -> None:
         _check_types(self, "")

@@ -4,6 +4,13 @@ One engine serves synchronous, elastic and asynchronous training: the mode is on
 ``FlushRule`` it is given (see ``fedlink.coordinator.config.FlushRule``). The engine is plain,
 synchronous Python with an injected clock: no gRPC, no asyncio, no torch, so it is unit-testable
 with a fake clock and the servicer stays thin.
+
+A task holds a place in its version's cohort until it delivers or is *released*. Release
+happens for two reasons, through one mechanism (``_release``): the deadline passed with fewer
+than ``min_updates`` in (``poll``), or the task's client went silent for longer than
+``limits.liveness_timeout_s`` (``release_silent``). A released task is not closed: its client
+may still deliver while the update is within ``max_staleness``; the task only stops keeping
+another client out.
 """
 
 from __future__ import annotations
@@ -11,18 +18,20 @@ from __future__ import annotations
 import itertools
 import re
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from fedlink.aggregate import SERVER_OPTIMIZERS, STALENESS_WEIGHTS, StreamingMean
 from fedlink.compress import get_codec
+from fedlink.coordinator.client_metrics import event_fields
 from fedlink.coordinator.config import CoordinatorConfig
+from fedlink.coordinator.history import ModelHistory
 from fedlink.errors import InvalidArgument, NotFound, PermissionDenied, UpdateRefused
 from fedlink.messages import Finished, Task, TaskReply, Wait
 from fedlink.metrics import EventLog
-from fedlink.wire import Payload, pack
+from fedlink.wire import Payload
 
 _TASK_ID = re.compile(r"^t\d+-v(\d+)$")
 
@@ -37,6 +46,7 @@ class TaskRecord:
     issued_at: float
     done: bool = False
     expired: bool = False
+    delta_base: int = -1
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,7 @@ class ReceivedUpdate:
     steps_completed: int
     steps_planned: int
     bytes_up: int
+    metrics: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -97,8 +108,8 @@ class RoundEngine:
         self._staleness_weight = STALENESS_WEIGHTS.create(
             config.staleness_weight, **dict(config.staleness_weight_options))
         self._accumulator = StreamingMean()
-        self._codec = get_codec("fp32")
-        self._payloads: dict[int, Payload] = {0: pack(self._model, self._codec)}
+        self._history = ModelHistory(get_codec("fp32"), config.limits.delta_history)
+        self._history.publish(0, self._model, oldest_served=0)
         self._tasks: dict[str, TaskRecord] = {}
         self._issued: set[tuple[str, int]] = set()
         self._task_ids = itertools.count(1)
@@ -134,11 +145,25 @@ class RoundEngine:
 
     def payload(self, version: int) -> Payload:
         """The encoded model of ``version`` (``UpdateRefused`` once it is no longer kept)."""
-        payload = self._payloads.get(version)
+        payload = self._history.payload(version)
         if payload is None:
             raise UpdateRefused(f"model version {version} is no longer served "
                                 f"(current version is {self._version})")
         return payload
+
+    def delta_payload(self, record: TaskRecord) -> Payload:
+        """The delta offered with ``record``'s task (``NotFound`` when there is none now).
+
+        ``NotFound`` tells the client to download the full model instead.
+        """
+        if record.delta_base < 0:
+            raise NotFound(f"task {record.task_id!r} was offered no delta: download the full "
+                           "model")
+        delta = self._history.delta(record.delta_base, record.version)
+        if delta is None:
+            raise NotFound(f"the delta from version {record.delta_base} is no longer kept: "
+                           "download the full model")
+        return delta
 
     def task(self, client_id: str, task_id: str) -> TaskRecord:
         """The task ``task_id``, which must belong to ``client_id``."""
@@ -163,20 +188,24 @@ class RoundEngine:
 
     # -- issuing tasks ---------------------------------------------------------------------
 
-    def issue(self, client_id: str) -> TaskReply:
-        """A task for ``client_id``, or ``Wait``/``Finished``. Repeated calls are idempotent."""
+    def issue(self, client_id: str, held_version: int = -1) -> TaskReply:
+        """A task for ``client_id``, or ``Wait``/``Finished``. Repeated calls are idempotent.
+
+        ``held_version`` is the model version the client already holds (-1: none); when it is
+        still kept, the task offers a delta from it (``Task.delta``).
+        """
         if self.finished:
             return Finished(self.finished_reason)
         held = self._open_task_of(client_id)
         if held is not None:
-            return self._task_message(held)
+            return self._task_message(held, held_version)
         if (client_id, self._version) in self._issued:
             return Wait(self.config.limits.retry_after_s,
                         f"already trained on version {self._version}; waiting for the next")
         if self._free_slots() <= 0:
             return Wait(self.config.limits.retry_after_s,
                         f"cohort of version {self._version} is full")
-        return self._task_message(self._new_task(client_id))
+        return self._task_message(self._new_task(client_id), held_version)
 
     def _open_task_of(self, client_id: str) -> TaskRecord | None:
         for record in self._tasks.values():
@@ -198,8 +227,10 @@ class RoundEngine:
                          model_version=record.version)
         return record
 
-    def _task_message(self, record: TaskRecord) -> Task:
+    def _task_message(self, record: TaskRecord, held_version: int) -> Task:
         training = self.config.training
+        delta = self._history.delta(held_version, record.version) if held_version >= 0 else None
+        record.delta_base = held_version if delta is not None else -1
         return Task(
             task_id=record.task_id,
             model_version=record.version,
@@ -207,6 +238,8 @@ class RoundEngine:
             local_epochs=training.local_epochs,
             deadline_s=self._time_left(),
             model=self.payload(record.version).header,
+            delta=None if delta is None else delta.header,
+            delta_base_version=record.delta_base,
         )
 
     def _time_left(self) -> float:
@@ -236,7 +269,7 @@ class RoundEngine:
                          task_id=update.task_id, base_version=record.version,
                          staleness=staleness, num_examples=update.num_examples,
                          steps_completed=update.steps_completed, bytes_up=update.bytes_up,
-                         weight=weight)
+                         weight=weight, **event_fields(update.metrics))
         flush = self._flush() if self._accumulator.count >= self.rule.goal else None
         return Acceptance(self._version, staleness, weight, flush)
 
@@ -272,17 +305,46 @@ class RoundEngine:
         return None
 
     def _release_late_tasks(self) -> None:
-        """Deadline passed without ``min_updates``: give late clients' places to others.
-
-        A released task may still deliver (it is not closed); it just stops holding a place.
-        """
-        for record in self._tasks.values():
-            if record.version == self._version and not record.done and not record.expired:
-                record.expired = True
-                self._issued.discard((record.client_id, record.version))
-                self.events.emit("client_timeout", client_id=record.client_id,
-                                 task_id=record.task_id, model_version=record.version)
+        """Deadline passed without ``min_updates``: give late clients' places to others."""
+        reason = (f"deadline passed with {self._accumulator.count} of min_updates "
+                  f"{self.rule.min_updates} updates in")
+        for record in self._holding_places():
+            if record.version == self._version:
+                self._release(record, reason)
         self._round_started = self._clock()
+
+    def release_silent(self, last_seen: Callable[[str], float | None]) -> list[TaskRecord]:
+        """Release the tasks of clients not seen for ``limits.liveness_timeout_s``.
+
+        ``last_seen(client_id)`` is when the client last made any call (None: the client is
+        gone). Returns the released tasks, so the caller can wake clients waiting for a place.
+        """
+        timeout = self.config.limits.liveness_timeout
+        if timeout is None or self.finished:
+            return []
+        now = self._clock()
+        released = []
+        for record in self._holding_places():
+            seen = last_seen(record.client_id)
+            if seen is None:
+                self._release(record, "the client is no longer registered")
+            elif now - seen > timeout:
+                self._release(record, f"no heartbeat for {now - seen:.1f} s")
+            else:
+                continue
+            released.append(record)
+        return released
+
+    def _holding_places(self) -> list[TaskRecord]:
+        """Open tasks that still hold a place in a cohort."""
+        return [r for r in self._tasks.values() if not r.expired and self.is_open(r)]
+
+    def _release(self, record: TaskRecord, reason: str) -> None:
+        """Stop ``record`` holding a place; it may still deliver while within staleness."""
+        record.expired = True
+        self._issued.discard((record.client_id, record.version))
+        self.events.emit("client_timeout", client_id=record.client_id, task_id=record.task_id,
+                         model_version=record.version, reason=reason)
 
     def _flush(self) -> FlushOutcome:
         now = self._clock()
@@ -303,10 +365,8 @@ class RoundEngine:
 
     def _publish(self) -> None:
         """Encode the new version once; keep only versions a client may still train from."""
-        self._payloads[self._version] = pack(self._model, self._codec)
         oldest = self._version - self.rule.max_staleness
-        for version in [v for v in self._payloads if v < oldest]:
-            del self._payloads[version]
+        self._history.publish(self._version, self._model, oldest_served=oldest)
         self._tasks = {k: t for k, t in self._tasks.items() if self._version - t.version
                        <= self.rule.max_staleness + 1}
         self._issued = {(c, v) for c, v in self._issued if v >= oldest}

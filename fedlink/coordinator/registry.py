@@ -60,6 +60,11 @@ class ClientRegistry:
         record.last_seen = self._clock()
         return record
 
+    def last_seen(self, client_id: str) -> float | None:
+        """When ``client_id`` last made a call (any call), or None if it is not registered."""
+        record = self._clients.get(client_id)
+        return None if record is None else record.last_seen
+
     def remove(self, client_id: str) -> ClientRecord:
         """Forget ``client_id`` (``Unauthenticated`` if unknown)."""
         record = self.touch(client_id)

@@ -73,6 +73,7 @@ class CoordinatorServer:
         return self.port
 
     async def _poll_deadlines(self) -> None:
+        """Apply the deadline and liveness rules every ``POLL_INTERVAL_S``."""
         while not self.service.engine.finished:
             self.service.poll()
             await asyncio.sleep(POLL_INTERVAL_S)
@@ -104,6 +105,7 @@ class CoordinatorServer:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self.service.close()
         self._server = None
         log.info("coordinator stopped")
 

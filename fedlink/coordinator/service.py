@@ -3,12 +3,19 @@
 The gRPC servicer (``servicer.py``) only converts messages and status codes; everything a call
 means is here: checking the caller, validating input at the edge, and handing off to the
 ``RoundEngine``. Handlers raise ``fedlink.errors.RemoteError`` subclasses for every refusal.
+
+Durability of uploads: chunks are appended to the upload's spool as they arrive and made
+durable once per ``Upload`` call, when the stream ends *or breaks* (a ``finally``), before the
+reply reports them; ``UploadStatus`` reports only durable bytes. ``Commit`` first makes the
+upload durable, then checks for a remembered answer, accepts and remembers the new answer with
+no ``await`` in between, so concurrent duplicate commits cannot both reach the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -16,7 +23,7 @@ import numpy as np
 
 from fedlink.compress import CODECS
 from fedlink.coordinator.config import CoordinatorConfig
-from fedlink.coordinator.engine import FlushOutcome, ReceivedUpdate, RoundEngine
+from fedlink.coordinator.engine import FlushOutcome, ReceivedUpdate, RoundEngine, TaskRecord
 from fedlink.coordinator.registry import ClientRegistry
 from fedlink.coordinator.uploads import UploadSession, UploadStore
 from fedlink.errors import (
@@ -47,7 +54,7 @@ from fedlink.messages import (
     UploadStatusRequest,
 )
 from fedlink.metrics import EventLog
-from fedlink.wire import iter_chunks, unpack
+from fedlink.wire import Payload, iter_chunks, unpack
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +65,14 @@ class CoordinatorService:
     """Implements every call of ``fedlink.v1.Coordinator`` on top of a ``RoundEngine``."""
 
     def __init__(self, config: CoordinatorConfig, initial_model: np.ndarray, events: EventLog,
-                 evaluator: Evaluator | None = None) -> None:
+                 evaluator: Evaluator | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.events = events
-        self.engine = RoundEngine(config, initial_model, events)
-        self.registry = ClientRegistry()
+        self.engine = RoundEngine(config, initial_model, events, clock=clock)
+        self.registry = ClientRegistry(clock=clock)
         self.uploads = UploadStore(config.limits.max_update_bytes,
-                                   config.limits.max_chunk_bytes)
+                                   config.limits.max_chunk_bytes, config.state_dir)
         self._evaluator = evaluator
         self._changed = asyncio.Event()
         self._flushes: asyncio.Queue[tuple[FlushOutcome, int]] = asyncio.Queue()
@@ -107,62 +115,89 @@ class CoordinatorService:
         next version's tasks the moment it is published instead of at the next poll.
         """
         self.registry.touch(request.client_id)
-        reply = await self._next_task(request.client_id)
+        reply = await self._next_task(request.client_id, request.held_version)
         if isinstance(reply, Finished):
             self._told_finished.add(request.client_id)
         return reply
 
-    async def _next_task(self, client_id: str) -> TaskReply:
+    async def _next_task(self, client_id: str, held_version: int) -> TaskReply:
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + self.config.limits.long_poll_s
         while True:
             changed = self._changed
-            reply = self.engine.issue(client_id)
+            reply = self.engine.issue(client_id, held_version)
             remaining = give_up_at - loop.time()
             if isinstance(reply, Task | Finished) or remaining <= 0:
                 return reply
             try:
                 await asyncio.wait_for(changed.wait(), timeout=remaining)
             except TimeoutError:
-                return self.engine.issue(client_id)
+                return self.engine.issue(client_id, held_version)
 
     def clients_informed(self) -> bool:
         """Whether every client still registered has been told that the run is over."""
         return self.registry.ids() <= self._told_finished
 
     async def download(self, request: DownloadRequest) -> AsyncIterator[DataChunk]:
-        """Stream the model of a task from ``request.offset``."""
+        """Stream a task's model, or with ``request.delta`` its delta, from ``request.offset``.
+
+        Every chunk sent counts as a sign of life of the client (a slow download is not a
+        dead client). ``download_finished`` says whether a delta was sent and the bytes it
+        saved against the full model.
+        """
         self.registry.touch(request.client_id)
         record = self.engine.task(request.client_id, request.task_id)
         if not self.engine.is_open(record):
             raise UpdateRefused(f"task {request.task_id!r} is closed")
-        payload = self.engine.payload(record.version)
+        full = self.engine.payload(record.version)
+        payload = self.engine.delta_payload(record) if request.delta else full
         if request.offset > len(payload.data):
             raise InvalidArgument(f"offset {request.offset} is past the end of the "
-                                  f"{len(payload.data)}-byte model")
+                                  f"{len(payload.data)}-byte {_what(request)}")
         chunk_bytes = min(request.max_chunk_bytes or self.config.limits.chunk_bytes,
                           self.config.limits.max_chunk_bytes)
         sent = 0
         for offset, piece in iter_chunks(payload.data, chunk_bytes, request.offset):
             sent += len(piece)
             yield DataChunk(offset, piece)
+            self.registry.touch(request.client_id)
         self._round_bytes_down += sent
+        self._download_finished(request, record, sent, full, payload)
+
+    def _download_finished(self, request: DownloadRequest, record: TaskRecord, sent: int,
+                           full: Payload, payload: Payload) -> None:
+        fields = {"delta": request.delta,
+                  "bytes_saved": len(full.data) - len(payload.data) if request.delta else 0}
+        if request.delta:
+            fields["base_version"] = record.delta_base
         self.events.emit("download_finished", client_id=request.client_id,
-                         task_id=request.task_id, bytes=sent, offset=request.offset)
+                         task_id=request.task_id, bytes=sent, offset=request.offset, **fields)
 
     async def upload(self, chunks: AsyncIterator[UploadChunk]) -> UploadReply:
-        """Receive chunks of one upload; answer with the bytes held."""
-        reply: UploadReply | None = None
-        async for chunk in chunks:
-            self.registry.touch(chunk.client_id)
-            if reply is not None and chunk.upload_id != reply.upload_id:
-                raise InvalidArgument("one Upload stream must carry a single upload_id")
-            session = self.uploads.write(chunk.client_id, chunk.upload_id, chunk.offset,
-                                         chunk.data)
-            reply = UploadReply(session.upload_id, session.committed_offset)
-        if reply is None:
+        """Receive chunks of one upload; answer with the durable bytes held.
+
+        What arrived is made durable once, when the stream ends, fails or is cut by the
+        network (so ``UploadStatus`` after a reconnect reports it), not once per chunk.
+        """
+        written: tuple[str, str] | None = None  # (client_id, upload_id) once a chunk landed
+        try:
+            async for chunk in chunks:
+                self.registry.touch(chunk.client_id)
+                if written is not None and chunk.upload_id != written[1]:
+                    raise InvalidArgument("one Upload stream must carry a single upload_id")
+                self.uploads.write(chunk.client_id, chunk.upload_id, chunk.offset, chunk.data)
+                written = (chunk.client_id, chunk.upload_id)
+        finally:
+            if written is not None:
+                await self._make_durable(*written)
+        if written is None:
             raise InvalidArgument("Upload stream carried no chunk")
-        return reply
+        return UploadReply(written[1], self.uploads.status(*written))
+
+    async def _make_durable(self, client_id: str, upload_id: str) -> None:
+        """fsync what the upload received, off the event loop (nothing to do in memory)."""
+        if self.uploads.needs_sync(upload_id):
+            await asyncio.to_thread(self.uploads.sync, client_id, upload_id)
 
     async def upload_status(self, request: UploadStatusRequest) -> UploadReply:
         """How many bytes of an upload the coordinator holds."""
@@ -173,6 +208,9 @@ class CoordinatorService:
     async def commit(self, request: CommitRequest) -> CommitReply:
         """Turn a complete upload into an accepted update; the same answer on every repeat."""
         self.registry.touch(request.client_id)
+        await self._make_durable(request.client_id, request.upload_id)
+        # From here to ``settle`` nothing awaits: a duplicate commit running concurrently
+        # either finds the remembered answer or has not started yet.
         previous = self.uploads.answer(request.client_id, request.upload_id)
         if previous is not None:
             return self._replay(previous)
@@ -222,7 +260,8 @@ class CoordinatorService:
             client_id=request.client_id, task_id=request.task_id,
             base_version=request.base_version, delta=delta,
             num_examples=request.num_examples, steps_completed=request.steps_completed,
-            steps_planned=request.steps_planned, bytes_up=request.update.num_bytes))
+            steps_planned=request.steps_planned, bytes_up=request.update.num_bytes,
+            metrics=request.metrics))
         if acceptance.flush is not None:
             self._on_flush(acceptance.flush)
         return CommitReply(request.upload_id, acceptance.model_version, acceptance.staleness)
@@ -234,12 +273,20 @@ class CoordinatorService:
         return previous
 
     def poll(self) -> None:
-        """Apply the deadline rule (called periodically by the server)."""
+        """Apply the deadline rule and the liveness check (called periodically by the server).
+
+        Places released by either are offered at once to clients waiting in ``GetTask``.
+        """
+        released = self.engine.release_silent(self.registry.last_seen)
         outcome = self.engine.poll()
         if outcome is not None:
             self._on_flush(outcome)
-        elif self.engine.rule.deadline_s is not None:
-            self._notify()  # released places may let waiting clients in
+        elif released or self.engine.rule.deadline_s is not None:
+            self._notify()
+
+    def close(self) -> None:
+        """Release open upload spools (their bytes stay on disk for a restart)."""
+        self.uploads.close()
 
     def _on_flush(self, outcome: FlushOutcome) -> None:
         self._flushes.put_nowait((outcome, self._round_bytes_down))
@@ -277,6 +324,10 @@ class CoordinatorService:
         except Exception:  # an evaluator bug must not stop training
             log.exception("evaluating the global model failed")
             return {}
+
+
+def _what(request: DownloadRequest) -> str:
+    return "delta" if request.delta else "model"
 
 
 def _check_counts(request: CommitRequest) -> None:

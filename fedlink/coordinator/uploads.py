@@ -3,14 +3,22 @@
 An upload is addressed by a client-chosen id that stays the same across reconnects. The store
 keeps the bytes contiguous from offset 0: a chunk that overlaps what is held is trimmed (a
 replay after a reconnect), a chunk past the end is a gap and refused. Final commit answers are
-remembered per upload id so that a repeated ``Commit`` gets the same answer.
+remembered per upload id so that a repeated ``Commit`` gets the same answer (in memory for now;
+their durability is issue 8).
+
+Where the bytes live is a ``fedlink.coordinator.spool.SpoolStorage``: in memory, or (with a
+``state_dir``) in spool files that are fsynced by ``sync``. ``status`` and ``committed_offset``
+report durable bytes only, so a client is never told that the coordinator holds a byte that a
+crash could lose. A store built on a folder reopens the spools a previous process left there.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
+import logging
+from dataclasses import dataclass
+from pathlib import Path
 
+from fedlink.coordinator.spool import Spool, check_name, storage_for
 from fedlink.errors import (
     InvalidArgument,
     NotFound,
@@ -20,7 +28,7 @@ from fedlink.errors import (
 )
 from fedlink.messages import CommitReply
 
-_UPLOAD_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -29,24 +37,53 @@ class UploadSession:
 
     upload_id: str
     client_id: str
-    data: bytearray = field(default_factory=bytearray)
+    spool: Spool
 
     @property
     def committed_offset(self) -> int:
-        """Bytes held, contiguous from 0."""
-        return len(self.data)
+        """Durable bytes held, contiguous from 0 (what a client may be told)."""
+        return self.spool.durable
+
+    @property
+    def received(self) -> int:
+        """Bytes received, durable or not (where the next chunk goes)."""
+        return self.spool.size
+
+    @property
+    def data(self) -> bytes:
+        """The durable bytes."""
+        return self.spool.read()
 
 
 class UploadStore:
-    """In-memory upload sessions and remembered commit answers."""
+    """Upload sessions (in memory, or spooled under ``state_dir``) and remembered answers.
 
-    def __init__(self, max_update_bytes: int, max_chunk_bytes: int) -> None:
+    ``write`` appends; ``sync`` makes what was appended durable (one fsync, so callers call it
+    once per ``Upload`` stream, not per chunk). With an empty ``state_dir`` every byte is
+    durable as soon as it is written.
+    """
+
+    def __init__(self, max_update_bytes: int, max_chunk_bytes: int,
+                 state_dir: str | Path = "") -> None:
         self.max_update_bytes = max_update_bytes
         self.max_chunk_bytes = max_chunk_bytes
+        self._storage = storage_for(state_dir)
         self._sessions: dict[str, UploadSession] = {}
         self._answers: dict[str, CommitReply | RemoteError] = {}
         self._owners: dict[str, str] = {}
         self._settled_sizes: dict[str, int] = {}
+        self._reopen()
+
+    def _reopen(self) -> None:
+        """Adopt the spools a previous coordinator process left behind."""
+        for client_id, upload_id, spool in self._storage.reopen():
+            if upload_id in self._sessions:
+                log.warning("upload %r is spooled twice; keeping the first", upload_id)
+                spool.close()
+                continue
+            self._sessions[upload_id] = UploadSession(upload_id, client_id, spool)
+        if self._sessions:
+            log.info("reopened %d upload spool(s)", len(self._sessions))
 
     def write(self, client_id: str, upload_id: str, offset: int, data: bytes) -> UploadSession:
         """Place ``data`` at ``offset`` of the upload; returns the session."""
@@ -54,7 +91,7 @@ class UploadStore:
             raise ResourceExhausted(f"chunk of {len(data)} bytes exceeds the limit of "
                                     f"{self.max_chunk_bytes}")
         session = self._session(client_id, upload_id, create=True)
-        held = session.committed_offset
+        held = session.received
         if offset > held:
             raise InvalidArgument(f"chunk at offset {offset} leaves a gap: upload "
                                   f"{upload_id!r} holds {held} bytes; resume from there")
@@ -62,8 +99,26 @@ class UploadStore:
         if held + len(new) > self.max_update_bytes:
             raise ResourceExhausted(f"upload would exceed the limit of "
                                     f"{self.max_update_bytes} bytes")
-        session.data += new
+        if new:
+            session.spool.append(new)
         return session
+
+    def needs_sync(self, upload_id: str) -> bool:
+        """Whether the upload holds bytes that are received but not yet durable."""
+        session = self._sessions.get(upload_id)
+        return session is not None and session.received > session.committed_offset
+
+    def sync(self, client_id: str, upload_id: str) -> int:
+        """Make the bytes received for the upload durable; return the durable offset.
+
+        Blocks for an fsync with a ``state_dir``: run it off the event loop. Unknown and
+        settled uploads are left alone (their ``status`` is returned).
+        """
+        session = self._sessions.get(upload_id)
+        if session is None:
+            return self.status(client_id, upload_id)
+        self._check_owner(session.client_id, client_id, upload_id)
+        return session.spool.sync()
 
     def status(self, client_id: str, upload_id: str) -> int:
         """Bytes held for the upload (0 if it was never started).
@@ -101,6 +156,13 @@ class UploadStore:
         self._owners[upload_id] = client_id
         session = self._sessions.pop(upload_id, None)
         self._settled_sizes[upload_id] = session.committed_offset if session else 0
+        if session is not None:
+            session.spool.discard()
+
+    def close(self) -> None:
+        """Release open spools; their bytes stay for the next process to reopen."""
+        for session in self._sessions.values():
+            session.spool.close()
 
     def _session(self, client_id: str, upload_id: str, create: bool) -> UploadSession:
         session = self._sessions.get(upload_id)
@@ -112,14 +174,14 @@ class UploadStore:
             raise InvalidArgument(f"upload {upload_id!r} was already committed")
         if not create:
             raise NotFound(f"unknown upload id {upload_id!r}: nothing was uploaded under it")
-        session = UploadSession(upload_id, client_id)
+        session = UploadSession(upload_id, client_id,
+                                self._storage.create(client_id, upload_id))
         self._sessions[upload_id] = session
         return session
 
     @staticmethod
     def _check_id(upload_id: str) -> None:
-        if not _UPLOAD_ID.match(upload_id):
-            raise InvalidArgument("upload_id must be 1-128 characters of [A-Za-z0-9._:-]")
+        check_name(upload_id, "upload_id")
 
     @staticmethod
     def _check_owner(owner: str, client_id: str, upload_id: str) -> None:

@@ -7,7 +7,7 @@ imported only when a plot is drawn, keeping ``import fedlink.metrics`` light.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,10 +107,22 @@ def _markdown(
 def _summary_section(summary: Mapping[str, Any]) -> str:
     """The key figures as a two-column table."""
     rows = [[label, value] for label, value in key_figures(dict(summary))]
+    rows.extend(_resilience_rows(summary))
     reason = summary.get("finish_reason")
     if reason:
         rows.append(["Finish reason", str(reason)])
     return "## Summary\n\n" + _table(["Figure", "Value"], rows)
+
+
+def _resilience_rows(summary: Mapping[str, Any]) -> list[list[str]]:
+    """Rows for what bad networks cost and what resilience saved; only the non-zero ones."""
+    figures: list[tuple[str, str, Callable[[float], str]]] = [
+        ("Saved by delta downloads", "delta_bytes_saved", human_bytes),
+        ("Upload bytes resumed (not resent)", "resumed_bytes", human_bytes),
+        ("Client retries (reported)", "client_retries_reported", lambda n: str(int(n))),
+        ("Client time offline (reported)", "offline_seconds", human_seconds),
+    ]
+    return [[label, fmt(summary[key])] for label, key, fmt in figures if summary.get(key)]
 
 
 def _plots_section(flushes: list[Event], plots: list[_Series]) -> str:

@@ -16,6 +16,9 @@
 ``bytes_up``             sum of ``bytes_up`` over ``update_accepted`` and ``update_refused``
                          events (a refused update that was received still cost its upload)
 ``bytes_down``           sum of ``bytes`` over ``download_finished`` events
+``delta_bytes_saved``    sum of ``bytes_saved`` over ``download_finished`` events: bytes a
+                         delta download saved against downloading the whole model (0 when
+                         no client downloaded a delta)
 ``tasks_issued``         number of ``task_issued`` events
 ``updates_accepted``     number of ``update_accepted`` events
 ``updates_refused``      number of ``update_refused`` events
@@ -26,6 +29,12 @@
 ``clients``              number of distinct ``client_id`` values in ``client_joined`` events
 ``clients_left``         number of ``client_left`` events
 ``client_timeouts``      number of ``client_timeout`` events
+``client_retries_reported``  sum of ``retries`` the clients reported with their accepted
+                         updates (``update_accepted``; 0 when none reported)
+``resumed_bytes``        sum of ``resumed_bytes`` reported with accepted updates: upload bytes
+                         clients did not resend after a break because the coordinator held them
+``offline_seconds``      sum of ``offline_seconds`` reported with accepted updates: time
+                         clients spent unable to reach the coordinator (0.0 when none)
 ``finish_reason``        ``reason`` of the last ``run_finished`` (None if it never finished)
 ``config``               the configuration passed in, as plain JSON data
 ======================== ===================================================================
@@ -66,6 +75,7 @@ def summarize(events: list[Event], config: Mapping[str, Any]) -> dict[str, Any]:
     summary.update(_traffic_figures(events))
     summary.update(_update_figures(events))
     summary.update(_client_figures(events))
+    summary.update(_resilience_figures(events))
     summary["wall_seconds"] = wall_seconds(events)
     summary["config"] = to_jsonable(config)
     return summary
@@ -161,6 +171,23 @@ def _client_figures(events: list[Event]) -> dict[str, Any]:
         "client_timeouts": len(of_kind(events, CLIENT_TIMEOUT)),
         "finish_reason": finished[-1].get("reason") if finished else None,
     }
+
+
+def _resilience_figures(events: list[Event]) -> dict[str, Any]:
+    """Bytes saved by delta downloads, and what clients reported about retries and outages."""
+    accepted = of_kind(events, UPDATE_ACCEPTED)
+    return {
+        "delta_bytes_saved": _total(of_kind(events, DOWNLOAD_FINISHED), "bytes_saved"),
+        "client_retries_reported": _total(accepted, "retries"),
+        "resumed_bytes": _total(accepted, "resumed_bytes"),
+        "offline_seconds": float(sum(float(e.get("offline_seconds") or 0.0)
+                                     for e in accepted)),
+    }
+
+
+def _total(events: list[Event], field: str) -> int:
+    """Sum of an integer ``field`` over ``events`` (missing or null counts as 0)."""
+    return sum(int(e.get(field) or 0) for e in events)
 
 
 def _tally(events: list[Event], field: str) -> dict[str, int]:

@@ -178,9 +178,13 @@ def test_task_closed_before_download_is_refused_not_raised(
 
     monkeypatch.setattr(Transport, "download", slow_download)
 
+    slow_box: list[ClientSession] = []
+
     def fast_gate(call: int) -> None:
         if call == 0:
             block_until(lambda: _three_issued(server_box[0]), 10, "three tasks")
+        if call == 1:  # version 1 is out; the slow client hears "closed" before version 2
+            block_until(lambda: slow_box[0].stats.refused == 1, 10, "the slow refusal")
 
     fast = [TowardTrainer(np.full(DIM, v, np.float32), examples=10, before_train=fast_gate)
             for v in (1.0, 2.0)]
@@ -192,6 +196,7 @@ def test_task_closed_before_download_is_refused_not_raised(
             sessions = [ClientSession(target_of(server), t, options(f"fast{i}"))
                         for i, t in enumerate(fast)]
             slow_session = ClientSession(target_of(server), slow, options("slow", max_tasks=1))
+            slow_box.append(slow_session)
             await gather_bounded(slow_session.run(), *(s.run() for s in sessions))
             await asyncio.wait_for(server.wait_finished(), 10)
         return slow_session

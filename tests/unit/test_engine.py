@@ -6,11 +6,14 @@ import numpy as np
 import pytest
 from conftest import FakeClock
 
-from fedlink.coordinator import CoordinatorConfig, FlushRule, RoundEngine
+from fedlink.compress.delta import DELTA_ENCODING, apply_delta
+from fedlink.coordinator import CoordinatorConfig, FlushRule, LimitsConfig, RoundEngine
+from fedlink.coordinator import history as history_module
 from fedlink.coordinator.engine import ReceivedUpdate
 from fedlink.errors import InvalidArgument, NotFound, PermissionDenied, UpdateRefused
 from fedlink.messages import Finished, Task, Wait
 from fedlink.metrics import EventLog
+from fedlink.wire import checksum
 
 DIM = 5
 X0 = np.array([1.0, -2.0, 0.5, 0.0, 3.0], dtype=np.float32)
@@ -282,3 +285,88 @@ def test_finishes_after_rounds(fake_clock: FakeClock) -> None:
         engine.submit(update("b", spare, 1.0))
     np.testing.assert_allclose(engine.model, X0 + 2.0)
     assert engine.poll() is None
+
+
+# -- delta downloads ------------------------------------------------------------------------------
+
+def delta_engine(clock: FakeClock, history: int = 3, dim: int = 2048) -> RoundEngine:
+    config = CoordinatorConfig(rounds=20,
+                               flush=FlushRule(goal=1, over_selection=4.0, deadline_s=None),
+                               limits=LimitsConfig(delta_history=history))
+    start = np.random.default_rng(1).normal(size=dim).astype(np.float32)
+    return RoundEngine(config, start, EventLog(None), clock=clock)
+
+
+def small_step(engine: RoundEngine, client: str = "a") -> Task:
+    """Flush one small, sparse update; return the task it answered."""
+    task = task_for(engine, client)
+    delta = np.zeros(engine.num_parameters, np.float32)
+    delta[::16] = 0.01
+    engine.submit(ReceivedUpdate(client, task.task_id, task.model_version, delta, 1, 1, 1, 4))
+    return task
+
+
+def test_task_offers_an_exact_delta_from_a_held_version(fake_clock: FakeClock) -> None:
+    engine = delta_engine(fake_clock)
+    v0 = engine.model.copy()
+    small_step(engine)
+    task = engine.issue("a", held_version=0)
+    assert isinstance(task, Task) and task.model_version == 1
+    assert task.has_delta and task.delta_base_version == 0
+    assert task.delta is not None and task.delta.encoding == DELTA_ENCODING
+    assert task.delta.shape == (engine.num_parameters,) and task.delta.dtype == "float32"
+    payload = engine.delta_payload(engine.task("a", task.task_id))
+    assert task.delta == payload.header and payload.header.checksum == checksum(payload.data)
+    assert payload.header.num_bytes < task.model.num_bytes
+    rebuilt = apply_delta(v0, payload.data)
+    assert rebuilt.tobytes() == engine.model.tobytes()  # bit for bit
+
+
+def test_no_delta_without_a_kept_held_version(fake_clock: FakeClock) -> None:
+    engine = delta_engine(fake_clock, history=2)
+    for _ in range(3):
+        small_step(engine)
+    for held in (-1, 0, 1, 99):  # none, evicted (history 2 keeps 2 and 3), evicted, unknown
+        task = engine.issue("a", held_version=held)
+        assert isinstance(task, Task) and not task.has_delta, held
+        assert task.delta is None and task.delta_base_version == -1
+        with pytest.raises(NotFound, match="no delta"):
+            engine.delta_payload(engine.task("a", task.task_id))
+    task = engine.issue("a", held_version=2)
+    assert isinstance(task, Task) and task.has_delta
+
+
+def test_delta_history_zero_disables_deltas(fake_clock: FakeClock) -> None:
+    engine = delta_engine(fake_clock, history=0)
+    small_step(engine)
+    task = engine.issue("a", held_version=0)
+    assert isinstance(task, Task) and not task.has_delta
+
+
+def test_each_delta_is_encoded_once_and_the_cache_is_bounded(
+        fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    real = history_module.encode_delta
+
+    def counting(old: np.ndarray, new: np.ndarray) -> bytes:
+        calls.append(1)
+        return real(old, new)
+
+    monkeypatch.setattr(history_module, "encode_delta", counting)
+    engine = delta_engine(fake_clock, history=3)
+    for _ in range(6):
+        small_step(engine)
+        for client in ("b", "c", "d"):  # three clients holding the previous version
+            engine.issue(client, held_version=engine.version - 1)
+    assert len(calls) == 6  # one (v-1 -> v) delta per version, shared by the three clients
+    assert len(engine._history._deltas) <= 3 * 3
+
+
+def test_delta_not_smaller_than_the_model_is_not_offered(
+        fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = delta_engine(fake_clock)
+    small_step(engine)
+    full = engine.payload(1).header.num_bytes
+    monkeypatch.setattr(history_module, "encode_delta", lambda old, new: b"\x00" * full)
+    reply = engine.issue("a", held_version=0)
+    assert isinstance(reply, Task) and not reply.has_delta

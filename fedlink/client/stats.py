@@ -1,0 +1,61 @@
+"""What a client session did: counters for logs, reports, benchmarks and commit metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TaskMark:
+    """The resilience counters at the start of a task (see ``SessionStats.since``)."""
+
+    retries: int
+    resumed_bytes: int
+    offline_seconds: float
+
+
+@dataclass
+class SessionStats:
+    """What one client did during a run (for logs, reports and benchmarks).
+
+    ``refused`` counts updates the coordinator would not use (too stale, task closed), including
+    pending updates of an earlier run that were discarded at restart; ``failed`` counts tasks
+    lost to corrupted transfers or forgotten tasks; ``recovered`` counts pending updates of an
+    earlier process (found in the outbox) that reached the coordinator; ``accepted`` counts
+    every accepted update, recovered ones included.
+
+    ``retries`` counts retried calls; ``offline_seconds`` the time calls spent failing and
+    backing off before they succeeded (or gave up); ``resumed_bytes`` the upload bytes a resume
+    did not have to send again; ``bytes_up`` the payload bytes handed to the network for
+    sending; ``bytes_down`` the payload bytes received (deltas, and full models, including any
+    fallback); ``delta_bytes_saved`` the download bytes that deltas (or an already held model)
+    saved against full downloads; ``network_seconds`` the time spent downloading, uploading and
+    committing.
+    """
+
+    tasks: int = 0
+    accepted: int = 0
+    refused: int = 0
+    failed: int = 0
+    recovered: int = 0
+    retries: int = 0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    delta_bytes_saved: int = 0
+    train_seconds: float = 0.0
+    resumed_bytes: int = 0
+    offline_seconds: float = 0.0
+    network_seconds: float = 0.0
+    refusals: list[str] = field(default_factory=list)
+
+    def mark(self) -> TaskMark:
+        """The resilience counters now, to measure one task against."""
+        return TaskMark(self.retries, self.resumed_bytes, self.offline_seconds)
+
+    def since(self, mark: TaskMark) -> dict[str, float]:
+        """Retries, resumed bytes and offline seconds since ``mark`` (sent as commit metrics)."""
+        return {
+            "retries": float(self.retries - mark.retries),
+            "resumed_bytes": float(self.resumed_bytes - mark.resumed_bytes),
+            "offline_seconds": self.offline_seconds - mark.offline_seconds,
+        }

@@ -1,0 +1,243 @@
+"""Resumable transfers: model downloads (full or delta) and update uploads, in adaptive chunks.
+
+Downloads keep what arrived before a break and ask again from that offset; uploads ask the
+coordinator how much it holds (``UploadStatus``) and send the rest, as a stream generated
+lazily so that a reset early in the stream wastes no work. ``ChunkSizer`` adapts the chunk size
+to the link: smaller after a failed attempt (less is lost to the next reset), larger after a
+clean one (less per-message overhead).
+
+A client that holds version ``v`` of the model sends it as ``GetTaskRequest.held_version``;
+when the task offers a delta from ``v`` (``Task.delta``), the client downloads that instead of
+the full model, rebuilds the new version with ``apply_delta`` and checks it bit for bit against
+the model's checksum, falling back to the full download on any mismatch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+import numpy as np
+
+from fedlink.client.stats import SessionStats
+from fedlink.compress import get_codec
+from fedlink.compress.delta import apply_delta
+from fedlink.config import require
+from fedlink.errors import DataLoss, RemoteError
+from fedlink.messages import (
+    DataChunk,
+    DownloadRequest,
+    Task,
+    TensorHeader,
+    UploadChunk,
+    UploadReply,
+    UploadStatusRequest,
+)
+from fedlink.wire import checksum, iter_chunks, pack, unpack
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+MIN_CHUNK_BYTES = 16 << 10
+MAX_CHUNK_BYTES = 1 << 20
+
+
+class Call(Protocol):
+    """Runs a call under the session's retry policy (``fedlink.client.retry.Caller``)."""
+
+    async def __call__(self, fn: Callable[[], Awaitable[T]], what: str) -> T:
+        """Run ``fn``, retrying retryable failures."""
+        ...
+
+
+class TransferLink(Protocol):
+    """The calls a transfer makes (``fedlink.client.transport.Transport`` provides them)."""
+
+    def download(self, request: DownloadRequest) -> AsyncIterator[DataChunk]:
+        """Stream a payload from ``request.offset``."""
+        ...
+
+    async def upload(self, chunks: Iterator[UploadChunk]) -> UploadReply:
+        """Stream ``chunks`` of one upload; the reply says how many bytes are held."""
+        ...
+
+    async def upload_status(self, request: UploadStatusRequest) -> UploadReply:
+        """How many bytes of an upload the coordinator holds."""
+        ...
+
+
+class ChunkSizer:
+    """Chunk size for one direction of the link: halve after a failure, double after success.
+
+    It stays within ``[minimum, maximum]`` and starts at ``start`` (clamped into the bounds).
+    """
+
+    def __init__(self, start: int, minimum: int = MIN_CHUNK_BYTES,
+                 maximum: int = MAX_CHUNK_BYTES) -> None:
+        require(minimum >= 1, "chunk.minimum", f"must be >= 1, got {minimum}")
+        require(maximum >= minimum, "chunk.maximum", f"must be >= minimum={minimum}, "
+                f"got {maximum}")
+        self.minimum = minimum
+        self.maximum = maximum
+        self.size = min(max(start, minimum), maximum)
+
+    @classmethod
+    def for_server(cls, chunk_bytes: int) -> ChunkSizer:
+        """A sizer starting at the coordinator's ``chunk_bytes`` and never going above it."""
+        maximum = min(MAX_CHUNK_BYTES, chunk_bytes)
+        return cls(chunk_bytes, minimum=min(MIN_CHUNK_BYTES, maximum), maximum=maximum)
+
+    def failed(self) -> None:
+        """A transfer attempt broke: use smaller chunks."""
+        self.size = max(self.minimum, self.size // 2)
+
+    def succeeded(self) -> None:
+        """A transfer attempt went through cleanly: use larger chunks."""
+        self.size = min(self.maximum, self.size * 2)
+
+
+@dataclass(frozen=True)
+class HeldModel:
+    """The last model version a client downloaded, kept to receive the next one as a delta."""
+
+    version: int
+    vector: np.ndarray
+    checksum: str
+
+
+def model_checksum(vector: np.ndarray) -> str:
+    """The checksum of ``vector`` as the coordinator serves it (fp32 encoding)."""
+    return pack(vector, get_codec("fp32")).header.checksum
+
+
+class Transfers:
+    """Resumable downloads and uploads over one link, retried by ``call``, counted in ``stats``."""
+
+    def __init__(self, link: TransferLink, call: Call, stats: SessionStats,
+                 chunk_bytes: int) -> None:
+        self.link = link
+        self.call = call
+        self.stats = stats
+        self.up = ChunkSizer.for_server(chunk_bytes)
+        self.down = ChunkSizer.for_server(chunk_bytes)
+
+    # -- downloads ------------------------------------------------------------------------------
+
+    async def fetch_model(self, client_id: str, task: Task, held: HeldModel | None) -> np.ndarray:
+        """The task's model: the held one if it is that version, else a delta, else in full."""
+        size = task.model.shape[0]
+        if held is not None and held.checksum == task.model.checksum:
+            self.stats.delta_bytes_saved += task.model.num_bytes
+            return held.vector
+        if held is not None and task.delta is not None and task.has_delta \
+                and task.delta_base_version == held.version:
+            model = await self._fetch_delta(client_id, task, task.delta, held)
+            if model is not None:
+                return model
+        data = await self._download(client_id, task.task_id, task.model, delta=False)
+        return unpack(task.model, data, size)
+
+    async def _fetch_delta(self, client_id: str, task: Task, header: TensorHeader,
+                           held: HeldModel) -> np.ndarray | None:
+        """The model rebuilt from ``held`` and the task's delta; ``None`` if that fails."""
+        try:
+            data = await self._download(client_id, task.task_id, header, delta=True)
+            if checksum(data) != header.checksum:
+                raise DataLoss(f"delta checksum mismatch: header says {header.checksum!r}")
+            model = apply_delta(held.vector, data)
+            if model_checksum(model) != task.model.checksum:
+                raise DataLoss(f"model rebuilt from the delta does not match "
+                               f"{task.model.checksum!r}")
+        except RemoteError as exc:
+            if exc.retryable:
+                raise
+            log.warning("delta download of task %s (version %d -> %d) failed: %s; "
+                        "downloading the full model", task.task_id, held.version,
+                        task.model_version, exc)
+            return None
+        self.stats.delta_bytes_saved += task.model.num_bytes - len(data)
+        return model
+
+    async def _download(self, client_id: str, task_id: str, header: TensorHeader,
+                        delta: bool) -> bytes:
+        """The payload ``header`` describes, resuming from the bytes held after a break.
+
+        The length is checked here; the checksum by the caller (``unpack`` for a full model).
+        """
+        buffer = bytearray()
+        what = "delta" if delta else "model"
+
+        async def attempt() -> None:
+            if buffer:
+                log.info("resumed %s download of task %s at offset %d of %d", what, task_id,
+                         len(buffer), header.num_bytes)
+            request = DownloadRequest(client_id, task_id, offset=len(buffer),
+                                      max_chunk_bytes=self.down.size, delta=delta)
+            await self._receive(request, buffer, header.num_bytes)
+
+        await self.call(attempt, f"Download ({what})")
+        if len(buffer) != header.num_bytes:
+            raise DataLoss(f"download of the {what} of task {task_id} ended after "
+                           f"{len(buffer)} of {header.num_bytes} bytes")
+        return bytes(buffer)
+
+    async def _receive(self, request: DownloadRequest, buffer: bytearray, total: int) -> None:
+        try:
+            async for chunk in self.link.download(request):
+                if chunk.offset != len(buffer) or len(buffer) + len(chunk.data) > total:
+                    raise DataLoss(f"download chunk of {len(chunk.data)} bytes at offset "
+                                   f"{chunk.offset}, expected offset {len(buffer)} of {total}")
+                buffer.extend(chunk.data)
+                self.stats.bytes_down += len(chunk.data)
+        except RemoteError as exc:
+            if exc.retryable:
+                self.down.failed()
+            raise
+        self.down.succeeded()
+
+    # -- uploads --------------------------------------------------------------------------------
+
+    async def upload(self, client_id: str, upload_id: str, data: bytes, resume: bool) -> None:
+        """Send ``data`` as upload ``upload_id``, asking where to resume after any break.
+
+        ``resume=False`` skips the status query on the first attempt (a fresh upload id holds
+        nothing); an upload delivered from the outbox after a restart resumes from the start.
+        """
+        attempts = 0
+
+        async def attempt() -> None:
+            nonlocal attempts
+            attempts += 1
+            held = 0
+            if resume or attempts > 1:
+                held = await self._held(client_id, upload_id, len(data))
+            if held < len(data):
+                await self._send(client_id, upload_id, data, held)
+
+        await self.call(attempt, "Upload")
+
+    async def _held(self, client_id: str, upload_id: str, total: int) -> int:
+        status = await self.link.upload_status(UploadStatusRequest(client_id, upload_id))
+        held = min(status.committed_offset, total)
+        if held:
+            self.stats.resumed_bytes += held
+            log.info("resumed upload %s at offset %d of %d", upload_id, held, total)
+        return held
+
+    async def _send(self, client_id: str, upload_id: str, data: bytes, start: int) -> None:
+        try:
+            await self.link.upload(self._chunks(client_id, upload_id, data, start))
+        except RemoteError as exc:
+            if exc.retryable:
+                self.up.failed()
+            raise
+        self.up.succeeded()
+
+    def _chunks(self, client_id: str, upload_id: str, data: bytes,
+                start: int) -> Iterator[UploadChunk]:
+        """The upload's chunks from ``start``, made one at a time as the stream wants them."""
+        for offset, piece in iter_chunks(data, self.up.size, start):
+            self.stats.bytes_up += len(piece)
+            yield UploadChunk(client_id, upload_id, offset, piece)

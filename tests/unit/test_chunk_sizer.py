@@ -1,0 +1,168 @@
+"""ChunkSizer, and uploads that use it: smaller chunks after a break, larger after clean sends,
+a lazily generated stream, and resumption from the offset the coordinator reports.
+
+The link is a fake: no network, and retries never sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from fedlink.client import ChunkSizer, RetryPolicy, SessionStats
+from fedlink.client.retry import Caller
+from fedlink.client.transfer import MAX_CHUNK_BYTES, MIN_CHUNK_BYTES, Transfers
+from fedlink.errors import ConfigError, Unavailable
+from fedlink.messages import (
+    DataChunk,
+    DownloadRequest,
+    UploadChunk,
+    UploadReply,
+    UploadStatusRequest,
+)
+
+pytestmark = pytest.mark.timeout(30)
+KiB = 1 << 10
+
+
+def test_halves_after_failures_down_to_the_minimum() -> None:
+    sizer = ChunkSizer(256 * KiB, minimum=16 * KiB, maximum=1024 * KiB)
+    sizes = []
+    for _ in range(6):
+        sizer.failed()
+        sizes.append(sizer.size // KiB)
+    assert sizes == [128, 64, 32, 16, 16, 16]
+
+
+def test_doubles_after_clean_transfers_up_to_the_maximum() -> None:
+    sizer = ChunkSizer(16 * KiB, minimum=16 * KiB, maximum=256 * KiB)
+    sizes = []
+    for _ in range(6):
+        sizer.succeeded()
+        sizes.append(sizer.size // KiB)
+    assert sizes == [32, 64, 128, 256, 256, 256]
+
+
+def test_recovers_after_the_link_heals() -> None:
+    sizer = ChunkSizer(64 * KiB, minimum=16 * KiB, maximum=64 * KiB)
+    sizer.failed()
+    sizer.failed()
+    assert sizer.size == 16 * KiB
+    sizer.succeeded()
+    sizer.succeeded()
+    assert sizer.size == 64 * KiB
+
+
+@pytest.mark.parametrize(("start", "expected"), [(1, 16 * KiB), (8 << 20, 1024 * KiB)])
+def test_start_is_clamped_into_the_bounds(start: int, expected: int) -> None:
+    assert ChunkSizer(start).size == expected
+
+
+def test_for_server_starts_at_and_never_exceeds_the_servers_chunk_size() -> None:
+    sizer = ChunkSizer.for_server(256 * KiB)
+    assert (sizer.size, sizer.minimum, sizer.maximum) == (256 * KiB, MIN_CHUNK_BYTES, 256 * KiB)
+    sizer.succeeded()
+    assert sizer.size == 256 * KiB
+    big = ChunkSizer.for_server(3 << 20)  # above our own cap
+    assert big.size == big.maximum == MAX_CHUNK_BYTES
+    tiny = ChunkSizer.for_server(100)  # below our minimum: the server's size wins
+    tiny.failed()
+    assert (tiny.size, tiny.minimum, tiny.maximum) == (100, 100, 100)
+
+
+@pytest.mark.parametrize(("minimum", "maximum"), [(0, 10), (20, 10)])
+def test_invalid_bounds_are_config_errors(minimum: int, maximum: int) -> None:
+    with pytest.raises(ConfigError):
+        ChunkSizer(10, minimum=minimum, maximum=maximum)
+
+
+# -- uploads through a fake link --------------------------------------------------------------
+
+
+class FakeLink:
+    """Holds uploaded bytes like the coordinator; the first uploads break after some chunks."""
+
+    def __init__(self, breaks_after: list[int]) -> None:
+        self.breaks_after = list(breaks_after)  # chunks accepted before each break
+        self.held = bytearray()
+        self.pulled: list[int] = []  # chunk sizes the stream produced, per attempt
+        self.attempt_sizes: list[list[int]] = []
+        self.status_calls = 0
+
+    async def upload(self, chunks: Iterator[UploadChunk]) -> UploadReply:
+        limit = self.breaks_after.pop(0) if self.breaks_after else None
+        sizes: list[int] = []
+        self.attempt_sizes.append(sizes)
+        for n, chunk in enumerate(chunks):
+            if limit is not None and n == limit:
+                raise Unavailable("connection reset")
+            assert chunk.offset == len(self.held)
+            self.held += chunk.data
+            sizes.append(len(chunk.data))
+        return UploadReply("u", len(self.held))
+
+    async def upload_status(self, request: UploadStatusRequest) -> UploadReply:
+        self.status_calls += 1
+        return UploadReply(request.upload_id, len(self.held))
+
+    def download(self, request: DownloadRequest) -> AsyncIterator[DataChunk]:
+        raise NotImplementedError
+
+
+async def no_sleep(_: float) -> None:
+    return None
+
+
+def transfers(link: FakeLink, chunk_bytes: int) -> tuple[Transfers, SessionStats]:
+    stats = SessionStats()
+    caller = Caller(RetryPolicy(max_attempts=10), stats, sleep=no_sleep)
+    return Transfers(link, caller, stats, chunk_bytes), stats
+
+
+def test_upload_shrinks_chunks_after_breaks_and_resumes_where_the_server_is() -> None:
+    data = bytes(range(256)) * 1024  # 256 KiB
+    link = FakeLink(breaks_after=[2, 2])
+    t, stats = transfers(link, chunk_bytes=64 * KiB)
+    asyncio.run(t.upload("c1", "u", data, resume=False))
+    assert bytes(link.held) == data
+    assert [s[0] // KiB for s in link.attempt_sizes if s] == [64, 32, 16]
+    assert link.status_calls == 2  # only the retries ask where to resume
+    assert stats.retries == 2
+    assert stats.resumed_bytes == 128 * KiB + (128 + 64) * KiB
+    # each attempt started where the server was: only the chunk in flight at each reset
+    # (64 KiB, then 32 KiB) was sent twice
+    assert stats.bytes_up == len(data) + 64 * KiB + 32 * KiB
+    assert t.up.size == 32 * KiB  # one clean attempt since the last break
+
+
+def test_upload_stream_is_generated_lazily() -> None:
+    """A reset after the first chunk has not made (or counted) the chunks after it."""
+    data = bytes(1 << 20)
+    link = FakeLink(breaks_after=[1])
+    t, stats = transfers(link, chunk_bytes=16 * KiB)
+    made: list[int] = []
+    original = t._chunks
+
+    def counting(*args: object) -> Iterator[UploadChunk]:
+        for chunk in original(*args):  # type: ignore[arg-type]
+            made.append(chunk.offset)
+            yield chunk
+
+    t._chunks = counting  # type: ignore[method-assign]
+    asyncio.run(t.upload("c1", "u", data, resume=False))
+    # first attempt: 1 chunk taken, the 2nd made when the link broke; no pre-built list
+    assert made[:3] == [0, 16 * KiB, 16 * KiB]
+    assert stats.bytes_up == len(data) + 16 * KiB  # the chunk lost to the reset counts as sent
+
+
+def test_resumed_upload_asks_first_and_sends_nothing_when_all_is_held() -> None:
+    data = b"x" * 1000
+    link = FakeLink(breaks_after=[])
+    link.held += data
+    t, stats = transfers(link, chunk_bytes=100)
+    asyncio.run(t.upload("c1", "u", data, resume=True))
+    assert link.status_calls == 1
+    assert link.attempt_sizes == []
+    assert (stats.resumed_bytes, stats.bytes_up) == (1000, 0)
