@@ -85,9 +85,12 @@ class ChunkSizer:
 
     @classmethod
     def for_server(cls, chunk_bytes: int) -> ChunkSizer:
-        """A sizer starting at the coordinator's ``chunk_bytes`` and never going above it."""
-        maximum = min(MAX_CHUNK_BYTES, chunk_bytes)
-        return cls(chunk_bytes, minimum=min(MIN_CHUNK_BYTES, maximum), maximum=maximum)
+        """A sizer starting at the coordinator's ``chunk_bytes`` and never going above it.
+
+        A coordinator that names no chunk size (0) gets ``MAX_CHUNK_BYTES``.
+        """
+        maximum = min(MAX_CHUNK_BYTES, chunk_bytes) if chunk_bytes > 0 else MAX_CHUNK_BYTES
+        return cls(maximum, minimum=min(MIN_CHUNK_BYTES, maximum), maximum=maximum)
 
     def failed(self) -> None:
         """A transfer attempt broke: use smaller chunks."""

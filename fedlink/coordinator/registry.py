@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,11 +26,16 @@ class ClientRecord:
 
 
 class ClientRegistry:
-    """Issues client ids at join and checks them on every later call."""
+    """Issues client ids at join and checks them on every later call.
+
+    Ids are ``c<n>-<nonce>``: the nonce is drawn once per registry, so a client that outlives a
+    coordinator restart never finds its stored id handed to someone else.
+    """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clients: dict[str, ClientRecord] = {}
         self._ids = itertools.count(1)
+        self._nonce = secrets.token_hex(3)
         self._clock = clock
 
     def __len__(self) -> int:
@@ -46,7 +52,7 @@ class ClientRegistry:
         if num_examples < 0:
             raise InvalidArgument(f"num_examples must be >= 0, got {num_examples}")
         now = self._clock()
-        client_id = f"c{next(self._ids)}"
+        client_id = f"c{next(self._ids)}-{self._nonce}"
         record = ClientRecord(client_id, name or client_id, num_examples, now, now,
                               dict(metadata))
         self._clients[client_id] = record

@@ -70,6 +70,8 @@ def test_for_server_starts_at_and_never_exceeds_the_servers_chunk_size() -> None
     tiny = ChunkSizer.for_server(100)  # below our minimum: the server's size wins
     tiny.failed()
     assert (tiny.size, tiny.minimum, tiny.maximum) == (100, 100, 100)
+    unset = ChunkSizer.for_server(0)  # a coordinator that names no size
+    assert unset.size == unset.maximum == MAX_CHUNK_BYTES
 
 
 @pytest.mark.parametrize(("minimum", "maximum"), [(0, 10), (20, 10)])
