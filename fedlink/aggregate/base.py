@@ -11,6 +11,8 @@ Each kind has a registry so configs name implementations (``server_optimizer = "
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -66,3 +68,58 @@ class ServerOptimizer(ABC):
 ACCUMULATORS: Registry[Accumulator] = Registry("accumulator")
 STALENESS_WEIGHTS: Registry[StalenessWeight] = Registry("staleness weight")
 SERVER_OPTIMIZERS: Registry[ServerOptimizer] = Registry("server optimizer")
+
+
+@dataclass(frozen=True)
+class UpdateInfo:
+    """What a flush hook learns about each accepted update (no model data)."""
+
+    client_id: str
+    staleness: int
+    weight: float
+    num_examples: int
+    metrics: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class FlushInfo:
+    """What a flush hook learns about the flush it post-processes."""
+
+    version: int
+    num_updates: int
+    total_weight: float
+
+
+class FlushHook(ABC):
+    """A server-side stage around aggregation (pfl-style server postprocessor).
+
+    The engine calls ``on_update`` for each accepted update, ``on_flush`` on the weighted mean
+    delta before the server optimizer (central DP noise, for example), and ``stop_reason``
+    before issuing a task: a non-empty reason ends the run (a spent privacy budget, say).
+    ``report`` adds fields to the flush event.
+    """
+
+    def on_update(self, update: UpdateInfo) -> None:  # noqa: B027 (optional hook)
+        """Note one accepted update."""
+
+    @abstractmethod
+    def on_flush(self, mean_delta: np.ndarray, flush: FlushInfo) -> np.ndarray:
+        """The post-processed mean delta (a new array or ``mean_delta`` itself)."""
+
+    def stop_reason(self) -> str:
+        """Why the run must end before the next flush ("" to go on)."""
+        return ""
+
+    def report(self) -> dict[str, Any]:
+        """Fields for the ``flush`` event (and so the report)."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume this hook."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 (optional hook)
+        """Restore what ``state_dict`` returned."""
+
+
+FLUSH_HOOKS: Registry[FlushHook] = Registry("flush hook")

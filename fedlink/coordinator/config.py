@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedlink.aggregate import SERVER_OPTIMIZERS, STALENESS_WEIGHTS
+from fedlink.aggregate import FLUSH_HOOKS, SERVER_OPTIMIZERS, STALENESS_WEIGHTS
 from fedlink.config import from_table, require
 from fedlink.errors import ConfigError
 
@@ -171,6 +171,9 @@ class CoordinatorConfig:
     restarted coordinator reopens those spools, so ``UploadStatus`` still reports them. The
     rest of the state (client registry, remembered commit answers, the round in progress,
     model checkpoints) is still held in memory: making it durable is issue 8.
+
+    ``hooks``: server-side stages around aggregation (``fedlink.aggregate.FlushHook``), one
+    ``[[coordinator.hooks]]`` table each: ``name`` of a registered hook plus its options.
     """
 
     run_name: str = "fedlink-run"
@@ -185,9 +188,11 @@ class CoordinatorConfig:
     join_token: str = ""
     seed: int = 0
     state_dir: str = ""
+    hooks: tuple[Mapping[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         _check_types(self, "")
+        self._check_hooks()
         require(self.rounds >= 1, "rounds", f"must be >= 1, got {self.rounds}")
         require(bool(self.run_name), "run_name", "must not be empty")
         for name, registry, options in (
@@ -198,6 +203,17 @@ class CoordinatorConfig:
                 registry.create(getattr(self, name), **dict(options))
             except ConfigError as exc:
                 raise ConfigError(f"{name}: {exc}") from exc
+
+    def _check_hooks(self) -> None:
+        """Each ``[[coordinator.hooks]]`` table names a registered flush hook that builds."""
+        for index, table in enumerate(self.hooks):
+            if not isinstance(table, Mapping) or "name" not in table:
+                raise ConfigError(f"hooks[{index}]: must be a table with a 'name'")
+            options = {k: v for k, v in table.items() if k != "name"}
+            try:
+                FLUSH_HOOKS.create(str(table["name"]), **options)
+            except ConfigError as exc:
+                raise ConfigError(f"hooks[{index}]: {exc}") from exc
 
     @classmethod
     def from_dict(cls, table: Mapping[str, Any]) -> CoordinatorConfig:

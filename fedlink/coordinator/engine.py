@@ -20,10 +20,19 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from fedlink.aggregate import SERVER_OPTIMIZERS, STALENESS_WEIGHTS, StreamingMean
+from fedlink.aggregate import (
+    FLUSH_HOOKS,
+    SERVER_OPTIMIZERS,
+    STALENESS_WEIGHTS,
+    FlushHook,
+    FlushInfo,
+    StreamingMean,
+    UpdateInfo,
+)
 from fedlink.compress import get_codec
 from fedlink.coordinator.client_metrics import event_fields
 from fedlink.coordinator.config import CoordinatorConfig
@@ -75,6 +84,7 @@ class FlushOutcome:
     round_seconds: float
     bytes_up: int
     finished: bool
+    hook_report: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -85,6 +95,15 @@ class Acceptance:
     staleness: int
     weight: float
     flush: FlushOutcome | None
+
+
+def build_hooks(tables: tuple[Mapping[str, Any], ...]) -> list[FlushHook]:
+    """Flush hooks from ``[[coordinator.hooks]]`` tables: ``name`` plus the hook's options."""
+    hooks = []
+    for table in tables:
+        options = dict(table)
+        hooks.append(FLUSH_HOOKS.create(str(options.pop("name", "")), **options))
+    return hooks
 
 
 class RoundEngine:
@@ -108,6 +127,7 @@ class RoundEngine:
         self._staleness_weight = STALENESS_WEIGHTS.create(
             config.staleness_weight, **dict(config.staleness_weight_options))
         self._accumulator = StreamingMean()
+        self._hooks = build_hooks(config.hooks)
         self._history = ModelHistory(get_codec("fp32"), config.limits.delta_history)
         self._history.publish(0, self._model, oldest_served=0)
         self._tasks: dict[str, TaskRecord] = {}
@@ -194,6 +214,7 @@ class RoundEngine:
         ``held_version`` is the model version the client already holds (-1: none); when it is
         still kept, the task offers a delta from it (``Task.delta``).
         """
+        self._check_hooks()
         if self.finished:
             return Finished(self.finished_reason)
         held = self._open_task_of(client_id)
@@ -270,6 +291,10 @@ class RoundEngine:
                          staleness=staleness, num_examples=update.num_examples,
                          steps_completed=update.steps_completed, bytes_up=update.bytes_up,
                          weight=weight, **event_fields(update.metrics))
+        info = UpdateInfo(update.client_id, staleness, weight, update.num_examples,
+                          dict(update.metrics))
+        for hook in self._hooks:
+            hook.on_update(info)
         flush = self._flush() if self._accumulator.count >= self.rule.goal else None
         return Acceptance(self._version, staleness, weight, flush)
 
@@ -351,6 +376,9 @@ class RoundEngine:
         mean_delta = self._accumulator.mean()
         outcome_updates = self._accumulator.count
         total_weight = self._accumulator.total_weight
+        info = FlushInfo(self._version + 1, outcome_updates, total_weight)
+        for hook in self._hooks:
+            mean_delta = hook.on_flush(mean_delta, info)
         self._model = self._optimizer.step(self._model, mean_delta)
         self._version += 1
         self._accumulator.reset()
@@ -358,10 +386,17 @@ class RoundEngine:
         if self._version >= self.config.rounds:
             self.finish(f"completed {self.config.rounds} rounds")
         outcome = FlushOutcome(self._version, self._model, outcome_updates, total_weight,
-                               now - self._round_started, self._round_bytes_up, self.finished)
+                               now - self._round_started, self._round_bytes_up, self.finished,
+                               self._hook_report())
         self._round_started = now
         self._round_bytes_up = 0
         return outcome
+
+    def _hook_report(self) -> dict[str, Any]:
+        report: dict[str, Any] = {}
+        for hook in self._hooks:
+            report.update(hook.report())
+        return report
 
     def _publish(self) -> None:
         """Encode the new version once; keep only versions a client may still train from."""
@@ -370,6 +405,16 @@ class RoundEngine:
         self._tasks = {k: t for k, t in self._tasks.items() if self._version - t.version
                        <= self.rule.max_staleness + 1}
         self._issued = {(c, v) for c, v in self._issued if v >= oldest}
+
+    def _check_hooks(self) -> None:
+        """End the run when a hook says so (a spent privacy budget, say)."""
+        if self.finished:
+            return
+        for hook in self._hooks:
+            reason = hook.stop_reason()
+            if reason:
+                self.finish(reason)
+                return
 
     def release_client(self, client_id: str) -> None:
         """A client left: its open tasks stop holding places."""

@@ -78,6 +78,7 @@ class CoordinatorService:
         self._flushes: asyncio.Queue[tuple[FlushOutcome, int]] = asyncio.Queue()
         self._round_bytes_down = 0
         self._told_finished: set[str] = set()
+        self._reported_version = 0
         self.finished = asyncio.Event()
 
     # -- calls --------------------------------------------------------------------------------
@@ -116,6 +117,7 @@ class CoordinatorService:
         """
         self.registry.touch(request.client_id)
         reply = await self._next_task(request.client_id, request.held_version)
+        self._check_finished_without_flush()
         if isinstance(reply, Finished):
             self._told_finished.add(request.client_id)
         return reply
@@ -310,11 +312,24 @@ class CoordinatorService:
             self.events.emit("flush", model_version=outcome.version,
                              num_updates=outcome.num_updates, total_weight=outcome.total_weight,
                              round_seconds=outcome.round_seconds, bytes_up=outcome.bytes_up,
-                             bytes_down=bytes_down, **metrics)
+                             bytes_down=bytes_down, **dict(outcome.hook_report), **metrics)
+            self._reported_version = outcome.version
             if outcome.finished:
-                self.events.emit("run_finished", reason=self.engine.finished_reason,
-                                 model_version=outcome.version)
-                self.finished.set()
+                self._announce_finish()
+
+    def _announce_finish(self) -> None:
+        """Log ``run_finished`` once and wake whoever waits for the end of the run."""
+        if self.finished.is_set():
+            return
+        self.events.emit("run_finished", reason=self.engine.finished_reason,
+                         model_version=self.engine.version)
+        self.finished.set()
+        self._notify()
+
+    def _check_finished_without_flush(self) -> None:
+        """A run can end between flushes (a hook's stop reason); announce it then."""
+        if self.engine.finished and self._reported_version == self.engine.version:
+            self._announce_finish()
 
     async def _evaluate(self, model: np.ndarray) -> dict[str, Any]:
         if self._evaluator is None:

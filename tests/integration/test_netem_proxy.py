@@ -61,7 +61,7 @@ class Peer:
     @property
     def address(self) -> str:
         assert self._server is not None
-        return "127.0.0.1:%d" % self._server.sockets[0].getsockname()[1]
+        return f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
 
     async def __aenter__(self) -> Peer:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
