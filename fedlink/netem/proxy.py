@@ -9,9 +9,12 @@ link as a serializer followed by a delay line, scheduled per chunk from its arri
     delivery = max(leave + max(0, latency + N(0, jitter)), previous delivery)   (order kept)
 
 Chunks wait in a buffer until their delivery time, so many are in flight at once and
-throughput is limited by bandwidth, never by ``chunk / latency`` (see NETWORK-FACTS.md). When
-more than ``bandwidth x (latency + 1 s)`` bytes (4 MiB without a rate limit) wait in a pipe,
-the proxy stops reading its source socket, so TCP backpressure reaches the sender.
+throughput is limited by bandwidth, never by ``chunk / latency`` (see NETWORK-FACTS.md). A
+rate-limited pipe schedules what it reads in pieces of about 20 ms of transmission time (512 B
+to 16 KiB), so pacing is smooth. When more than ``bandwidth x (latency + 3 jitter + 1 s)``
+bytes (4 MiB without a rate limit) wait in a pipe, the proxy stops reading its source socket,
+so TCP backpressure reaches the sender. Since pieces never overtake each other, back-to-back
+pieces of a bulk transfer see less jitter, and a little more delay, than a lone request.
 
 Other impairments:
 
@@ -30,12 +33,16 @@ Other impairments:
 Every random draw comes from ``random.Random`` generators derived from ``profile.seed`` (one per
 connection and direction, one for blackouts), so a run is reproducible up to timing.
 
-Delivery timers are precise to well under a millisecond: epoll rounds timeouts up to whole
-milliseconds, so the last ``spin_s`` seconds before a delivery are waited by polling the event
-loop instead of sleeping (``spin_s=0`` trades that precision for idle CPU).
+Delivery timers: epoll rounds timeouts up to whole milliseconds, so a plain timer delivers up
+to 1 ms late. On links with under ``SPIN_BELOW_MS`` of latency, where that is a noticeable
+share, the last ``spin_s`` seconds before a delivery are waited by polling the event loop
+instead (precise to a few microseconds, at the price of a busy loop meanwhile); pass
+``spin_s`` to choose (0: never poll). Bandwidth is exact either way: delivery times are
+absolute, so a late wake-up never accumulates.
 
 Counters (``LinkCounters``) are live: bytes delivered each way, connections accepted, resets
-injected, blackouts and seconds blacked out (``stalled_s``, including the current blackout).
+injected, blackouts and seconds blacked out (``stalled_s``: link-wide, including the rest of
+a blackout in progress; ``stop`` takes back what did not happen).
 """
 
 from __future__ import annotations
@@ -67,6 +74,8 @@ MAX_BUFFER = 4 * 1024 * 1024
 """Bytes a pipe holds before it stops reading (the bound without a rate limit)."""
 MIN_BUFFER = 64 * 1024
 DEFAULT_SPIN_S = 0.001
+SPIN_BELOW_MS = 20.0
+"""Links with less latency than this poll for the last ``DEFAULT_SPIN_S`` by default."""
 
 _warned_profiles: set[LinkProfile] = set()
 
@@ -114,7 +123,7 @@ def _hard_abort(transport: asyncio.Transport | None) -> None:
     transport.abort()
 
 
-@dataclass
+@dataclass(slots=True)
 class _Chunk:
     """Bytes waiting in a pipe (``None``: the source's EOF) and when they are delivered."""
 
@@ -424,15 +433,22 @@ class TcpProxy:
     ``async with TcpProxy(profile, "127.0.0.1:50051") as proxy:`` then dial ``proxy.address``.
     ``start``/``stop`` do the same by hand; ``stop`` closes the listener and every connection
     and cancels every task and timer of the proxy. Use it from one event loop.
+
+    ``upstream`` and ``listen`` are ``host:port``; ``spin_s`` is how long before a delivery
+    the proxy stops sleeping and polls (default: 1 ms on links with under 20 ms of latency,
+    else 0; see the module docstring). ``counters`` are live; ``force_blackout`` starts a
+    blackout by hand.
     """
 
     def __init__(self, profile: LinkProfile, upstream: str, listen: str = "127.0.0.1:0",
-                 *, spin_s: float = DEFAULT_SPIN_S) -> None:
+                 *, spin_s: float | None = None) -> None:
         self.profile = profile
         self.counters = LinkCounters()
         self.upstream = upstream
         self.upstream_host, self.upstream_port = split_address(upstream)
         self.listen_host, self.listen_port = split_address(listen)
+        if spin_s is None:
+            spin_s = DEFAULT_SPIN_S if profile.latency_ms < SPIN_BELOW_MS else 0.0
         if spin_s < 0:
             raise ConfigError(f"spin_s: must be >= 0, got {spin_s}")
         self.spin_s = spin_s
