@@ -1,6 +1,7 @@
-"""Streaming aggregation, staleness weights and server optimizers, each in a registry."""
+"""Streaming and robust aggregation, staleness weights and server optimizers, each in a registry."""
 
 from fedlink.aggregate import optimizers as _optimizers  # noqa: F401  (registers)
+from fedlink.aggregate import robust as _robust  # noqa: F401  (registers)
 from fedlink.aggregate import staleness as _staleness  # noqa: F401  (registers)
 from fedlink.aggregate.base import (
     ACCUMULATORS,
@@ -15,7 +16,8 @@ from fedlink.aggregate.base import (
     StalenessWeight,
     UpdateInfo,
 )
-from fedlink.aggregate.streaming import StreamingMean
+from fedlink.aggregate.robust import CoordinateMedian, NormBounded, TrimmedMean
+from fedlink.aggregate.streaming import FedNovaMean, StreamingMean
 
 __all__ = [
     "ACCUMULATORS",
@@ -23,11 +25,15 @@ __all__ = [
     "SERVER_OPTIMIZERS",
     "STALENESS_WEIGHTS",
     "Accumulator",
+    "CoordinateMedian",
+    "FedNovaMean",
     "FlushHook",
     "FlushInfo",
+    "NormBounded",
     "Registry",
     "ServerOptimizer",
     "StalenessWeight",
     "StreamingMean",
+    "TrimmedMean",
     "UpdateInfo",
 ]

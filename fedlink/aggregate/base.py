@@ -21,10 +21,18 @@ from fedlink.registry import Registry
 
 
 class Accumulator(ABC):
-    """Folds weighted deltas; ``mean()`` is their weighted average."""
+    """Folds weighted deltas; ``mean()`` is their (weighted) aggregate.
+
+    ``steps`` is the number of local steps the client completed (0: unknown). Accumulators that
+    set ``normalises_work`` account for partial work themselves (FedNova); the engine then
+    leaves the work fraction out of ``weight``. ``mean()`` returns a fresh float32 array that
+    the caller owns (the engine hands it to the server optimizer, which may reuse it).
+    """
+
+    normalises_work: bool = False
 
     @abstractmethod
-    def add(self, delta: np.ndarray, weight: float) -> None:
+    def add(self, delta: np.ndarray, weight: float, steps: int = 0) -> None:
         """Fold in one client's delta with its (positive) weight."""
 
     @abstractmethod
@@ -40,6 +48,11 @@ class Accumulator(ABC):
     def count(self) -> int:
         """Number of deltas folded in since the last reset."""
 
+    @property
+    @abstractmethod
+    def total_weight(self) -> float:
+        """Sum of the weights folded in since the last reset."""
+
 
 class StalenessWeight(ABC):
     """``weight(tau)``: the factor applied to an update ``tau`` versions old (1 at tau=0)."""
@@ -54,7 +67,11 @@ class ServerOptimizer(ABC):
 
     @abstractmethod
     def step(self, model: np.ndarray, mean_delta: np.ndarray) -> np.ndarray:
-        """The next global model (a new array; ``model`` is left unchanged)."""
+        """The next global model (``model`` is left unchanged).
+
+        ``mean_delta`` belongs to the caller's flush and is not used afterwards: an optimizer
+        may write the result into it rather than allocate another model-sized array.
+        """
 
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:

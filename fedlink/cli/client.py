@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from fedlink.client import ClientOptions, UpdatePipeline, run_client
+from fedlink.client import ClientOptions, run_client
 from fedlink.errors import ConfigError
 from fedlink.sim.config import ExperimentConfig
 from fedlink.sim.setup import Experiment
@@ -26,7 +26,7 @@ def run_one_client(server: str, config_path: Path, index: int, name: str, token:
     experiment = Experiment.build(config)
     options = ClientOptions(name=name or f"client-{index}", token=token,
                             seed=config.run.seed * 1_000_003 + index, outbox_dir=outbox)
-    pipeline = UpdatePipeline.from_names(config.client.privacy, config.client.compression)
+    pipeline = config.client.pipeline()
     stats = run_client(server, experiment.trainer(index), options, pipeline)
     print(f"tasks {stats.tasks}, accepted {stats.accepted}, refused {stats.refused}, "
           f"recovered {stats.recovered}, retries {stats.retries}, "

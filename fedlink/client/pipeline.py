@@ -1,16 +1,29 @@
 """The client's update pipeline: delta -> privacy -> compression -> payload.
 
 The order is fixed by construction (see ``fedlink.privacy.base``): a privacy stage maps a
-vector to a vector, then a codec maps a vector to bytes.
+vector to a vector, then a codec maps a vector to bytes. Privacy must come first: a
+differential-privacy guarantee is stated for the privatised vector, and whatever is computed
+from it afterwards (error feedback, quantisation, sparsification) is post-processing, which
+cannot weaken it. Compressing first would let the codec's data-dependent choices (which
+coordinates top-k keeps, a quantiser's scale) leave the device unclipped and un-noised.
+
+Compression: error feedback (``fedlink.client.feedback``) runs between the privacy stage and
+the codec, on by default for biased codecs (``error_feedback=None``); with a
+``DensityPolicy`` a sparsifying codec's density follows the upload goodput and the time left
+before the task's deadline (``fedlink.client.density``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
-from fedlink.compress import Codec, get_codec
+from fedlink.client.density import DensityPolicy, GoodputMeter
+from fedlink.client.feedback import RESIDUAL_FILENAME, ErrorFeedback
+from fedlink.compress import Codec, Sparsifier, get_codec
 from fedlink.privacy import PRIVACY_STAGES, UpdatePrivacy
 from fedlink.wire import Payload, pack
 
@@ -29,13 +42,74 @@ class UpdatePipeline:
 
     privacy: UpdatePrivacy = field(default_factory=_no_privacy)
     codec: Codec = field(default_factory=_default_codec)
+    error_feedback: bool | None = None
+    density: DensityPolicy | None = None
+    feedback: ErrorFeedback | None = field(default=None, init=False)
+    goodput: GoodputMeter = field(default_factory=GoodputMeter, init=False)
+
+    def __post_init__(self) -> None:
+        wanted = self.codec.biased if self.error_feedback is None else self.error_feedback
+        self.feedback = ErrorFeedback() if wanted else None
 
     @classmethod
-    def from_names(cls, privacy: str = "none", compression: str = "fp32") -> UpdatePipeline:
-        """Build from registry names (``ConfigError`` on an unknown one)."""
-        return cls(PRIVACY_STAGES.create(privacy), get_codec(compression))
+    def from_names(cls, privacy: str = "none", compression: str = "fp32",
+                   compression_options: Mapping[str, object] | None = None,
+                   error_feedback: bool | None = None,
+                   density: DensityPolicy | None = None,
+                   privacy_options: Mapping[str, object] | None = None) -> UpdatePipeline:
+        """Build from registry names (``ConfigError`` on an unknown one or bad options)."""
+        codec = get_codec(compression, **dict(compression_options or {}))
+        stage = PRIVACY_STAGES.create(privacy, **dict(privacy_options or {}))
+        return cls(stage, codec, error_feedback, density)
 
-    def process(self, delta: np.ndarray, rng: np.random.Generator) -> Payload:
-        """Privatise, then encode ``delta``."""
+    def process(self, delta: np.ndarray, rng: np.random.Generator,
+                time_left_s: float | None = None) -> Payload:
+        """Privatise, then encode ``delta`` (``time_left_s``: until the task's deadline)."""
         private = self.privacy.apply(np.asarray(delta, dtype=np.float32), rng)
-        return pack(private, self.codec)
+        return self.compress(private, rng, time_left_s)
+
+    # -- privacy ------------------------------------------------------------------------------
+
+    def configure(self, options: Mapping[str, str]) -> None:
+        """Pass a task's options to the privacy stage (an adaptive clip norm, say)."""
+        self.privacy.configure(options)
+
+    @property
+    def privacy_metrics(self) -> dict[str, float]:
+        """What the privacy stage reports about the last update (for its commit metrics)."""
+        return self.privacy.metrics()
+
+    # -- compression --------------------------------------------------------------------------
+
+    def compress(self, update: np.ndarray, rng: np.random.Generator,
+                 time_left_s: float | None = None) -> Payload:
+        """Encode ``update`` with error feedback (if on) at the density the policy picks."""
+        codec = self.codec_for(update.size, time_left_s)
+        if self.feedback is None:
+            return pack(update, codec, rng)
+        accumulated = self.feedback.accumulate(update)
+        payload = pack(accumulated, codec, rng)
+        sent = codec.decode(payload.data, payload.header.codec_params, accumulated.size)
+        self.feedback.record(accumulated, sent)
+        return payload
+
+    def codec_for(self, size: int, time_left_s: float | None) -> Codec:
+        """The codec for the next update: the configured one, or at the policy's density."""
+        if self.density is None or not isinstance(self.codec, Sparsifier):
+            return self.codec
+        return self.density.choose(self.codec, size, self.goodput.bytes_per_s, time_left_s)
+
+    def observe_upload(self, num_bytes: int, seconds: float) -> None:
+        """An upload of ``num_bytes`` (with its commit) took ``seconds``: feeds the density."""
+        self.goodput.observe(num_bytes, seconds)
+
+    def attach_state(self, directory: Path) -> None:
+        """Keep the error-feedback residual in ``directory`` (the outbox directory), loading
+        what an earlier process left there."""
+        if self.feedback is not None:
+            self.feedback = ErrorFeedback(Path(directory) / RESIDUAL_FILENAME)
+
+    def save_state(self) -> None:
+        """Persist the error-feedback residual (atomically; a no-op without a directory)."""
+        if self.feedback is not None:
+            self.feedback.save()

@@ -2,7 +2,9 @@
 
 ``ClientSession`` is the async core; ``run_client`` is the thin sync facade for scripts and
 devices that do not run an event loop of their own. Training runs off the event loop (in a
-thread, or the executor you pass), so heartbeats keep flowing while it trains.
+thread, or the executor you pass), so heartbeats keep flowing while it trains; they flow for the
+whole task (download, training, upload and commit, retries and backoff included), so that a long
+delivery on a bad link does not look like a dead client to the coordinator.
 
 Every encoded update is kept in the outbox before it is uploaded, until the coordinator
 answers (``fedlink.client.delivery``). With ``ClientOptions.outbox_dir`` the outbox is a
@@ -101,6 +103,8 @@ class ClientSession:
         self.client_id = ""
         self.config: RunConfig | None = None
         self.outbox = open_outbox(self.options.outbox_dir)
+        if self.options.outbox_dir is not None:  # error feedback survives restarts beside it
+            self.pipeline.attach_state(self.options.outbox_dir)
         self._executor = executor
         self._inline_training = inline_training
         self._sleep = sleep
@@ -141,6 +145,17 @@ class ClientSession:
             await self._do_task(reply)
 
     async def _do_task(self, task: Task) -> None:
+        # heartbeats for the whole task (download, training, delivery): a long upload or a
+        # backoff must not look like a dead client to the coordinator's liveness check
+        beating = asyncio.create_task(self._heartbeat(task))
+        try:
+            await self._run_task(task)
+        finally:
+            beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beating
+
+    async def _run_task(self, task: Task) -> None:
         self.stats.tasks += 1
         mark = self.stats.mark()
         started = time.monotonic()
@@ -151,11 +166,17 @@ class ClientSession:
                 model = await self.courier.transfers.fetch_model(self.client_id, task,
                                                                  self._held)
             self._held = HeldModel(task.model_version, model, task.model.checksum)
-            result = await self._train_with_heartbeats(task, model, started)
-            update = self._pending_update(task, result, model)
+            result = await self._train(task, model, started)
+            time_left = started + task.deadline_s - time.monotonic() if task.deadline_s > 0 \
+                else None
+            update = self._pending_update(task, result, model, time_left)
             await self.courier.keep(update)
+            await asyncio.to_thread(self.pipeline.save_state)  # error-feedback residual
             with self._network_clock():
+                sending = self._clock()
                 await self.courier.deliver(update, mark)
+                self.pipeline.observe_upload(update.payload.header.num_bytes,
+                                             self._clock() - sending)
         except RemoteError as err:
             if not self._lost(task.task_id, err):
                 raise
@@ -184,10 +205,12 @@ class ClientSession:
 
     # -- delivery -------------------------------------------------------------------------------
 
-    def _pending_update(self, task: Task, result: TrainResult, model: np.ndarray) -> PendingUpdate:
-        """Encode the trained update, with what its commit needs (for the outbox)."""
+    def _pending_update(self, task: Task, result: TrainResult, model: np.ndarray,
+                        time_left_s: float | None = None) -> PendingUpdate:
+        """Encode the trained update, with what its commit needs (for the outbox);
+        ``time_left_s`` (to the task's deadline) lets the pipeline size the upload."""
         assert self.config is not None
-        payload = self.pipeline.process(result.params - model, self._rng)
+        payload = self.pipeline.process(result.params - model, self._rng, time_left_s)
         return PendingUpdate(
             target=self.target, run_name=self.config.run_name, client_name=self.options.name,
             client_id=self.client_id,
@@ -243,20 +266,14 @@ class ClientSession:
 
     # -- training -------------------------------------------------------------------------------
 
-    async def _train_with_heartbeats(self, task: Task, model: np.ndarray,
-                                     started: float) -> TrainResult:
+    async def _train(self, task: Task, model: np.ndarray, started: float) -> TrainResult:
+        """Train off the event loop (unless inline), so that heartbeats go on meanwhile."""
         plan = self._plan(task, started)
-        beating = asyncio.create_task(self._heartbeat(task))
-        loop = asyncio.get_running_loop()
-        try:
-            if self._inline_training:
-                result = self.trainer.train(model, plan)
-            else:
-                result = await loop.run_in_executor(self._executor, self.trainer.train, model, plan)
-        finally:
-            beating.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beating
+        if self._inline_training:
+            result = self.trainer.train(model, plan)
+        else:
+            loop = asyncio.get_running_loop()
+            result = await loop.run_in_executor(self._executor, self.trainer.train, model, plan)
         self.stats.train_seconds += float(result.metrics.get("train_seconds", 0.0))
         return result
 
@@ -270,9 +287,12 @@ class ClientSession:
                          options=config.trainer_options)
 
     async def _heartbeat(self, task: Task) -> None:
+        """Tell the coordinator every ``heartbeat_interval_s`` that this task's client lives."""
         assert self.config is not None
         while True:
-            await self._sleep(self.config.heartbeat_interval_s)
+            # real time, not the injectable ``sleep`` (which serves retries): the coordinator's
+            # liveness check runs on its own clock
+            await asyncio.sleep(self.config.heartbeat_interval_s)
             with contextlib.suppress(RemoteError):
                 await self.transport.heartbeat(HeartbeatRequest(self.client_id, task.task_id))
 

@@ -35,13 +35,18 @@ from fedlink.messages import (
     UploadReply,
     UploadStatusRequest,
 )
-from fedlink.wire import checksum, iter_chunks, pack, unpack
+from fedlink.wire import checksum, pack, unpack
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MIN_CHUNK_BYTES = 16 << 10
 MAX_CHUNK_BYTES = 1 << 20
+MIN_SEGMENT_BYTES = 64 << 10
+START_SEGMENT_BYTES = 1 << 20
+MAX_SEGMENT_BYTES = 64 << 20
+"""Bounds of the bytes one ``Upload`` stream carries before it asks for the coordinator's
+answer (see ``Transfers._send``)."""
 
 
 class Call(Protocol):
@@ -101,6 +106,44 @@ class ChunkSizer:
         self.size = min(self.maximum, self.size * 2)
 
 
+class SegmentSizer:
+    """Bytes one ``Upload`` stream carries: like a TCP window, sized to the link's breaks.
+
+    A break loses what the stream had handed to gRPC and the kernel beyond what the coordinator
+    read, about half a segment on average, so a segment should stay well under the bytes a
+    link carries between breaks. The sizer keeps a running mean of the bytes confirmed between
+    breaks (the current run counts as soon as it is longer) and caps the segment at a quarter
+    of it; below the cap it doubles after each clean segment and halves after a break. A link
+    that never breaks lets it grow to ``maximum``: one round trip per segment, ever fewer.
+    """
+
+    def __init__(self, start: int = START_SEGMENT_BYTES, minimum: int = MIN_SEGMENT_BYTES,
+                 maximum: int = MAX_SEGMENT_BYTES) -> None:
+        require(1 <= minimum <= start <= maximum, "segment",
+                f"need 1 <= minimum <= start <= maximum, got {minimum}, {start}, {maximum}")
+        self.minimum = minimum
+        self.maximum = maximum
+        self.size = start
+        self._run = 0  # bytes confirmed since the last break
+        self._between: float | None = None  # running mean of bytes confirmed between breaks
+
+    def _cap(self) -> int:
+        if self._between is None:
+            return self.maximum
+        return min(self.maximum, max(self.minimum, int(max(self._between, self._run) / 4)))
+
+    def succeeded(self, confirmed: int) -> None:
+        """A segment went through; the coordinator confirmed ``confirmed`` more bytes."""
+        self._run += confirmed
+        self.size = min(self.size * 2, self._cap())
+
+    def failed(self) -> None:
+        """A segment broke."""
+        run, self._run = self._run, 0
+        self._between = run if self._between is None else (self._between + run) / 2
+        self.size = max(self.minimum, min(self.size // 2, self._cap()))
+
+
 @dataclass(frozen=True)
 class HeldModel:
     """The last model version a client downloaded, kept to receive the next one as a delta."""
@@ -125,6 +168,7 @@ class Transfers:
         self.stats = stats
         self.up = ChunkSizer.for_server(chunk_bytes)
         self.down = ChunkSizer.for_server(chunk_bytes)
+        self.segment = SegmentSizer()
 
     # -- downloads ------------------------------------------------------------------------------
 
@@ -216,8 +260,8 @@ class Transfers:
             held = 0
             if resume or attempts > 1:
                 held = await self._held(client_id, upload_id, len(data))
-            if held < len(data):
-                await self._send(client_id, upload_id, data, held)
+            while held < len(data):
+                held = await self._send(client_id, upload_id, data, held)
 
         await self.call(attempt, "Upload")
 
@@ -229,18 +273,37 @@ class Transfers:
             log.info("resumed upload %s at offset %d of %d", upload_id, held, total)
         return held
 
-    async def _send(self, client_id: str, upload_id: str, data: bytes, start: int) -> None:
+    async def _send(self, client_id: str, upload_id: str, data: bytes, start: int) -> int:
+        """Send one segment of ``data`` from ``start`` in one stream; returns the bytes held.
+
+        A stream carries at most ``self.segment.size`` bytes: gRPC and the kernel take a
+        stream's messages into their buffers far ahead of what the coordinator has read, and a
+        reset loses all of that, so bounding the segment bounds what a break wastes
+        (``SegmentSizer``). Chunks are at most a quarter of the segment, so that a break in the
+        middle of one loses little too.
+        """
+        end = min(len(data), start + self.segment.size)
         try:
-            await self.link.upload(self._chunks(client_id, upload_id, data, start))
+            reply = await self.link.upload(self._chunks(client_id, upload_id, data, start, end))
         except RemoteError as exc:
             if exc.retryable:
                 self.up.failed()
+                self.segment.failed()
             raise
+        held = min(reply.committed_offset, len(data))
+        if held <= start:
+            raise DataLoss(f"upload {upload_id} made no progress: the coordinator holds {held} "
+                           f"bytes after a segment sent from offset {start}")
         self.up.succeeded()
+        self.segment.succeeded(held - start)
+        return held
 
-    def _chunks(self, client_id: str, upload_id: str, data: bytes,
-                start: int) -> Iterator[UploadChunk]:
-        """The upload's chunks from ``start``, made one at a time as the stream wants them."""
-        for offset, piece in iter_chunks(data, self.up.size, start):
+    def _chunks(self, client_id: str, upload_id: str, data: bytes, start: int,
+                end: int) -> Iterator[UploadChunk]:
+        """The upload's chunks in ``[start, end)``, made one at a time as the stream wants them."""
+        size = min(self.up.size, max(self.up.minimum, self.segment.size // 4))
+        view = memoryview(data)
+        for offset in range(start, end, size):
+            piece = bytes(view[offset:min(offset + size, end)])
             self.stats.bytes_up += len(piece)
             yield UploadChunk(client_id, upload_id, offset, piece)

@@ -45,9 +45,17 @@ class Timeouts:
     long_poll_s: float = 15.0
 
 
+CORE_FAILURE = "Internal error from Core"
+"""What gRPC's client core says (as ``INTERNAL``) when a connection reset breaks a call in
+flight: a network failure, retried like ``UNAVAILABLE``, not a coordinator error."""
+
+
 def translate(exc: grpc.aio.AioRpcError) -> RemoteError:
     """The fedlink error for a failed gRPC call."""
-    return remote_error(exc.code().name, exc.details() or exc.code().name)
+    code, detail = exc.code().name, exc.details() or exc.code().name
+    if code == "INTERNAL" and detail == CORE_FAILURE:
+        code = "UNAVAILABLE"
+    return remote_error(code, detail)
 
 
 class Transport:

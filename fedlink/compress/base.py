@@ -1,9 +1,17 @@
 """The codec contract: how an update vector becomes bytes on the wire and back.
 
-A codec is registered by name in ``CODECS`` so configs can say ``compression = "fp32"``.
+A codec is registered by name in ``CODECS`` so configs can say ``compression = "topk+q8"``.
 ``encode`` returns the payload bytes plus the parameters the decoder needs; those travel in the
 payload header (``TensorHeader.codec_params``), so a coordinator decodes whatever codec a client
-chose.
+chose: decoders are built without options (``decoder_for``) and read everything from the
+parameters and the bytes.
+
+Stochastic codecs (stochastic quantization, random-k) draw from the ``rng`` passed to
+``encode``, which the client seeds; decoding never needs randomness. Every codec states its
+exact byte cost: ``encoded_size(vector) == len(encode(vector).data)``, and ``size_bound(n)`` is
+an upper bound on it for any vector of ``n`` values (equal to it for fixed-size formats) that a
+client can plan with before encoding. ``biased`` marks codecs whose expected output differs
+from their input (sparsifiers, sign): those need error feedback (``fedlink.client.feedback``).
 """
 
 from __future__ import annotations
@@ -16,6 +24,8 @@ import numpy as np
 
 from fedlink.errors import InvalidArgument
 from fedlink.registry import Registry
+
+FP32 = np.dtype("<f4")
 
 
 @dataclass(frozen=True)
@@ -30,10 +40,12 @@ class Codec(ABC):
     """Encodes a flat float32 vector into bytes and decodes it back."""
 
     name: str = ""
+    biased: bool = False
+    lossless: bool = False
 
     @abstractmethod
-    def encode(self, vector: np.ndarray) -> Encoded:
-        """Encode ``vector`` (flat float32)."""
+    def encode(self, vector: np.ndarray, rng: np.random.Generator | None = None) -> Encoded:
+        """Encode ``vector`` (flat float32); stochastic codecs draw from ``rng``."""
 
     @abstractmethod
     def decode(self, data: bytes, params: Mapping[str, str], size: int) -> np.ndarray:
@@ -41,6 +53,14 @@ class Codec(ABC):
 
         Raises ``InvalidArgument`` when the bytes cannot be a valid encoding of that size.
         """
+
+    @abstractmethod
+    def size_bound(self, size: int) -> int:
+        """The most bytes ``encode`` produces for any vector of ``size`` values."""
+
+    def encoded_size(self, vector: np.ndarray) -> int:
+        """Exactly ``len(self.encode(vector).data)`` (fixed-size formats: ``size_bound``)."""
+        return self.size_bound(int(np.size(vector)))
 
 
 CODECS: Registry[Codec] = Registry("codec")
@@ -62,3 +82,19 @@ def decoder_for(name: str) -> Codec:
             f"unknown encoding {name!r}; this coordinator decodes: {', '.join(CODECS.names())}"
         )
     return CODECS.create(name)
+
+
+def expect_length(name: str, data: bytes, expected: int) -> None:
+    """``InvalidArgument`` unless ``data`` holds exactly ``expected`` bytes."""
+    if len(data) != expected:
+        raise InvalidArgument(f"{name} payload holds {len(data)} bytes, expected {expected}")
+
+
+def param(params: Mapping[str, str], key: str, kind: type[int] | type[float],
+          name: str) -> int | float:
+    """``params[key]`` parsed as ``kind`` (``InvalidArgument`` when missing or malformed)."""
+    try:
+        return kind(params[key])
+    except (KeyError, ValueError) as exc:
+        raise InvalidArgument(f"{name} needs codec parameter {key!r} as {kind.__name__}, "
+                              f"got {params.get(key)!r}") from exc

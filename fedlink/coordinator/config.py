@@ -11,9 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedlink.aggregate import FLUSH_HOOKS, SERVER_OPTIMIZERS, STALENESS_WEIGHTS
+from fedlink.aggregate import ACCUMULATORS, FLUSH_HOOKS, SERVER_OPTIMIZERS, STALENESS_WEIGHTS
 from fedlink.config import from_table, require
 from fedlink.errors import ConfigError
+from fedlink.registry import Registry
 
 
 def _is_a(value: object, hint: Any) -> bool:
@@ -50,13 +51,23 @@ class FlushRule:
     """When the updates gathered so far become one step of the global model.
 
     A flush fires when ``goal`` updates are in, or when ``deadline_s`` seconds have passed since
-    the current model version was published and at least ``min_updates`` are in. Tasks are
-    issued for up to ``ceil(goal * over_selection)`` clients per version, so a few slow or dead
-    clients do not hold a flush back. Updates more than ``max_staleness`` versions old are
-    refused. Synchronous FedAvg is ``goal = cohort, max_staleness = 0`` (the default preset).
-    ``deadline_s = 0`` (or ``None``) means no deadline: flush only at ``goal`` (FedBuff).
-    If the deadline passes with fewer than ``min_updates`` in, the open tasks are released and
-    their places offered to other clients; the deadline then starts again.
+    the current model version was published and at least ``min_updates`` are in. Updates more
+    than ``max_staleness`` versions old are refused. ``deadline_s = 0`` (or ``None``) means no
+    deadline: flush only at ``goal``. If the deadline passes with fewer than ``min_updates``
+    in, the open tasks are released and their places offered to other clients; the deadline
+    then starts again.
+
+    How tasks are handed out, with ``cohort = ceil(goal * over_selection)``:
+
+    - ``continuous = false`` (rounds): up to ``cohort`` tasks per model version, one per
+      client per version; an accepted update keeps its place until the flush, so a few slow or
+      dead clients do not hold a flush back but no more than ``cohort`` train each version.
+    - ``continuous = true`` (FedBuff): at most ``cohort`` tasks in flight at any time, each on
+      the latest model; a client that delivers gets its next task at once, whatever the
+      version. The flush every ``goal`` updates is FedBuff's buffer of size K.
+
+    ``sync``, ``elastic`` and ``async`` are presets of these fields (``FLUSH_PRESETS``,
+    ``[coordinator.flush] preset = "elastic"``; fields set beside it override the preset).
     """
 
     goal: int = 10
@@ -64,6 +75,7 @@ class FlushRule:
     deadline_s: float | None = 60.0
     over_selection: float = 1.0
     max_staleness: int = 0
+    continuous: bool = False
 
     def __post_init__(self) -> None:
         _check_types(self, "flush")
@@ -81,8 +93,75 @@ class FlushRule:
 
     @property
     def cohort(self) -> int:
-        """How many tasks may be open per model version."""
+        """How many tasks may be open per model version (``continuous``: in flight at once)."""
         return math.ceil(self.goal * self.over_selection)
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> FlushRule:
+        """The preset ``name`` (``FLUSH_PRESETS``) with ``overrides`` applied."""
+        return cls(**{**FLUSH_PRESETS.create(name).fields(overrides.get("goal")), **overrides})
+
+    @classmethod
+    def from_table(cls, table: Mapping[str, Any], section: str = "coordinator.flush") -> FlushRule:
+        """Build from a ``[coordinator.flush]`` table: an optional ``preset`` plus fields."""
+        if not isinstance(table, Mapping) or "preset" not in table:
+            return from_table(cls, table, section)
+        values = dict(table)
+        name = values.pop("preset")
+        require(isinstance(name, str), f"{section}.preset", f"expected a name, got {name!r}")
+        try:
+            base = FLUSH_PRESETS.create(name).fields(values.get("goal"))
+        except ConfigError as exc:
+            raise ConfigError(f"{section}.preset: {exc}") from exc
+        return from_table(cls, {**base, **values}, section)
+
+
+@dataclass(frozen=True)
+class FlushPreset:
+    """A named starting point for ``FlushRule``; ``min_updates = ceil(min_fraction * goal)``.
+
+    ``min_fraction`` rather than a count, so that a config that only changes ``goal`` keeps the
+    preset's meaning (``sync`` waits for all ``goal``, ``elastic`` for half at the deadline).
+    """
+
+    goal: int
+    min_fraction: float
+    deadline_s: float
+    over_selection: float
+    max_staleness: int
+    continuous: bool
+
+    def fields(self, goal: int | None = None) -> dict[str, Any]:
+        """``FlushRule`` field values, ``min_updates`` computed for ``goal`` (or the preset's)."""
+        goal = self.goal if not isinstance(goal, int) or goal < 1 else goal
+        return {"goal": goal, "min_updates": max(1, math.ceil(self.min_fraction * goal)),
+                "deadline_s": self.deadline_s, "over_selection": self.over_selection,
+                "max_staleness": self.max_staleness, "continuous": self.continuous}
+
+
+FLUSH_PRESETS: Registry[FlushPreset] = Registry("flush preset")
+
+FLUSH_PRESETS.register("sync")(lambda: FlushPreset(
+    goal=10, min_fraction=1.0, deadline_s=0.0, over_selection=1.0, max_staleness=0,
+    continuous=False))
+"""Synchronous FedAvg: every version waits for all ``goal`` clients it asked (``min_updates =
+goal``, no deadline, no over-selection, ``max_staleness = 0``). Dead clients are still
+replaced through the liveness timeout; slow ones are waited for."""
+
+FLUSH_PRESETS.register("elastic")(lambda: FlushPreset(
+    goal=10, min_fraction=0.5, deadline_s=30.0, over_selection=1.3, max_staleness=2,
+    continuous=False))
+"""Elastic rounds: ask ``ceil(1.3 goal)`` clients per version, flush at ``goal`` updates or
+after 30 s with at least half of ``goal``, and still count updates up to 2 versions late
+(discounted by ``staleness_weight``)."""
+
+FLUSH_PRESETS.register("async")(lambda: FlushPreset(
+    goal=10, min_fraction=1.0, deadline_s=0.0, over_selection=3.0, max_staleness=10,
+    continuous=True))
+"""Buffered asynchronous aggregation (FedBuff, Nguyen et al. 2022): ``ceil(3 goal)`` clients
+train at once, each on the latest model; every ``goal`` (K) updates make a flush; updates up
+to 10 versions old count, discounted by ``staleness_weight`` (FedBuff uses ``polynomial``
+with ``a = 0.5``) and scaled by the server optimizer's ``lr``."""
 
 
 @dataclass(frozen=True)
@@ -174,6 +253,11 @@ class CoordinatorConfig:
 
     ``hooks``: server-side stages around aggregation (``fedlink.aggregate.FlushHook``), one
     ``[[coordinator.hooks]]`` table each: ``name`` of a registered hook plus its options.
+
+    ``aggregator`` (``fedlink.aggregate.ACCUMULATORS``) folds the accepted updates of a flush:
+    ``"mean"`` (weighted mean, streaming), ``"fednova"`` (FedNova's step-normalised mean,
+    streaming), ``"trimmed_mean"`` / ``"median"`` (robust, coordinate-wise; they buffer the
+    updates of a flush). ``norm_bound > 0`` clips every update to that L2 norm first.
     """
 
     run_name: str = "fedlink-run"
@@ -185,6 +269,9 @@ class CoordinatorConfig:
     server_optimizer_options: Mapping[str, Any] = field(default_factory=dict)
     staleness_weight: str = "constant"
     staleness_weight_options: Mapping[str, Any] = field(default_factory=dict)
+    aggregator: str = "mean"
+    aggregator_options: Mapping[str, Any] = field(default_factory=dict)
+    norm_bound: float = 0.0
     join_token: str = ""
     seed: int = 0
     state_dir: str = ""
@@ -198,11 +285,14 @@ class CoordinatorConfig:
         for name, registry, options in (
             ("server_optimizer", SERVER_OPTIMIZERS, self.server_optimizer_options),
             ("staleness_weight", STALENESS_WEIGHTS, self.staleness_weight_options),
+            ("aggregator", ACCUMULATORS, self.aggregator_options),
         ):
             try:
                 registry.create(getattr(self, name), **dict(options))
             except ConfigError as exc:
                 raise ConfigError(f"{name}: {exc}") from exc
+        require(math.isfinite(self.norm_bound) and self.norm_bound >= 0, "norm_bound",
+                f"must be >= 0 (0: no bound), got {self.norm_bound}")
 
     def _check_hooks(self) -> None:
         """Each ``[[coordinator.hooks]]`` table names a registered flush hook that builds."""
@@ -218,11 +308,13 @@ class CoordinatorConfig:
     @classmethod
     def from_dict(cls, table: Mapping[str, Any]) -> CoordinatorConfig:
         """Build from a ``[coordinator]``-style table with ``flush``/``training``/``limits``."""
-        nested = {"flush": FlushRule, "training": TrainingConfig, "limits": LimitsConfig}
+        nested = {"training": TrainingConfig, "limits": LimitsConfig}
         values = dict(table)
         for key, sub in nested.items():
             if key in values:
                 values[key] = from_table(sub, values[key], f"coordinator.{key}")
+        if "flush" in values:
+            values["flush"] = FlushRule.from_table(values["flush"])
         return from_table(cls, values, "coordinator")
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,9 +1,17 @@
 """The round engine: issues tasks, folds in updates, and flushes them into new model versions.
 
 One engine serves synchronous, elastic and asynchronous training: the mode is only the
-``FlushRule`` it is given (see ``fedlink.coordinator.config.FlushRule``). The engine is plain,
-synchronous Python with an injected clock: no gRPC, no asyncio, no torch, so it is unit-testable
-with a fake clock and the servicer stays thin.
+``FlushRule`` it is given (see ``fedlink.coordinator.config.FlushRule`` and its presets
+``sync``, ``elastic`` and ``async``). With ``continuous`` off a version's cohort is handed out
+once, one task per client; with it on (FedBuff) tasks are issued whenever a place is free, on
+the latest model. The engine is plain, synchronous Python with an injected clock: no gRPC,
+no asyncio, no torch, so it is unit-testable with a fake clock and the servicer stays thin.
+
+Memory: the accumulator holds one float64 vector of the model's length (``mean``/``fednova``;
+the robust rules buffer a flush's updates), the server optimizer its state, and a flush
+allocates one float32 model-sized array for the mean, which FedAvg turns into the new model
+in place. Beside that the engine keeps the payloads of the versions a client may still
+download (``max_staleness + 1``) and ``limits.delta_history`` raw versions.
 
 A task holds a place in its version's cohort until it delivers or is *released*. Release
 happens for two reasons, through one mechanism (``_release``): the deadline passed with fewer
@@ -25,12 +33,14 @@ from typing import Any
 import numpy as np
 
 from fedlink.aggregate import (
+    ACCUMULATORS,
     FLUSH_HOOKS,
     SERVER_OPTIMIZERS,
     STALENESS_WEIGHTS,
+    Accumulator,
     FlushHook,
     FlushInfo,
-    StreamingMean,
+    NormBounded,
     UpdateInfo,
 )
 from fedlink.compress import get_codec
@@ -97,6 +107,14 @@ class Acceptance:
     flush: FlushOutcome | None
 
 
+def build_accumulator(config: CoordinatorConfig) -> Accumulator:
+    """The configured ``aggregator``, behind a ``NormBounded`` clip when ``norm_bound > 0``."""
+    accumulator = ACCUMULATORS.create(config.aggregator, **dict(config.aggregator_options))
+    if config.norm_bound > 0:
+        return NormBounded(accumulator, config.norm_bound)
+    return accumulator
+
+
 def build_hooks(tables: tuple[Mapping[str, Any], ...]) -> list[FlushHook]:
     """Flush hooks from ``[[coordinator.hooks]]`` tables: ``name`` plus the hook's options."""
     hooks = []
@@ -126,7 +144,7 @@ class RoundEngine:
             config.server_optimizer, **dict(config.server_optimizer_options))
         self._staleness_weight = STALENESS_WEIGHTS.create(
             config.staleness_weight, **dict(config.staleness_weight_options))
-        self._accumulator = StreamingMean()
+        self._accumulator = build_accumulator(config)
         self._hooks = build_hooks(config.hooks)
         self._history = ModelHistory(get_codec("fp32"), config.limits.delta_history)
         self._history.publish(0, self._model, oldest_served=0)
@@ -220,7 +238,7 @@ class RoundEngine:
         held = self._open_task_of(client_id)
         if held is not None:
             return self._task_message(held, held_version)
-        if (client_id, self._version) in self._issued:
+        if not self.rule.continuous and (client_id, self._version) in self._issued:
             return Wait(self.config.limits.retry_after_s,
                         f"already trained on version {self._version}; waiting for the next")
         if self._free_slots() <= 0:
@@ -235,9 +253,11 @@ class RoundEngine:
         return None
 
     def _free_slots(self) -> int:
+        """Places left: ``cohort`` minus tasks in flight and, in rounds, minus updates in."""
         in_flight = sum(1 for t in self._tasks.values()
                         if not t.expired and self.is_open(t))
-        return self.rule.cohort - self._accumulator.count - in_flight
+        delivered = 0 if self.rule.continuous else self._accumulator.count
+        return self.rule.cohort - delivered - in_flight
 
     def _new_task(self, client_id: str) -> TaskRecord:
         record = TaskRecord(f"t{next(self._task_ids)}-v{self._version}", client_id,
@@ -281,9 +301,10 @@ class RoundEngine:
             raise InvalidArgument(f"update has {update.delta.size} values, "
                                   f"model has {self._model.size}")
         self._check_open(record)
+        _check_work(update)
         staleness = self._version - record.version
         weight = self._weight(update, staleness)
-        self._accumulator.add(update.delta, weight)
+        self._accumulator.add(update.delta, weight, update.steps_completed)
         record.done = True
         self._round_bytes_up += update.bytes_up
         self.events.emit("update_accepted", client_id=update.client_id,
@@ -310,9 +331,14 @@ class RoundEngine:
                                 f"{self.rule.max_staleness})")
 
     def _weight(self, update: ReceivedUpdate, staleness: int) -> float:
-        """``num_examples x staleness_weight(tau) x work_fraction`` (DESIGN.md)."""
+        """``num_examples x staleness_weight(tau) x work_fraction`` (DESIGN.md).
+
+        ``work_fraction = min(1, steps_completed / steps_planned)`` (1 when the client planned
+        no step count); it is left out for an aggregator that normalises work itself
+        (``fednova``), which would otherwise count partial work twice.
+        """
         work = 1.0
-        if update.steps_planned > 0:
+        if update.steps_planned > 0 and not self._accumulator.normalises_work:
             work = min(1.0, update.steps_completed / update.steps_planned)
         return float(update.num_examples * self._staleness_weight(staleness) * work)
 
@@ -373,13 +399,10 @@ class RoundEngine:
 
     def _flush(self) -> FlushOutcome:
         now = self._clock()
-        mean_delta = self._accumulator.mean()
         outcome_updates = self._accumulator.count
         total_weight = self._accumulator.total_weight
-        info = FlushInfo(self._version + 1, outcome_updates, total_weight)
-        for hook in self._hooks:
-            mean_delta = hook.on_flush(mean_delta, info)
-        self._model = self._optimizer.step(self._model, mean_delta)
+        self._model = self._optimizer.step(self._model, self._mean_delta(
+            FlushInfo(self._version + 1, outcome_updates, total_weight)))
         self._version += 1
         self._accumulator.reset()
         self._publish()
@@ -391,6 +414,13 @@ class RoundEngine:
         self._round_started = now
         self._round_bytes_up = 0
         return outcome
+
+    def _mean_delta(self, info: FlushInfo) -> np.ndarray:
+        """The accumulator's aggregate, post-processed by every hook in order."""
+        mean_delta = self._accumulator.mean()
+        for hook in self._hooks:
+            mean_delta = hook.on_flush(mean_delta, info)
+        return mean_delta
 
     def _hook_report(self) -> dict[str, Any]:
         report: dict[str, Any] = {}
@@ -427,3 +457,10 @@ class RoundEngine:
         """End the run: no more tasks, no more updates."""
         if not self.finished:
             self.finished_reason = reason
+
+
+def _check_work(update: ReceivedUpdate) -> None:
+    """Refuse an update whose client planned steps but completed none: it carries nothing."""
+    if update.steps_planned > 0 and update.steps_completed == 0:
+        raise UpdateRefused(f"no local work: 0 of {update.steps_planned} planned steps "
+                            "completed before the deadline")

@@ -266,6 +266,8 @@ class CoordinatorService:
             metrics=request.metrics))
         if acceptance.flush is not None:
             self._on_flush(acceptance.flush)
+        elif self.engine.rule.continuous:  # a place just freed: wake a waiting client
+            self._notify()
         return CommitReply(request.upload_id, acceptance.model_version, acceptance.staleness)
 
     @staticmethod

@@ -108,15 +108,31 @@ def _summary_section(summary: Mapping[str, Any]) -> str:
     """The key figures as a two-column table."""
     rows = [[label, value] for label, value in key_figures(dict(summary))]
     rows.extend(_resilience_rows(summary))
+    privacy = summary.get("privacy")
+    if isinstance(privacy, Mapping) and privacy.get("epsilon") is not None:
+        rows.append(["Privacy", _privacy_text(privacy)])
     reason = summary.get("finish_reason")
     if reason:
         rows.append(["Finish reason", str(reason)])
     return "## Summary\n\n" + _table(["Figure", "Value"], rows)
 
 
+def _privacy_text(privacy: Mapping[str, Any]) -> str:
+    """"epsilon 2.31 at delta 1e-05 (mode, accountant, z, q, steps, S)"."""
+    details = [str(privacy.get(k)) for k in ("mode", "accountant") if privacy.get(k)]
+    for label, key in (("z", "noise_multiplier"), ("q", "sample_rate"), ("steps", "steps"),
+                       ("S", "clip_norm")):
+        if privacy.get(key) is not None:
+            details.append(f"{label} = {privacy[key]:.4g}")
+    return (f"epsilon {float(privacy['epsilon']):.4g} at delta {privacy.get('delta')}"
+            f" ({', '.join(details)})")
+
+
 def _resilience_rows(summary: Mapping[str, Any]) -> list[list[str]]:
     """Rows for what bad networks cost and what resilience saved; only the non-zero ones."""
     figures: list[tuple[str, str, Callable[[float], str]]] = [
+        ("Uplink compression (fp32 bytes / bytes sent)", "uplink_compression_ratio",
+         lambda ratio: f"{ratio:.1f}x"),
         ("Saved by delta downloads", "delta_bytes_saved", human_bytes),
         ("Upload bytes resumed (not resent)", "resumed_bytes", human_bytes),
         ("Client retries (reported)", "client_retries_reported", lambda n: str(int(n))),
@@ -165,6 +181,10 @@ def _rounds_section(flushes: list[Event]) -> str:
     header = ["Round", "Version", "Accuracy", "Loss", "Updates", "Bytes up", "Bytes down",
               "Seconds"]
     rows = [_round_row(i, e) for i, e in enumerate(flushes, start=1)]
+    if any(e.get("epsilon") is not None for e in flushes):  # a DP run: epsilon per flush
+        header.append("Epsilon")
+        for row, flush in zip(rows, flushes, strict=True):
+            row.append(fmt_metric(flush.get("epsilon")))
     return "## Rounds\n\n" + _table(header, rows)
 
 

@@ -16,6 +16,10 @@
 ``bytes_up``             sum of ``bytes_up`` over ``update_accepted`` and ``update_refused``
                          events (a refused update that was received still cost its upload)
 ``bytes_down``           sum of ``bytes`` over ``download_finished`` events
+``uplink_compression_ratio``  what the accepted updates would have cost as fp32
+                         (``4 x num_parameters`` of ``run_started`` each) over the
+                         ``bytes_up`` they did cost; 1.0 for fp32, None without accepted
+                         updates or a ``num_parameters``
 ``delta_bytes_saved``    sum of ``bytes_saved`` over ``download_finished`` events: bytes a
                          delta download saved against downloading the whole model (0 when
                          no client downloaded a delta)
@@ -36,6 +40,10 @@
 ``offline_seconds``      sum of ``offline_seconds`` reported with accepted updates: time
                          clients spent unable to reach the coordinator (0.0 when none)
 ``finish_reason``        ``reason`` of the last ``run_finished`` (None if it never finished)
+``privacy``              the ``privacy`` record of the last ``flush`` that carries one (a DP
+                         flush hook's report: ``epsilon``, ``delta``, ``noise_multiplier``,
+                         ``sample_rate``, ``steps``, ``accountant``, ``clip_norm``, ``mode``,
+                         ...); None for a run without differential privacy or without flushes
 ``config``               the configuration passed in, as plain JSON data
 ======================== ===================================================================
 """
@@ -76,6 +84,7 @@ def summarize(events: list[Event], config: Mapping[str, Any]) -> dict[str, Any]:
     summary.update(_update_figures(events))
     summary.update(_client_figures(events))
     summary.update(_resilience_figures(events))
+    summary["privacy"] = _privacy_record(of_kind(events, FLUSH))
     summary["wall_seconds"] = wall_seconds(events)
     summary["config"] = to_jsonable(config)
     return summary
@@ -136,13 +145,25 @@ def _accuracy_figures(flushes: list[Event]) -> dict[str, Any]:
     }
 
 
-def _traffic_figures(events: list[Event]) -> dict[str, int]:
-    """Total bytes up (accepted and refused updates) and down (finished downloads)."""
+def _traffic_figures(events: list[Event]) -> dict[str, Any]:
+    """Total bytes up (accepted and refused updates) and down (finished downloads), and the
+    uplink compression ratio of accepted updates."""
     uploads = of_kind(events, UPDATE_ACCEPTED) + of_kind(events, UPDATE_REFUSED)
     return {
         "bytes_up": sum(int(e.get("bytes_up") or 0) for e in uploads),
         "bytes_down": sum(int(e.get("bytes") or 0) for e in of_kind(events, DOWNLOAD_FINISHED)),
+        "uplink_compression_ratio": uplink_compression_ratio(events),
     }
+
+
+def uplink_compression_ratio(events: list[Event]) -> float | None:
+    """fp32 bytes of the accepted updates over the bytes they took (None when unknown)."""
+    started = [e for e in of_kind(events, RUN_STARTED) if e.get("num_parameters")]
+    accepted = of_kind(events, UPDATE_ACCEPTED)
+    sent = _total(accepted, "bytes_up")
+    if not started or not sent:
+        return None
+    return 4 * int(started[-1]["num_parameters"]) * len(accepted) / sent
 
 
 def _update_figures(events: list[Event]) -> dict[str, Any]:
@@ -183,6 +204,12 @@ def _resilience_figures(events: list[Event]) -> dict[str, Any]:
         "offline_seconds": float(sum(float(e.get("offline_seconds") or 0.0)
                                      for e in accepted)),
     }
+
+
+def _privacy_record(flushes: list[Event]) -> dict[str, Any] | None:
+    """The ``privacy`` field of the last flush that has one (None when none has)."""
+    records = [e["privacy"] for e in flushes if isinstance(e.get("privacy"), Mapping)]
+    return dict(records[-1]) if records else None
 
 
 def _total(events: list[Event], field: str) -> int:

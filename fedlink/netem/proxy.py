@@ -123,6 +123,24 @@ def _hard_abort(transport: asyncio.Transport | None) -> None:
     transport.abort()
 
 
+RECEIVE_BUFFER = 64 * 1024
+"""Kernel receive buffer of a socket the proxy reads for a rate-limited pipe."""
+
+
+def _limit_receive_buffer(transport: asyncio.Transport) -> None:
+    """Keep the kernel from queueing megabytes in front of a rate-limited pipe.
+
+    The pipe holds about a second of data, then stops reading; what the sender writes after
+    that waits in kernel buffers, which on loopback autotune to several MB: seconds of queue at
+    link rate, ahead of gRPC's keepalive ping acks (the coordinator then closes the connection
+    with GOAWAY ``ping_timeout``). A fixed, small receive buffer passes backpressure on.
+    """
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
+
+
 @dataclass(slots=True)
 class _Chunk:
     """Bytes waiting in a pipe (``None``: the source's EOF) and when they are delivered."""
@@ -263,6 +281,8 @@ class _Side(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        if self.outgoing.bytes_per_s is not None:
+            _limit_receive_buffer(transport)
         self.conn.proxy.sides.add(self)
         self.conn.side_made(self)
 
@@ -302,7 +322,9 @@ class _Side(asyncio.Protocol):
     def write_eof(self) -> None:
         transport = self.transport
         if transport is not None and not transport.is_closing() and transport.can_write_eof():
-            transport.write_eof()
+            # the peer may be gone already (ENOTCONN); its connection_lost ends the connection
+            with contextlib.suppress(OSError):
+                transport.write_eof()
 
 
 class _Connection:

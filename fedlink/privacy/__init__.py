@@ -1,5 +1,32 @@
-"""Update privacy stages (clipping and noise), registered by name in ``PRIVACY_STAGES``."""
+"""Differential privacy: update clipping and noise, accounting and budgets, DP-SGD via Opacus.
 
+- ``UpdatePrivacy`` stages (``PRIVACY_STAGES``: ``"none"``, ``"dp_fedavg"``) privatise a
+  client's delta before compression (``fedlink.client.pipeline``).
+- The ``dp_fedavg`` flush hook (``fedlink.privacy.hooks``, registered in
+  ``fedlink.aggregate.FLUSH_HOOKS`` on import) adds DP-FedAvg's noise on the coordinator,
+  adapts the clip norm, accounts epsilon and enforces ``max_epsilon``.
+- ``fedlink.privacy.accounting``: epsilon of the sampled Gaussian mechanism with Opacus's
+  RDP and PRV analyses, torch-free.
+- ``fedlink.privacy.dp_sgd.DPSGDTrainer``: sample-level DP-SGD in local training through
+  Opacus. Import it explicitly: it is the only module here that imports torch, so that a
+  coordinator can import ``fedlink.privacy`` (for the hook) without torch.
+"""
+
+from fedlink.privacy import hooks as _hooks  # noqa: F401  (registers the dp_fedavg hook)
+from fedlink.privacy.accounting import ACCOUNTANTS, Accountant, epsilon
 from fedlink.privacy.base import PRIVACY_STAGES, NoPrivacy, UpdatePrivacy
+from fedlink.privacy.clipping import NOISE_MODES, ClipAndNoise, clip_to_norm
+from fedlink.privacy.hooks import DPFedAvgHook
 
-__all__ = ["PRIVACY_STAGES", "NoPrivacy", "UpdatePrivacy"]
+__all__ = [
+    "ACCOUNTANTS",
+    "NOISE_MODES",
+    "PRIVACY_STAGES",
+    "Accountant",
+    "ClipAndNoise",
+    "DPFedAvgHook",
+    "NoPrivacy",
+    "UpdatePrivacy",
+    "clip_to_norm",
+    "epsilon",
+]

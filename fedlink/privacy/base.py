@@ -9,6 +9,7 @@ codec maps a float vector to bytes, and the pipeline only chains them in that or
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -23,6 +24,21 @@ class UpdatePrivacy(ABC):
     @abstractmethod
     def apply(self, delta: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """The privatised delta (a new array; ``delta`` is left unchanged)."""
+
+    def configure(self, options: Mapping[str, str]) -> None:  # noqa: B027 (optional hook)
+        """Take per-task settings the coordinator sent (an adaptive clip norm, say).
+
+        Called before ``apply`` with the task's options; unknown keys are ignored. The default
+        takes nothing.
+        """
+
+    def metrics(self) -> dict[str, float]:
+        """What the last ``apply`` reports with the update (commit metrics); ``{}`` by default.
+
+        Only figures that are safe to release belong here (a clipped-or-not bit that the
+        coordinator aggregates with noise, never an update norm).
+        """
+        return {}
 
 
 PRIVACY_STAGES: Registry[UpdatePrivacy] = Registry("privacy stage")

@@ -5,9 +5,12 @@ Sections (every key optional unless noted; unknown keys are an error)::
     [run]          name, seed, output_dir, train_workers, torch_threads
     [data]         dataset, clients, partition, options = { alpha = 0.5, ... }
     [model]        name, options = { hidden = [64, 64] }
-    [client]       compression, privacy
+    [client]       compression, compression_options = { density = 0.01 }, error_feedback,
+                   density_bounds = [min, max], density_safety, privacy,
+                   privacy_options = { ... }, trainer ("torch" | "dp_sgd")
     [coordinator]  rounds, server_optimizer, ... with sub-tables
-    [coordinator.flush]     goal, min_updates, deadline_s, over_selection, max_staleness
+    [coordinator.flush]     preset, goal, min_updates, deadline_s, over_selection,
+                            max_staleness, continuous
     [coordinator.training]  local_steps, local_epochs, batch_size, learning_rate
     [coordinator.limits]    chunk_bytes, long_poll_s, ...
     [network]      preset | profile | fleet, speed, profiles (see fedlink.netem.fleet)
@@ -23,10 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedlink.client import UpdatePipeline
+from fedlink.client.density import DensityPolicy
 from fedlink.config import from_table, load_toml, require
-from fedlink.coordinator import CoordinatorConfig
+from fedlink.coordinator import CoordinatorConfig, FlushRule
 from fedlink.errors import ConfigError
 from fedlink.netem import Fleet, parse_network
+from fedlink.privacy import setup as privacy_setup
 
 
 @dataclass(frozen=True)
@@ -72,12 +78,49 @@ class ModelSection:
     options: Mapping[str, Any] = field(default_factory=dict)
 
 
+TRAINERS = ("dp_sgd", "torch")
+"""Local trainers a simulated client can use (``fedlink.sim.setup`` builds them)."""
+
+
 @dataclass(frozen=True)
 class ClientSection:
-    """The client update pipeline: privacy stage and compression codec, by registry name."""
+    """The client update pipeline: privacy stage and compression codec, by registry name.
+
+    ``compression_options`` go to the codec (``density`` for ``topk``/``randk``, ``bits`` and
+    ``norm`` for ``qsgd``, ...); ``error_feedback`` is on for biased codecs unless set;
+    ``density_bounds = [min, max]`` turns on bandwidth-aware density (``fedlink.client.density``)
+    with that safety margin.
+
+    ``privacy`` names the privacy stage (``"dp_fedavg"`` for user-level DP; its options come
+    from the coordinator's ``dp_fedavg`` hook, see ``fedlink.privacy.setup``, and
+    ``privacy_options`` may repeat them); ``trainer`` is ``"torch"`` (local SGD) or
+    ``"dp_sgd"`` (sample-level DP-SGD through Opacus, settings in
+    ``[coordinator.training] trainer_options``).
+    """
 
     compression: str = "fp32"
+    compression_options: Mapping[str, Any] = field(default_factory=dict)
+    error_feedback: bool | None = None
+    density_bounds: tuple[float, float] | None = None
+    density_safety: float = 0.5
     privacy: str = "none"
+    privacy_options: Mapping[str, Any] = field(default_factory=dict)
+    trainer: str = "torch"
+
+    def __post_init__(self) -> None:
+        require(self.density_bounds is None or len(self.density_bounds) == 2,
+                "client.density_bounds", "must be [min, max]")
+        require(self.trainer in TRAINERS, "client.trainer",
+                f"must be one of {', '.join(TRAINERS)}, got {self.trainer!r}")
+        self.pipeline()  # unknown codec names and bad options fail at load time
+
+    def pipeline(self) -> UpdatePipeline:
+        """A fresh update pipeline for one client (each client keeps its own residual)."""
+        density = None if self.density_bounds is None else DensityPolicy(
+            float(self.density_bounds[0]), float(self.density_bounds[1]), self.density_safety)
+        return UpdatePipeline.from_names(self.privacy, self.compression,
+                                         self.compression_options, self.error_feedback,
+                                         density, privacy_options=self.privacy_options)
 
 
 @dataclass(frozen=True)
@@ -106,7 +149,15 @@ class ExperimentConfig:
         coordinator = dict(table.get("coordinator", {}))
         coordinator.setdefault("run_name", values["run"].name)
         coordinator.setdefault("seed", values["run"].seed)
+        goal = FlushRule.from_table(coordinator.get("flush", {}), "coordinator.flush").goal
+        if "hooks" in coordinator:
+            coordinator["hooks"] = privacy_setup.with_sampling_defaults(
+                list(coordinator["hooks"]), values["data"].clients, goal)
         values["coordinator"] = CoordinatorConfig.from_dict(coordinator)
+        client = values["client"]
+        values["client"] = dataclasses.replace(client, privacy_options=privacy_setup.stage_options(
+            client.privacy, client.privacy_options, values["coordinator"].hooks, goal,
+            values["coordinator"].aggregator))
         if "network" in table:
             values["network"] = parse_network(table["network"], seed=values["run"].seed,
                                               base_dir=base_dir)

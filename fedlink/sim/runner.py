@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from fedlink.client import ClientOptions, ClientSession, SessionStats, Trainer, UpdatePipeline
+from fedlink.client import ClientOptions, ClientSession, SessionStats, Trainer
 from fedlink.coordinator import CoordinatorServer
 from fedlink.metrics import (
     EVENTS_FILENAME,
@@ -148,7 +148,7 @@ async def _run_sessions(sessions: list[ClientSession], server: CoordinatorServer
 def _session(config: ExperimentConfig, index: int, trainer: Trainer, target: str,
              pool: ThreadPoolExecutor, inline: bool) -> ClientSession:
     options = ClientOptions(name=f"sim-{index}", seed=config.run.seed * 1_000_003 + index)
-    pipeline = UpdatePipeline.from_names(config.client.privacy, config.client.compression)
+    pipeline = config.client.pipeline()
     return ClientSession(target, trainer, options, pipeline, executor=pool,
                          inline_training=inline)
 

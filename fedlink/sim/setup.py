@@ -6,18 +6,24 @@ evaluator) and ``fedlink client`` (one client's trainer).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from fedlink.client import Trainer
 from fedlink.client.torch_trainer import TorchTrainer
 from fedlink.data import FederatedData, load_federated
 from fedlink.metrics import EVENTS_FILENAME
 from fedlink.models import Evaluator, build_model
 from fedlink.params import to_vector
+from fedlink.privacy.dp_sgd import DPSGDTrainer
 from fedlink.sim.config import ExperimentConfig
+
+TRAINERS: dict[str, Callable[..., Trainer]] = {"torch": TorchTrainer, "dp_sgd": DPSGDTrainer}
+"""``[client] trainer`` name -> trainer class (``(model, data, *, seed)``)."""
 
 
 @dataclass(frozen=True)
@@ -49,10 +55,10 @@ class Experiment:
         """Scores a global model vector on the central test set."""
         return Evaluator(self.new_model(), self.data.test)
 
-    def trainer(self, index: int) -> TorchTrainer:
-        """The trainer of client ``index``, over its local data."""
-        return TorchTrainer(self.new_model(), self.data.clients[index],
-                            seed=self.config.run.seed * 7919 + index)
+    def trainer(self, index: int) -> Trainer:
+        """The trainer of client ``index`` (``[client] trainer``), over its local data."""
+        return TRAINERS[self.config.client.trainer](
+            self.new_model(), self.data.clients[index], seed=self.config.run.seed * 7919 + index)
 
 
 def prepare_run_dir(config: ExperimentConfig, output_dir: Path | None) -> Path:

@@ -36,10 +36,11 @@ def checksum(data: bytes) -> str:
     return f"{CHECKSUM_ALGORITHM}:{hashlib.sha256(data).hexdigest()}"
 
 
-def pack(vector: np.ndarray, codec: Codec) -> Payload:
-    """Encode a flat float32 vector with ``codec`` and describe it in a header."""
+def pack(vector: np.ndarray, codec: Codec, rng: np.random.Generator | None = None) -> Payload:
+    """Encode a flat float32 vector with ``codec`` (stochastic codecs draw from ``rng``) and
+    describe it in a header."""
     flat = np.ascontiguousarray(vector, dtype=np.float32).reshape(-1)
-    encoded = codec.encode(flat)
+    encoded = codec.encode(flat, rng)
     header = TensorHeader(
         encoding=codec.name,
         shape=(int(flat.size),),

@@ -192,6 +192,25 @@ def test_unknown_option_is_config_error() -> None:
 
 
 def test_registered_names() -> None:
-    assert {"fedavg", "fedavgm"} <= set(SERVER_OPTIMIZERS.names())
+    assert {"fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad"} <= set(
+        SERVER_OPTIMIZERS.names())
     assert {"constant", "polynomial", "hinge"} <= set(STALENESS_WEIGHTS.names())
-    assert "mean" in ACCUMULATORS
+    assert {"mean", "fednova", "trimmed_mean", "median"} <= set(ACCUMULATORS.names())
+
+
+def test_streaming_mean_folds_large_vectors_in_chunks_without_model_sized_temporaries() -> None:
+    import tracemalloc
+
+    size = 1 << 20  # 4 MB of float32; the float64 buffer is 8 MB
+    deltas = [np.full(size, float(i), np.float32) for i in range(1, 4)]
+    acc = StreamingMean()
+    acc.add(deltas[0], 1.0)  # allocates the buffer
+    tracemalloc.start()
+    try:
+        for delta in deltas[1:]:
+            acc.add(delta, 2.0)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * size  # two chunks of scratch: under half of one float32 model
+    np.testing.assert_allclose(acc.mean(), np.full(size, (1 + 2 * 2 + 2 * 3) / 5))

@@ -13,7 +13,7 @@ import pytest
 
 from fedlink.client import ChunkSizer, RetryPolicy, SessionStats
 from fedlink.client.retry import Caller
-from fedlink.client.transfer import MAX_CHUNK_BYTES, MIN_CHUNK_BYTES, Transfers
+from fedlink.client.transfer import MAX_CHUNK_BYTES, MIN_CHUNK_BYTES, SegmentSizer, Transfers
 from fedlink.errors import ConfigError, Unavailable
 from fedlink.messages import (
     DataChunk,
@@ -129,14 +129,15 @@ def test_upload_shrinks_chunks_after_breaks_and_resumes_where_the_server_is() ->
     t, stats = transfers(link, chunk_bytes=64 * KiB)
     asyncio.run(t.upload("c1", "u", data, resume=False))
     assert bytes(link.held) == data
-    assert [s[0] // KiB for s in link.attempt_sizes if s] == [64, 32, 16]
+    # after a break, chunks shrink to a quarter of the (shrunk) segment a stream carries
+    assert [s[0] // KiB for s in link.attempt_sizes if s] == [64, 16, 16, 16]
     assert link.status_calls == 2  # only the retries ask where to resume
     assert stats.retries == 2
-    assert stats.resumed_bytes == 128 * KiB + (128 + 64) * KiB
+    assert stats.resumed_bytes == 128 * KiB + (128 + 32) * KiB
     # each attempt started where the server was: only the chunk in flight at each reset
-    # (64 KiB, then 32 KiB) was sent twice
-    assert stats.bytes_up == len(data) + 64 * KiB + 32 * KiB
-    assert t.up.size == 32 * KiB  # one clean attempt since the last break
+    # (64 KiB, then 16 KiB) was sent twice
+    assert stats.bytes_up == len(data) + 64 * KiB + 16 * KiB
+    assert t.up.size == 64 * KiB  # two clean segments since the last break
 
 
 def test_upload_stream_is_generated_lazily() -> None:
@@ -168,3 +169,29 @@ def test_resumed_upload_asks_first_and_sends_nothing_when_all_is_held() -> None:
     assert link.status_calls == 1
     assert link.attempt_sizes == []
     assert (stats.resumed_bytes, stats.bytes_up) == (1000, 0)
+
+
+# -- SegmentSizer: how much one Upload stream carries ------------------------------------------
+
+
+def test_segment_grows_without_breaks_and_settles_under_the_bytes_between_breaks() -> None:
+    sizer = SegmentSizer(start=1 << 20, minimum=64 * KiB, maximum=64 << 20)
+    for _ in range(10):  # a clean link: doubling up to the maximum
+        sizer.succeeded(sizer.size)
+    assert sizer.size == 64 << 20
+    for _ in range(20):  # a link that breaks after about 1 MiB confirmed, again and again
+        confirmed = 0
+        while confirmed < 1 << 20:
+            confirmed += sizer.size
+            sizer.succeeded(sizer.size)
+        sizer.failed()
+    # a segment stays at most about a quarter of the bytes the link carries between breaks
+    assert 64 * KiB <= sizer.size <= 512 * KiB
+    for _ in range(30):  # the link heals: the current run raises the cap again
+        sizer.succeeded(sizer.size)
+    assert sizer.size == 64 << 20
+
+
+def test_segment_bounds_are_config_errors() -> None:
+    with pytest.raises(ConfigError):
+        SegmentSizer(start=10, minimum=20, maximum=30)

@@ -370,3 +370,132 @@ def test_delta_not_smaller_than_the_model_is_not_offered(
     monkeypatch.setattr(history_module, "encode_delta", lambda old, new: b"\x00" * full)
     reply = engine.issue("a", held_version=0)
     assert isinstance(reply, Task) and not reply.has_delta
+
+
+# -- presets --------------------------------------------------------------------------------------
+
+def test_presets_give_documented_fields_and_fields_override() -> None:
+    from fedlink.coordinator.config import FLUSH_PRESETS
+
+    sync = CoordinatorConfig.from_dict({"flush": {"preset": "sync", "goal": 5}}).flush
+    assert sync == FlushRule(goal=5, min_updates=5, deadline_s=None, over_selection=1.0,
+                             max_staleness=0, continuous=False)
+    elastic = CoordinatorConfig.from_dict({"flush": {"preset": "elastic"}}).flush
+    assert elastic == FlushRule(goal=10, min_updates=5, deadline_s=30.0, over_selection=1.3,
+                                max_staleness=2, continuous=False)
+    fedbuff = CoordinatorConfig.from_dict(
+        {"flush": {"preset": "async", "goal": 4, "max_staleness": 3}}).flush
+    assert fedbuff == FlushRule(goal=4, min_updates=4, deadline_s=None, over_selection=3.0,
+                                max_staleness=3, continuous=True)
+    assert fedbuff.cohort == 12
+    assert FlushRule.from_preset("elastic", goal=4) == FlushRule(
+        goal=4, min_updates=2, deadline_s=30.0, over_selection=1.3, max_staleness=2)
+    assert set(FLUSH_PRESETS.names()) == {"async", "elastic", "sync"}
+
+
+def test_unknown_preset_is_a_config_error() -> None:
+    from fedlink.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"coordinator\.flush\.preset: unknown flush preset"):
+        CoordinatorConfig.from_dict({"flush": {"preset": "fast"}})
+
+
+def test_no_preset_keeps_the_plain_defaults() -> None:
+    assert CoordinatorConfig.from_dict({"flush": {"goal": 3}}).flush == FlushRule(goal=3)
+    assert not FlushRule().continuous
+
+
+# -- continuous issuing (FedBuff) -----------------------------------------------------------------
+
+def fedbuff(clock: FakeClock, goal: int = 2, concurrency: float = 1.5,
+            max_staleness: int = 3) -> RoundEngine:
+    return make_engine(clock, rounds=50, goal=goal, over_selection=concurrency,
+                       deadline_s=None, max_staleness=max_staleness, continuous=True)
+
+
+def test_continuous_bounds_tasks_in_flight_not_tasks_per_version(fake_clock: FakeClock) -> None:
+    engine = fedbuff(fake_clock)  # cohort = 3 in flight, flush every 2
+    tasks = {c: task_for(engine, c) for c in "abc"}
+    assert isinstance(engine.issue("d"), Wait)
+    engine.submit(update("a", tasks["a"], 1.0))
+    # a delivered: its place frees at once, and a may train again on the same version
+    again = task_for(engine, "a")
+    assert again.model_version == 0 and again.task_id != tasks["a"].task_id
+    assert isinstance(engine.issue("d"), Wait)
+    flush = engine.submit(update("b", tasks["b"], 3.0)).flush
+    assert flush is not None and engine.version == 1
+    np.testing.assert_allclose(engine.model, X0 + 2.0)
+    # c's v0 task is still open (stale by 1), and b gets the latest model
+    assert task_for(engine, "b").model_version == 1
+    late = engine.submit(update("c", tasks["c"], 5.0))
+    assert late.staleness == 1
+
+
+def test_continuous_refuses_updates_past_max_staleness(fake_clock: FakeClock) -> None:
+    engine = fedbuff(fake_clock, goal=1, concurrency=2.0, max_staleness=1)
+    slow = task_for(engine, "slow")
+    for _ in range(2):
+        engine.submit(update("fast", task_for(engine, "fast"), 1.0))
+    with pytest.raises(UpdateRefused, match=r"too stale.*max_staleness 1"):
+        engine.submit(update("slow", slow, 9.0))
+    # the slow client's place was freed when its task fell out of the window
+    assert task_for(engine, "slow").model_version == 2
+
+
+def test_continuous_stream_applies_staleness_weights(fake_clock: FakeClock) -> None:
+    config = CoordinatorConfig(
+        rounds=50, flush=FlushRule.from_preset("async", goal=2, over_selection=2.0),
+        staleness_weight="polynomial", staleness_weight_options={"a": 1.0},
+        server_optimizer_options={"lr": 0.5})
+    engine = RoundEngine(config, X0.copy(), EventLog(None), clock=fake_clock)
+    old = [task_for(engine, c) for c in "ab"]
+    engine.submit(update("c", task_for(engine, "c"), 1.0))
+    engine.submit(update("d", task_for(engine, "d"), 1.0))  # flush 1: X0 + 0.5
+    engine.submit(update("a", old[0], 4.0, examples=10))     # tau 1: weight 10 / 2 = 5
+    accepted = engine.submit(update("b", old[1], 1.0, examples=10))
+    assert accepted.weight == pytest.approx(5.0) and accepted.flush is not None
+    np.testing.assert_allclose(engine.model, X0 + 0.5 + 0.5 * 2.5, rtol=1e-6)
+
+
+# -- partial work and aggregators -----------------------------------------------------------------
+
+def test_update_with_no_work_done_is_refused_with_a_reason(fake_clock: FakeClock) -> None:
+    engine = make_engine(fake_clock, goal=1, deadline_s=None)
+    task = task_for(engine, "a")
+    with pytest.raises(UpdateRefused, match="no local work: 0 of 5 planned steps"):
+        engine.submit(update("a", task, 1.0, done=0, planned=5))
+    assert engine.version == 0
+    engine.submit(update("a", task, 1.0, done=2, planned=5))
+    assert engine.version == 1
+
+
+def test_fednova_aggregator_normalises_instead_of_weighting_work(fake_clock: FakeClock) -> None:
+    config = CoordinatorConfig(rounds=5, flush=FlushRule(goal=2, deadline_s=None),
+                               aggregator="fednova")
+    engine = RoundEngine(config, X0.copy(), EventLog(None), clock=fake_clock)
+    full = engine.submit(update("a", task_for(engine, "a"), 4.0, examples=10, done=4, planned=4))
+    half = engine.submit(update("b", task_for(engine, "b"), 1.0, examples=10, done=2, planned=4))
+    assert (full.weight, half.weight) == (10.0, 10.0)  # no work fraction in the weight
+    # d_a = 1, d_b = 0.5; tau_eff = 3 -> 3 * (1 + 0.5) / 2 = 2.25
+    np.testing.assert_allclose(engine.model, X0 + 2.25, rtol=1e-6)
+
+
+def test_robust_aggregator_and_norm_bound_from_config(fake_clock: FakeClock) -> None:
+    config = CoordinatorConfig.from_dict({
+        "flush": {"goal": 3, "deadline_s": 0}, "aggregator": "median", "norm_bound": 10.0})
+    engine = RoundEngine(config, X0.copy(), EventLog(None), clock=fake_clock)
+    for client, value in (("a", 1.0), ("b", 2.0), ("c", 1000.0)):
+        engine.submit(update(client, task_for(engine, client), value))
+    # c is clipped to norm 10 (each of 5 values 10 / sqrt(5)), then the median ignores it
+    np.testing.assert_allclose(engine.model, X0 + 2.0, rtol=1e-6)
+
+
+def test_bad_aggregator_options_are_config_errors() -> None:
+    from fedlink.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="aggregator"):
+        CoordinatorConfig(aggregator="nope")
+    with pytest.raises(ConfigError, match="aggregator"):
+        CoordinatorConfig(aggregator="trimmed_mean", aggregator_options={"trim": 0.6})
+    with pytest.raises(ConfigError, match="norm_bound"):
+        CoordinatorConfig(norm_bound=-1.0)

@@ -1,0 +1,185 @@
+"""Robust aggregation rules: norm bounding, coordinate-wise trimmed mean and median.
+
+- ``NormBounded`` (``[coordinator] norm_bound = B``) clips each update to L2 norm ``B`` before
+  any aggregator sees it: ``delta <- delta * min(1, B / ||delta||_2)`` (Sun et al. 2019,
+  "Can you really backdoor federated learning?"). A per-update transform: no buffering; an
+  update that is clipped costs one model-sized temporary while it is folded in.
+- ``TrimmedMean`` (``aggregator = "trimmed_mean"``) and ``CoordinateMedian``
+  (``aggregator = "median"``) are coordinate-wise rules (Yin et al. 2018). Unlike the mean they
+  cannot be computed from a running sum, so **they buffer every update until the flush**:
+  memory is ``n x 4 x P`` bytes for ``n`` updates per flush (at most ``flush.goal``) of a
+  ``P``-parameter model (``n`` times the model, against about twice for the mean), plus
+  ``O(n x CHUNK)`` scratch at the flush, which works through the coordinates ``CHUNK`` at a
+  time.
+
+Both rules honour the engine's weights (examples x staleness x work) by treating update ``i``
+as ``w_i`` units of probability mass at its value, per coordinate. With equal weights they are
+the textbook rules: ``trim = 0.1`` over 10 updates drops the lowest and highest value of each
+coordinate and averages the other 8; the median of an even number of values is the mean of
+the middle two.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+import numpy as np
+
+from fedlink.aggregate.base import ACCUMULATORS, Accumulator
+from fedlink.aggregate.streaming import CHUNK, check_weight
+from fedlink.errors import ConfigError
+
+_HALF_TOLERANCE = 1e-9
+
+
+def clip_to_norm(delta: np.ndarray, bound: float) -> np.ndarray:
+    """``delta * min(1, bound / ||delta||_2)`` (``delta`` itself when within the bound)."""
+    norm = float(np.sqrt(sum(float(np.dot(p, p)) for p in _chunks(delta.reshape(-1)))))
+    if norm <= bound:
+        return delta
+    return (delta * np.float32(bound / norm)).astype(np.float32, copy=False)
+
+
+def _chunks(vector: np.ndarray) -> list[np.ndarray]:
+    return [vector[i:i + CHUNK].astype(np.float64) for i in range(0, vector.size, CHUNK)]
+
+
+class NormBounded(Accumulator):
+    """Clips each delta to L2 norm ``bound``, then hands it to ``inner``."""
+
+    def __init__(self, inner: Accumulator, bound: float) -> None:
+        if not bound > 0:
+            raise ConfigError(f"norm_bound must be > 0, got {bound}")
+        self.inner = inner
+        self.bound = float(bound)
+        self.normalises_work = inner.normalises_work
+        self.clipped = 0
+
+    def add(self, delta: np.ndarray, weight: float, steps: int = 0) -> None:
+        """Clip ``delta`` to the bound and fold it into ``inner``."""
+        bounded = clip_to_norm(delta, self.bound)
+        self.clipped += bounded is not delta
+        self.inner.add(bounded, weight, steps)
+
+    def mean(self) -> np.ndarray:
+        """The inner aggregate of the clipped deltas."""
+        return self.inner.mean()
+
+    def reset(self) -> None:
+        """Reset ``inner`` (and the clip counter)."""
+        self.inner.reset()
+        self.clipped = 0
+
+    @property
+    def count(self) -> int:
+        """Deltas folded in since the last reset."""
+        return self.inner.count
+
+    @property
+    def total_weight(self) -> float:
+        """The inner accumulator's total weight."""
+        return self.inner.total_weight
+
+
+class BufferedRule(Accumulator):
+    """Keeps every delta (float32) and weight until the flush; subclasses reduce a chunk."""
+
+    def __init__(self) -> None:
+        self._deltas: list[np.ndarray] = []
+        self._weights: list[float] = []
+
+    def add(self, delta: np.ndarray, weight: float, steps: int = 0) -> None:
+        """Keep a float32 copy of ``delta`` with its weight."""
+        check_weight(weight)
+        if self._deltas and delta.shape != self._deltas[0].shape:
+            raise ValueError(f"delta shape {delta.shape} != buffered {self._deltas[0].shape}")
+        self._deltas.append(np.array(delta, dtype=np.float32, copy=True))
+        self._weights.append(float(weight))
+
+    def mean(self) -> np.ndarray:
+        """The rule applied coordinate-wise, ``CHUNK`` coordinates at a time."""
+        if not self._deltas:
+            raise ValueError("no updates to average")
+        shape = self._deltas[0].shape
+        flat = [d.reshape(-1) for d in self._deltas]
+        weights = np.asarray(self._weights, dtype=np.float64)
+        out = np.empty(flat[0].size, dtype=np.float32)
+        for start in range(0, out.size, CHUNK):
+            block = np.stack([d[start:start + CHUNK] for d in flat]).astype(np.float64)
+            out[start:start + CHUNK] = self._reduce(*_sorted_mass(block, weights))
+        return out.reshape(shape)
+
+    @abstractmethod
+    def _reduce(self, values: np.ndarray, cum: np.ndarray, mass: np.ndarray) -> np.ndarray:
+        """The rule on one chunk: ``values`` sorted per column, ``cum`` their cumulative
+        weights, ``mass`` the weights (all ``n x c``)."""
+
+    def reset(self) -> None:
+        """Drop the buffered deltas."""
+        self._deltas.clear()
+        self._weights.clear()
+
+    @property
+    def count(self) -> int:
+        """Deltas buffered since the last reset."""
+        return len(self._deltas)
+
+    @property
+    def total_weight(self) -> float:
+        """Sum of the buffered weights."""
+        return float(sum(self._weights))
+
+
+def _sorted_mass(block: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Each column of ``block`` sorted, with the cumulative weight and weight of each value."""
+    order = np.argsort(block, axis=0, kind="stable")
+    values = np.take_along_axis(block, order, axis=0)
+    mass = weights[order]
+    return values, np.cumsum(mass, axis=0), mass
+
+
+@ACCUMULATORS.register("trimmed_mean")
+class TrimmedMean(BufferedRule):
+    """Coordinate-wise trimmed mean: drop the ``trim`` fraction of weight at each end.
+
+    Per coordinate, with values sorted ``v_(1) <= ... <= v_(n)``, weights ``w_(k)``, cumulative
+    weights ``c_k`` (``c_0 = 0``) and total ``W``, each value keeps the part of its mass that
+    lies in ``[trim W, (1 - trim) W]``::
+
+        m_k  = max(0, min(c_k, (1 - trim) W) - max(c_(k-1), trim W))
+        mean = sum_k m_k v_(k) / ((1 - 2 trim) W)
+
+    ``trim = 0`` is the weighted mean; ``0 <= trim < 0.5``. Buffers updates (module docstring).
+    """
+
+    def __init__(self, trim: float = 0.1) -> None:
+        if not 0 <= trim < 0.5:
+            raise ConfigError(f"trimmed_mean: trim must be in [0, 0.5), got {trim}")
+        super().__init__()
+        self.trim = float(trim)
+
+    def _reduce(self, values: np.ndarray, cum: np.ndarray, mass: np.ndarray) -> np.ndarray:
+        total = cum[-1]
+        low, high = self.trim * total, (1.0 - self.trim) * total
+        kept = np.clip(np.minimum(cum, high) - np.maximum(cum - mass, low), 0.0, None)
+        return np.asarray((kept * values).sum(axis=0) / kept.sum(axis=0))
+
+
+@ACCUMULATORS.register("median")
+class CoordinateMedian(BufferedRule):
+    """Coordinate-wise weighted median.
+
+    Per coordinate, the smallest sorted value ``v_(k)`` whose cumulative weight ``c_k`` reaches
+    ``W / 2``; when ``c_k`` equals ``W / 2`` exactly, the mean of ``v_(k)`` and ``v_(k+1)`` (so
+    equal weights give ``numpy.median``). Buffers updates (module docstring).
+    """
+
+    def _reduce(self, values: np.ndarray, cum: np.ndarray, mass: np.ndarray) -> np.ndarray:
+        half = cum[-1] / 2.0
+        reached = cum >= half * (1.0 - _HALF_TOLERANCE)
+        k = np.argmax(reached, axis=0)
+        columns = np.arange(values.shape[1])
+        lower = values[k, columns]
+        upper = values[np.minimum(k + 1, len(values) - 1), columns]
+        exact = np.isclose(cum[k, columns], half, rtol=_HALF_TOLERANCE, atol=0.0)
+        return np.where(exact, (lower + upper) / 2.0, lower)

@@ -1,0 +1,190 @@
+"""Sparsifiers: top-k and random-k, each sending its ``k`` values through a value codec.
+
+``topk`` keeps the ``k = ceil(density * n)`` values of largest magnitude; ``randk`` keeps ``k``
+values at indices drawn from a seed. Both are biased (use error feedback). Names join a
+sparsifier and a value codec with ``+``: ``topk`` (fp32 values), ``topk+fp16``, ``topk+bf16``,
+``topk+q8``/``topk+q4`` (stochastic 8/4-bit quantization of the kept values, max-norm scaled),
+and the same for ``randk``. Options: ``density`` (0 < density <= 1), and ``norm`` for the
+quantized ones.
+
+Formats (little-endian):
+
+* ``topk``: mode (1 byte: 0 varint gaps, 1 bitmap; see ``fedlink.compress.indexcode``),
+  ``k`` (uint32), the index section, then the value codec's encoding of the ``k`` kept values
+  in index order: ``5 + min(varint, ceil(n / 8)) + values(k)`` bytes.
+* ``randk``: ``k`` (uint32), then the values: ``4 + values(k)`` bytes. The indices are not
+  sent: parameter ``seed`` rebuilds them (``numpy`` PCG64 ``choice`` without replacement,
+  sorted), so both sides need the same numpy bit generator (stable across numpy releases).
+
+Value codec parameters travel beside the sparsifier's in ``codec_params``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from fedlink.compress.base import CODECS, Codec, Encoded, expect_length, param
+from fedlink.compress.identity import BFloat16Codec, Float16Codec, Float32Codec, as_fp32
+from fedlink.compress.indexcode import (
+    bitmap_size,
+    decode_indices,
+    encode_indices,
+    encoded_indices_size,
+    varint_bound,
+)
+from fedlink.compress.quantize import StochasticQuantizer
+from fedlink.errors import ConfigError, InvalidArgument
+
+_U32 = np.dtype("<u4")
+_VALUE_CODECS: dict[str, Callable[[str], Codec]] = {
+    "fp32": lambda norm: Float32Codec(),
+    "fp16": lambda norm: Float16Codec(),
+    "bf16": lambda norm: BFloat16Codec(),
+    "q8": lambda norm: StochasticQuantizer(bits=8, norm=norm),
+    "q4": lambda norm: StochasticQuantizer(bits=4, norm=norm),
+}
+
+
+def kept_count(density: float, n: int) -> int:
+    """``k`` for ``density`` of ``n`` values: ``ceil(density * n)``, at least 1 (if ``n``)."""
+    return min(n, max(1, math.ceil(density * n - 1e-9))) if n else 0
+
+
+class Sparsifier(Codec):
+    """Keeps ``k`` of ``n`` values and encodes them with a value codec (shared logic)."""
+
+    biased = True
+    kind = ""
+
+    def __init__(self, values: str = "fp32", density: float = 0.01, norm: str = "max") -> None:
+        if not 0.0 < density <= 1.0:
+            raise ConfigError(f"density must be in (0, 1], got {density}")
+        if values not in _VALUE_CODECS:
+            raise ConfigError(f"value codec must be one of {sorted(_VALUE_CODECS)}")
+        self.value_name = values
+        self.norm = norm
+        self.values = _VALUE_CODECS[values](norm)
+        self.density = density
+        self.name = self.kind if values == "fp32" else f"{self.kind}+{values}"
+
+    def with_density(self, density: float) -> Sparsifier:
+        """The same codec at another ``density`` (bandwidth-aware density uses this)."""
+        return type(self)(self.value_name, density, self.norm)
+
+    def _encode_values(self, kept: np.ndarray, rng: np.random.Generator | None) -> Encoded:
+        return self.values.encode(kept, rng)
+
+    def _decode_values(self, data: bytes, params: Mapping[str, str], k: int,
+                       n: int) -> np.ndarray:
+        expect_length(f"{self.name} value section", data, self.values.size_bound(k))
+        return self.values.decode(data, params, k)
+
+    @staticmethod
+    def _header_k(data: bytes, offset: int, n: int) -> int:
+        if len(data) < offset + 4:
+            raise InvalidArgument(f"sparse payload of {len(data)} bytes is truncated")
+        k = int(np.frombuffer(data, dtype=_U32, count=1, offset=offset)[0])
+        if k > n:
+            raise InvalidArgument(f"sparse payload keeps {k} values of {n}")
+        return k
+
+    @staticmethod
+    def _scatter(indices: np.ndarray, kept: np.ndarray, n: int) -> np.ndarray:
+        out = np.zeros(n, dtype=np.float32)
+        out[indices] = kept
+        return out
+
+
+class TopK(Sparsifier):
+    """The ``k`` largest magnitudes, with compact index coding (module docstring)."""
+
+    kind = "topk"
+
+    def select(self, values: np.ndarray) -> np.ndarray:
+        """Sorted indices of the ``k`` largest magnitudes of ``values``."""
+        n = values.size
+        k = kept_count(self.density, n)
+        if k == n:
+            return np.arange(n)
+        return np.sort(np.argpartition(np.abs(values), n - k)[n - k:])
+
+    def encode(self, vector: np.ndarray, rng: np.random.Generator | None = None) -> Encoded:
+        """Mode, ``k``, indices, values."""
+        values = as_fp32(vector)
+        indices = self.select(values)
+        mode, index_bytes = encode_indices(indices, values.size)
+        encoded = self._encode_values(values[indices], rng)
+        head = bytes([mode]) + np.array([indices.size], dtype=_U32).tobytes()
+        return Encoded(head + index_bytes + encoded.data,
+                       {"density": repr(self.density), **encoded.params})
+
+    def decode(self, data: bytes, params: Mapping[str, str], size: int) -> np.ndarray:
+        """Scatter the decoded values to their decoded indices."""
+        k = self._header_k(data, 1, size)
+        body = np.frombuffer(data, dtype=np.uint8, offset=5)
+        indices, used = decode_indices(data[0], body, size, k)
+        kept = self._decode_values(data[5 + used:], params, k, size)
+        return self._scatter(indices, kept, size)
+
+    def size_bound(self, size: int) -> int:
+        """``5 + min(varint bound, bitmap) + values(k)``."""
+        k = kept_count(self.density, size)
+        return 5 + min(varint_bound(size, k), bitmap_size(size)) + self.values.size_bound(k)
+
+    def encoded_size(self, vector: np.ndarray) -> int:
+        """Exact: the index section depends on where the largest values are."""
+        values = as_fp32(vector)
+        indices = self.select(values)
+        return (5 + encoded_indices_size(indices, values.size)
+                + self.values.size_bound(indices.size))
+
+
+class RandK(Sparsifier):
+    """``k`` values at seeded random indices; only the seed and the values are sent."""
+
+    kind = "randk"
+
+    @staticmethod
+    def indices(seed: int, n: int, k: int) -> np.ndarray:
+        """The sorted indices that ``seed`` picks (both sides call this)."""
+        rng = np.random.Generator(np.random.PCG64(seed))
+        return np.sort(rng.choice(n, size=k, replace=False))
+
+    def encode(self, vector: np.ndarray, rng: np.random.Generator | None = None) -> Encoded:
+        """``k`` and the values at the seed's indices; the seed goes in the parameters."""
+        values = as_fp32(vector)
+        seed = int((rng or np.random.default_rng()).integers(2**63))
+        k = kept_count(self.density, values.size)
+        encoded = self._encode_values(values[self.indices(seed, values.size, k)], rng)
+        head = np.array([k], dtype=_U32).tobytes()
+        return Encoded(head + encoded.data, {"seed": str(seed), **encoded.params})
+
+    def decode(self, data: bytes, params: Mapping[str, str], size: int) -> np.ndarray:
+        """Rebuild the indices from ``seed`` and scatter the values there."""
+        k = self._header_k(data, 0, size)
+        seed = int(param(params, "seed", int, self.name))
+        if not 0 <= seed < 2**63:
+            raise InvalidArgument(f"{self.name}: seed {seed} is out of range")
+        kept = self._decode_values(data[4:], params, k, size)
+        return self._scatter(self.indices(seed, size, k), kept, size)
+
+    def size_bound(self, size: int) -> int:
+        """``4 + values(k)`` (exact)."""
+        return 4 + self.values.size_bound(kept_count(self.density, size))
+
+
+def _register(cls: type[Sparsifier], values: str) -> None:
+    name = cls.kind if values == "fp32" else f"{cls.kind}+{values}"
+
+    def factory(density: float = 0.01, norm: str = "max") -> Codec:
+        return cls(values, density, norm)
+
+    CODECS.register(name)(factory)
+
+
+for _cls in (TopK, RandK):
+    for _values in _VALUE_CODECS:
+        _register(_cls, _values)
