@@ -78,6 +78,7 @@ class Task:
     model: TensorHeader
     delta: TensorHeader | None = None
     delta_base_version: int = -1
+    options: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def has_delta(self) -> bool:

@@ -131,6 +131,10 @@ class FlushHook(ABC):
         """Fields for the ``flush`` event (and so the report)."""
         return {}
 
+    def task_options(self) -> dict[str, str]:
+        """Settings every new task carries to the client's pipeline (``Task.options``)."""
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume this hook."""
         return {}

@@ -210,14 +210,16 @@ class ClientSession:
         """Encode the trained update, with what its commit needs (for the outbox);
         ``time_left_s`` (to the task's deadline) lets the pipeline size the upload."""
         assert self.config is not None
+        self.pipeline.configure(task.options)  # e.g. the coordinator's current clip norm
         payload = self.pipeline.process(result.params - model, self._rng, time_left_s)
+        metrics = {**result.metrics, **self.pipeline.privacy_metrics}
         return PendingUpdate(
             target=self.target, run_name=self.config.run_name, client_name=self.options.name,
             client_id=self.client_id,
             upload_id=f"{self.client_id}-{task.task_id}-{uuid.uuid4().hex[:12]}",
             task_id=task.task_id, base_version=task.model_version,
             num_examples=result.num_examples, steps_completed=result.steps_completed,
-            steps_planned=result.steps_planned, payload=payload, metrics=dict(result.metrics),
+            steps_planned=result.steps_planned, payload=payload, metrics=metrics,
             created_at=time.time())
 
     # -- calls ----------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import fedlink.privacy  # noqa: F401  (registers the differential-privacy flush hooks)
 from fedlink.aggregate import ACCUMULATORS, FLUSH_HOOKS, SERVER_OPTIMIZERS, STALENESS_WEIGHTS
 from fedlink.config import from_table, require
 from fedlink.errors import ConfigError
@@ -258,6 +259,14 @@ class CoordinatorConfig:
     ``"mean"`` (weighted mean, streaming), ``"fednova"`` (FedNova's step-normalised mean,
     streaming), ``"trimmed_mean"`` / ``"median"`` (robust, coordinate-wise; they buffer the
     updates of a flush). ``norm_bound > 0`` clips every update to that L2 norm first.
+
+    ``drop_partial``: refuse every update that reports less work than planned
+    (``steps_completed < steps_planned``), with a reason, instead of weighting it by its work
+    fraction: FedAvg's "drop the stragglers" (the FedProx paper's baseline). In rounds
+    (``continuous = false``) a dropped update still answers for its place in the cohort: the
+    version flushes once ``goal`` updates are in counting the dropped ones, from the accepted
+    ones only; when every one was dropped the model is left unchanged (the version still
+    advances, so a new cohort is asked).
     """
 
     run_name: str = "fedlink-run"
@@ -272,6 +281,7 @@ class CoordinatorConfig:
     aggregator: str = "mean"
     aggregator_options: Mapping[str, Any] = field(default_factory=dict)
     norm_bound: float = 0.0
+    drop_partial: bool = False
     join_token: str = ""
     seed: int = 0
     state_dir: str = ""

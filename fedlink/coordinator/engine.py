@@ -153,6 +153,7 @@ class RoundEngine:
         self._task_ids = itertools.count(1)
         self._round_started = clock()
         self._round_bytes_up = 0
+        self._dropped = 0  # partial updates refused this version that answered for a place
         self.finished_reason = ""
 
     def start(self) -> None:
@@ -256,7 +257,7 @@ class RoundEngine:
         """Places left: ``cohort`` minus tasks in flight and, in rounds, minus updates in."""
         in_flight = sum(1 for t in self._tasks.values()
                         if not t.expired and self.is_open(t))
-        delivered = 0 if self.rule.continuous else self._accumulator.count
+        delivered = 0 if self.rule.continuous else self._accumulator.count + self._dropped
         return self.rule.cohort - delivered - in_flight
 
     def _new_task(self, client_id: str) -> TaskRecord:
@@ -281,7 +282,14 @@ class RoundEngine:
             model=self.payload(record.version).header,
             delta=None if delta is None else delta.header,
             delta_base_version=record.delta_base,
+            options=self._task_options(),
         )
+
+    def _task_options(self) -> dict[str, str]:
+        options: dict[str, str] = {}
+        for hook in self._hooks:
+            options.update(hook.task_options())
+        return options
 
     def _time_left(self) -> float:
         """Seconds until this version's deadline (0 means no deadline)."""
@@ -302,6 +310,8 @@ class RoundEngine:
                                   f"model has {self._model.size}")
         self._check_open(record)
         _check_work(update)
+        if self.config.drop_partial and update.steps_completed < update.steps_planned:
+            self._drop(record, update)
         staleness = self._version - record.version
         weight = self._weight(update, staleness)
         self._accumulator.add(update.delta, weight, update.steps_completed)
@@ -316,7 +326,8 @@ class RoundEngine:
                           dict(update.metrics))
         for hook in self._hooks:
             hook.on_update(info)
-        flush = self._flush() if self._accumulator.count >= self.rule.goal else None
+        answered = self._accumulator.count + self._dropped
+        flush = self._flush() if answered >= self.rule.goal else None
         return Acceptance(self._version, staleness, weight, flush)
 
     def _check_open(self, record: TaskRecord) -> None:
@@ -329,6 +340,18 @@ class RoundEngine:
             raise UpdateRefused(f"too stale: trained on version {record.version}, current is "
                                 f"{self._version} (staleness {staleness} > max_staleness "
                                 f"{self.rule.max_staleness})")
+
+    def _drop(self, record: TaskRecord, update: ReceivedUpdate) -> None:
+        """``drop_partial``: refuse a partial update; in rounds it still answers for its place.
+
+        The task is closed (the client is not asked again for this version); the flush that
+        counts the drop happens at the next ``poll``, since this call raises.
+        """
+        record.done = True
+        if not self.rule.continuous and record.version == self._version:
+            self._dropped += 1
+        raise UpdateRefused(f"partial work dropped (drop_partial): {update.steps_completed} of "
+                            f"{update.steps_planned} planned steps completed")
 
     def _weight(self, update: ReceivedUpdate, staleness: int) -> float:
         """``num_examples x staleness_weight(tau) x work_fraction`` (DESIGN.md).
@@ -345,8 +368,16 @@ class RoundEngine:
     # -- flushing ---------------------------------------------------------------------------
 
     def poll(self) -> FlushOutcome | None:
-        """Apply the deadline part of the flush rule; call it periodically."""
-        if self.finished or self.rule.deadline_s is None:
+        """Apply the deadline part of the flush rule; call it periodically.
+
+        Also flushes a version whose ``goal`` was reached only by counting dropped partial
+        updates (``drop_partial``), which ``submit`` could not flush as it refused them.
+        """
+        if self.finished:
+            return None
+        if self._dropped and self._accumulator.count + self._dropped >= self.rule.goal:
+            return self._flush()
+        if self.rule.deadline_s is None:
             return None
         if self._clock() - self._round_started < self.rule.deadline_s:
             return None
@@ -401,10 +432,12 @@ class RoundEngine:
         now = self._clock()
         outcome_updates = self._accumulator.count
         total_weight = self._accumulator.total_weight
-        self._model = self._optimizer.step(self._model, self._mean_delta(
-            FlushInfo(self._version + 1, outcome_updates, total_weight)))
+        if outcome_updates:  # none only when drop_partial dropped the whole cohort
+            self._model = self._optimizer.step(self._model, self._mean_delta(
+                FlushInfo(self._version + 1, outcome_updates, total_weight)))
         self._version += 1
         self._accumulator.reset()
+        self._dropped = 0
         self._publish()
         if self._version >= self.config.rounds:
             self.finish(f"completed {self.config.rounds} rounds")

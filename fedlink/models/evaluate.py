@@ -71,8 +71,10 @@ class Evaluator:
     Built once: the model and the test tensors are prepared in the constructor, so each call
     only copies the vector into the model and runs batched forward passes under ``no_grad``.
     This is the callback a coordinator runs after each model update; it returns
-    ``{"accuracy": ..., "loss": ...}`` (mean cross-entropy). Not thread-safe: one evaluator
-    holds one model, so use one per thread.
+    ``{"accuracy": ..., "loss": ...}`` (mean cross-entropy). Given ``train`` (a dataset, say
+    every client's training data pooled), it also returns ``train_accuracy`` and ``train_loss``
+    on it, at the cost of one more pass over it per call. Not thread-safe: one evaluator holds
+    one model, so use one per thread.
 
     ``model`` is a registered model name (built with ``options``) or a module, which is
     deep-copied (the caller's module is never written to). When ``spec`` is given it must match
@@ -88,9 +90,11 @@ class Evaluator:
         spec: ParamSpec | None = None,
         device: torch.device | str = "cpu",
         batch_size: int = DEFAULT_BATCH,
+        train: Dataset | None = None,
     ) -> None:
-        if len(test) == 0:
-            raise ConfigError(f"cannot evaluate on empty dataset {test.name!r}")
+        for data in (test,) if train is None else (test, train):
+            if len(data) == 0:
+                raise ConfigError(f"cannot evaluate on empty dataset {data.name!r}")
         if batch_size < 1:
             raise ConfigError(f"batch_size: must be >= 1, got {batch_size}")
         self._model = self._prepare(model, test, dict(options or {})).to(device).eval()
@@ -99,6 +103,7 @@ class Evaluator:
             raise ConfigError(f"spec {spec} does not match the model's {self.spec}")
         dtype = next(self._model.parameters()).dtype
         self._x, self._y = dataset_tensors(test, device, dtype)
+        self._train = None if train is None else dataset_tensors(train, device, dtype)
         self._batch = batch_size
 
     @staticmethod
@@ -111,6 +116,13 @@ class Evaluator:
         return build_model(model, test.num_features, test.num_classes, seed=0, **options)
 
     def __call__(self, vector: np.ndarray) -> dict[str, float]:
-        """Accuracy and mean cross-entropy of the parameters ``vector`` on the test set."""
+        """Accuracy and mean cross-entropy of the parameters ``vector`` on the test set.
+
+        With a ``train`` set, also ``train_accuracy`` and ``train_loss`` on it.
+        """
         load_vector(self._model, vector, self.spec)
-        return _scores(self._model, self._x, self._y, self._batch)
+        scores = _scores(self._model, self._x, self._y, self._batch)
+        if self._train is not None:
+            train = _scores(self._model, *self._train, self._batch)
+            scores.update({f"train_{key}": value for key, value in train.items()})
+        return scores

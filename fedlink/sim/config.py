@@ -2,7 +2,8 @@
 
 Sections (every key optional unless noted; unknown keys are an error)::
 
-    [run]          name, seed, output_dir, train_workers, torch_threads
+    [run]          name, seed, output_dir, train_workers, torch_threads, evaluate_train,
+                   target_accuracy
     [data]         dataset, clients, partition, options = { alpha = 0.5, ... }
     [model]        name, options = { hidden = [64, 64] }
     [client]       compression, compression_options = { density = 0.01 }, error_feedback,
@@ -14,6 +15,7 @@ Sections (every key optional unless noted; unknown keys are an error)::
     [coordinator.training]  local_steps, local_epochs, batch_size, learning_rate
     [coordinator.limits]    chunk_bytes, long_poll_s, ...
     [network]      preset | profile | fleet, speed, profiles (see fedlink.netem.fleet)
+    [partial_work] fraction, seed: stragglers doing part of each task (fedlink.sim.partial_work)
 
 ``[coordinator] run_name`` defaults to ``[run] name``.
 """
@@ -33,6 +35,7 @@ from fedlink.coordinator import CoordinatorConfig, FlushRule
 from fedlink.errors import ConfigError
 from fedlink.netem import Fleet, parse_network
 from fedlink.privacy import setup as privacy_setup
+from fedlink.sim.partial_work import PartialWorkSection
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,14 @@ class RunSection:
 
     ``train_workers = 0`` trains each simulated client on the event loop's thread (fastest for
     small models; no heartbeats while training); ``n >= 1`` uses a pool of ``n`` threads.
+
+    ``evaluate_train = true`` also scores every new global model on the pooled training data
+    of all clients (``train_loss`` and ``train_accuracy`` in each ``flush`` event, the
+    training-loss curve of the FedProx paper); it costs one more pass over that data per flush.
+
+    ``target_accuracy > 0`` ends a simulation once a flush's test accuracy reaches it (checked
+    every fraction of a second, so a flush or two more may land); 0 (the default) runs all
+    ``[coordinator] rounds``. For time-to-accuracy measurements.
     """
 
     name: str = "fedlink-run"
@@ -48,6 +59,8 @@ class RunSection:
     output_dir: str = "runs"
     train_workers: int = 0
     torch_threads: int = 1
+    evaluate_train: bool = False
+    target_accuracy: float = 0.0
 
     def __post_init__(self) -> None:
         require(bool(self.name) and "/" not in self.name, "run.name",
@@ -55,6 +68,12 @@ class RunSection:
         require(self.seed >= 0, "run.seed", "must be >= 0")
         require(self.train_workers >= 0, "run.train_workers", "must be >= 0")
         require(self.torch_threads >= 1, "run.torch_threads", "must be >= 1")
+        require(isinstance(self.evaluate_train, bool), "run.evaluate_train",
+                f"must be true or false, got {self.evaluate_train!r}")
+        require(isinstance(self.target_accuracy, int | float)
+                and not isinstance(self.target_accuracy, bool)
+                and 0.0 <= self.target_accuracy <= 1.0, "run.target_accuracy",
+                f"must be a number in [0, 1] (0: off), got {self.target_accuracy!r}")
 
 
 @dataclass(frozen=True)
@@ -133,13 +152,14 @@ class ExperimentConfig:
     client: ClientSection = field(default_factory=ClientSection)
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
     network: Fleet | None = None
+    partial_work: PartialWorkSection = field(default_factory=PartialWorkSection)
 
     @classmethod
     def from_dict(cls, table: Mapping[str, Any],
                   base_dir: Path | None = None) -> ExperimentConfig:
         """Build from a parsed TOML document (``base_dir``: where relative paths start)."""
         sections = {"run": RunSection, "data": DataSection, "model": ModelSection,
-                    "client": ClientSection}
+                    "client": ClientSection, "partial_work": PartialWorkSection}
         unknown = sorted(set(table) - set(sections) - {"coordinator", "network"})
         if unknown:
             raise ConfigError(f"unknown sections {unknown}; allowed: "

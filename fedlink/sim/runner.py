@@ -84,12 +84,17 @@ def _links(experiment: Experiment) -> list[ClientLink | None]:
 
 
 def _trainers(experiment: Experiment, links: list[ClientLink | None]) -> list[Trainer]:
-    """One trainer per client; stragglers slowed relative to the fastest client."""
+    """One trainer per client; stragglers slowed relative to the fastest client.
+
+    With ``[partial_work]`` each trainer also does only part of some tasks
+    (``fedlink.sim.partial_work``); the slow-down applies to the work it does.
+    """
     speeds = [1.0 if link is None else link.speed for link in links]
     fastest = min(speeds)
+    partial = experiment.config.partial_work
     trainers: list[Trainer] = []
     for index, speed in enumerate(speeds):
-        trainer: Trainer = experiment.trainer(index)
+        trainer = partial.trainer(experiment.trainer(index), index, experiment.config.run.seed)
         if speed > fastest:
             trainer = SlowedTrainer(trainer, speed / fastest)
         trainers.append(trainer)
@@ -118,7 +123,7 @@ async def _simulate(experiment: Experiment, events: EventLog,
                          pool, inline=not threaded)
                 for i, (trainer, proxy) in enumerate(zip(trainers, proxies, strict=True))]
             stats = await _run_sessions(sessions, server, events, config.coordinator.rounds,
-                                        progress)
+                                        progress, config.run.target_accuracy)
     return tuple(ClientOutcome(i, link, proxy.counters if proxy else None, s)
                  for i, (link, proxy, s) in enumerate(zip(links, proxies, stats, strict=True)))
 
@@ -131,9 +136,10 @@ async def _open_link(stack: contextlib.AsyncExitStack, link: ClientLink | None,
 
 
 async def _run_sessions(sessions: list[ClientSession], server: CoordinatorServer,
-                        events: EventLog, rounds: int, progress: bool) -> list[SessionStats]:
+                        events: EventLog, rounds: int, progress: bool,
+                        target_accuracy: float = 0.0) -> list[SessionStats]:
     with RunProgress(rounds, enabled=progress) as bar:
-        watcher = asyncio.create_task(_watch(events, bar))
+        watcher = asyncio.create_task(_watch(events, bar, server, target_accuracy))
         try:
             stats = await asyncio.gather(*(s.run() for s in sessions))
             await server.wait_finished()
@@ -153,9 +159,15 @@ def _session(config: ExperimentConfig, index: int, trainer: Trainer, target: str
                          inline_training=inline)
 
 
-async def _watch(events: EventLog, bar: RunProgress) -> None:
+async def _watch(events: EventLog, bar: RunProgress, server: CoordinatorServer,
+                 target_accuracy: float) -> None:
+    """Show progress; with a target accuracy, end the run once a flush reaches it."""
     while True:
         _show(events, bar)
+        engine = server.service.engine
+        if target_accuracy > 0 and not engine.finished and any(
+                (e.get("accuracy") or 0.0) >= target_accuracy for e in events.of_kind("flush")):
+            engine.finish(f"reached the target accuracy {target_accuracy}")
         await asyncio.sleep(PROGRESS_POLL_S)
 
 

@@ -15,7 +15,7 @@ import torch
 
 from fedlink.client import Trainer
 from fedlink.client.torch_trainer import TorchTrainer
-from fedlink.data import FederatedData, load_federated
+from fedlink.data import Dataset, FederatedData, load_federated
 from fedlink.metrics import EVENTS_FILENAME
 from fedlink.models import Evaluator, build_model
 from fedlink.params import to_vector
@@ -52,13 +52,25 @@ class Experiment:
         return to_vector(self.new_model())
 
     def evaluator(self) -> Evaluator:
-        """Scores a global model vector on the central test set."""
-        return Evaluator(self.new_model(), self.data.test)
+        """Scores a global model vector on the central test set.
+
+        With ``[run] evaluate_train`` also on every client's training data, pooled.
+        """
+        train = pooled_train(self.data) if self.config.run.evaluate_train else None
+        return Evaluator(self.new_model(), self.data.test, train=train)
 
     def trainer(self, index: int) -> Trainer:
         """The trainer of client ``index`` (``[client] trainer``), over its local data."""
         return TRAINERS[self.config.client.trainer](
             self.new_model(), self.data.clients[index], seed=self.config.run.seed * 7919 + index)
+
+
+def pooled_train(data: FederatedData) -> Dataset:
+    """Every client's training examples in one dataset (the federation's training set)."""
+    return Dataset(x=np.concatenate([c.x for c in data.clients]),
+                   y=np.concatenate([c.y for c in data.clients]),
+                   num_classes=data.num_classes, num_features=data.num_features,
+                   name=f"{data.name}-train")
 
 
 def prepare_run_dir(config: ExperimentConfig, output_dir: Path | None) -> Path:

@@ -81,3 +81,27 @@ def test_dp_sgd_example_trains_and_reports_client_epsilon(tmp_path: Path) -> Non
     assert len(reported) == 40 and max(reported) == pytest.approx(privacy["epsilon"])
     assert len(_flush_epsilons(result.run_dir)) == 4
     assert summary["final_accuracy"] >= 0.3, summary["final_accuracy"]
+
+
+@pytest.mark.timeout(180)
+def test_adaptive_clip_norm_reaches_clients_and_tracks_the_quantile(tmp_path: Path) -> None:
+    """Andrew et al.: S moves toward the target quantile of update norms, and clients clip
+    to the S their task carries (they report it back as ``dp_clip_norm``)."""
+    table = load_toml(EXAMPLES / "digits_dp_user.toml")
+    table["run"]["name"] = "adaptive"
+    table["data"]["clients"] = 20
+    table["coordinator"]["rounds"] = 6
+    table["coordinator"]["flush"].update(goal=10, min_updates=10)
+    hook = table["coordinator"]["hooks"][0]
+    hook.update(clip_norm=50.0, target_quantile=0.5, clip_learning_rate=0.5,
+                max_epsilon=1000.0)
+    config = ExperimentConfig.from_dict(table)
+
+    result = run_simulation(config, tmp_path, progress=False)
+
+    events = read_events(result.run_dir / "events.jsonl")
+    norms = [e["privacy"]["clip_norm"] for e in events if e["kind"] == "flush"]
+    assert norms[-1] < norms[0] < 50.0  # S = 50 clips nothing: it must shrink
+    reported = [e["client_metrics"]["dp_clip_norm"] for e in events
+                if e["kind"] == "update_accepted" and e["base_version"] == 5]
+    assert reported and all(abs(r - norms[4]) < 1e-9 for r in reported)

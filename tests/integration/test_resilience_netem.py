@@ -406,7 +406,10 @@ def test_20_clients_on_flaky_with_resets_match_lan_accuracy(tmp_path: Path) -> N
     for result in (flaky, lan):
         assert result.summary["rounds"] == 20
     profiles = flaky.summary["network"]["profiles"]
+    # the links did black out and reset, and clients retried through it
     assert sum(row["blackouts"] for row in profiles.values()) > 0
+    assert sum(row["resets"] for row in profiles.values()) > 0
+    assert flaky.summary["client_retries"] > 0
     accuracy = {name: r.summary["final_accuracy"] for name, r in
                 (("flaky", flaky), ("lan", lan))}
     assert abs(accuracy["flaky"] - accuracy["lan"]) <= 0.02, accuracy

@@ -153,7 +153,7 @@ def test_upload_stream_is_generated_lazily() -> None:
             made.append(chunk.offset)
             yield chunk
 
-    t._chunks = counting  # type: ignore[method-assign]
+    t._chunks = counting  # type: ignore[method-assign,assignment]
     asyncio.run(t.upload("c1", "u", data, resume=False))
     # first attempt: 1 chunk taken, the 2nd made when the link broke; no pre-built list
     assert made[:3] == [0, 16 * KiB, 16 * KiB]

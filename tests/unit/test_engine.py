@@ -499,3 +499,18 @@ def test_bad_aggregator_options_are_config_errors() -> None:
         CoordinatorConfig(aggregator="trimmed_mean", aggregator_options={"trim": 0.6})
     with pytest.raises(ConfigError, match="norm_bound"):
         CoordinatorConfig(norm_bound=-1.0)
+
+
+@pytest.mark.parametrize(("name", "continuous", "deadline"), [
+    ("digits_fedbuff.toml", True, None), ("digits_elastic.toml", False, 5.0)])
+def test_example_configs_use_the_presets(name: str, continuous: bool,
+                                         deadline: float | None) -> None:
+    from pathlib import Path
+
+    from fedlink.sim import ExperimentConfig
+
+    config = ExperimentConfig.from_toml(Path(__file__).parents[2] / "examples" / name)
+    rule = config.coordinator.flush
+    assert (rule.continuous, rule.deadline_s) == (continuous, deadline)
+    assert rule.max_staleness > 0 and config.coordinator.staleness_weight == "polynomial"
+    assert config.network is not None  # a straggler fleet

@@ -61,7 +61,7 @@ run_config = st.builds(
 )
 task = st.builds(m.Task, task_id=text, model_version=int64, local_steps=int32,
                  local_epochs=int32, deadline_s=double, model=header,
-                 delta=st.none() | header, delta_base_version=int64)
+                 delta=st.none() | header, delta_base_version=int64, options=small_text_map)
 wait = st.builds(m.Wait, retry_after_s=double, reason=text)
 finished = st.builds(m.Finished, reason=text)
 

@@ -98,7 +98,14 @@ class GetTaskRequest(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., held_version: _Optional[int] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "model_version", "local_steps", "local_epochs", "deadline_s", "model", "delta", "delta_base_version")
+    __slots__ = ("task_id", "model_version", "local_steps", "local_epochs", "deadline_s", "model", "delta", "delta_base_version", "options")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -107,6 +114,7 @@ class Task(_message.Message):
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
     DELTA_BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     model_version: int
     local_steps: int
@@ -115,7 +123,8 @@ class Task(_message.Message):
     model: TensorHeader
     delta: TensorHeader
     delta_base_version: int
-    def __init__(self, task_id: _Optional[str] = ..., model_version: _Optional[int] = ..., local_steps: _Optional[int] = ..., local_epochs: _Optional[int] = ..., deadline_s: _Optional[float] = ..., model: _Optional[_Union[TensorHeader, _Mapping]] = ..., delta: _Optional[_Union[TensorHeader, _Mapping]] = ..., delta_base_version: _Optional[int] = ...) -> None: ...
+    options: _containers.ScalarMap[str, str]
+    def __init__(self, task_id: _Optional[str] = ..., model_version: _Optional[int] = ..., local_steps: _Optional[int] = ..., local_epochs: _Optional[int] = ..., deadline_s: _Optional[float] = ..., model: _Optional[_Union[TensorHeader, _Mapping]] = ..., delta: _Optional[_Union[TensorHeader, _Mapping]] = ..., delta_base_version: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Wait(_message.Message):
     __slots__ = ("retry_after_s", "reason")
