@@ -13,10 +13,13 @@ Status codes used by the coordinator:
 ``INVALID_ARGUMENT``    malformed request: wrong vector length, shape or dtype, NaN/Inf,
                         unknown encoding, offset gaps, bad field values
 ``UNAUTHENTICATED``     unknown client id or bad join token (the SDK re-joins once)
+``PERMISSION_DENIED``   known caller acting on another client's upload or task
 ``NOT_FOUND``           unknown task or upload id
 ``FAILED_PRECONDITION`` valid but refused: too stale, task closed, upload incomplete
 ``DATA_LOSS``           checksum mismatch between the header and the received bytes
-``RESOURCE_EXHAUSTED``  payload larger than allowed
+``RESOURCE_EXHAUSTED``  payload or chunk larger than allowed; overload (request rate, concurrent
+                        uploads, connected clients), then with a ``retry-after-ms`` trailing
+                        metadata hint that the SDK waits out before retrying
 ``UNAVAILABLE``         transient: retry
 ======================  ==================================================================
 """
@@ -41,6 +44,8 @@ class RemoteError(FedlinkError):
 
     code: str = "UNKNOWN"
     retryable: bool = False
+    retry_after_s: float | None = None
+    """The coordinator's hint: wait at least this long before retrying (overload only)."""
 
     def __init__(self, detail: str) -> None:
         super().__init__(detail)
@@ -91,9 +96,19 @@ class DataLoss(RemoteError):
 
 
 class ResourceExhausted(RemoteError):
-    """A size or rate limit was exceeded."""
+    """A size or rate limit was exceeded.
+
+    With ``retry_after_s`` (overload: rate, concurrency or client limits) the refusal is
+    transient and retryable after at least that many seconds; without it (a payload too
+    large) retrying the same request cannot succeed.
+    """
 
     code = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, detail: str, retry_after_s: float | None = None) -> None:
+        super().__init__(detail)
+        self.retry_after_s = retry_after_s
+        self.retryable = retry_after_s is not None
 
 
 class Unavailable(RemoteError):
@@ -141,11 +156,16 @@ REMOTE_ERRORS: dict[str, type[RemoteError]] = {
 }
 
 
-def remote_error(code: str, detail: str) -> RemoteError:
-    """The ``RemoteError`` for a status code name (``RemoteError`` itself when unknown)."""
+def remote_error(code: str, detail: str, retry_after_s: float | None = None) -> RemoteError:
+    """The ``RemoteError`` for a status code name (``RemoteError`` itself when unknown).
+
+    ``retry_after_s`` (the coordinator's overload hint) is kept on ``RESOURCE_EXHAUSTED``.
+    """
     cls = REMOTE_ERRORS.get(code)
     if cls is None:
         err = RemoteError(detail)
         err.code = code
         return err
+    if cls is ResourceExhausted:
+        return ResourceExhausted(detail, retry_after_s=retry_after_s)
     return cls(detail)

@@ -1,4 +1,4 @@
-"""The ``fedlink`` command: ``simulate``, ``serve``, ``client`` and ``--version``."""
+"""The ``fedlink`` command: ``simulate``, ``serve``, ``client``, ``netem``, ``token``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 from fedlink._version import __version__
 from fedlink.cli.netem import add_netem_parser
+from fedlink.cli.token import add_token_parser
 from fedlink.errors import FedlinkError
 
 Command = Callable[[argparse.Namespace], int]
@@ -41,7 +42,14 @@ def _add_client(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--index", type=int, default=0,
                    help="which partition of the configured data this client holds")
     p.add_argument("--name", default="", help="client name shown in the coordinator's log")
-    p.add_argument("--token", default="", help="join token, if the coordinator needs one")
+    p.add_argument("--token", default="",
+                   help="the coordinator's join token, or this client's own token "
+                        "(fedlink token issue), if the coordinator needs one")
+    p.add_argument("--tls-ca", default="", metavar="PEM",
+                   help="connect over TLS, trusting this CA for the coordinator's certificate")
+    p.add_argument("--tls-cert", default="", metavar="PEM",
+                   help="client certificate for mutual TLS (with --tls-key)")
+    p.add_argument("--tls-key", default="", metavar="PEM", help="its private key")
     p.add_argument("--outbox", type=Path, default=None, metavar="DIR",
                    help="keep pending updates in DIR, delivered after a restart")
     p.set_defaults(func=_client)
@@ -67,9 +75,12 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _client(args: argparse.Namespace) -> int:
     from fedlink.cli.client import run_one_client
+    from fedlink.client import TLSOptions
 
+    tls = TLSOptions(args.tls_ca, args.tls_cert, args.tls_key) \
+        if args.tls_ca or args.tls_cert or args.tls_key else None
     return run_one_client(args.server, args.config, args.index, args.name, args.token,
-                          args.outbox)
+                          args.outbox, tls)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="more log output (-vv for debug)")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_simulate, _add_serve, _add_client, add_netem_parser):
+    for add in (_add_simulate, _add_serve, _add_client, add_netem_parser, add_token_parser):
         add(sub)
     return parser
 

@@ -6,18 +6,19 @@ from pathlib import Path
 
 import torch
 
-from fedlink.client import ClientOptions, run_client
+from fedlink.client import ClientOptions, TLSOptions, run_client
 from fedlink.errors import ConfigError
 from fedlink.sim.config import ExperimentConfig
 from fedlink.sim.setup import Experiment
 
 
 def run_one_client(server: str, config_path: Path, index: int, name: str, token: str,
-                   outbox: Path | None = None) -> int:
+                   outbox: Path | None = None, tls: TLSOptions | None = None) -> int:
     """Join ``server`` and train until the run ends; prints what this client did.
 
     With ``outbox``, pending updates are kept in that directory, and a client restarted with
-    the same name and directory delivers what its previous process left there.
+    the same name and directory delivers what its previous process left there. With ``tls``,
+    the connection is TLS (mutual when it names a client certificate).
     """
     config = ExperimentConfig.from_toml(config_path)
     if not 0 <= index < config.data.clients:
@@ -25,7 +26,8 @@ def run_one_client(server: str, config_path: Path, index: int, name: str, token:
     torch.set_num_threads(config.run.torch_threads)
     experiment = Experiment.build(config)
     options = ClientOptions(name=name or f"client-{index}", token=token,
-                            seed=config.run.seed * 1_000_003 + index, outbox_dir=outbox)
+                            seed=config.run.seed * 1_000_003 + index, outbox_dir=outbox,
+                            tls=tls)
     pipeline = config.client.pipeline()
     stats = run_client(server, experiment.trainer(index), options, pipeline)
     print(f"tasks {stats.tasks}, accepted {stats.accepted}, refused {stats.refused}, "

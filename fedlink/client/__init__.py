@@ -11,7 +11,7 @@ from fedlink.client.retry import RetryPolicy
 from fedlink.client.session import ClientOptions, ClientSession, run_client
 from fedlink.client.stats import SessionStats
 from fedlink.client.transfer import ChunkSizer
-from fedlink.client.transport import Timeouts, Transport
+from fedlink.client.transport import Timeouts, TLSOptions, Transport
 
 __all__ = [
     "ChunkSizer",
@@ -23,6 +23,7 @@ __all__ = [
     "PendingUpdate",
     "RetryPolicy",
     "SessionStats",
+    "TLSOptions",
     "Timeouts",
     "TrainPlan",
     "TrainResult",

@@ -1,6 +1,8 @@
 """Retry policy for calls to the coordinator: tenacity, exponential backoff with full jitter.
 
-Only errors marked retryable (``UNAVAILABLE``, ``DEADLINE_EXCEEDED``, ``CANCELLED``) are retried;
+Only errors marked retryable (``UNAVAILABLE``, ``DEADLINE_EXCEEDED``, ``CANCELLED``, and
+``RESOURCE_EXHAUSTED`` carrying the coordinator's retry-after hint) are retried, the last never
+sooner than the hint says;
 ``INVALID_ARGUMENT``, ``PERMISSION_DENIED`` and the like are the caller's to handle. Tests swap
 the ``sleep`` function instead of sleeping. ``Caller`` runs calls under a policy and counts what
 the retrying cost into a session's ``SessionStats``.
@@ -37,8 +39,25 @@ Clock = Callable[[], float]
 
 
 def is_retryable(exc: BaseException) -> bool:
-    """Whether a failed call may succeed if tried again."""
+    """Whether a failed call may succeed if tried again.
+
+    ``RESOURCE_EXHAUSTED`` is retryable only with the coordinator's retry-after hint
+    (overload); a payload that is too large stays too large.
+    """
     return isinstance(exc, RemoteError) and exc.retryable
+
+
+def _honouring_hint(backoff: Callable[[RetryCallState], float]) -> Callable[[RetryCallState],
+                                                                             float]:
+    """``backoff``, but never shorter than the retry-after hint of the error just raised."""
+
+    def wait(state: RetryCallState) -> float:
+        delay = backoff(state)
+        exc = state.outcome.exception() if state.outcome else None
+        hint = exc.retry_after_s if isinstance(exc, RemoteError) else None
+        return max(delay, hint) if hint is not None else delay
+
+    return wait
 
 
 @dataclass(frozen=True)
@@ -90,8 +109,8 @@ class RetryPolicy:
 
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.max_attempts) | stop_after_delay(self.budget_s),
-            wait=wait_random_exponential(multiplier=self.initial_backoff_s,
-                                         max=self.max_backoff_s),
+            wait=_honouring_hint(wait_random_exponential(multiplier=self.initial_backoff_s,
+                                                         max=self.max_backoff_s)),
             retry=retry_if_exception(is_retryable),
             sleep=sleep,
             before_sleep=before_sleep,

@@ -33,7 +33,7 @@ from fedlink.client.pipeline import UpdatePipeline
 from fedlink.client.retry import Caller, Clock, RetryPolicy, Sleep
 from fedlink.client.stats import SessionStats
 from fedlink.client.transfer import HeldModel, Transfers
-from fedlink.client.transport import Timeouts, Transport
+from fedlink.client.transport import Timeouts, TLSOptions, Transport
 from fedlink.errors import (
     DataLoss,
     NotFound,
@@ -69,6 +69,10 @@ class ClientOptions:
 
     ``outbox_dir``: where pending updates are kept across restarts (one client per directory);
     ``None`` keeps them in memory only.
+
+    ``token``: the coordinator's shared join token, or this client's own token from
+    ``fedlink token issue`` (sent at ``Join`` and as ``authorization`` metadata on every call).
+    ``tls``: connect over TLS with these CA / client certificate files (``None``: plaintext).
     """
 
     name: str = ""
@@ -78,6 +82,7 @@ class ClientOptions:
     seed: int = 0
     max_tasks: int | None = None
     outbox_dir: Path | None = None
+    tls: TLSOptions | None = None
 
 
 class ClientSession:
@@ -119,7 +124,8 @@ class ClientSession:
 
     async def run(self) -> SessionStats:
         """Take part until the coordinator says the run is over (or ``max_tasks`` are done)."""
-        async with Transport(self.target, self.options.timeouts) as transport:
+        async with Transport(self.target, self.options.timeouts, self.options.tls,
+                             self.options.token) as transport:
             self._transport = transport
             try:
                 config = await self._join()

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
 
-from fedlink.errors import RemoteError, remote_error
+from fedlink.errors import ConfigError, RemoteError, remote_error
 from fedlink.messages import (
     CommitReply,
     CommitRequest,
@@ -50,21 +51,81 @@ CORE_FAILURE = "Internal error from Core"
 flight: a network failure, retried like ``UNAVAILABLE``, not a coordinator error."""
 
 
+RETRY_AFTER_KEY = "retry-after-ms"
+"""Trailing metadata the coordinator sets on an overload refusal (milliseconds to wait)."""
+
+
+def retry_after_hint(exc: grpc.aio.AioRpcError) -> float | None:
+    """The coordinator's ``retry-after-ms`` hint in seconds, if the call carried a valid one."""
+    for key, value in exc.trailing_metadata() or ():
+        if key == RETRY_AFTER_KEY:
+            try:
+                ms = float(value)
+            except (TypeError, ValueError):
+                return None
+            return ms / 1000.0 if 0 <= ms < float("inf") else None
+    return None
+
+
 def translate(exc: grpc.aio.AioRpcError) -> RemoteError:
-    """The fedlink error for a failed gRPC call."""
+    """The fedlink error for a failed gRPC call (with the retry-after hint, if any)."""
     code, detail = exc.code().name, exc.details() or exc.code().name
     if code == "INTERNAL" and detail == CORE_FAILURE:
         code = "UNAVAILABLE"
-    return remote_error(code, detail)
+    return remote_error(code, detail, retry_after_hint(exc))
+
+
+@dataclass(frozen=True)
+class TLSOptions:
+    """TLS to the coordinator: PEM file paths.
+
+    ``ca_file``: the CA that signed the coordinator's certificate (empty: the system's trusted
+    roots). ``cert_file`` + ``key_file``: this client's certificate and key, for a coordinator
+    that requires mutual TLS (both or neither).
+    """
+
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+
+    def __post_init__(self) -> None:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ConfigError("tls: cert_file and key_file go together: set both or neither")
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        """gRPC channel credentials from the files (``ConfigError`` if one is unreadable)."""
+        return grpc.ssl_channel_credentials(
+            root_certificates=_read(self.ca_file, "ca_file"),
+            private_key=_read(self.key_file, "key_file"),
+            certificate_chain=_read(self.cert_file, "cert_file"))
+
+
+def _read(path: str, what: str) -> bytes | None:
+    if not path:
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"tls.{what} {path}: {exc.strerror}") from None
 
 
 class Transport:
-    """An open channel to one coordinator. Use ``async with Transport(target) as t``."""
+    """An open channel to one coordinator. Use ``async with Transport(target) as t``.
 
-    def __init__(self, target: str, timeouts: Timeouts | None = None) -> None:
+    ``tls``: connect over TLS (else plaintext). ``token``: sent as ``authorization: Bearer``
+    metadata on every call, for a coordinator with per-client tokens.
+    """
+
+    def __init__(self, target: str, timeouts: Timeouts | None = None,
+                 tls: TLSOptions | None = None, token: str = "") -> None:
         self.target = target
         self.timeouts = timeouts or Timeouts()
-        self._channel = grpc.aio.insecure_channel(target, options=client_channel_options())
+        options = client_channel_options()
+        if tls is None:
+            self._channel = grpc.aio.insecure_channel(target, options=options)
+        else:
+            self._channel = grpc.aio.secure_channel(target, tls.credentials(), options=options)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._stub = pb_grpc.CoordinatorStub(self._channel)
 
     async def close(self) -> None:
@@ -79,7 +140,7 @@ class Transport:
 
     async def _unary(self, method: Any, request: Any, timeout: float) -> Any:
         try:
-            return await method(to_proto(request), timeout=timeout)
+            return await method(to_proto(request), timeout=timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise translate(exc) from None
 
@@ -120,7 +181,8 @@ class Transport:
 
     async def download(self, request: DownloadRequest) -> AsyncIterator[DataChunk]:
         """Stream ``Download``; chunks arrive as they come (an error may cut the stream)."""
-        call = self._stub.Download(to_proto(request), timeout=self.timeouts.transfer_s)
+        call = self._stub.Download(to_proto(request), timeout=self.timeouts.transfer_s,
+                                   metadata=self._metadata)
         try:
             async for message in call:
                 yield from_proto(message)
@@ -137,7 +199,8 @@ class Transport:
                 yield to_proto(chunk)
 
         try:
-            reply = await self._stub.Upload(messages(), timeout=self.timeouts.transfer_s)
+            reply = await self._stub.Upload(messages(), timeout=self.timeouts.transfer_s,
+                                           metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise translate(exc) from None
         result: UploadReply = from_proto(reply)

@@ -204,6 +204,13 @@ class LimitsConfig:
     ``delta_history``: how many recent model versions the coordinator keeps as raw vectors so
     that a client holding one of them downloads an exact ``xor-zlib`` delta instead of the
     whole model. Costs ``delta_history x model size`` of memory; ``0`` disables deltas.
+
+    Overload limits (``fedlink.coordinator.limits``; 0 disables each): ``max_clients``
+    registered at once (``Join`` beyond is refused), ``max_uploads_per_client`` concurrent
+    ``Upload`` streams, and a per-client token bucket of ``requests_per_s`` refill and
+    ``request_burst`` capacity. A refusal is ``RESOURCE_EXHAUSTED`` with a retry-after hint.
+    Input limits: ``max_metadata_entries`` (join metadata and commit metrics entries) and
+    ``max_string_bytes`` (any id, name, key or value in a request).
     """
 
     chunk_bytes: int = 1 << 20
@@ -214,6 +221,12 @@ class LimitsConfig:
     retry_after_s: float = 1.0
     liveness_timeout_s: float | None = None
     delta_history: int = 4
+    max_clients: int = 10_000
+    max_uploads_per_client: int = 2
+    requests_per_s: float = 50.0
+    request_burst: int = 100
+    max_metadata_entries: int = 64
+    max_string_bytes: int = 1024
 
     def __post_init__(self) -> None:
         _check_types(self, "limits")
@@ -232,6 +245,15 @@ class LimitsConfig:
                 f"disable the check, got {self.liveness_timeout_s}")
         require(self.delta_history >= 0, "limits.delta_history",
                 f"must be >= 0, got {self.delta_history}")
+        for name in ("max_clients", "max_uploads_per_client", "requests_per_s"):
+            require(getattr(self, name) >= 0, f"limits.{name}",
+                    f"must be >= 0 (0 = no limit), got {getattr(self, name)}")
+        require(self.requests_per_s == 0 or self.request_burst >= 1, "limits.request_burst",
+                f"must be >= 1 when requests_per_s is set, got {self.request_burst}")
+        require(self.max_metadata_entries >= 0, "limits.max_metadata_entries",
+                f"must be >= 0, got {self.max_metadata_entries}")
+        require(self.max_string_bytes >= 64, "limits.max_string_bytes",
+                f"must be >= 64, got {self.max_string_bytes}")
 
     @property
     def liveness_timeout(self) -> float | None:
@@ -239,6 +261,55 @@ class LimitsConfig:
         if self.liveness_timeout_s is None:
             return 3 * self.heartbeat_interval_s + self.long_poll_s
         return self.liveness_timeout_s or None
+
+
+@dataclass(frozen=True)
+class TLSConfig:
+    """TLS on the coordinator's port (``[coordinator.tls]``); all empty: plaintext.
+
+    ``cert_file`` / ``key_file``: the server's PEM certificate chain and private key (both or
+    neither). ``client_ca_file``: with it, mutual TLS: every client must present a certificate
+    signed by this CA. Paths are relative to the working directory.
+    """
+
+    cert_file: str = ""
+    key_file: str = ""
+    client_ca_file: str = ""
+
+    def __post_init__(self) -> None:
+        _check_types(self, "tls")
+        require(bool(self.cert_file) == bool(self.key_file), "tls.key_file",
+                "cert_file and key_file go together: set both or neither")
+        require(not self.client_ca_file or bool(self.cert_file), "tls.client_ca_file",
+                "mutual TLS needs the server's cert_file and key_file too")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the coordinator serves TLS."""
+        return bool(self.cert_file)
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """Per-client tokens (``[coordinator.auth]``, ``fedlink.coordinator.auth``).
+
+    The HMAC secret that signs tokens comes from ``secret_file`` or the environment variable
+    named by ``secret_env`` (one of them; both empty: no per-client tokens). The secret itself
+    never sits in the config, so it never reaches the event log.
+    """
+
+    secret_file: str = ""
+    secret_env: str = ""
+
+    def __post_init__(self) -> None:
+        _check_types(self, "auth")
+        require(not (self.secret_file and self.secret_env), "auth.secret_env",
+                "set secret_file or secret_env, not both")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether every call must carry a valid per-client token."""
+        return bool(self.secret_file or self.secret_env)
 
 
 @dataclass(frozen=True)
@@ -251,6 +322,10 @@ class CoordinatorConfig:
     restarted coordinator reopens those spools, so ``UploadStatus`` still reports them. The
     rest of the state (client registry, remembered commit answers, the round in progress,
     model checkpoints) is still held in memory: making it durable is issue 8.
+
+    ``tls`` (``TLSConfig``) and ``auth`` (``AuthConfig``): transport security and per-client
+    tokens; ``join_token`` is the older shared secret checked at ``Join`` only (exclusive with
+    ``auth``).
 
     ``hooks``: server-side stages around aggregation (``fedlink.aggregate.FlushHook``), one
     ``[[coordinator.hooks]]`` table each: ``name`` of a registered hook plus its options.
@@ -283,6 +358,8 @@ class CoordinatorConfig:
     norm_bound: float = 0.0
     drop_partial: bool = False
     join_token: str = ""
+    tls: TLSConfig = field(default_factory=TLSConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
     seed: int = 0
     state_dir: str = ""
     hooks: tuple[Mapping[str, Any], ...] = ()
@@ -292,6 +369,9 @@ class CoordinatorConfig:
         self._check_hooks()
         require(self.rounds >= 1, "rounds", f"must be >= 1, got {self.rounds}")
         require(bool(self.run_name), "run_name", "must not be empty")
+        require(not (self.join_token and self.auth.enabled), "join_token",
+                "per-client tokens ([coordinator.auth]) replace the shared join_token: "
+                "set one or the other")
         for name, registry, options in (
             ("server_optimizer", SERVER_OPTIMIZERS, self.server_optimizer_options),
             ("staleness_weight", STALENESS_WEIGHTS, self.staleness_weight_options),
@@ -318,7 +398,8 @@ class CoordinatorConfig:
     @classmethod
     def from_dict(cls, table: Mapping[str, Any]) -> CoordinatorConfig:
         """Build from a ``[coordinator]``-style table with ``flush``/``training``/``limits``."""
-        nested = {"training": TrainingConfig, "limits": LimitsConfig}
+        nested = {"training": TrainingConfig, "limits": LimitsConfig, "tls": TLSConfig,
+                  "auth": AuthConfig}
         values = dict(table)
         for key, sub in nested.items():
             if key in values:

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from fedlink.coordinator.auth import check_caller
 from fedlink.errors import InvalidArgument, Unauthenticated
 
 MAX_NAME_LENGTH = 128
@@ -63,6 +64,7 @@ class ClientRegistry:
         record = self._clients.get(client_id)
         if record is None:
             raise Unauthenticated(f"unknown client id {client_id!r}: call Join first")
+        check_caller(record.name)  # per-client tokens: only its own id (PERMISSION_DENIED)
         record.last_seen = self._clock()
         return record
 

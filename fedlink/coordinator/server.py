@@ -7,17 +7,21 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from fedlink.coordinator.auth import acting_as, authenticate, load_secret
 from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.service import CoordinatorService, Evaluator
 from fedlink.coordinator.servicer import CoordinatorServicer
+from fedlink.coordinator.tls import load_server_material
+from fedlink.errors import Unauthenticated
 from fedlink.metrics import EventLog
 from fedlink.proto.v1 import coordinator_pb2 as pb
 from fedlink.proto.v1 import coordinator_pb2_grpc as pb_grpc
@@ -52,12 +56,24 @@ class CoordinatorServer:
 
     async def start(self) -> int:
         """Bind, start serving and return the bound port."""
-        server = grpc.aio.server(options=server_options())
+        interceptors: list[grpc.aio.ServerInterceptor] = []
+        if self.config.auth.enabled:  # the secret is read here, never logged
+            auth = self.config.auth
+            interceptors.append(AuthInterceptor(load_secret(auth.secret_file, auth.secret_env)))
+        server = grpc.aio.server(options=server_options(), interceptors=interceptors)
         pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(self.service), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-        self.port = server.add_insecure_port(self.address)
+        if self.config.tls.enabled:
+            material = load_server_material(self.config.tls)
+            credentials = grpc.ssl_server_credentials(
+                [(material.private_key, material.certificate_chain)],
+                root_certificates=material.client_ca,
+                require_client_auth=material.client_ca is not None)
+            self.port = server.add_secure_port(self.address, credentials)
+        else:
+            self.port = server.add_insecure_port(self.address)
         if self.port == 0:
             raise OSError(f"could not bind the coordinator to {self.address}")
         await server.start()
@@ -115,6 +131,67 @@ class CoordinatorServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    """Checks the bearer token of every ``fedlink.v1.Coordinator`` call.
+
+    A call without a valid token is answered ``UNAUTHENTICATED`` before the servicer sees it;
+    a valid one runs ``acting_as`` the token's client name (``fedlink.coordinator.auth``).
+    Health checks and reflection pass unchecked, so that probes need no token.
+    """
+
+    def __init__(self, secret: bytes, clock: Callable[[], float] = time.time) -> None:
+        self._secret = secret
+        self._clock = clock
+
+    async def intercept_service(
+            self, continuation: Callable[[grpc.HandlerCallDetails],
+                                         Awaitable[grpc.RpcMethodHandler]],
+            handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        """Wrap the Coordinator's handlers with the token check."""
+        handler = await continuation(handler_call_details)
+        details: Any = handler_call_details
+        if handler is None or not str(details.method).startswith(f"/{SERVICE_NAME}/"):
+            return handler
+        try:
+            name = authenticate(self._secret, details.invocation_metadata, self._clock())
+        except Unauthenticated as exc:
+            return _wrap_handler(handler, "", exc.detail)
+        return _wrap_handler(handler, name, "")
+
+
+def _wrap_handler(handler: grpc.RpcMethodHandler, name: str,
+                  denial: str) -> grpc.RpcMethodHandler:
+    """``handler`` with its behaviour run as client ``name``, or refused with ``denial``."""
+
+    def unary(behavior: Callable[..., Any]) -> Callable[..., Any]:
+        async def run(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if denial:
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, denial)
+            with acting_as(name):
+                return await behavior(request, context)
+        return run
+
+    def streaming(behavior: Callable[..., Any]) -> Callable[..., Any]:
+        async def run(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            if denial:
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, denial)
+            with acting_as(name):
+                async for message in behavior(request, context):
+                    yield message
+        return run
+
+    h: Any = handler
+    common = {"request_deserializer": h.request_deserializer,
+              "response_serializer": h.response_serializer}
+    if h.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(unary(h.unary_unary), **common)
+    if h.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(unary(h.stream_unary), **common)
+    if h.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(streaming(h.unary_stream), **common)
+    return grpc.stream_stream_rpc_method_handler(streaming(h.stream_stream), **common)
 
 
 async def serve_until_done(server: CoordinatorServer,

@@ -14,6 +14,7 @@ no ``await`` in between, so concurrent duplicate commits cannot both reach the e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -22,8 +23,10 @@ from typing import Any
 import numpy as np
 
 from fedlink.compress import CODECS
+from fedlink.coordinator.auth import caller_name
 from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.engine import FlushOutcome, ReceivedUpdate, RoundEngine, TaskRecord
+from fedlink.coordinator.limits import Limiter
 from fedlink.coordinator.registry import ClientRegistry
 from fedlink.coordinator.uploads import UploadSession, UploadStore
 from fedlink.errors import (
@@ -73,6 +76,8 @@ class CoordinatorService:
         self.registry = ClientRegistry(clock=clock)
         self.uploads = UploadStore(config.limits.max_update_bytes,
                                    config.limits.max_chunk_bytes, config.state_dir)
+        # Real time, not ``clock``: a test's frozen clock must not starve the token buckets.
+        self.limiter = Limiter(config.limits)
         self._evaluator = evaluator
         self._changed = asyncio.Event()
         self._flushes: asyncio.Queue[tuple[FlushOutcome, int]] = asyncio.Queue()
@@ -85,9 +90,14 @@ class CoordinatorService:
 
     async def join(self, request: JoinRequest) -> JoinReply:
         """Register a client; answer with its id and the run configuration."""
+        self._check_strings(client_name=request.client_name, token=request.token)
+        self._check_mapping("metadata", request.metadata)
         if self.config.join_token and request.token != self.config.join_token:
             raise Unauthenticated("join token is missing or wrong")
-        record = self.registry.join(request.client_name, request.num_examples, request.metadata)
+        self.limiter.check_join(len(self.registry))
+        # With per-client tokens the id is bound to the token's name, whatever the request says.
+        name = caller_name() or request.client_name
+        record = self.registry.join(name, request.num_examples, request.metadata)
         self.events.emit("client_joined", client_id=record.client_id, name=record.name,
                          num_examples=record.num_examples)
         return JoinReply(record.client_id, self.run_config())
@@ -115,7 +125,11 @@ class CoordinatorService:
         Long polling keeps an idle client from hammering the coordinator, and hands out the
         next version's tasks the moment it is published instead of at the next poll.
         """
-        self.registry.touch(request.client_id)
+        self._admit(request.client_id)
+        if not -1 <= request.held_version <= self.engine.version:
+            raise InvalidArgument(f"held_version {request.held_version} is not a version this "
+                                  f"coordinator published (current {self.engine.version}; "
+                                  "-1 = none held)")
         reply = await self._next_task(request.client_id, request.held_version)
         self._check_finished_without_flush()
         if isinstance(reply, Finished):
@@ -147,7 +161,10 @@ class CoordinatorService:
         dead client). ``download_finished`` says whether a delta was sent and the bytes it
         saved against the full model.
         """
-        self.registry.touch(request.client_id)
+        self._admit(request.client_id)
+        self._check_strings(task_id=request.task_id)
+        if request.offset < 0 or request.max_chunk_bytes < 0:
+            raise InvalidArgument("offset and max_chunk_bytes must be >= 0")
         record = self.engine.task(request.client_id, request.task_id)
         if not self.engine.is_open(record):
             raise UpdateRefused(f"task {request.task_id!r} is closed")
@@ -182,16 +199,25 @@ class CoordinatorService:
         network (so ``UploadStatus`` after a reconnect reports it), not once per chunk.
         """
         written: tuple[str, str] | None = None  # (client_id, upload_id) once a chunk landed
-        try:
-            async for chunk in chunks:
-                self.registry.touch(chunk.client_id)
-                if written is not None and chunk.upload_id != written[1]:
-                    raise InvalidArgument("one Upload stream must carry a single upload_id")
-                self.uploads.write(chunk.client_id, chunk.upload_id, chunk.offset, chunk.data)
-                written = (chunk.client_id, chunk.upload_id)
-        finally:
-            if written is not None:
-                await self._make_durable(*written)
+        with contextlib.ExitStack() as slot:
+            try:
+                async for chunk in chunks:
+                    if written is None:  # the stream's first chunk names the caller
+                        self._admit(chunk.client_id)
+                        slot.enter_context(self.limiter.upload_slot(chunk.client_id))
+                    else:
+                        self.registry.touch(chunk.client_id)
+                        if chunk.client_id != written[0] or chunk.upload_id != written[1]:
+                            raise InvalidArgument("one Upload stream must carry a single "
+                                                  "client_id and upload_id")
+                    if chunk.offset < 0:
+                        raise InvalidArgument(f"offset must be >= 0, got {chunk.offset}")
+                    self.uploads.write(chunk.client_id, chunk.upload_id, chunk.offset,
+                                       chunk.data)
+                    written = (chunk.client_id, chunk.upload_id)
+            finally:
+                if written is not None:
+                    await self._make_durable(*written)
         if written is None:
             raise InvalidArgument("Upload stream carried no chunk")
         return UploadReply(written[1], self.uploads.status(*written))
@@ -203,13 +229,15 @@ class CoordinatorService:
 
     async def upload_status(self, request: UploadStatusRequest) -> UploadReply:
         """How many bytes of an upload the coordinator holds."""
-        self.registry.touch(request.client_id)
+        self._admit(request.client_id)
         held = self.uploads.status(request.client_id, request.upload_id)
         return UploadReply(request.upload_id, held)
 
     async def commit(self, request: CommitRequest) -> CommitReply:
         """Turn a complete upload into an accepted update; the same answer on every repeat."""
-        self.registry.touch(request.client_id)
+        self._admit(request.client_id)
+        self._check_strings(upload_id=request.upload_id, task_id=request.task_id)
+        self._check_mapping("metrics", request.metrics)
         await self._make_durable(request.client_id, request.upload_id)
         # From here to ``settle`` nothing awaits: a duplicate commit running concurrently
         # either finds the remembered answer or has not started yet.
@@ -231,7 +259,8 @@ class CoordinatorService:
 
     async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatReply:
         """Note that the client is alive; say whether its task is still open."""
-        self.registry.touch(request.client_id)
+        self._admit(request.client_id)
+        self._check_strings(task_id=request.task_id)
         task_open = False
         if request.task_id:
             try:
@@ -243,7 +272,9 @@ class CoordinatorService:
 
     async def leave(self, request: LeaveRequest) -> LeaveReply:
         """Forget the client; its open task stops holding a place in the cohort."""
+        self._check_strings(reason=request.reason)
         self.registry.remove(request.client_id)
+        self.limiter.forget(request.client_id)
         self.engine.release_client(request.client_id)
         self.events.emit("client_left", client_id=request.client_id, reason=request.reason)
         self._notify()
@@ -251,12 +282,38 @@ class CoordinatorService:
 
     # -- internals ----------------------------------------------------------------------------
 
+    def _admit(self, client_id: str) -> None:
+        """Check the caller is registered (marking it seen), then its request rate."""
+        self.registry.touch(client_id)
+        self.limiter.admit(client_id)
+
+    def _check_strings(self, **fields: str) -> None:
+        """``InvalidArgument`` naming the first field longer than ``max_string_bytes``."""
+        limit = self.config.limits.max_string_bytes
+        for name, value in fields.items():
+            if len(value) > limit:
+                raise InvalidArgument(f"{name} is {len(value)} characters long; the limit is "
+                                      f"{limit}")
+
+    def _check_mapping(self, name: str, mapping: Mapping[str, Any]) -> None:
+        """``InvalidArgument`` for a map with too many entries, or too long keys or values."""
+        limit = self.config.limits.max_metadata_entries
+        if len(mapping) > limit:
+            raise InvalidArgument(f"{name} has {len(mapping)} entries; the limit is {limit}")
+        for key, value in mapping.items():
+            self._check_strings(**{f"{name} key": key})
+            if isinstance(value, str):
+                self._check_strings(**{f"{name}[{key[:32]!r}]": value})
+
     def _accept(self, request: CommitRequest, session: UploadSession) -> CommitReply:
         if session.committed_offset < request.update.num_bytes:
             raise UploadIncomplete(f"upload {request.upload_id!r} is incomplete: "
                                 f"{session.committed_offset} of {request.update.num_bytes} "
                                 "bytes received; resume it, then commit")
         _check_counts(request)
+        if request.base_version > self.engine.version:
+            raise InvalidArgument(f"base_version {request.base_version} is from the future: "
+                                  f"the current model version is {self.engine.version}")
         delta = unpack(request.update, bytes(session.data), self.engine.num_parameters)
         acceptance = self.engine.submit(ReceivedUpdate(
             client_id=request.client_id, task_id=request.task_id,
@@ -318,6 +375,8 @@ class CoordinatorService:
             self._reported_version = outcome.version
             if outcome.finished:
                 self._announce_finish()
+            else:  # the run may have been ended after this flush was made
+                self._check_finished_without_flush()
 
     def _announce_finish(self) -> None:
         """Log ``run_finished`` once and wake whoever waits for the end of the run."""
@@ -327,6 +386,16 @@ class CoordinatorService:
                          model_version=self.engine.version)
         self.finished.set()
         self._notify()
+
+    def end_run(self, reason: str) -> None:
+        """End the run now (a target reached, an operator's stop): no more tasks or updates.
+
+        Waiting clients hear ``Finished`` at once; ``run_finished`` is logged after the last
+        flush made so far has been reported.
+        """
+        self.engine.finish(reason)
+        self._notify()
+        self._check_finished_without_flush()
 
     def _check_finished_without_flush(self) -> None:
         """A run can end between flushes (a hook's stop reason); announce it then."""

@@ -167,7 +167,7 @@ async def _watch(events: EventLog, bar: RunProgress, server: CoordinatorServer,
         engine = server.service.engine
         if target_accuracy > 0 and not engine.finished and any(
                 (e.get("accuracy") or 0.0) >= target_accuracy for e in events.of_kind("flush")):
-            engine.finish(f"reached the target accuracy {target_accuracy}")
+            server.service.end_run(f"reached the target accuracy {target_accuracy}")
         await asyncio.sleep(PROGRESS_POLL_S)
 
 

@@ -9,6 +9,7 @@ finite.
 from __future__ import annotations
 
 import hashlib
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -65,7 +66,11 @@ def unpack(header: TensorHeader, data: bytes, expected_size: int) -> np.ndarray:
     if checksum(data) != header.checksum:
         raise DataLoss(f"checksum mismatch: header says {header.checksum!r}, "
                        f"received bytes hash to {checksum(data)!r}")
-    vector = codec.decode(data, header.codec_params, expected_size)
+    try:
+        vector = codec.decode(data, header.codec_params, expected_size)
+    except (ValueError, KeyError, TypeError, IndexError, OverflowError, zlib.error) as exc:
+        # e.g. codec_params that do not parse, or bytes that do not match them
+        raise InvalidArgument(f"{header.encoding!r} payload does not decode: {exc}") from None
     if not np.isfinite(vector).all():
         bad = int(np.count_nonzero(~np.isfinite(vector)))
         raise InvalidArgument(f"update holds {bad} non-finite values (NaN or Inf)")

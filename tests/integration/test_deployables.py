@@ -28,9 +28,11 @@ import pytest
 
 from fedlink import __version__
 from fedlink.coordinator.config import (
+    AuthConfig,
     CoordinatorConfig,
     FlushRule,
     LimitsConfig,
+    TLSConfig,
     TrainingConfig,
 )
 from fedlink.sim import ExperimentConfig
@@ -380,7 +382,8 @@ def test_example_server_config_loads_and_lists_every_option() -> None:
     assert (config.data.dataset, config.model.name) == ("digits", "mlp")
     assert config.data.clients == config.coordinator.flush.goal == 4
     text = path.read_text()
-    tables = {"flush": FlushRule, "training": TrainingConfig, "limits": LimitsConfig}
+    tables = {"flush": FlushRule, "training": TrainingConfig, "limits": LimitsConfig,
+              "tls": TLSConfig, "auth": AuthConfig}
     for table, section in tables.items():
         assert f"[coordinator.{table}]" in text
         for field in dataclasses.fields(section):
