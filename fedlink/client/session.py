@@ -192,7 +192,9 @@ class ClientSession:
         if isinstance(err, UpdateRefused):
             self.stats.refused += 1
             self.stats.refusals.append(err.detail)
-            log.warning("%s: update for %s refused: %s", self.client_id, task_id, err.detail)
+            # A refusal (too stale, round already full, run over) is a normal outcome of
+            # elastic rounds: logged, counted, and in the coordinator's report, not a warning.
+            log.info("%s: update for %s refused: %s", self.client_id, task_id, err.detail)
             return True
         if isinstance(err, TASK_FAILURES):
             self.stats.failed += 1
