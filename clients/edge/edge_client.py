@@ -20,7 +20,6 @@ coordinator's test set stays unseen.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -30,6 +29,7 @@ import numpy as np
 
 from fedlink.client import ClientOptions, SessionStats, TrainPlan, TrainResult, UpdatePipeline
 from fedlink.client import run_client as run_sdk_client
+from fedlink.client.base import planned_steps, proximal_mu
 from fedlink.errors import ConfigError, FedlinkError
 
 _SEED_MASK = (1 << 64) - 1
@@ -65,31 +65,6 @@ def softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray) -> tuple[float
 
 
 # -- the trainer ----------------------------------------------------------------------------
-
-
-def planned_steps(plan: TrainPlan, num_examples: int) -> int:
-    """SGD steps ``plan`` asks for: ``local_steps``, else epochs x batches per epoch."""
-    if plan.batch_size < 1:
-        raise ConfigError(f"batch_size: must be >= 1, got {plan.batch_size}")
-    if not (math.isfinite(plan.learning_rate) and plan.learning_rate > 0):
-        raise ConfigError(f"learning_rate: must be finite and > 0, got {plan.learning_rate}")
-    if plan.uses_steps:
-        return plan.local_steps
-    if plan.local_epochs < 1:
-        raise ConfigError(f"local_epochs: must be >= 1, got {plan.local_epochs}")
-    return plan.local_epochs * math.ceil(num_examples / plan.batch_size)
-
-
-def proximal_mu(plan: TrainPlan) -> float:
-    """FedProx's ``mu`` from ``plan.options["prox_mu"]`` (0: plain local SGD)."""
-    raw = plan.options.get("prox_mu", "0")
-    try:
-        mu = float(raw)
-    except ValueError as exc:
-        raise ConfigError(f"prox_mu: must be a number, got {raw!r}") from exc
-    if not (math.isfinite(mu) and mu >= 0):
-        raise ConfigError(f"prox_mu: must be finite and >= 0, got {raw!r}")
-    return mu
 
 
 class LogisticRegressionTrainer:

@@ -6,11 +6,14 @@ Nothing here imports torch: a device with its own trainer (numpy, ONNX, ...) imp
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+
+from fedlink.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,39 @@ class TrainPlan:
     def uses_steps(self) -> bool:
         """True when the plan counts SGD steps rather than epochs."""
         return self.local_steps > 0
+
+
+def planned_steps(plan: TrainPlan, num_examples: int) -> int:
+    """Optimizer steps ``plan`` asks for on ``num_examples`` examples (validates the plan).
+
+    ``local_steps`` when positive, else ``local_epochs * ceil(num_examples / batch_size)``:
+    an epoch is one pass over a fresh shuffle, the last batch possibly smaller.
+    """
+    if plan.local_steps < 0:
+        raise ConfigError(f"local_steps: must be >= 0, got {plan.local_steps}")
+    if plan.batch_size < 1:
+        raise ConfigError(f"batch_size: must be >= 1, got {plan.batch_size}")
+    if not (math.isfinite(plan.learning_rate) and plan.learning_rate > 0):
+        raise ConfigError(f"learning_rate: must be finite and > 0, got {plan.learning_rate}")
+    if plan.uses_steps:
+        return plan.local_steps
+    if plan.local_epochs < 1:
+        raise ConfigError(
+            f"local_epochs: must be >= 1 when local_steps is 0, got {plan.local_epochs}"
+        )
+    return plan.local_epochs * math.ceil(num_examples / plan.batch_size)
+
+
+def proximal_mu(plan: TrainPlan) -> float:
+    """FedProx's ``mu`` from ``plan.options["prox_mu"]`` (0 when absent: plain local SGD)."""
+    raw = plan.options.get("prox_mu", "0")
+    try:
+        mu = float(raw)
+    except ValueError as exc:
+        raise ConfigError(f"prox_mu: must be a number, got {raw!r}") from exc
+    if not (math.isfinite(mu) and mu >= 0):
+        raise ConfigError(f"prox_mu: must be finite and >= 0, got {raw!r}")
+    return mu
 
 
 @dataclass(frozen=True)

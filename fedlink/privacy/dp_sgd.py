@@ -63,8 +63,7 @@ from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
 from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 from torch import nn
 
-from fedlink.client.base import TrainPlan, TrainResult
-from fedlink.client.torch_trainer import planned_steps, proximal_mu
+from fedlink.client.base import TrainPlan, TrainResult, planned_steps, proximal_mu
 from fedlink.data.base import Dataset
 from fedlink.errors import ConfigError, FedlinkError
 from fedlink.params.flat import load_vector, spec_of, to_vector

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from fedlink.client.base import Trainer, TrainPlan
-from fedlink.client.torch_trainer import TorchTrainer, proximal_mu
+from fedlink.client.base import Trainer, TrainPlan, proximal_mu
+from fedlink.client.torch_trainer import TorchTrainer
 from fedlink.data import Dataset, load_federated
 from fedlink.errors import ConfigError
 from fedlink.models import build_model, evaluate
