@@ -10,6 +10,7 @@ import functools
 import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -19,6 +20,7 @@ from torch import nn
 from fedlink.client.base import TrainPlan, TrainResult, planned_steps, proximal_mu
 from fedlink.data.base import Dataset
 from fedlink.errors import ConfigError
+from fedlink.params import ParamSpec
 from fedlink.params.flat import load_vector, spec_of, to_vector
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter], float], torch.optim.Optimizer]
@@ -71,6 +73,33 @@ def _check_fits(model: nn.Module, x: torch.Tensor, num_classes: int) -> None:
         )
 
 
+@dataclass(frozen=True)
+class LocalData:
+    """A model moved to its device, its trainable parameters, and the local data as tensors.
+
+    Built once per trainer, so no training step converts numpy data again.
+    """
+
+    model: nn.Module
+    spec: ParamSpec
+    params: list[nn.Parameter]
+    x: torch.Tensor
+    y: torch.Tensor
+
+    @classmethod
+    def bind(cls, model: nn.Module, data: Dataset, device: torch.device | str) -> LocalData:
+        """``ConfigError`` on an empty dataset or a model without trainable parameters."""
+        if len(data) == 0:
+            raise ConfigError(f"cannot train on empty dataset {data.name!r}")
+        model = model.to(device)
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise ConfigError("the model has no trainable parameters")
+        x = torch.tensor(data.x, dtype=params[0].dtype, device=device)
+        y = torch.tensor(data.y, dtype=torch.int64, device=device)
+        return cls(model, spec_of(model), params, x, y)
+
+
 class TorchTrainer:
     """Local SGD on a torch model over flat float32 parameter vectors.
 
@@ -103,15 +132,9 @@ class TorchTrainer:
         seed: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if len(data) == 0:
-            raise ConfigError(f"cannot train on empty dataset {data.name!r}")
-        self.model = model.to(device)
-        self.spec = spec_of(self.model)
-        self._params = [p for p in self.model.parameters() if p.requires_grad]
-        if not self._params:
-            raise ConfigError("the model has no trainable parameters")
-        self._x = torch.tensor(data.x, dtype=self._params[0].dtype, device=device)
-        self._y = torch.tensor(data.y, dtype=torch.int64, device=device)
+        local = LocalData.bind(model, data, device)
+        self.model, self.spec, self._params = local.model, local.spec, local.params
+        self._x, self._y = local.x, local.y
         _check_fits(self.model, self._x, data.num_classes)
         self._optimizer = optimizer
         self._seed = seed

@@ -64,9 +64,10 @@ from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 from torch import nn
 
 from fedlink.client.base import TrainPlan, TrainResult, planned_steps, proximal_mu
+from fedlink.client.torch_trainer import LocalData
 from fedlink.data.base import Dataset
 from fedlink.errors import ConfigError, FedlinkError
-from fedlink.params.flat import load_vector, spec_of, to_vector
+from fedlink.params.flat import load_vector, to_vector
 from fedlink.privacy.accounting import Accountant, check_accountant
 
 _SEED_MASK = (1 << 64) - 1
@@ -184,16 +185,10 @@ class DPSGDTrainer:
         seed: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if len(data) == 0:
-            raise ConfigError(f"cannot train on empty dataset {data.name!r}")
-        self.model = model.to(device)
-        self.spec = spec_of(self.model)
+        local = LocalData.bind(model, data, device)
+        self.model, self.spec, self._params = local.model, local.spec, local.params
+        self._x, self._y = local.x, local.y
         self._gsm: nn.Module | None = None  # Opacus's wrapper, built by the first plan
-        self._params = [p for p in self.model.parameters() if p.requires_grad]
-        if not self._params:
-            raise ConfigError("the model has no trainable parameters")
-        self._x = torch.tensor(data.x, dtype=self._params[0].dtype, device=device)
-        self._y = torch.tensor(data.y, dtype=torch.int64, device=device)
         self._seed = seed
         self._clock = clock
         self._options: DPSGDOptions | None = None
