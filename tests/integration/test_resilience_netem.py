@@ -300,6 +300,9 @@ def test_killed_client_process_delivers_its_update_exactly_once_after_restart(
                 await first.wait()
             assert first.returncode == -signal.SIGKILL
             (pending,) = DiskOutbox(outbox).pending()
+            # the cut stream's bytes become durable once the coordinator sees it end
+            await wait_until(lambda: server.service.uploads.status(
+                pending.client_id, pending.upload_id) > 0, 15, "the partial upload durable")
             second = await client(proxy.address)
             output, _ = await asyncio.wait_for(second.communicate(), 60)
             assert second.returncode == 0, output.decode()
