@@ -193,6 +193,8 @@ class Fleet:
         """Wait for the clients; stop them on a timeout or once the coordinator is gone."""
         deadline = None if self.args.timeout is None else time.monotonic() + self.args.timeout
         while any(c.running for c in self.clients):
+            if self.caught is not None:  # forwarded: ``finish`` gives them --grace, then stops them
+                return
             reason = self._stop_reason(deadline)
             if reason is not None:
                 print(f"launcher: {reason}; stopping the fleet", flush=True)

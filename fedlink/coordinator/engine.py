@@ -23,7 +23,7 @@ another client out.
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -47,40 +47,14 @@ from fedlink.compress import get_codec
 from fedlink.coordinator.client_metrics import event_fields
 from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.history import ModelHistory
+from fedlink.coordinator.records import ReceivedUpdate, TaskRecord
+from fedlink.coordinator.state import Checkpoint, FlushRecord, NullStore, SavedState, StateStore
 from fedlink.errors import InvalidArgument, NotFound, PermissionDenied, UpdateRefused
 from fedlink.messages import Finished, Task, TaskReply, Wait
 from fedlink.metrics import EventLog
 from fedlink.wire import Payload
 
 _TASK_ID = re.compile(r"^t\d+-v(\d+)$")
-
-
-@dataclass
-class TaskRecord:
-    """One task issued to one client, for one model version."""
-
-    task_id: str
-    client_id: str
-    version: int
-    issued_at: float
-    done: bool = False
-    expired: bool = False
-    delta_base: int = -1
-
-
-@dataclass(frozen=True)
-class ReceivedUpdate:
-    """A decoded, validated client update, ready to be folded in."""
-
-    client_id: str
-    task_id: str
-    base_version: int
-    delta: np.ndarray
-    num_examples: int
-    steps_completed: int
-    steps_planned: int
-    bytes_up: int
-    metrics: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -95,6 +69,13 @@ class FlushOutcome:
     bytes_up: int
     finished: bool
     hook_report: Mapping[str, Any] = field(default_factory=dict)
+    task_ids: tuple[str, ...] = ()
+
+    def record(self) -> FlushRecord:
+        """What the durable state keeps of this flush until its event is written."""
+        return FlushRecord(self.version, self.num_updates, self.total_weight,
+                           self.round_seconds, self.bytes_up, self.finished, self.task_ids,
+                           dict(self.hook_report))
 
 
 @dataclass(frozen=True)
@@ -133,8 +114,10 @@ class RoundEngine:
         initial_model: np.ndarray,
         events: EventLog,
         clock: Callable[[], float] = time.monotonic,
+        state: StateStore | None = None,
     ) -> None:
         self.config = config
+        self._state = state if state is not None else NullStore()
         self.rule = config.flush
         self.events = events
         self._clock = clock
@@ -150,7 +133,8 @@ class RoundEngine:
         self._history.publish(0, self._model, oldest_served=0)
         self._tasks: dict[str, TaskRecord] = {}
         self._issued: set[tuple[str, int]] = set()
-        self._task_ids = itertools.count(1)
+        self._next_task = 1
+        self._pending_ids: list[str] = []
         self._round_started = clock()
         self._round_bytes_up = 0
         self._dropped = 0  # partial updates refused this version that answered for a place
@@ -159,6 +143,53 @@ class RoundEngine:
     def start(self) -> None:
         """Start the clock of the first round (the deadline counts from here, not from build)."""
         self._round_started = self._clock()
+
+    # -- durable state ----------------------------------------------------------------------
+
+    def save_initial(self) -> None:
+        """Checkpoint version 0 (a fresh run with a durable state store)."""
+        self._state.save_initial(Checkpoint(self._version, self._model, self.engine_state()))
+
+    def engine_state(self) -> dict[str, Any]:
+        """The server optimizer's and flush hooks' ``state_dict``s, for a checkpoint."""
+        return {"optimizer": self._optimizer.state_dict(),
+                "hooks": [hook.state_dict() for hook in self._hooks]}
+
+    def restore(self, saved: SavedState) -> None:
+        """Continue from ``saved``: the checkpoint, tasks, then the pending updates replayed.
+
+        Replay folds the pending updates in their original order with their original weights,
+        so the accumulator and the hooks end up exactly as they were; it emits no events (they
+        were emitted when the updates were accepted).
+        """
+        current = saved.current
+        self._version, self._model = current.version, current.model.copy()
+        self._optimizer.load_state_dict(dict(current.engine_state["optimizer"]))
+        for hook, hook_state in zip(self._hooks, current.engine_state["hooks"], strict=True):
+            hook.load_state_dict(dict(hook_state))
+        self._history = ModelHistory(get_codec("fp32"), self.config.limits.delta_history)
+        oldest = self._version - self.rule.max_staleness
+        for checkpoint in saved.checkpoints:
+            self._history.publish(checkpoint.version, checkpoint.model, oldest_served=oldest)
+        self._restore_tasks(saved.tasks, saved.next_task)
+        for update in saved.pending:
+            self._fold(self._tasks[update.task_id], update)
+        self.finished_reason = saved.finished_reason
+        self._round_started = self._clock()
+
+    def _restore_tasks(self, tasks: list[TaskRecord], next_task: int) -> None:
+        now = self._clock()
+        self._tasks = {t.task_id: dataclasses.replace(t, issued_at=now) for t in tasks}
+        self._issued = {(t.client_id, t.version) for t in tasks if t.holds_issue}
+        self._dropped = 0 if self.rule.continuous else sum(
+            1 for t in tasks if t.dropped and t.version == self._version)
+        self._next_task = next_task
+
+    def due_flush(self) -> FlushOutcome | None:
+        """Flush now if the updates in already reach ``goal`` (after a restore)."""
+        if not self.finished and self._accumulator.count + self._dropped >= self.rule.goal:
+            return self._flush()
+        return None
 
     # -- read-only views -------------------------------------------------------------------
 
@@ -261,10 +292,12 @@ class RoundEngine:
         return self.rule.cohort - delivered - in_flight
 
     def _new_task(self, client_id: str) -> TaskRecord:
-        record = TaskRecord(f"t{next(self._task_ids)}-v{self._version}", client_id,
+        record = TaskRecord(f"t{self._next_task}-v{self._version}", client_id,
                             self._version, self._clock())
+        self._next_task += 1
         self._tasks[record.task_id] = record
         self._issued.add((client_id, self._version))
+        self._save(record)
         self.events.emit("task_issued", client_id=client_id, task_id=record.task_id,
                          model_version=record.version)
         return record
@@ -272,7 +305,10 @@ class RoundEngine:
     def _task_message(self, record: TaskRecord, held_version: int) -> Task:
         training = self.config.training
         delta = self._history.delta(held_version, record.version) if held_version >= 0 else None
-        record.delta_base = held_version if delta is not None else -1
+        delta_base = held_version if delta is not None else -1
+        if delta_base != record.delta_base:
+            record.delta_base = delta_base
+            self._save(record)
         return Task(
             task_id=record.task_id,
             model_version=record.version,
@@ -312,23 +348,34 @@ class RoundEngine:
         _check_work(update)
         if self.config.drop_partial and update.steps_completed < update.steps_planned:
             self._drop(record, update)
-        staleness = self._version - record.version
-        weight = self._weight(update, staleness)
-        self._accumulator.add(update.delta, weight, update.steps_completed)
-        record.done = True
-        self._round_bytes_up += update.bytes_up
+        staleness, weight = self._fold(record, update)
+        self._save(record)
+        self._state.save_pending(update)
         self.events.emit("update_accepted", client_id=update.client_id,
                          task_id=update.task_id, base_version=record.version,
                          staleness=staleness, num_examples=update.num_examples,
                          steps_completed=update.steps_completed, bytes_up=update.bytes_up,
                          weight=weight, **event_fields(update.metrics))
+        answered = self._accumulator.count + self._dropped
+        flush = self._flush() if answered >= self.rule.goal else None
+        return Acceptance(self._version, staleness, weight, flush)
+
+    def _fold(self, record: TaskRecord, update: ReceivedUpdate) -> tuple[int, float]:
+        """Add ``update`` to the accumulator and tell the hooks; (staleness, weight)."""
+        staleness = self._version - record.version
+        weight = self._weight(update, staleness)
+        self._accumulator.add(update.delta, weight, update.steps_completed)
+        record.done = True
+        self._round_bytes_up += update.bytes_up
+        self._pending_ids.append(record.task_id)
         info = UpdateInfo(update.client_id, staleness, weight, update.num_examples,
                           dict(update.metrics))
         for hook in self._hooks:
             hook.on_update(info)
-        answered = self._accumulator.count + self._dropped
-        flush = self._flush() if answered >= self.rule.goal else None
-        return Acceptance(self._version, staleness, weight, flush)
+        return staleness, weight
+
+    def _save(self, record: TaskRecord) -> None:
+        self._state.save_task(record, self._next_task)
 
     def _check_open(self, record: TaskRecord) -> None:
         if self.finished:
@@ -350,6 +397,8 @@ class RoundEngine:
         record.done = True
         if not self.rule.continuous and record.version == self._version:
             self._dropped += 1
+            record.dropped = True
+        self._save(record)
         raise UpdateRefused(f"partial work dropped (drop_partial): {update.steps_completed} of "
                             f"{update.steps_planned} planned steps completed")
 
@@ -424,7 +473,9 @@ class RoundEngine:
     def _release(self, record: TaskRecord, reason: str) -> None:
         """Stop ``record`` holding a place; it may still deliver while within staleness."""
         record.expired = True
+        record.holds_issue = False
         self._issued.discard((record.client_id, record.version))
+        self._save(record)
         self.events.emit("client_timeout", client_id=record.client_id, task_id=record.task_id,
                          model_version=record.version, reason=reason)
 
@@ -438,15 +489,24 @@ class RoundEngine:
         self._version += 1
         self._accumulator.reset()
         self._dropped = 0
-        self._publish()
         if self._version >= self.config.rounds:
-            self.finish(f"completed {self.config.rounds} rounds")
+            self.finished_reason = f"completed {self.config.rounds} rounds"
         outcome = FlushOutcome(self._version, self._model, outcome_updates, total_weight,
                                now - self._round_started, self._round_bytes_up, self.finished,
-                               self._hook_report())
+                               self._hook_report(), tuple(self._pending_ids))
+        self._state.save_flush(Checkpoint(self._version, self._model, self.engine_state()),
+                               outcome.record(), keep_from=self._version - self._kept_versions())
+        if self.finished:
+            self._state.save_finished(self.finished_reason)
+        self._publish()
         self._round_started = now
         self._round_bytes_up = 0
+        self._pending_ids = []
         return outcome
+
+    def _kept_versions(self) -> int:
+        """How many versions before the current one a restart needs (stale tasks, deltas)."""
+        return max(self.rule.max_staleness, self.config.limits.delta_history - 1, 0)
 
     def _mean_delta(self, info: FlushInfo) -> np.ndarray:
         """The accumulator's aggregate, post-processed by every hook in order."""
@@ -465,8 +525,12 @@ class RoundEngine:
         """Encode the new version once; keep only versions a client may still train from."""
         oldest = self._version - self.rule.max_staleness
         self._history.publish(self._version, self._model, oldest_served=oldest)
-        self._tasks = {k: t for k, t in self._tasks.items() if self._version - t.version
-                       <= self.rule.max_staleness + 1}
+        forgotten = [k for k, t in self._tasks.items()
+                     if self._version - t.version > self.rule.max_staleness + 1]
+        for task_id in forgotten:
+            del self._tasks[task_id]
+        if forgotten:
+            self._state.forget_tasks(forgotten)
         self._issued = {(c, v) for c, v in self._issued if v >= oldest}
 
     def _check_hooks(self) -> None:
@@ -485,11 +549,18 @@ class RoundEngine:
             if record.client_id == client_id and not record.done:
                 record.expired = True
                 record.done = True
+                self._save(record)
 
-    def finish(self, reason: str) -> None:
-        """End the run: no more tasks, no more updates."""
+    def finish(self, reason: str, durable: bool = True) -> None:
+        """End the run: no more tasks, no more updates.
+
+        ``durable=False`` ends it for this process only (an operator's stop): a coordinator
+        restarted on the same ``state_dir`` goes on with the run.
+        """
         if not self.finished:
             self.finished_reason = reason
+            if durable:
+                self._state.save_finished(reason)
 
 
 def _check_work(update: ReceivedUpdate) -> None:

@@ -6,24 +6,12 @@ import itertools
 import secrets
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 
 from fedlink.coordinator.auth import check_caller
+from fedlink.coordinator.records import ClientRecord
 from fedlink.errors import InvalidArgument, Unauthenticated
 
 MAX_NAME_LENGTH = 128
-
-
-@dataclass
-class ClientRecord:
-    """One client the coordinator knows."""
-
-    client_id: str
-    name: str
-    num_examples: int
-    joined_at: float
-    last_seen: float
-    metadata: Mapping[str, str] = field(default_factory=dict)
 
 
 class ClientRegistry:

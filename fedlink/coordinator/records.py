@@ -1,0 +1,60 @@
+"""The coordinator's plain records: clients, tasks and received updates.
+
+They live in their own module because three parts of the coordinator share them: the round
+engine and the client registry mutate them, and the durable state store
+(``fedlink.coordinator.state``) writes them to disk and reads them back after a restart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class ClientRecord:
+    """One client the coordinator knows."""
+
+    client_id: str
+    name: str
+    num_examples: int
+    joined_at: float
+    last_seen: float
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class TaskRecord:
+    """One task issued to one client, for one model version.
+
+    ``holds_issue``: the task counts as "this client was asked for this version" (cleared when
+    the task is released, so the client may be asked again). ``dropped``: its update was refused
+    by ``drop_partial`` but still answers for its place in the cohort.
+    """
+
+    task_id: str
+    client_id: str
+    version: int
+    issued_at: float
+    done: bool = False
+    expired: bool = False
+    delta_base: int = -1
+    holds_issue: bool = True
+    dropped: bool = False
+
+
+@dataclass(frozen=True)
+class ReceivedUpdate:
+    """A decoded, validated client update, ready to be folded in."""
+
+    client_id: str
+    task_id: str
+    base_version: int
+    delta: np.ndarray
+    num_examples: int
+    steps_completed: int
+    steps_planned: int
+    bytes_up: int
+    metrics: Mapping[str, float] = field(default_factory=dict)

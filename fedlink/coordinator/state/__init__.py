@@ -1,0 +1,39 @@
+"""The coordinator's durable state: a journal of its changes, and a restore after a restart.
+
+``open_store(state_dir)`` gives the ``SqliteStore`` for a folder, or the ``NullStore`` (nothing
+kept) for an empty ``state_dir``. See ``base.py`` for the contract and ``sqlite.py`` for the
+layout on disk.
+"""
+
+from __future__ import annotations
+
+from fedlink.coordinator.state.base import (
+    STATE_STORES,
+    Checkpoint,
+    FlushRecord,
+    NullStore,
+    SavedState,
+    SettledUpload,
+    StateStore,
+)
+from fedlink.coordinator.state.sqlite import SqliteStore
+
+
+def open_store(state_dir: str) -> StateStore:
+    """The store for ``state_dir``: SQLite in that folder, or nothing kept when it is empty."""
+    if not state_dir:
+        return STATE_STORES.create("memory")
+    return STATE_STORES.create("sqlite", state_dir=state_dir)
+
+
+__all__ = [
+    "STATE_STORES",
+    "Checkpoint",
+    "FlushRecord",
+    "NullStore",
+    "SavedState",
+    "SettledUpload",
+    "SqliteStore",
+    "StateStore",
+    "open_store",
+]

@@ -1,0 +1,214 @@
+"""The contract of the coordinator's durable state, and the in-memory store that keeps none.
+
+The coordinator's state is *journaled*: the round engine, the client registry and the upload
+store change their in-memory state as before and tell a ``StateStore`` each change as it
+happens. The store groups the changes of one call into a batch (``batch``) and makes the batch
+durable when it ends, before the call answers. So a client is never told of something the
+store could lose, and a restarted coordinator rebuilds exactly what it had acknowledged:
+
+- the model of the current version, the server optimizer's and flush hooks' state, and the
+  models of the versions clients may still download, from the last *checkpoint*;
+- the updates accepted since that checkpoint (*pending*), replayed into the accumulator in the
+  order they were accepted (replay is deterministic, so the accumulator ends up bit-identical);
+- clients, tasks and the remembered answer of every settled commit.
+
+A flush writes the new version's checkpoint (write, fsync, rename) *before* its batch commits;
+the store's record of the current version is the authority, so a checkpoint written by a flush
+whose batch never committed is ignored and its updates, still pending, flush again.
+
+``NullStore`` is the default with no ``state_dir``: it keeps nothing and restores nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fedlink.coordinator.records import ClientRecord, ReceivedUpdate, TaskRecord
+from fedlink.errors import RemoteError
+from fedlink.messages import CommitReply
+from fedlink.registry import Registry
+
+Answer = CommitReply | RemoteError
+
+
+@dataclass(frozen=True)
+class FlushRecord:
+    """What the ``flush`` event of one version reports (kept until that event is written)."""
+
+    version: int
+    num_updates: int
+    total_weight: float
+    round_seconds: float
+    bytes_up: int
+    finished: bool
+    task_ids: tuple[str, ...]
+    hook_report: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One model version as written at its flush, with the engine state after that flush.
+
+    ``engine_state`` holds the server optimizer's and the flush hooks' ``state_dict``s (numpy
+    arrays allowed anywhere inside).
+    """
+
+    version: int
+    model: np.ndarray
+    engine_state: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class SettledUpload:
+    """The remembered final answer to an upload's ``Commit``, and the size it had."""
+
+    upload_id: str
+    client_id: str
+    size: int
+    answer: Answer
+
+
+@dataclass
+class SavedState:
+    """Everything a restarted coordinator restores, as the store last made it durable.
+
+    ``checkpoints`` holds the current version's checkpoint last, preceded by the older versions
+    still kept for stale clients and deltas. ``pending`` are the updates accepted since the
+    current version, in acceptance order. ``unreported`` are flushes whose ``flush`` event may
+    not have been written.
+    """
+
+    checkpoints: list[Checkpoint]
+    clients: list[ClientRecord]
+    tasks: list[TaskRecord]
+    next_task: int
+    pending: list[ReceivedUpdate]
+    settled: list[SettledUpload]
+    unreported: list[FlushRecord]
+    finished_reason: str = ""
+
+    @property
+    def current(self) -> Checkpoint:
+        """The checkpoint of the current model version."""
+        return self.checkpoints[-1]
+
+
+class StateStore(ABC):
+    """Where the coordinator journals its state; ``load`` gives it back after a restart.
+
+    Every ``save_*``/``forget_*`` call joins the current batch; the batch becomes durable when
+    the outermost ``batch()`` block exits (also when it exits by an exception: the in-memory
+    state the journal mirrors has changed either way). Calls outside a batch form their own.
+    """
+
+    durable: bool = False
+
+    @abstractmethod
+    def load(self, num_parameters: int) -> SavedState | None:
+        """The saved state, or None for a fresh start (``ConfigError`` if it does not fit)."""
+
+    @abstractmethod
+    def batch(self) -> contextlib.AbstractContextManager[None]:
+        """Group the journal calls inside into one durable step."""
+
+    @abstractmethod
+    def save_client(self, record: ClientRecord) -> None:
+        """A client joined."""
+
+    @abstractmethod
+    def forget_client(self, client_id: str) -> None:
+        """A client left."""
+
+    @abstractmethod
+    def save_task(self, record: TaskRecord, next_task: int) -> None:
+        """A task was issued or changed; ``next_task`` is the next task number to issue."""
+
+    @abstractmethod
+    def forget_tasks(self, task_ids: list[str]) -> None:
+        """Tasks too old to matter any more."""
+
+    @abstractmethod
+    def save_pending(self, update: ReceivedUpdate) -> None:
+        """An update was accepted into the accumulator (until the next flush)."""
+
+    @abstractmethod
+    def save_settled(self, settled: SettledUpload) -> None:
+        """A commit got its final answer."""
+
+    @abstractmethod
+    def save_initial(self, checkpoint: Checkpoint) -> None:
+        """The model a fresh run starts from (version 0)."""
+
+    @abstractmethod
+    def save_flush(self, checkpoint: Checkpoint, record: FlushRecord, keep_from: int) -> None:
+        """A flush: the new version's checkpoint (written now), its record, no pending updates.
+
+        Checkpoints of versions before ``keep_from`` may be deleted.
+        """
+
+    @abstractmethod
+    def mark_reported(self, version: int) -> None:
+        """The ``flush`` event of ``version`` was written."""
+
+    @abstractmethod
+    def save_finished(self, reason: str) -> None:
+        """The run ended for ``reason`` (a restarted coordinator only tells clients so)."""
+
+    def crash_point(self, name: str) -> None:  # noqa: B027 (only stores for tests kill here)
+        """A named moment at which a fault-injection test may kill the process."""
+
+    def close(self) -> None:  # noqa: B027 (nothing to release by default)
+        """Release files and connections."""
+
+
+class NullStore(StateStore):
+    """No durable state: everything lives in the coordinator's memory, as long as it runs."""
+
+    def load(self, num_parameters: int) -> SavedState | None:
+        """Nothing was saved."""
+        return None
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Nothing to make durable."""
+        yield
+
+    def save_client(self, record: ClientRecord) -> None:
+        """Kept in memory only."""
+
+    def forget_client(self, client_id: str) -> None:
+        """Kept in memory only."""
+
+    def save_task(self, record: TaskRecord, next_task: int) -> None:
+        """Kept in memory only."""
+
+    def forget_tasks(self, task_ids: list[str]) -> None:
+        """Kept in memory only."""
+
+    def save_pending(self, update: ReceivedUpdate) -> None:
+        """Kept in memory only."""
+
+    def save_settled(self, settled: SettledUpload) -> None:
+        """Kept in memory only."""
+
+    def save_initial(self, checkpoint: Checkpoint) -> None:
+        """Kept in memory only."""
+
+    def save_flush(self, checkpoint: Checkpoint, record: FlushRecord, keep_from: int) -> None:
+        """Kept in memory only."""
+
+    def mark_reported(self, version: int) -> None:
+        """Kept in memory only."""
+
+    def save_finished(self, reason: str) -> None:
+        """Kept in memory only."""
+
+
+STATE_STORES: Registry[StateStore] = Registry("state store")
+STATE_STORES.register("memory")(NullStore)
