@@ -11,12 +11,18 @@ Three parts, all in this process:
    the same run with plain local SGD. Figures ``dpsgd_sigma<s>_epsilon`` (the largest epsilon
    a client reported), ``dpsgd_sigma<s>_accuracy``, ``dpsgd_nodp_accuracy``.
 3. **Step time**: one client's data, the MLP 64-64, batch 64, one torch thread: time per
-   step of ``DPSGDTrainer`` (Opacus ghost clipping, the default; and classic per-example
-   gradients) against ``TorchTrainer``'s plain SGD, in short back-to-back tasks. Each repeat
-   times all three in turn; a repeat's slowdown is the ratio within it, and the figure is the
-   median over repeats (pairing keeps a burst of load on a shared machine from landing on one
-   side only). Figures ``sgd_step_ms``, ``dpsgd_step_ms`` (medians),
-   ``dpsgd_step_slowdown`` (target <= 3.5) and ``dpsgd_per_sample_step_slowdown``.
+   step of ``DPSGDTrainer`` (ghost clipping, the default; and Opacus's classic per-example
+   gradients, ``GradSampleModule``) against ``TorchTrainer``'s plain SGD, in short
+   back-to-back tasks of 50 steps. Like with like: the same model and initial weights,
+   the same data tensors sliced by an index (neither goes through a ``DataLoader``), batch 64
+   (DP-SGD: a Poisson sample of expected size 64), the same learning rate and thread count;
+   each task's time includes its per-task work (loading the weights, building the optimizer;
+   DP-SGD also reports epsilon). Each repeat times all three in turn; a repeat's slowdown is
+   the ratio within it, and the figure is the median over repeats (pairing keeps a burst of
+   load on a shared machine from landing on one side only); the first repeat warms up and is
+   not counted. Figures ``sgd_step_ms``, ``dpsgd_step_ms``, ``dpsgd_per_sample_step_ms``
+   (medians), ``dpsgd_step_slowdown`` (target <= 3.5) and
+   ``dpsgd_per_sample_step_slowdown``.
 
 Run: ``python benchmarks/privacy.py [--quick] [--json FILE]`` (``--quick``: fewer rounds and
 steps; the same epsilon grid).
@@ -102,7 +108,7 @@ def step_times(steps: int, repeats: int) -> dict[str, Any]:
         return build_model("mlp", data.num_features, data.num_classes, seed=0, hidden=[64, 64])
 
     trainers: dict[str, Any] = {"sgd": TorchTrainer(model(), data.clients[0])}
-    options = {"sgd": {}}
+    options: dict[str, dict[str, str]] = {"sgd": {}}
     for mode in ("ghost", "per_sample"):
         trainers[mode] = DPSGDTrainer(model(), data.clients[0])
         options[mode] = {"dp_noise_multiplier": "1.0", "dp_max_grad_norm": "1.0",
@@ -133,7 +139,7 @@ def main() -> None:
     args = parse_args(__doc__.splitlines()[0])
     started = time.monotonic()
     figures: dict[str, Any] = {}
-    figures.update(step_times(steps=50, repeats=10 if args.quick else 40))
+    figures.update(step_times(steps=50, repeats=20 if args.quick else 40))
     with tempfile.TemporaryDirectory() as tmp:
         figures.update(user_level(rounds=8 if args.quick else 30, out=Path(tmp)))
         figures.update(sample_level(rounds=4 if args.quick else 15, out=Path(tmp)))

@@ -1,7 +1,8 @@
 """``DPSGDTrainer``: sample-level DP-SGD in local training, through Opacus.
 
-Import it explicitly (``from fedlink.privacy.dp_sgd import DPSGDTrainer``): it is the one module
-of ``fedlink.privacy`` that imports torch and Opacus, so the coordinator can import the rest.
+Import it explicitly (``from fedlink.privacy.dp_sgd import DPSGDTrainer``): it and
+``fedlink.privacy.ghost_clipping`` (which only it imports) are the modules of
+``fedlink.privacy`` that import torch and Opacus, so the coordinator can import the rest.
 
 **Guarantee.** Each local step is Opacus's DP-SGD step: a Poisson sample of the client's data
 (each example independently with probability ``q = batch_size / num_examples``), per-example
@@ -16,7 +17,12 @@ mix examples (batch norm).
 These are the parts ``opacus.PrivacyEngine.make_private`` assembles; the trainer assembles them
 itself so that Poisson sampling slices tensors already on the device instead of going through a
 ``DataLoader`` (several times faster per step on small models), and so that one accountant
-spans tasks.
+spans tasks. ``ghost`` clipping (the default) is ``fedlink.privacy.ghost_clipping``: Opacus's
+ghost clipping (per-layer norms as Opacus's norm samplers compute them, Opacus's clip factor, a
+second backward pass), driven by forward hooks and ``torch.autograd.grad`` instead of Opacus's
+full backward hooks: the same clipped sum (tested against Opacus), in about half the time per
+step on small models. Noise, averaging and the step are Opacus's
+``DPOptimizerFastGradientClipping``.
 
 **Options** (``TrainPlan.options``, strings, served from ``[coordinator.training]
 trainer_options``):
@@ -31,12 +37,14 @@ trainer_options``):
 ``dp_delta``                delta of the reported epsilon (default 1e-5; keep it below
                             ``1 / num_examples``)
 ``dp_accountant``           ``rdp`` (default) or ``prv``
-``dp_clipping``             ``ghost`` (default): Opacus's fast gradient clipping, which
-                            computes each example's gradient norm without materialising the
-                            gradient and rescales with a second backward pass; or
-                            ``per_sample``: Opacus's classic per-example gradients. Both
-                            clip every example's gradient to ``dp_max_grad_norm`` exactly;
-                            ``ghost`` is faster, ``per_sample`` supports more layer types
+``dp_clipping``             ``ghost`` (default): ghost clipping, which computes each
+                            example's gradient norm without materialising the gradient and
+                            rescales with a second backward pass; or
+                            ``per_sample``: Opacus's classic per-example gradients
+                            (``GradSampleModule``). Both clip every example's gradient to
+                            ``dp_max_grad_norm`` exactly; ``ghost`` is faster,
+                            ``per_sample`` supports more layer types (through functorch) and
+                            in-place activations
 =========================== ===============================================================
 
 ``TrainResult.metrics`` carries ``dp_epsilon`` (spent so far), ``dp_delta``,
@@ -56,11 +64,10 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from opacus import GradSampleModule, GradSampleModuleFastGradientClipping
+from opacus import GradSampleModule
 from opacus.accountants import create_accountant
 from opacus.accountants.utils import get_noise_multiplier
 from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
-from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 from torch import nn
 
 from fedlink.client.base import TrainPlan, TrainResult, planned_steps, proximal_mu
@@ -69,6 +76,7 @@ from fedlink.data.base import Dataset
 from fedlink.errors import ConfigError, FedlinkError
 from fedlink.params.flat import load_vector, to_vector
 from fedlink.privacy.accounting import Accountant, check_accountant
+from fedlink.privacy.ghost_clipping import GhostClipping
 
 _SEED_MASK = (1 << 64) - 1
 
@@ -77,11 +85,24 @@ CLIPPING_MODES = ("ghost", "per_sample")
 
 
 class _GhostOptimizer(DPOptimizerFastGradientClipping):
-    """Opacus's ghost-clipping optimizer, accumulating with ``clone`` instead of ``deepcopy``.
+    """Opacus's ghost-clipping optimizer, with less Python per step.
 
-    Same arithmetic; Opacus deep-copies each gradient on every step, which costs more than the
-    clipping itself on small models.
+    Same arithmetic (Opacus's ``add_noise`` and ``scale_grad``); it accumulates with ``clone``
+    instead of ``deepcopy`` (which costs more than the clipping itself on small models), and
+    keeps its list of parameters instead of rebuilding it from the parameter groups several
+    times a step.
     """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> None:
+        super().__init__(optimizer, **kwargs)
+        self._param_list: list[Any] = [
+            p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+
+    @property
+    def params(self) -> list[Any]:
+        """The trainable parameters (fixed: the parameter groups do not change)."""
+        cached = self.__dict__.get("_param_list")
+        return cached if cached is not None else super().params
 
     def accumulate(self) -> None:
         """``summed_grad += grad`` (the already clipped and summed gradient of the batch)."""
@@ -188,7 +209,8 @@ class DPSGDTrainer:
         local = LocalData.bind(model, data, device)
         self.model, self.spec, self._params = local.model, local.spec, local.params
         self._x, self._y = local.x, local.y
-        self._gsm: nn.Module | None = None  # Opacus's wrapper, built by the first plan
+        self._gsm: nn.Module | None = None  # Opacus's wrapper (per_sample), by the first plan
+        self._ghost: GhostClipping | None = None  # ghost clipping's hooks, by the first plan
         self._seed = seed
         self._clock = clock
         self._options: DPSGDOptions | None = None
@@ -276,21 +298,20 @@ class DPSGDTrainer:
                 target_epsilon=options.target_epsilon, target_delta=options.delta,
                 sample_rate=self._q, steps=options.target_steps,
                 accountant=options.accountant))
-        self._gsm = self._wrap(options)
+        self._wrap(options)
         self.accountant = create_accountant(options.accountant)
         self._options = options
         return options
 
-    def _wrap(self, options: DPSGDOptions) -> nn.Module:
-        """Opacus's module wrapper for the clipping mode (``ConfigError`` on unsupported layers)."""
+    def _wrap(self, options: DPSGDOptions) -> None:
+        """Attach the clipping mode's hooks (``ConfigError`` on unsupported layers)."""
+        if options.clipping == "ghost":
+            self._ghost = GhostClipping(self.model, options.max_grad_norm)
+            return
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                if options.clipping == "ghost":
-                    return GradSampleModuleFastGradientClipping(
-                        self.model, loss_reduction="mean",
-                        max_grad_norm=options.max_grad_norm, use_ghost_clipping=True)
-                return GradSampleModule(self.model, loss_reduction="mean")
+                self._gsm = GradSampleModule(self.model, loss_reduction="mean")
         except NotImplementedError as exc:  # a layer Opacus cannot clip per example
             raise ConfigError(f"DP-SGD cannot train this model: {exc}") from exc
 
@@ -305,23 +326,20 @@ class DPSGDTrainer:
     def _run(self, plan: TrainPlan, steps_planned: int,
              options: DPSGDOptions) -> tuple[float, int]:
         """Up to ``steps_planned`` Poisson-sampled DP-SGD steps; (summed loss, steps)."""
-        assert self._gsm is not None and self.accountant is not None
-        gsm = self._gsm
+        assert self.accountant is not None
         optimizer = self._optimizer(plan, options)
-        criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy
-        if options.clipping == "ghost":
-            criterion = DPLossFastGradientClipping(gsm, optimizer, nn.CrossEntropyLoss(),
-                                                   loss_reduction="mean")
+        ghost = self._ghost
         state = np.random.SeedSequence([self._seed & _SEED_MASK, plan.seed & _SEED_MASK])
         sampler, noise_seed = (int(s) for s in state.generate_state(2, np.uint64))
         generator = torch.Generator().manual_seed(sampler)
         optimizer.generator = torch.Generator(device=self._x.device).manual_seed(noise_seed)
         n = self.num_examples()
-        total = 0.0
+        total = torch.zeros((), dtype=torch.float64, device=self._x.device)
         steps = 0
-        gsm.train()
+        self.model.train()
         with torch.enable_grad(), warnings.catch_warnings():
-            # torch warns that full backward hooks fire without input gradients: expected here
+            # per_sample: torch warns that Opacus's full backward hooks fire without input
+            # gradients (the data needs none): expected here
             warnings.simplefilter("ignore", UserWarning)
             for _ in range(steps_planned):
                 if plan.deadline is not None and self._clock() > plan.deadline:
@@ -329,17 +347,24 @@ class DPSGDTrainer:
                 mask = torch.rand(n, generator=generator) < self._q
                 index = mask.nonzero().squeeze(1).to(self._x.device)
                 optimizer.zero_grad(set_to_none=True)
-                if len(index):
-                    loss = criterion(gsm(self._x[index]), self._y[index])
-                    loss.backward()
-                    total += float(loss.detach())
-                else:  # an empty Poisson sample still takes a (pure-noise) step
+                if not len(index):  # an empty Poisson sample still takes a (pure-noise) step
                     self._empty_gradients(options)
+                elif ghost is not None:
+                    with ghost.recording():
+                        logits = self.model(self._x[index])
+                    losses = F.cross_entropy(logits, self._y[index], reduction="none")
+                    ghost.backward(losses)
+                    total += losses.detach().mean()
+                else:
+                    assert self._gsm is not None
+                    loss = F.cross_entropy(self._gsm(self._x[index]), self._y[index])
+                    loss.backward()
+                    total += loss.detach()
                 optimizer.step()
                 self.accountant.step(noise_multiplier=self._sigma, sample_rate=self._q)
                 self._steps += 1
                 steps += 1
-        return total, steps
+        return total.item(), steps
 
     def _empty_gradients(self, options: DPSGDOptions) -> None:
         """What a backward pass over zero examples leaves, for the optimizer to noise."""

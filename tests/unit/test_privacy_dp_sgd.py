@@ -1,11 +1,20 @@
-"""DP-SGD trainer: Opacus's accounting, reported epsilon, validated options, determinism."""
+"""DP-SGD trainer: Opacus's accounting, reported epsilon, validated options, determinism;
+ghost clipping equals per-example clipping and Opacus's own ghost clipping."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
+from opacus import GradSampleModuleFastGradientClipping
 from opacus.accountants import RDPAccountant
 from opacus.accountants.utils import get_noise_multiplier
+from opacus.optimizers import DPOptimizerFastGradientClipping
+from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
+from torch import nn
 
 from fedlink.client import TrainPlan
 from fedlink.data import load_federated
@@ -13,6 +22,7 @@ from fedlink.errors import ConfigError
 from fedlink.models import build_model
 from fedlink.params import to_vector
 from fedlink.privacy.dp_sgd import DPSGDTrainer, PrivacyBudgetExhausted
+from fedlink.privacy.ghost_clipping import GhostClipping
 
 OPTIONS = {"dp_noise_multiplier": "1.2", "dp_max_grad_norm": "1.0", "dp_delta": "1e-5"}
 
@@ -114,3 +124,98 @@ def test_settings_cannot_change_mid_run(data) -> None:  # type: ignore[no-untype
     trainer.train(w, _plan(2, OPTIONS))
     with pytest.raises(ConfigError, match="must not change"):
         trainer.train(w, _plan(2, {**OPTIONS, "dp_noise_multiplier": "0.5"}))
+
+
+def _per_example_clipped_sum(model, x, y, clip: float) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]
+    """Brute force: each example's gradient, clipped to ``clip``, summed."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    total = [torch.zeros_like(p) for p in params]
+    for i in range(len(y)):
+        grads = torch.autograd.grad(F.cross_entropy(model(x[i:i + 1]), y[i:i + 1]), params)
+        norm = float(torch.stack([(g.double() ** 2).sum() for g in grads]).sum().sqrt())
+        factor = min(1.0, clip / (norm + 1e-6))
+        for t, g in zip(total, grads, strict=True):
+            t += factor * g
+    return total
+
+
+def _ghost_model() -> nn.Module:
+    torch.manual_seed(0)  # Linear (its closed form); LayerNorm (Opacus's per-example gradients)
+    return nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.ReLU(), nn.Linear(16, 3))
+
+
+class _Tokens(nn.Module):
+    """Embedding (Opacus's norm sampler) and a Linear on 3-D inputs (Opacus's norm sampler)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.mix, self.head = nn.Embedding(10, 6), nn.Linear(6, 6), nn.Linear(24, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.mix(self.embed(x))).flatten(1))
+
+
+@pytest.mark.parametrize("kind", ["mlp", "tokens"])
+def test_ghost_clipping_leaves_the_sum_of_clipped_per_example_gradients(kind: str) -> None:
+    if kind == "mlp":
+        model, x, clip = _ghost_model(), torch.randn(12, 8), 3.0
+    else:
+        model, x, clip = _Tokens(), torch.randint(0, 10, (12, 4)), 2.3
+    y = torch.randint(0, 3, (12,))
+    expected = _per_example_clipped_sum(model, x, y, clip=clip)
+    ghost = GhostClipping(model, max_grad_norm=clip)
+    with ghost.recording():
+        logits = model(x)
+    coef = ghost.backward(F.cross_entropy(logits, y, reduction="none"))
+    assert 0 < float(coef.min()) < 1 and float(coef.max()) == 1.0  # some clipped, some not
+    for p, e in zip(model.parameters(), expected, strict=True):
+        torch.testing.assert_close(p.grad, e, atol=1e-5, rtol=1e-4)
+
+
+def test_ghost_clipping_matches_opacus_own_ghost_clipping() -> None:
+    x, y = torch.randn(16, 8), torch.randint(0, 3, (16,))
+    mine, theirs = _ghost_model(), _ghost_model()
+    ghost = GhostClipping(mine, max_grad_norm=0.3)
+    with ghost.recording():
+        logits = mine(x)
+    ghost.backward(F.cross_entropy(logits, y, reduction="none"))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gsm = GradSampleModuleFastGradientClipping(theirs, loss_reduction="mean",
+                                                   max_grad_norm=0.3, use_ghost_clipping=True)
+        optimizer = DPOptimizerFastGradientClipping(
+            torch.optim.SGD(theirs.parameters(), lr=0.1), noise_multiplier=1.0,
+            max_grad_norm=0.3, expected_batch_size=16)
+        loss = DPLossFastGradientClipping(gsm, optimizer, nn.CrossEntropyLoss(),
+                                          loss_reduction="mean")(gsm(x), y)
+        loss.backward()
+    for a, b in zip(mine.parameters(), theirs.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("model", [
+    nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 3)),  # mixes examples
+    nn.Sequential(nn.Linear(8, 16), nn.PReLU(), nn.Linear(16, 3)),  # no Opacus sampler
+])
+def test_ghost_clipping_refuses_layers_it_cannot_clip(model: nn.Module) -> None:
+    with pytest.raises(ConfigError):
+        GhostClipping(model, max_grad_norm=1.0)
+
+
+def test_ghost_clipping_refuses_in_place_changes_to_a_layer_output() -> None:
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(inplace=True), nn.Linear(16, 3))
+    ghost = GhostClipping(model, max_grad_norm=1.0)
+    with ghost.recording():
+        logits = model(torch.randn(4, 8))
+    with pytest.raises(ConfigError, match="in place"):
+        ghost.backward(F.cross_entropy(logits, torch.zeros(4, dtype=torch.int64),
+                                       reduction="none"))
+
+
+def test_ghost_clipping_refuses_a_layer_called_twice() -> None:
+    layer = nn.Linear(4, 4)
+    ghost = GhostClipping(layer, max_grad_norm=1.0)
+    with pytest.raises(ConfigError, match="twice"), ghost.recording():
+        layer(layer(torch.randn(2, 4)))
