@@ -14,6 +14,12 @@ Figures: ``clients``, ``failures``, ``calls``, ``calls_per_s``, ``p50_ms``, ``p9
 every call), ``updates_per_s`` (accepted commits per second), ``flushes``.
 Targets: zero failures; ``p99_ms`` <= 250 at 500 clients.
 
+The same load then runs against a crash-safe coordinator (``state_dir`` in a temporary folder:
+SQLite journal committed with fsync before each call answers, spooled uploads, a checkpoint
+per flush): ``durable_failures``, ``durable_p50_ms``, ``durable_p99_ms``,
+``durable_updates_per_s``, and ``durable_p99_ratio`` (durable p99 / in-memory p99, the cost of
+crash safety).
+
 Usage: ``python benchmarks/coordinator_load.py [--quick] [--json FILE]`` (``--quick``: 100
 clients for 10 s; the full run: 500 clients for 30 s).
 """
@@ -24,6 +30,7 @@ import asyncio
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +53,7 @@ PERIOD_S = 2.0
 CALL_TIMEOUT_S = 10.0
 
 
-def serve() -> None:
+def serve(state_dir: str = "") -> None:
     """The coordinator process: prints ``PORT <n>`` once listening, serves until killed."""
     from fedlink.coordinator import CoordinatorConfig, CoordinatorServer, FlushRule
     from fedlink.coordinator.config import LimitsConfig
@@ -57,7 +64,8 @@ def serve() -> None:
         flush=FlushRule(goal=GOAL, continuous=True, deadline_s=None, max_staleness=10**6,
                         over_selection=1000 / GOAL),
         limits=LimitsConfig(long_poll_s=0.0, retry_after_s=0.5, liveness_timeout_s=0,
-                            max_clients=10_000))
+                            max_clients=10_000),
+        state_dir=state_dir)
 
     async def main() -> None:
         server = CoordinatorServer(config, np.zeros(DIM, np.float32), EventLog(None),
@@ -145,23 +153,15 @@ async def drive(target: str, clients: int, warmup_s: float, seconds: float) -> L
 
 def main() -> None:
     if sys.argv[1:2] == ["--serve"]:
-        serve()
+        serve(*sys.argv[2:3])
         return
     args = parse_args(__doc__.splitlines()[0])
     clients, seconds = (100, 10.0) if args.quick else (500, 30.0)
-    server = subprocess.Popen([sys.executable, __file__, "--serve"], stdout=subprocess.PIPE,
-                              text=True)
-    try:
-        assert server.stdout is not None
-        line = server.stdout.readline()
-        if not line.startswith("PORT "):
-            raise SystemExit(f"the coordinator did not start: {line!r}")
-        target = f"127.0.0.1:{int(line.split()[1])}"
-        load = asyncio.run(drive(target, clients, warmup_s=PERIOD_S, seconds=seconds))
-    finally:
-        server.terminate()
-        server.wait(10)
+    load = measure(clients, seconds)
+    with tempfile.TemporaryDirectory(prefix="fedlink-load-") as state_dir:
+        durable = measure(clients, seconds, state_dir)
     latencies = np.asarray(load.latencies_ms or [float("nan")])
+    durable_latencies = np.asarray(durable.latencies_ms or [float("nan")])
     figures = {
         "clients": clients,
         "seconds": seconds,
@@ -173,10 +173,32 @@ def main() -> None:
         "updates_per_s": round(load.accepted / seconds, 1),
         "load_processes": 1,
         "channels": clients,
+        "durable_failures": durable.failures,
+        "durable_p50_ms": round(float(np.percentile(durable_latencies, 50)), 2),
+        "durable_p99_ms": round(float(np.percentile(durable_latencies, 99)), 2),
+        "durable_updates_per_s": round(durable.accepted / seconds, 1),
     }
-    if load.errors:
-        print("errors:", load.errors)
+    figures["durable_p99_ratio"] = round(figures["durable_p99_ms"] / figures["p99_ms"], 2)
+    for name, measured in (("in memory", load), ("durable", durable)):
+        if measured.errors:
+            print(f"errors ({name}):", measured.errors)
     report(figures, args.json)
+
+
+def measure(clients: int, seconds: float, state_dir: str = "") -> Load:
+    """Start a coordinator process (durable with ``state_dir``) and drive the load at it."""
+    server = subprocess.Popen([sys.executable, __file__, "--serve", state_dir],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        if not line.startswith("PORT "):
+            raise SystemExit(f"the coordinator did not start: {line!r}")
+        target = f"127.0.0.1:{int(line.split()[1])}"
+        return asyncio.run(drive(target, clients, warmup_s=PERIOD_S, seconds=seconds))
+    finally:
+        server.terminate()
+        server.wait(10)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=50051, help="port (0 picks a free one)")
     p.add_argument("--output-dir", type=Path, default=None, help="run folder parent")
+    p.add_argument("--state-dir", type=Path, default=None, metavar="DIR",
+                   help="keep the coordinator's durable state in DIR (overrides "
+                        "[coordinator] state_dir); a coordinator restarted on the same DIR "
+                        "resumes the run where it stopped")
     p.set_defaults(func=_serve)
 
 
@@ -70,7 +74,8 @@ def _simulate(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from fedlink.cli.serve import serve
 
-    return asyncio.run(serve(args.config, f"{args.host}:{args.port}", args.output_dir))
+    return asyncio.run(serve(args.config, f"{args.host}:{args.port}", args.output_dir,
+                             args.state_dir))
 
 
 def _client(args: argparse.Namespace) -> int:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from fedlink.coordinator import CoordinatorServer, serve_until_done
 from fedlink.coordinator.server import save_model
+from fedlink.coordinator.state import holds_state
 from fedlink.metrics import (
     EVENTS_FILENAME,
     SUMMARY_FILENAME,
     EventLog,
+    read_events,
     summarize,
     write_report,
     write_summary,
@@ -18,11 +21,20 @@ from fedlink.sim.config import ExperimentConfig
 from fedlink.sim.setup import Experiment, prepare_run_dir
 
 
-async def serve(config_path: Path, address: str, output_dir: Path | None) -> int:
-    """Serve the run described by ``config_path`` until it ends or a signal stops it."""
+async def serve(config_path: Path, address: str, output_dir: Path | None,
+                state_dir: Path | None = None) -> int:
+    """Serve the run described by ``config_path`` until it ends or a signal stops it.
+
+    With a ``state_dir`` (the argument, else ``[coordinator] state_dir``) that holds a run,
+    the run resumes: its event log is appended to, and the summary covers the whole run.
+    """
     config = ExperimentConfig.from_toml(config_path)
+    if state_dir is not None:
+        config = replace(config, coordinator=replace(config.coordinator,
+                                                     state_dir=str(state_dir)))
+    resuming = holds_state(config.coordinator.state_dir)
     experiment = Experiment.build(config)
-    run_dir = prepare_run_dir(config, output_dir)
+    run_dir = prepare_run_dir(config, output_dir, keep_events=resuming)
     host = address.rsplit(":", 1)[0]
 
     def announce(port: int) -> None:
@@ -33,8 +45,9 @@ async def serve(config_path: Path, address: str, output_dir: Path | None) -> int
         server = CoordinatorServer(config.coordinator, experiment.initial_vector(), events,
                                    evaluator=experiment.evaluator(), address=address)
         await serve_until_done(server, on_started=announce)
-        summary = summarize(events.events, config.to_dict())
+    everything = read_events(run_dir / EVENTS_FILENAME)  # every process's, when resumed
+    summary = summarize(everything, config.to_dict())
     write_summary(run_dir / SUMMARY_FILENAME, summary)
     save_model(run_dir / "model.npy", server.service.engine.model)
-    print(f"report: {write_report(run_dir, events.events, summary)}", flush=True)
+    print(f"report: {write_report(run_dir, everything, summary)}", flush=True)
     return 0

@@ -317,11 +317,13 @@ class CoordinatorConfig:
     """Everything a coordinator needs to run one federated training run.
 
     ``state_dir``: where the coordinator keeps what must survive a restart. Empty (the default)
-    keeps everything in memory. With a folder, the bytes of every upload are spooled to
-    ``<state_dir>/uploads/`` and fsynced before the coordinator reports them received, and a
-    restarted coordinator reopens those spools, so ``UploadStatus`` still reports them. The
-    rest of the state (client registry, remembered commit answers, the round in progress,
-    model checkpoints) is still held in memory: making it durable is issue 8.
+    keeps everything in memory. With a folder, the coordinator is crash-safe: upload bytes are
+    spooled to ``<state_dir>/uploads/`` and fsynced before they are reported received; clients,
+    tasks, accepted-but-not-yet-flushed updates, remembered commit answers and events live in
+    ``<state_dir>/state.sqlite`` (WAL, each call's changes committed before it answers); each
+    model version is checkpointed atomically to ``<state_dir>/checkpoints/`` with the server
+    optimizer's and hooks' state. A coordinator started on a folder that holds a run resumes it
+    (see ``fedlink.coordinator.state``); the folder belongs to one run and one model size.
 
     ``tls`` (``TLSConfig``) and ``auth`` (``AuthConfig``): transport security and per-client
     tokens; ``join_token`` is the older shared secret checked at ``Join`` only (exclusive with

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import itertools
+import re
 import secrets
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 from fedlink.coordinator.auth import check_caller
 from fedlink.coordinator.records import ClientRecord
 from fedlink.errors import InvalidArgument, Unauthenticated
 
 MAX_NAME_LENGTH = 128
+_ID_NUMBER = re.compile(r"^c(\d+)-")
 
 
 class ClientRegistry:
@@ -46,6 +49,21 @@ class ClientRegistry:
                               dict(metadata))
         self._clients[client_id] = record
         return record
+
+    def restore(self, records: list[ClientRecord]) -> None:
+        """Take back the clients a previous process registered, seen now; new ids follow theirs.
+
+        Counting them as seen at restart keeps the liveness check from releasing a live
+        client's task before it had a chance to call again.
+        """
+        now = self._clock()
+        numbers = [0]
+        for record in records:
+            self._clients[record.client_id] = replace(record, joined_at=now, last_seen=now)
+            number = _ID_NUMBER.match(record.client_id)
+            if number:
+                numbers.append(int(number[1]))
+        self._ids = itertools.count(max(numbers) + 1)
 
     def touch(self, client_id: str) -> ClientRecord:
         """The record of ``client_id``, marked as seen now (``Unauthenticated`` if unknown)."""

@@ -30,6 +30,7 @@ from fedlink.wire.options import server_options
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Coordinator"].full_name
+DRAIN_CAP = 10  # drain windows a finished coordinator waits for busy clients, at most
 POLL_INTERVAL_S = 0.05
 
 
@@ -81,10 +82,13 @@ class CoordinatorServer:
         for status_name in ("", SERVICE_NAME):
             await self._health.set(status_name, health_pb2.HealthCheckResponse.SERVING)
         self.service.engine.start()
+        resumed = {} if self.service.restored_version is None else {
+            "resumed_from_version": self.service.restored_version}
         self.events.emit("run_started", config=self.config.to_dict(), port=self.port,
-                         num_parameters=self.service.engine.num_parameters)
+                         num_parameters=self.service.engine.num_parameters, **resumed)
         self._background = [asyncio.create_task(self._poll_deadlines()),
                             asyncio.create_task(self.service.report_flushes())]
+        self.service.announce_if_finished()  # a restart after the run ended
         log.info("coordinator listening on port %d", self.port)
         return self.port
 
@@ -102,13 +106,15 @@ class CoordinatorServer:
         """After the run: keep serving until every client was told it is over, or left.
 
         Without this a client whose update ended the run would find the port closed when it
-        asks for its next task, and retry until its budget ran out. Bounded by one long poll
-        plus one retry interval, after which a client that still has not asked is presumed
-        gone.
+        asks for its next task, and retry until its budget ran out. A client not yet told is
+        waited for while it keeps calling (finishing an upload, say); one silent for a long
+        poll plus one retry interval is presumed gone. Bounded by ``DRAIN_CAP`` such windows.
         """
         limits = self.config.limits
-        give_up_at = time.monotonic() + limits.long_poll_s + limits.retry_after_s + 1.0
-        while not self.service.clients_informed() and time.monotonic() < give_up_at:
+        window = limits.long_poll_s + limits.retry_after_s + 1.0
+        give_up_at = time.monotonic() + DRAIN_CAP * window
+        while (self.service.clients_to_inform(silent_after_s=window)
+               and time.monotonic() < give_up_at):
             await asyncio.sleep(POLL_INTERVAL_S)
 
     async def stop(self, grace_s: float = 2.0) -> None:
@@ -215,7 +221,8 @@ async def serve_until_done(server: CoordinatorServer,
             await server.drain()
         if interrupted.done():
             log.info("signal received: shutting down")
-            server.service.engine.finish("stopped by signal")
+            # Not durable: a coordinator restarted on the same state_dir goes on with the run.
+            server.service.engine.finish("stopped by signal", durable=False)
             server.events.emit("run_finished", reason="stopped by signal",
                                model_version=server.service.engine.version)
         for fut in (done, interrupted):

@@ -9,6 +9,11 @@ durable once per ``Upload`` call, when the stream ends *or breaks* (a ``finally`
 reply reports them; ``UploadStatus`` reports only durable bytes. ``Commit`` first makes the
 upload durable, then checks for a remembered answer, accepts and remembers the new answer with
 no ``await`` in between, so concurrent duplicate commits cannot both reach the engine.
+
+Durability of everything else (with a ``state_dir``): each call that changes state does so
+inside ``_durably()``, one batch of the ``StateStore`` journal that is durable before the call
+answers, with the events it emitted held back until then. A new service restores what a
+previous process left in the ``state_dir`` (``fedlink.coordinator.state``).
 """
 
 from __future__ import annotations
@@ -16,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -28,6 +34,7 @@ from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.engine import FlushOutcome, ReceivedUpdate, RoundEngine, TaskRecord
 from fedlink.coordinator.limits import Limiter
 from fedlink.coordinator.registry import ClientRegistry
+from fedlink.coordinator.state import FlushRecord, open_store
 from fedlink.coordinator.uploads import UploadSession, UploadStore
 from fedlink.errors import (
     InvalidArgument,
@@ -72,10 +79,12 @@ class CoordinatorService:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.events = events
-        self.engine = RoundEngine(config, initial_model, events, clock=clock)
+        self._clock = clock
+        self.state = open_store(config.state_dir)
+        self.engine = RoundEngine(config, initial_model, events, clock=clock, state=self.state)
         self.registry = ClientRegistry(clock=clock)
         self.uploads = UploadStore(config.limits.max_update_bytes,
-                                   config.limits.max_chunk_bytes, config.state_dir)
+                                   config.limits.max_chunk_bytes, config.state_dir, self.state)
         # Real time, not ``clock``: a test's frozen clock must not starve the token buckets.
         self.limiter = Limiter(config.limits)
         self._evaluator = evaluator
@@ -85,6 +94,52 @@ class CoordinatorService:
         self._told_finished: set[str] = set()
         self._reported_version = 0
         self.finished = asyncio.Event()
+        self.restored_version: int | None = None
+        self._restore()
+
+    # -- durable state ------------------------------------------------------------------------
+
+    def _restore(self) -> None:
+        """Continue the run a previous process left in ``state_dir``, or checkpoint a new one."""
+        saved = self.state.load(self.engine.num_parameters)
+        for event in saved.unwritten_events if saved else ():
+            self.events.replay(event)  # durable, maybe never written: now they are
+        with self._durably():
+            if saved is None:
+                self.engine.save_initial()
+                return
+            self.engine.restore(saved)
+            self.registry.restore(saved.clients)
+            self.uploads.restore(saved.settled)
+            self.restored_version = self.engine.version
+            models = {c.version: c.model for c in saved.checkpoints}
+            for record in saved.unreported:
+                self._flushes.put_nowait((_outcome(record, models.get(record.version,
+                                                                      self.engine.model)), 0))
+            self._reported_version = (saved.unreported[0].version - 1 if saved.unreported
+                                      else self.engine.version)
+            log.info("restored from %s: version %d, %d clients, %d tasks, %d pending updates",
+                     self.config.state_dir, self.engine.version, len(saved.clients),
+                     len(saved.tasks), len(saved.pending))
+            self.events.emit("coordinator_restored", model_version=self.engine.version,
+                             clients=len(saved.clients), tasks=len(saved.tasks),
+                             pending_updates=len(saved.pending),
+                             settled_uploads=len(saved.settled),
+                             unreported_flushes=len(saved.unreported))
+            outcome = self.engine.due_flush()
+            if outcome is not None:
+                self._on_flush(outcome)
+
+    @contextlib.contextmanager
+    def _durably(self) -> Iterator[None]:
+        """One durable step: the state changed inside and its events are journaled together,
+        then the events are written to the event log."""
+        with self.events.held() as held, self.state.batch():
+            try:
+                yield
+            finally:
+                self.state.save_events(held)
+        self.state.events_written()
 
     # -- calls --------------------------------------------------------------------------------
 
@@ -97,9 +152,11 @@ class CoordinatorService:
         self.limiter.check_join(len(self.registry))
         # With per-client tokens the id is bound to the token's name, whatever the request says.
         name = caller_name() or request.client_name
-        record = self.registry.join(name, request.num_examples, request.metadata)
-        self.events.emit("client_joined", client_id=record.client_id, name=record.name,
-                         num_examples=record.num_examples)
+        with self._durably():
+            record = self.registry.join(name, request.num_examples, request.metadata)
+            self.state.save_client(record)
+            self.events.emit("client_joined", client_id=record.client_id, name=record.name,
+                             num_examples=record.num_examples)
         return JoinReply(record.client_id, self.run_config())
 
     def run_config(self) -> RunConfig:
@@ -141,18 +198,24 @@ class CoordinatorService:
         give_up_at = loop.time() + self.config.limits.long_poll_s
         while True:
             changed = self._changed
-            reply = self.engine.issue(client_id, held_version)
+            reply = self._issue(client_id, held_version)
             remaining = give_up_at - loop.time()
             if isinstance(reply, Task | Finished) or remaining <= 0:
                 return reply
             try:
                 await asyncio.wait_for(changed.wait(), timeout=remaining)
             except TimeoutError:
-                return self.engine.issue(client_id, held_version)
+                return self._issue(client_id, held_version)
 
-    def clients_informed(self) -> bool:
-        """Whether every client still registered has been told that the run is over."""
-        return self.registry.ids() <= self._told_finished
+    def _issue(self, client_id: str, held_version: int) -> TaskReply:
+        with self._durably():
+            return self.engine.issue(client_id, held_version)
+
+    def clients_to_inform(self, silent_after_s: float) -> set[str]:
+        """Clients not yet told that the run is over that called within ``silent_after_s``."""
+        now = self._clock()
+        return {client_id for client_id in self.registry.ids() - self._told_finished
+                if now - (self.registry.last_seen(client_id) or -math.inf) <= silent_after_s}
 
     async def download(self, request: DownloadRequest) -> AsyncIterator[DataChunk]:
         """Stream a task's model, or with ``request.delta`` its delta, from ``request.offset``.
@@ -245,17 +308,26 @@ class CoordinatorService:
         if previous is not None:
             return self._replay(previous)
         session = self.uploads.get(request.client_id, request.upload_id)
+        with self._durably():
+            self.state.crash_point("commit.before_accept")
+            answer = self._settle(request, session)
+        if isinstance(answer, RemoteError):
+            raise answer
+        return answer
+
+    def _settle(self, request: CommitRequest, session: UploadSession) -> CommitReply | RemoteError:
+        """Accept or refuse the upload, and remember the answer (an incomplete one is not final)."""
         try:
-            reply = self._accept(request, session)
+            answer: CommitReply | RemoteError = self._accept(request, session)
         except RemoteError as err:
-            if not isinstance(err, UploadIncomplete):
-                self.uploads.settle(request.client_id, request.upload_id, err)
             self.events.emit("update_refused", client_id=request.client_id,
                              task_id=request.task_id, reason=err.detail, code=err.code,
                              bytes_up=request.update.num_bytes)
-            raise
-        self.uploads.settle(request.client_id, request.upload_id, reply)
-        return reply
+            if isinstance(err, UploadIncomplete):
+                return err
+            answer = err
+        self.uploads.settle(request.client_id, request.upload_id, answer)
+        return answer
 
     async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatReply:
         """Note that the client is alive; say whether its task is still open."""
@@ -273,10 +345,13 @@ class CoordinatorService:
     async def leave(self, request: LeaveRequest) -> LeaveReply:
         """Forget the client; its open task stops holding a place in the cohort."""
         self._check_strings(reason=request.reason)
-        self.registry.remove(request.client_id)
-        self.limiter.forget(request.client_id)
-        self.engine.release_client(request.client_id)
-        self.events.emit("client_left", client_id=request.client_id, reason=request.reason)
+        with self._durably():
+            self.registry.remove(request.client_id)
+            self.state.forget_client(request.client_id)
+            self.limiter.forget(request.client_id)
+            self.engine.release_client(request.client_id)
+            self.events.emit("client_left", client_id=request.client_id,
+                             reason=request.reason)
         self._notify()
         return LeaveReply()
 
@@ -338,16 +413,18 @@ class CoordinatorService:
 
         Places released by either are offered at once to clients waiting in ``GetTask``.
         """
-        released = self.engine.release_silent(self.registry.last_seen)
-        outcome = self.engine.poll()
+        with self._durably():
+            released = self.engine.release_silent(self.registry.last_seen)
+            outcome = self.engine.poll()
         if outcome is not None:
             self._on_flush(outcome)
         elif released or self.engine.rule.deadline_s is not None:
             self._notify()
 
     def close(self) -> None:
-        """Release open upload spools (their bytes stay on disk for a restart)."""
+        """Release open upload spools (their bytes stay on disk for a restart) and the state."""
         self.uploads.close()
+        self.state.close()
 
     def _on_flush(self, outcome: FlushOutcome) -> None:
         self._flushes.put_nowait((outcome, self._round_bytes_down))
@@ -368,10 +445,14 @@ class CoordinatorService:
         while True:
             outcome, bytes_down = await self._flushes.get()
             metrics = await self._evaluate(outcome.model)
-            self.events.emit("flush", model_version=outcome.version,
-                             num_updates=outcome.num_updates, total_weight=outcome.total_weight,
-                             round_seconds=outcome.round_seconds, bytes_up=outcome.bytes_up,
-                             bytes_down=bytes_down, **dict(outcome.hook_report), **metrics)
+            with self._durably():
+                self.events.emit("flush", model_version=outcome.version,
+                                 num_updates=outcome.num_updates,
+                                 total_weight=outcome.total_weight,
+                                 round_seconds=outcome.round_seconds, bytes_up=outcome.bytes_up,
+                                 bytes_down=bytes_down, updates=list(outcome.task_ids),
+                                 **dict(outcome.hook_report), **metrics)
+                self.state.mark_reported(outcome.version)
             self._reported_version = outcome.version
             if outcome.finished:
                 self._announce_finish()
@@ -393,8 +474,13 @@ class CoordinatorService:
         Waiting clients hear ``Finished`` at once; ``run_finished`` is logged after the last
         flush made so far has been reported.
         """
-        self.engine.finish(reason)
+        with self._durably():
+            self.engine.finish(reason)
         self._notify()
+        self._check_finished_without_flush()
+
+    def announce_if_finished(self) -> None:
+        """Announce the end of a run that ended before this process made a flush (a restart)."""
         self._check_finished_without_flush()
 
     def _check_finished_without_flush(self) -> None:
@@ -410,6 +496,13 @@ class CoordinatorService:
         except Exception:  # an evaluator bug must not stop training
             log.exception("evaluating the global model failed")
             return {}
+
+
+def _outcome(record: FlushRecord, model: np.ndarray) -> FlushOutcome:
+    """A flush made by a previous process, to report now."""
+    return FlushOutcome(record.version, model, record.num_updates, record.total_weight,
+                        record.round_seconds, record.bytes_up, record.finished,
+                        dict(record.hook_report), record.task_ids)
 
 
 def _what(request: DownloadRequest) -> str:

@@ -3,8 +3,8 @@
 An upload is addressed by a client-chosen id that stays the same across reconnects. The store
 keeps the bytes contiguous from offset 0: a chunk that overlaps what is held is trimmed (a
 replay after a reconnect), a chunk past the end is a gap and refused. Final commit answers are
-remembered per upload id so that a repeated ``Commit`` gets the same answer (in memory for now;
-their durability is issue 8).
+remembered per upload id so that a repeated ``Commit`` gets the same answer; they are journaled
+to the coordinator's ``StateStore`` and given back by ``restore`` after a restart.
 
 Where the bytes live is a ``fedlink.coordinator.spool.SpoolStorage``: in memory, or (with a
 ``state_dir``) in spool files that are fsynced by ``sync``. ``status`` and ``committed_offset``
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedlink.coordinator.spool import Spool, check_name, storage_for
+from fedlink.coordinator.state import NullStore, SettledUpload, StateStore
 from fedlink.errors import (
     InvalidArgument,
     NotFound,
@@ -64,7 +65,8 @@ class UploadStore:
     """
 
     def __init__(self, max_update_bytes: int, max_chunk_bytes: int,
-                 state_dir: str | Path = "") -> None:
+                 state_dir: str | Path = "", state: StateStore | None = None) -> None:
+        self._state = state if state is not None else NullStore()
         self.max_update_bytes = max_update_bytes
         self.max_chunk_bytes = max_chunk_bytes
         self._storage = storage_for(state_dir)
@@ -151,13 +153,30 @@ class UploadStore:
         return self._answers.get(upload_id)
 
     def settle(self, client_id: str, upload_id: str, answer: CommitReply | RemoteError) -> None:
-        """Remember the final answer for ``upload_id`` and free its bytes."""
-        self._answers[upload_id] = answer
-        self._owners[upload_id] = client_id
+        """Remember (and journal) the final answer for ``upload_id``; free its bytes."""
         session = self._sessions.pop(upload_id, None)
-        self._settled_sizes[upload_id] = session.committed_offset if session else 0
-        if session is not None:
-            session.spool.discard()
+        size = session.committed_offset if session else 0
+        self._remember(SettledUpload(upload_id, client_id, size, answer))
+        self._state.save_settled(SettledUpload(upload_id, client_id, size, answer))
+        if session is not None:  # the bytes stay until the answer is durable
+            self._state.on_durable(session.spool.discard)
+
+    def restore(self, settled: list[SettledUpload]) -> None:
+        """Take back the answers a previous process gave; drop spools those uploads left.
+
+        A spool outlives its settled upload when the process died between journaling the
+        answer and deleting the file.
+        """
+        for upload in settled:
+            self._remember(upload)
+            session = self._sessions.pop(upload.upload_id, None)
+            if session is not None:
+                self._state.on_durable(session.spool.discard)
+
+    def _remember(self, settled: SettledUpload) -> None:
+        self._answers[settled.upload_id] = settled.answer
+        self._owners[settled.upload_id] = settled.client_id
+        self._settled_sizes[settled.upload_id] = settled.size
 
     def close(self) -> None:
         """Release open spools; their bytes stay for the next process to reopen."""

@@ -8,6 +8,11 @@ Every event is one JSON object on its own line. :class:`EventLog` adds three fie
 ``kind``    the event kind (below)
 ========== ==========================================================================
 
+A coordinator with a ``state_dir`` also gives each event that records a change of its durable
+state an ``event_id``, unique within the run: such events are made durable with the change and
+written again by a restarted coordinator if it may not have written them, and
+:func:`read_events` keeps the first of each ``event_id``.
+
 Event kinds and their fields (the schema the framework writes and :mod:`.summary` reads):
 
 ``run_started``
@@ -27,7 +32,8 @@ Event kinds and their fields (the schema the framework writes and :mod:`.summary
     name, e.g. ``FAILED_PRECONDITION``); optionally ``bytes_up`` when the update was
     received before it was refused.
 ``flush``
-    ``model_version`` (after the flush), ``num_updates``, ``accuracy``, ``loss`` (either may
+    ``model_version`` (after the flush), ``num_updates``, ``updates`` (the task ids of the
+    updates it folded in), ``accuracy``, ``loss`` (either may
     be ``null`` when not evaluated), ``bytes_up``, ``bytes_down`` (traffic during the round),
     ``round_seconds``.
 ``client_left``
@@ -36,6 +42,9 @@ Event kinds and their fields (the schema the framework writes and :mod:`.summary
     ``client_id``.
 ``run_finished``
     ``reason``.
+``coordinator_restored``
+    ``model_version``, ``clients``, ``tasks``, ``pending_updates``, ``settled_uploads``,
+    ``unreported_flushes``: what a coordinator restarted on its ``state_dir`` took back.
 
 Values are converted to plain JSON on the way in: numpy scalars and arrays, tuples, sets,
 dataclasses, enums and paths become their JSON equivalents, and non-finite floats become
@@ -44,13 +53,14 @@ dataclasses, enums and paths become their JSON equivalents, and non-finite float
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import json
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path, PurePath
 from types import TracebackType
 from typing import IO, Any, Final, Self
@@ -87,7 +97,7 @@ EVENT_KINDS: Final = frozenset(
 )
 """The kinds the framework emits; :meth:`EventLog.emit` accepts others too."""
 
-RESERVED_FIELDS: Final = frozenset({"t", "elapsed", "kind"})
+RESERVED_FIELDS: Final = frozenset({"t", "elapsed", "kind", "event_id"})
 """Fields the log sets itself; passing them to :meth:`EventLog.emit` is an error."""
 
 
@@ -149,6 +159,7 @@ class EventLog:
         self._events: list[Event] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._held: list[Event] | None = None
         self._file: IO[str] | None = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -189,9 +200,45 @@ class EventLog:
                 raise ValueError("emit on a closed event log")
             event: Event = {"t": self._wall_clock(), "elapsed": self.elapsed(), "kind": kind}
             event.update(body)
-            self._write(event)
-            self._events.append(event)
+            if self._held is not None:
+                self._held.append(event)
+            else:
+                self._record(event)
         return dict(event)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[list[Event]]:
+        """Hold back the events emitted inside; write them, in order, on the way out.
+
+        The coordinator emits an update's events while the update's durable state is still
+        being written, and holds them until that state is durable: a crash in between then
+        loses both, never leaving an event that claims what a restart does not know.
+        Nested blocks write at the end of the outermost one. The block gets the list of held
+        events (the caller may add fields to them, such as an ``event_id``, before they go out).
+        """
+        with self._lock:
+            outermost = self._held is None
+            if self._held is None:
+                self._held = []
+            held = self._held
+        try:
+            yield held
+        finally:
+            if outermost:
+                with self._lock:
+                    held, self._held = self._held or [], None
+                    for event in held:
+                        self._record(event)
+
+    def replay(self, event: Event) -> None:
+        """Write an event made by an earlier process as it is (a coordinator's restart)."""
+        with self._lock:
+            self._record(dict(event))
+
+    def _record(self, event: Event) -> None:
+        """Write and keep one event; the caller holds the lock."""
+        self._write(event)
+        self._events.append(event)
 
     def of_kind(self, kind: str) -> list[Event]:
         """The events of one kind, oldest first."""
@@ -233,10 +280,13 @@ def read_events(path: Path) -> list[Event]:
     """Read a JSON-lines event log back, oldest first.
 
     Blank lines are skipped. A torn final line (a process killed mid-write) is ignored; a
-    malformed line anywhere else raises ``ValueError`` naming the line.
+    malformed line anywhere else raises ``ValueError`` naming the line. An event whose
+    ``event_id`` was already read is skipped: a restarted coordinator writes again the events
+    it had made durable but may not have written (see ``fedlink.coordinator.state``).
     """
     lines = path.read_text(encoding="utf-8").splitlines()
     events: list[Event] = []
+    seen: set[Any] = set()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -248,6 +298,10 @@ def read_events(path: Path) -> list[Event]:
             raise ValueError(f"{path}:{number}: not a JSON event: {err}") from err
         if not isinstance(event, dict) or "kind" not in event:
             raise ValueError(f"{path}:{number}: not an event object")
+        if "event_id" in event:
+            if event["event_id"] in seen:
+                continue
+            seen.add(event["event_id"])
         events.append(event)
     return events
 

@@ -79,12 +79,13 @@ SUMMARY_FILENAME = "summary.json"
 def summarize(events: list[Event], config: Mapping[str, Any]) -> dict[str, Any]:
     """Compute the run summary (fields in the module docstring) from ``events``."""
     summary: dict[str, Any] = {"run_name": run_name(config)}
-    summary.update(_accuracy_figures(of_kind(events, FLUSH)))
+    flushes = unique_flushes(events)
+    summary.update(_accuracy_figures(flushes))
     summary.update(_traffic_figures(events))
     summary.update(_update_figures(events))
     summary.update(_client_figures(events))
     summary.update(_resilience_figures(events))
-    summary["privacy"] = _privacy_record(of_kind(events, FLUSH))
+    summary["privacy"] = _privacy_record(flushes)
     summary["wall_seconds"] = wall_seconds(events)
     summary["config"] = to_jsonable(config)
     return summary
@@ -130,6 +131,19 @@ def wall_seconds(events: list[Event]) -> float:
     finished = of_kind(events, RUN_FINISHED)
     end = finished[-1] if finished else max(events, key=lambda e: float(e["elapsed"]))
     return max(0.0, float(end["elapsed"]) - start_elapsed(events))
+
+
+def unique_flushes(events: list[Event]) -> list[Event]:
+    """``flush`` events, one per model version (the last written wins), in version order.
+
+    A coordinator restarted from its ``state_dir`` writes again the flush events it may not
+    have written before it stopped, so a version can appear twice in a resumed run's log.
+    """
+    by_version: dict[Any, Event] = {}
+    for event in of_kind(events, FLUSH):
+        by_version[event.get("model_version")] = event
+    return sorted(by_version.values(), key=lambda e: (e.get("model_version") is None,
+                                                      e.get("model_version") or 0))
 
 
 def _accuracy_figures(flushes: list[Event]) -> dict[str, Any]:

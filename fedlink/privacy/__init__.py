@@ -8,8 +8,10 @@
 - ``fedlink.privacy.accounting``: epsilon of the sampled Gaussian mechanism with Opacus's
   RDP and PRV analyses, torch-free.
 - ``fedlink.privacy.dp_sgd.DPSGDTrainer``: sample-level DP-SGD in local training through
-  Opacus. Import it explicitly: it is the only module here that imports torch, so that a
-  coordinator can import ``fedlink.privacy`` (for the hook) without torch.
+  Opacus (with ``fedlink.privacy.ghost_clipping`` for its default ``ghost`` mode). Import it
+  explicitly: those two are the only modules here that import torch, and nothing in this
+  package's ``__init__`` imports them, so that a coordinator can import ``fedlink.privacy``
+  (for the hook) without torch.
 """
 
 from fedlink.privacy import hooks as _hooks  # noqa: F401  (registers the dp_fedavg hook)

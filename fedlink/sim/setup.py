@@ -73,9 +73,14 @@ def pooled_train(data: FederatedData) -> Dataset:
                    name=f"{data.name}-train")
 
 
-def prepare_run_dir(config: ExperimentConfig, output_dir: Path | None) -> Path:
-    """Create ``<output_dir>/<run name>/``; a previous run's event log there is replaced."""
+def prepare_run_dir(config: ExperimentConfig, output_dir: Path | None,
+                    keep_events: bool = False) -> Path:
+    """Create ``<output_dir>/<run name>/``; a previous run's event log there is replaced.
+
+    ``keep_events`` keeps it instead (a resumed run appends to its own log).
+    """
     run_dir = Path(output_dir or config.run.output_dir) / config.run.name
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / EVENTS_FILENAME).unlink(missing_ok=True)
+    if not keep_events:
+        (run_dir / EVENTS_FILENAME).unlink(missing_ok=True)
     return run_dir

@@ -7,6 +7,8 @@ layout on disk.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from fedlink.coordinator.state.base import (
     STATE_STORES,
     Checkpoint,
@@ -16,7 +18,12 @@ from fedlink.coordinator.state.base import (
     SettledUpload,
     StateStore,
 )
-from fedlink.coordinator.state.sqlite import SqliteStore
+from fedlink.coordinator.state.sqlite import DB_FILENAME, SqliteStore
+
+
+def holds_state(state_dir: str) -> bool:
+    """Whether ``state_dir`` already holds a coordinator's state (a restart resumes it)."""
+    return bool(state_dir) and (Path(state_dir) / DB_FILENAME).is_file()
 
 
 def open_store(state_dir: str) -> StateStore:
@@ -35,5 +42,6 @@ __all__ = [
     "SettledUpload",
     "SqliteStore",
     "StateStore",
+    "holds_state",
     "open_store",
 ]

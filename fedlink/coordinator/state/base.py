@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,8 +80,9 @@ class SavedState:
 
     ``checkpoints`` holds the current version's checkpoint last, preceded by the older versions
     still kept for stale clients and deltas. ``pending`` are the updates accepted since the
-    current version, in acceptance order. ``unreported`` are flushes whose ``flush`` event may
-    not have been written.
+    current version, in acceptance order. ``unreported`` are flushes whose ``flush`` event was
+    not made yet; ``unwritten_events`` are events made durable that may not have reached the
+    event log.
     """
 
     checkpoints: list[Checkpoint]
@@ -92,6 +93,7 @@ class SavedState:
     settled: list[SettledUpload]
     unreported: list[FlushRecord]
     finished_reason: str = ""
+    unwritten_events: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def current(self) -> Checkpoint:
@@ -154,11 +156,30 @@ class StateStore(ABC):
 
     @abstractmethod
     def mark_reported(self, version: int) -> None:
-        """The ``flush`` event of ``version`` was written."""
+        """The ``flush`` event of ``version`` was made."""
+
+    @abstractmethod
+    def save_events(self, events: list[dict[str, Any]]) -> None:
+        """Make the batch's events durable with it, giving each an ``event_id``.
+
+        The caller writes them to the event log once the batch is durable, then calls
+        ``events_written``; a restart hands back those it may not have written.
+        """
+
+    @abstractmethod
+    def events_written(self) -> None:
+        """Every event saved so far is in the event log."""
 
     @abstractmethod
     def save_finished(self, reason: str) -> None:
         """The run ended for ``reason`` (a restarted coordinator only tells clients so)."""
+
+    def on_durable(self, action: Callable[[], None]) -> None:
+        """Run ``action`` once what was journaled so far is durable (now, for this store).
+
+        For deleting what the journal makes redundant: a spool once its commit is recorded.
+        """
+        action()
 
     def crash_point(self, name: str) -> None:  # noqa: B027 (only stores for tests kill here)
         """A named moment at which a fault-injection test may kill the process."""
@@ -205,6 +226,12 @@ class NullStore(StateStore):
 
     def mark_reported(self, version: int) -> None:
         """Kept in memory only."""
+
+    def save_events(self, events: list[dict[str, Any]]) -> None:
+        """Events are written straight away, without an ``event_id``."""
+
+    def events_written(self) -> None:
+        """Nothing to track."""
 
     def save_finished(self, reason: str) -> None:
         """Kept in memory only."""

@@ -78,6 +78,8 @@ CREATE TABLE IF NOT EXISTS settled (
     answer TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS flushes (
     version INTEGER PRIMARY KEY, record TEXT NOT NULL, reported INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS event_outbox (
+    event_id INTEGER PRIMARY KEY AUTOINCREMENT, event TEXT NOT NULL);
 """
 
 
@@ -97,6 +99,8 @@ class SqliteStore(StateStore):
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
         self._depth = 0
+        self._saved_event = 0  # highest event_id saved by this process
+        self._written_event = 0  # highest event_id known to be in the event log
         self._after_commit: list[Callable[[], None]] = []
         self._crash_name, self._crash_left = _crash_spec(os.environ.get(CRASH_ENV, ""))
 
@@ -107,6 +111,9 @@ class SqliteStore(StateStore):
         """One transaction for everything journaled inside; committed on the way out."""
         if self._depth == 0:
             self._db.execute("BEGIN IMMEDIATE")
+            if self._written_event:  # written events need no second chance any more
+                self._db.execute("DELETE FROM event_outbox WHERE event_id <= ?",
+                                 (self._written_event,))
         self._depth += 1
         try:
             yield
@@ -181,12 +188,34 @@ class SqliteStore(StateStore):
             self._db.execute("INSERT OR REPLACE INTO flushes VALUES (?, ?, 0)",
                              (record.version, json.dumps(_flush_json(record))))
             # Old checkpoints go only once the new version is the durable one.
-            self._after_commit.append(
-                lambda: delete_checkpoints_before(self.checkpoints, keep_from))
+            self.on_durable(lambda: delete_checkpoints_before(self.checkpoints, keep_from))
 
     def mark_reported(self, version: int) -> None:
         """The flush event of ``version`` is in the event log."""
         self._run("UPDATE flushes SET reported = 1 WHERE version = ?", version)
+
+    def on_durable(self, action: Callable[[], None]) -> None:
+        """Run ``action`` after the current batch commits (at once outside a batch)."""
+        if self._depth == 0:
+            action()
+        else:
+            self._after_commit.append(action)
+
+    def save_events(self, events: list[dict[str, Any]]) -> None:
+        """Insert the events into the outbox; each gets its row's id as ``event_id``."""
+        if not events:
+            return
+        with self.batch():
+            for event in events:
+                cursor = self._db.execute("INSERT INTO event_outbox (event) VALUES (?)",
+                                          (json.dumps(event, allow_nan=False),))
+                event["event_id"] = self._saved_event = int(cursor.lastrowid or 0)
+                self._db.execute("UPDATE event_outbox SET event = ? WHERE event_id = ?",
+                                 (json.dumps(event, allow_nan=False), event["event_id"]))
+
+    def events_written(self) -> None:
+        """The outbox rows saved so far go at the start of the next batch."""
+        self._written_event = self._saved_event
 
     def save_finished(self, reason: str) -> None:
         """Remember that the run is over."""
@@ -222,7 +251,8 @@ class SqliteStore(StateStore):
             clients=self._load_clients(), tasks=self._load_tasks(),
             next_task=int(self._meta("next_task", 1)), pending=self._load_pending(),
             settled=self._load_settled(), unreported=self._load_unreported(),
-            finished_reason=str(self._meta("finished_reason", "")))
+            finished_reason=str(self._meta("finished_reason", "")),
+            unwritten_events=self._load_outbox())
 
     def _load_checkpoints(self, version: int) -> list[Checkpoint]:
         """Kept checkpoints up to ``version``; later ones (a flush never committed) go."""
@@ -260,6 +290,13 @@ class SqliteStore(StateStore):
         rows = self._db.execute("SELECT upload_id, client_id, size, answer FROM settled")
         return [SettledUpload(uid, cid, size, _answer_from_json(json.loads(answer)))
                 for uid, cid, size, answer in rows]
+
+    def _load_outbox(self) -> list[dict[str, Any]]:
+        rows = self._db.execute("SELECT event FROM event_outbox ORDER BY event_id")
+        events = [json.loads(event) for (event,) in rows]
+        if events:
+            self._saved_event = self._written_event = int(events[-1]["event_id"])
+        return events
 
     def _load_unreported(self) -> list[FlushRecord]:
         rows = self._db.execute("SELECT record FROM flushes WHERE reported = 0 ORDER BY version")
