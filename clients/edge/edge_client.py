@@ -10,11 +10,14 @@ Run it against a coordinator serving ``clients/edge/coordinator.toml``::
 
     python clients/edge/edge_client.py --server HOST:PORT --data local.npz
     python clients/edge/edge_client.py --server HOST:PORT --index 0 --of 4   # digits share
+    python clients/edge/edge_client.py --server HOST:PORT --data local.npz \
+        --tls-ca ca.pem --tls-cert client.pem --tls-key client.key           # mutual TLS
 
 ``local.npz`` holds ``x`` (examples x features, floats) and ``y`` (integer class labels).
 Without ``--data`` the client trains on share ``--index`` of ``--of`` of the bundled digits
 training pool, split exactly as the coordinator splits it (same ``--seed``), so the
-coordinator's test set stays unseen.
+coordinator's test set stays unseen. ``--tls-ca`` (and ``--tls-cert`` / ``--tls-key`` for
+mutual TLS) connect to a coordinator that serves TLS, as ``fedlink client`` does.
 """
 
 from __future__ import annotations
@@ -27,7 +30,14 @@ from pathlib import Path
 
 import numpy as np
 
-from fedlink.client import ClientOptions, SessionStats, TrainPlan, TrainResult, UpdatePipeline
+from fedlink.client import (
+    ClientOptions,
+    SessionStats,
+    TLSOptions,
+    TrainPlan,
+    TrainResult,
+    UpdatePipeline,
+)
 from fedlink.client import run_client as run_sdk_client
 from fedlink.client.base import planned_steps, proximal_mu
 from fedlink.errors import ConfigError, FedlinkError
@@ -205,18 +215,35 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the coordinator config's [run] seed (data split and shuffles)")
     p.add_argument("--name", default="", help="client name shown in the coordinator's log")
     p.add_argument("--token", default="", help="join token, if the coordinator needs one")
+    p.add_argument("--tls-ca", default="", metavar="PEM",
+                   help="connect over TLS, trusting this CA for the coordinator's certificate")
+    p.add_argument("--tls-cert", default="", metavar="PEM",
+                   help="client certificate for mutual TLS (with --tls-key)")
+    p.add_argument("--tls-key", default="", metavar="PEM", help="its private key")
     p.add_argument("--compression", default="fp32", help="update codec (registry name)")
     p.add_argument("--max-tasks", type=int, default=None, help="leave after this many tasks")
     return p
 
 
+def tls_options(args: argparse.Namespace) -> TLSOptions | None:
+    """TLS from ``--tls-ca/--tls-cert/--tls-key``; None (plaintext) when none is given.
+
+    ``--tls-cert``/``--tls-key`` without ``--tls-ca`` is TLS trusting the system's roots.
+    """
+    if not (args.tls_ca or args.tls_cert or args.tls_key):
+        return None
+    return TLSOptions(ca_file=args.tls_ca, cert_file=args.tls_cert, key_file=args.tls_key)
+
+
 def run(args: argparse.Namespace) -> SessionStats:
     """Load the local data and take part in the run until it ends."""
+    tls = tls_options(args)  # first: a bad flag is reported before the data is loaded
     x, y = (load_npz(args.data) if args.data
             else load_digits_share(args.index, args.of, args.seed))
     trainer = LogisticRegressionTrainer(x, y, args.classes, seed=args.seed * 7919 + args.index)
     options = ClientOptions(name=args.name or f"edge-{args.index}", token=args.token,
-                            seed=args.seed * 1_000_003 + args.index, max_tasks=args.max_tasks)
+                            seed=args.seed * 1_000_003 + args.index, max_tasks=args.max_tasks,
+                            tls=tls)
     pipeline = UpdatePipeline.from_names("none", args.compression)
     return run_sdk_client(args.server, trainer, options, pipeline)
 

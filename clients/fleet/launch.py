@@ -5,9 +5,11 @@
 
 Client ``i`` runs ``python -m fedlink client --index i --name fleet-i`` on partition ``i`` of
 the config's data. With ``--with-coordinator`` the launcher first starts ``fedlink serve`` on
-a free port and waits until its ``grpc.health.v1`` check answers SERVING. SIGINT and SIGTERM
-are forwarded to every child. At the end it prints each process's exit code and the tail of
-its output, and exits non-zero if any process failed.
+a free port and waits until its ``grpc.health.v1`` check answers SERVING; over TLS when the
+config enables ``[coordinator.tls]`` or ``--tls-ca`` is given, trusting ``--tls-ca`` and showing
+``--tls-cert``/``--tls-key`` to a coordinator that requires mutual TLS. ``--tls-*`` are passed on
+to every client. SIGINT and SIGTERM are forwarded to every child. At the end it prints each
+process's exit code and the tail of its output, and exits non-zero if any process failed.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import grpc
 
 LISTENING = re.compile(r"listening on (\S+):(\d+)")
 POLL_S = 0.1
@@ -169,8 +175,10 @@ class Fleet:
                                "the coordinator did not start (see its output below)")
         host = "127.0.0.1" if match[1] in ("0.0.0.0", "[::]", "::") else match[1]
         address = f"{host}:{match[2]}"
-        wait_serving(address, a.startup_timeout)
-        print(f"launcher: coordinator SERVING on {address}", flush=True)
+        tls = a.tls_files  # set whenever the config enables TLS (``parse_args`` sees to it)
+        wait_serving(address, a.startup_timeout, tls)
+        over = "" if tls is None else " (TLS)"
+        print(f"launcher: coordinator SERVING on {address}{over}", flush=True)
         return address
 
     def start_clients(self, server: str) -> None:
@@ -184,6 +192,10 @@ class Fleet:
                     "--index", str(index), "--name", name]
             if a.token:
                 argv += ["--token", a.token]
+            for flag, path in (("--tls-ca", a.tls_ca), ("--tls-cert", a.tls_cert),
+                               ("--tls-key", a.tls_key)):
+                if path:
+                    argv += [flag, path]
             self.clients.append(Child.spawn(name, self.fedlink(*argv), a.tail, a.echo))
         print(f"launcher: started {len(self.clients)} clients against {server}", flush=True)
 
@@ -246,13 +258,45 @@ class Fleet:
         print(f"launcher: {len(codes) - failed}/{len(codes)} processes succeeded", flush=True)
 
 
-def wait_serving(address: str, timeout_s: float) -> None:
-    """Poll ``grpc.health.v1.Health/Check`` at ``address`` until it answers SERVING."""
+@dataclass(frozen=True)
+class TLSFiles:
+    """PEM files for a TLS health check: the CA to trust (empty: the system's roots) and, for
+    a coordinator that requires mutual TLS, a client certificate and its key."""
+
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        """``grpc.ChannelCredentials`` from the files (``RuntimeError`` if one is unreadable)."""
+        import grpc
+
+        def read(path: str, flag: str) -> bytes | None:
+            if not path:
+                return None
+            try:
+                return Path(path).read_bytes()
+            except OSError as exc:
+                raise RuntimeError(f"{flag} {path}: {exc.strerror}") from None
+
+        return grpc.ssl_channel_credentials(
+            root_certificates=read(self.ca_file, "--tls-ca"),
+            private_key=read(self.key_file, "--tls-key"),
+            certificate_chain=read(self.cert_file, "--tls-cert"))
+
+
+def wait_serving(address: str, timeout_s: float, tls: TLSFiles | None = None) -> None:
+    """Poll ``grpc.health.v1.Health/Check`` at ``address`` until it answers SERVING.
+
+    With ``tls`` the check runs over TLS (the only way to reach a coordinator serving TLS).
+    """
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(address) as channel:
+    channel = (grpc.insecure_channel(address) if tls is None
+               else grpc.secure_channel(address, tls.credentials()))
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         request = health_pb2.HealthCheckRequest(service="")
         while True:
@@ -263,8 +307,28 @@ def wait_serving(address: str, timeout_s: float) -> None:
             except grpc.RpcError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"no SERVING health check from {address} in {timeout_s} s")
+                over = ("over plaintext" if tls is None else
+                        f"over TLS (CA {tls.ca_file or 'the system roots'}"
+                        f"{', client certificate ' + tls.cert_file if tls.cert_file else ''})")
+                raise RuntimeError(f"no SERVING health check from {address} in {timeout_s} s "
+                                   f"{over}")
             time.sleep(POLL_S)
+
+
+@dataclass(frozen=True)
+class CoordinatorTLS:
+    """What a config's ``[coordinator.tls]`` asks of clients."""
+
+    enabled: bool = False  # the coordinator serves TLS (cert_file is set)
+    mutual: bool = False  # ...and requires client certificates (client_ca_file is set)
+
+
+def configured_tls(config: Path) -> CoordinatorTLS:
+    """``[coordinator.tls]`` of an experiment TOML file (plaintext when absent)."""
+    with config.open("rb") as fh:
+        tls = tomllib.load(fh).get("coordinator", {}).get("tls", {})
+    return CoordinatorTLS(enabled=bool(tls.get("cert_file")),
+                          mutual=bool(tls.get("cert_file") and tls.get("client_ca_file")))
 
 
 def configured_clients(config: Path) -> int:
@@ -287,6 +351,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="data partition of the first client (to split a fleet over machines)")
     p.add_argument("--name-prefix", default="fleet", help="clients are named PREFIX-INDEX")
     p.add_argument("--token", default="", help="join token, if the coordinator needs one")
+    p.add_argument("--tls-ca", default="", metavar="PEM",
+                   help="connect over TLS, trusting this CA for the coordinator's certificate")
+    p.add_argument("--tls-cert", default="", metavar="PEM",
+                   help="client certificate for mutual TLS (with --tls-key)")
+    p.add_argument("--tls-key", default="", metavar="PEM", help="its private key")
     p.add_argument("--host", default="127.0.0.1", help="--with-coordinator: listen address")
     p.add_argument("--output-dir", type=Path, default=None,
                    help="--with-coordinator: run folder parent (default: [run] output_dir)")
@@ -315,6 +384,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.clients = configured_clients(args.config) - args.first_index
     if args.clients < 1 or args.first_index < 0:
         parser.error("need --clients >= 1 and --first-index >= 0")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        parser.error("--tls-cert and --tls-key go together: give both or neither")
+    for flag, path in (("--tls-ca", args.tls_ca), ("--tls-cert", args.tls_cert),
+                       ("--tls-key", args.tls_key)):
+        if path and not Path(path).is_file():
+            parser.error(f"{flag} file not found: {path}")
+    args.tls_files = (TLSFiles(args.tls_ca, args.tls_cert, args.tls_key)
+                      if args.tls_ca or args.tls_cert else None)
+    if args.with_coordinator:
+        tls = configured_tls(args.config)
+        # `fedlink client` speaks TLS only when given --tls-ca or a certificate.
+        if tls.enabled and args.tls_files is None:
+            parser.error("the config enables [coordinator.tls]: pass --tls-ca (the CA that "
+                         "signed its certificate) so the health check and the clients use TLS")
+        if tls.mutual and not args.tls_cert:
+            parser.error("the config requires mutual TLS ([coordinator.tls] client_ca_file): "
+                         "pass --tls-cert and --tls-key")
     return args
 
 

@@ -1,7 +1,8 @@
 """The deployables, end to end as real processes on loopback.
 
-``fedlink serve`` with the fleet launcher, the numpy-only edge client, graceful shutdown on
-signals, the API quickstart, ``--version``, and the shipped configs. Every process a test
+``fedlink serve`` with the fleet launcher, the numpy-only edge client, both against a mutual-TLS
+coordinator too, graceful shutdown on signals, the API quickstart, ``--version``, and the
+shipped configs. Every process a test
 starts is killed (with its descendants) when the test ends.
 """
 
@@ -13,6 +14,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -279,6 +281,7 @@ sys.exit(code)
 """
 
 EDGE = REPO / "clients/edge/edge_client.py"
+LAUNCH = REPO / "clients/fleet/launch.py"
 
 
 def load_edge_module() -> ModuleType:
@@ -333,6 +336,117 @@ def test_edge_trainer_matches_torch_logreg() -> None:
         theirs = TorchTrainer(build_model("logreg", 64, 10, seed=0), share).train(start, plan)
         np.testing.assert_allclose(ours.params, theirs.params, atol=1e-5)
         assert ours.steps_completed == theirs.steps_completed == 3
+
+
+# -- TLS: the edge client and the fleet launcher against a mutual-TLS coordinator ---------------
+
+needs_openssl = pytest.mark.skipif(
+    shutil.which("openssl") is None,
+    reason="the openssl command line tool is needed to make certificates")
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A throwaway CA and its server and client certificates (``server/make_test_certs.sh``)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command line tool is needed to make certificates")
+    root = tmp_path_factory.mktemp("certs")
+    subprocess.run(["bash", str(REPO / "server/make_test_certs.sh"), str(root)], check=True,
+                   capture_output=True, timeout=60)
+    files = {f"{stem}_{ext}": root / f"{stem}.{ext}"
+             for stem in ("ca", "server", "client") for ext in ("pem", "key")}
+    assert all(path.is_file() for path in files.values())
+    return files
+
+
+def mutual_tls_config(model: str, certs: dict[str, Path], clients: int, rounds: int) -> str:
+    """``small_config`` with ``rounds`` rounds and ``[coordinator.tls]`` requiring client certs."""
+    config = small_config(model, clients).replace("rounds = 2", f"rounds = {rounds}")
+    return config + f"""
+[coordinator.tls]
+cert_file = "{certs['server_pem']}"
+key_file = "{certs['server_key']}"
+client_ca_file = "{certs['ca_pem']}"
+"""
+
+
+def tls_flags(certs: dict[str, Path]) -> list[str]:
+    """``--tls-ca/--tls-cert/--tls-key`` for our client certificate."""
+    return ["--tls-ca", str(certs["ca_pem"]), "--tls-cert", str(certs["client_pem"]),
+            "--tls-key", str(certs["client_key"])]
+
+
+@needs_openssl
+def test_edge_client_finishes_a_run_over_mutual_tls(spawn: Spawner, tmp_path: Path,
+                                                    certs: dict[str, Path]) -> None:
+    config = tmp_path / "edge.toml"
+    config.write_text(mutual_tls_config("logreg", certs, clients=1, rounds=2))
+    serve, address = start_serve(spawn, config, tmp_path / "runs")
+    # The certificate names localhost / 127.0.0.1: dial the loopback IP it was started on.
+    edge = spawn([sys.executable, "-c", TORCH_FREE, str(EDGE), "--server", address,
+                  "--name", "edge-tls", "--index", "0", "--of", "1", "--max-tasks", "2",
+                  *tls_flags(certs)])
+    assert edge.finish(timeout_s=60) == 0, edge.output + serve.output
+    assert "torch-free exit 0" in edge.output
+    assert "tasks 2, accepted 2, refused 0" in edge.output
+    assert serve.finish(timeout_s=30) == 0, serve.output
+    run_dir = tmp_path / "runs/small-logreg"
+    assert [e["name"] for e in read_events(run_dir)
+            if e["kind"] == "client_joined"] == ["edge-tls"]
+    assert json.loads((run_dir / "summary.json").read_text())["updates_accepted"] == 2
+
+
+@needs_openssl
+def test_edge_client_reports_a_half_given_client_certificate(certs: dict[str, Path]) -> None:
+    done = subprocess.run([sys.executable, str(EDGE), "--server", "127.0.0.1:1",
+                           "--tls-ca", str(certs["ca_pem"]), "--tls-cert",
+                           str(certs["client_pem"])],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "cert_file and key_file go together" in done.stderr
+
+
+@needs_openssl
+def test_fleet_with_coordinator_runs_over_mutual_tls(spawn: Spawner, tmp_path: Path,
+                                                     certs: dict[str, Path]) -> None:
+    """The health check speaks TLS with the client certificate; the clients get the flags."""
+    config = tmp_path / "fleet.toml"
+    config.write_text(mutual_tls_config("logreg", certs, clients=2, rounds=1))
+    launcher = spawn([sys.executable, str(LAUNCH), "--config", str(config),
+                      "--with-coordinator", "--output-dir", str(tmp_path / "runs"),
+                      "--grace", "3", "--timeout", "50", "--startup-timeout", "30",
+                      "--tail", "3", *tls_flags(certs)])
+    code = launcher.finish(timeout_s=80)
+    run = FleetRun(code, launcher.output, tmp_path / "runs/small-logreg")
+    assert code == 0, launcher.output
+    assert re.search(r"coordinator SERVING on 127\.0\.0\.1:\d+ \(TLS\)", launcher.output)
+    assert run.exit_codes() == {"coordinator": 0, "fleet-0": 0, "fleet-1": 0}, launcher.output
+    summary = json.loads((run.run_dir / "summary.json").read_text())
+    assert summary["rounds"] == 1
+    assert summary["updates_accepted"] == 2
+    joined = {e["name"] for e in read_events(run.run_dir) if e["kind"] == "client_joined"}
+    assert joined == {"fleet-0", "fleet-1"}
+
+
+@needs_openssl
+@pytest.mark.parametrize("flags, message", [
+    ([], "pass --tls-ca"),
+    (["--tls-ca", "CA"], "pass --tls-cert and --tls-key"),
+    (["--tls-ca", "CA", "--tls-cert", "CERT"], "--tls-cert and --tls-key go together"),
+    (["--tls-ca", "missing.pem"], "--tls-ca file not found"),
+], ids=["no-ca", "no-client-cert", "cert-without-key", "missing-file"])
+def test_launcher_refuses_tls_flags_the_config_cannot_use(
+        tmp_path: Path, certs: dict[str, Path], flags: list[str], message: str) -> None:
+    config = tmp_path / "fleet.toml"
+    config.write_text(mutual_tls_config("logreg", certs, clients=1, rounds=1))
+    files = {"CA": str(certs["ca_pem"]), "CERT": str(certs["client_pem"]),
+             "missing.pem": str(tmp_path / "missing.pem")}
+    done = subprocess.run([sys.executable, str(LAUNCH), "--config", str(config),
+                           "--with-coordinator", *(files.get(f, f) for f in flags)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert message in done.stderr
+    assert "coordinator" not in done.stdout  # refused before anything started
 
 
 # -- signals ------------------------------------------------------------------------------------
