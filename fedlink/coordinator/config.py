@@ -295,7 +295,8 @@ class AuthConfig:
 
     The HMAC secret that signs tokens comes from ``secret_file`` or the environment variable
     named by ``secret_env`` (one of them; both empty: no per-client tokens). The secret itself
-    never sits in the config, so it never reaches the event log.
+    never sits in the config, so it never reaches the event log. ``fedlink simulate``, which
+    holds the secret, issues each of its own clients a token.
     """
 
     secret_file: str = ""

@@ -23,6 +23,8 @@ import torch
 
 from fedlink.client import ClientOptions, ClientSession, SessionStats, Trainer
 from fedlink.coordinator import CoordinatorServer
+from fedlink.coordinator.auth import issue_token, load_secret
+from fedlink.errors import ConfigError
 from fedlink.metrics import (
     EVENTS_FILENAME,
     SUMMARY_FILENAME,
@@ -40,6 +42,7 @@ from fedlink.sim.setup import Experiment, prepare_run_dir
 from fedlink.sim.stragglers import SlowedTrainer
 
 PROGRESS_POLL_S = 0.2
+SIM_TOKEN_TTL_S = 7 * 24 * 3600.0  # a simulated client's token outlives any simulation
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,10 @@ class SimulationResult:
 def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
                    progress: bool = True) -> SimulationResult:
     """Run the experiment to the end and write its run folder; returns the summary."""
+    if config.coordinator.tls.enabled:
+        raise ConfigError("fedlink simulate runs its clients in this process over loopback in "
+                          "plaintext: remove [coordinator.tls], or run `fedlink serve` and "
+                          "`fedlink client --tls-ca ...` to try TLS")
     torch.set_num_threads(config.run.torch_threads)
     experiment = Experiment.build(config)
     run_dir = prepare_run_dir(config, output_dir)
@@ -153,10 +160,23 @@ async def _run_sessions(sessions: list[ClientSession], server: CoordinatorServer
 
 def _session(config: ExperimentConfig, index: int, trainer: Trainer, target: str,
              pool: ThreadPoolExecutor, inline: bool) -> ClientSession:
-    options = ClientOptions(name=f"sim-{index}", seed=config.run.seed * 1_000_003 + index)
+    name = f"sim-{index}"
+    options = ClientOptions(name=name, token=_token(config, name),
+                            seed=config.run.seed * 1_000_003 + index)
     pipeline = config.client.pipeline()
     return ClientSession(target, trainer, options, pipeline, executor=pool,
                          inline_training=inline)
+
+
+def _token(config: ExperimentConfig, name: str) -> str:
+    """What simulated client ``name`` presents: with ``[coordinator.auth]`` its own token
+    (the simulation holds the coordinator's secret, so it issues one), else the shared
+    ``join_token`` (empty when there is none)."""
+    coordinator = config.coordinator
+    if not coordinator.auth.enabled:
+        return coordinator.join_token
+    secret = load_secret(coordinator.auth.secret_file, coordinator.auth.secret_env)
+    return issue_token(secret, name, ttl_s=SIM_TOKEN_TTL_S)
 
 
 async def _watch(events: EventLog, bar: RunProgress, server: CoordinatorServer,

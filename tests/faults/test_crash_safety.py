@@ -240,7 +240,8 @@ def test_coordinator_killed_20_times_finishes_and_counts_every_update_once(
         assert fleet.error is None, fleet.error
         coordinator.start(plan[i + 1][0] if i + 1 < len(plan) else "")
     code = coordinator.wait_exit(timeout_s=240)
-    timeline.append(f"{time.monotonic() - began:6.1f}s run finished")
+    timeline.append(f"{time.monotonic() - began:6.1f}s run finished; {mid_upload} kills while "
+                    f"an upload streamed, {self_killed} at crash points")
     print("\n".join(timeline))
     assert code == 0, coordinator.log.read_text()[-4000:]
     assert fleet.thread is not None

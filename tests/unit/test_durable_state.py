@@ -267,9 +267,9 @@ def test_an_upload_whose_commit_was_not_durable_can_be_committed_after_a_restart
     monkeypatch.undo()
 
     second = Coordinator(cfg)
-    assert second.service.engine._accumulator.count == 0  # noqa: SLF001 (not acknowledged)
+    assert second.service.engine._accumulator.count == 0
     payload = pack(delta(1), get_codec("fp32"))
     reply = run_async(second.service.commit(CommitRequest(  # the spool kept its bytes
         a, "up-1", task.task_id, 0, 10, 1, 1, payload.header)))
     assert reply.model_version == 0
-    assert second.service.engine._accumulator.count == 1  # noqa: SLF001
+    assert second.service.engine._accumulator.count == 1
