@@ -96,6 +96,7 @@ class CoordinatorServer:
         """Apply the deadline and liveness rules every ``POLL_INTERVAL_S``."""
         while not self.service.engine.finished:
             self.service.poll()
+            await self.service.state.sync()  # what poll changed (or an end_run) is journaled
             await asyncio.sleep(POLL_INTERVAL_S)
 
     async def wait_finished(self) -> None:

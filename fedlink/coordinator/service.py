@@ -11,15 +11,18 @@ upload durable, then checks for a remembered answer, accepts and remembers the n
 no ``await`` in between, so concurrent duplicate commits cannot both reach the engine.
 
 Durability of everything else (with a ``state_dir``): each call that changes state does so
-inside ``_durably()``, one batch of the ``StateStore`` journal that is durable before the call
-answers, with the events it emitted held back until then. A new service restores what a
-previous process left in the ``state_dir`` (``fedlink.coordinator.state``).
+inside ``_durably()``, which journals the change to the ``StateStore`` with the events it
+emitted; every call awaits ``state.sync()`` before it answers (a group commit shared with the
+calls waiting at the same moment), and the events reach the event log once durable. A new
+service restores what a previous process left in the ``state_dir``
+(``fedlink.coordinator.state``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -34,7 +37,7 @@ from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.engine import FlushOutcome, ReceivedUpdate, RoundEngine, TaskRecord
 from fedlink.coordinator.limits import Limiter
 from fedlink.coordinator.registry import ClientRegistry
-from fedlink.coordinator.state import FlushRecord, open_store
+from fedlink.coordinator.state import FlushRecord, SavedState, open_store
 from fedlink.coordinator.uploads import UploadSession, UploadStore
 from fedlink.errors import (
     InvalidArgument,
@@ -107,39 +110,51 @@ class CoordinatorService:
         with self._durably():
             if saved is None:
                 self.engine.save_initial()
-                return
-            self.engine.restore(saved)
-            self.registry.restore(saved.clients)
-            self.uploads.restore(saved.settled)
-            self.restored_version = self.engine.version
-            models = {c.version: c.model for c in saved.checkpoints}
-            for record in saved.unreported:
-                self._flushes.put_nowait((_outcome(record, models.get(record.version,
-                                                                      self.engine.model)), 0))
-            self._reported_version = (saved.unreported[0].version - 1 if saved.unreported
-                                      else self.engine.version)
-            log.info("restored from %s: version %d, %d clients, %d tasks, %d pending updates",
-                     self.config.state_dir, self.engine.version, len(saved.clients),
-                     len(saved.tasks), len(saved.pending))
-            self.events.emit("coordinator_restored", model_version=self.engine.version,
-                             clients=len(saved.clients), tasks=len(saved.tasks),
-                             pending_updates=len(saved.pending),
-                             settled_uploads=len(saved.settled),
-                             unreported_flushes=len(saved.unreported))
-            outcome = self.engine.due_flush()
-            if outcome is not None:
-                self._on_flush(outcome)
+            else:
+                self._take_back(saved)
+        self.state.sync_now()  # before the first call is served
+
+    def _take_back(self, saved: SavedState) -> None:
+        """Restore engine, registry and uploads from ``saved``; queue its unreported flushes."""
+        self.engine.restore(saved)
+        self.registry.restore(saved.clients)
+        self.uploads.restore(saved.settled)
+        self.restored_version = self.engine.version
+        models = {c.version: c.model for c in saved.checkpoints}
+        for record in saved.unreported:
+            self._flushes.put_nowait((_outcome(record, models.get(record.version,
+                                                                  self.engine.model)), 0))
+        self._reported_version = (saved.unreported[0].version - 1 if saved.unreported
+                                  else self.engine.version)
+        log.info("restored from %s: version %d, %d clients, %d tasks, %d pending updates",
+                 self.config.state_dir, self.engine.version, len(saved.clients),
+                 len(saved.tasks), len(saved.pending))
+        self.events.emit("coordinator_restored", model_version=self.engine.version,
+                         clients=len(saved.clients), tasks=len(saved.tasks),
+                         pending_updates=len(saved.pending),
+                         settled_uploads=len(saved.settled),
+                         unreported_flushes=len(saved.unreported))
+        outcome = self.engine.due_flush()
+        if outcome is not None:
+            self._on_flush(outcome)
 
     @contextlib.contextmanager
     def _durably(self) -> Iterator[None]:
-        """One durable step: the state changed inside and its events are journaled together,
-        then the events are written to the event log."""
-        with self.events.held() as held, self.state.batch():
+        """Journal the state changed inside together with the events it emitted.
+
+        The events reach the event log once the store has made both durable; the call then
+        awaits ``state.sync()`` before it answers.
+        """
+        with self.events.captured() as held:
             try:
                 yield
             finally:
                 self.state.save_events(held)
-        self.state.events_written()
+                self.state.on_durable(functools.partial(self._write_events, held))
+
+    def _write_events(self, held: list[dict[str, Any]]) -> None:
+        self.events.write_captured(held)
+        self.state.events_written(held)
 
     # -- calls --------------------------------------------------------------------------------
 
@@ -157,6 +172,7 @@ class CoordinatorService:
             self.state.save_client(record)
             self.events.emit("client_joined", client_id=record.client_id, name=record.name,
                              num_examples=record.num_examples)
+        await self.state.sync()
         return JoinReply(record.client_id, self.run_config())
 
     def run_config(self) -> RunConfig:
@@ -188,6 +204,8 @@ class CoordinatorService:
                                   f"coordinator published (current {self.engine.version}; "
                                   "-1 = none held)")
         reply = await self._next_task(request.client_id, request.held_version)
+        if isinstance(reply, Task):  # a new task, or a new delta base, was journaled
+            await self.state.sync()
         self._check_finished_without_flush()
         if isinstance(reply, Finished):
             self._told_finished.add(request.client_id)
@@ -294,7 +312,7 @@ class CoordinatorService:
         """How many bytes of an upload the coordinator holds."""
         self._admit(request.client_id)
         held = self.uploads.status(request.client_id, request.upload_id)
-        return UploadReply(request.upload_id, held)
+        return UploadReply(request.upload_id, held)  # spool bytes are fsynced by the spool
 
     async def commit(self, request: CommitRequest) -> CommitReply:
         """Turn a complete upload into an accepted update; the same answer on every repeat."""
@@ -306,11 +324,13 @@ class CoordinatorService:
         # either finds the remembered answer or has not started yet.
         previous = self.uploads.answer(request.client_id, request.upload_id)
         if previous is not None:
+            await self.state.sync()  # the first commit's answer may still be on its way
             return self._replay(previous)
         session = self.uploads.get(request.client_id, request.upload_id)
         with self._durably():
             self.state.crash_point("commit.before_accept")
             answer = self._settle(request, session)
+        await self.state.sync()
         if isinstance(answer, RemoteError):
             raise answer
         return answer
@@ -340,7 +360,7 @@ class CoordinatorService:
                                                                  request.task_id))
             except UpdateRefused:  # forgotten because too stale: closed
                 task_open = False
-        return HeartbeatReply(self.engine.version, task_open)
+        return HeartbeatReply(self.engine.version, task_open)  # changes nothing: no sync
 
     async def leave(self, request: LeaveRequest) -> LeaveReply:
         """Forget the client; its open task stops holding a place in the cohort."""
@@ -353,6 +373,7 @@ class CoordinatorService:
             self.events.emit("client_left", client_id=request.client_id,
                              reason=request.reason)
         self._notify()
+        await self.state.sync()
         return LeaveReply()
 
     # -- internals ----------------------------------------------------------------------------
@@ -453,6 +474,7 @@ class CoordinatorService:
                                  bytes_down=bytes_down, updates=list(outcome.task_ids),
                                  **dict(outcome.hook_report), **metrics)
                 self.state.mark_reported(outcome.version)
+            await self.state.sync()
             self._reported_version = outcome.version
             if outcome.finished:
                 self._announce_finish()

@@ -207,14 +207,13 @@ class EventLog:
         return dict(event)
 
     @contextlib.contextmanager
-    def held(self) -> Iterator[list[Event]]:
-        """Hold back the events emitted inside; write them, in order, on the way out.
+    def captured(self) -> Iterator[list[Event]]:
+        """Capture the events emitted inside instead of writing them; yields their list.
 
-        The coordinator emits an update's events while the update's durable state is still
-        being written, and holds them until that state is durable: a crash in between then
-        loses both, never leaving an event that claims what a restart does not know.
-        Nested blocks write at the end of the outermost one. The block gets the list of held
-        events (the caller may add fields to them, such as an ``event_id``, before they go out).
+        The caller writes them later with :meth:`write_captured`. The coordinator captures the
+        events of a change to its durable state and writes them once the change is durable: a
+        crash in between then loses neither or both, and never leaves an event that claims what
+        a restart does not know. Nested blocks share the outermost one's list.
         """
         with self._lock:
             outermost = self._held is None
@@ -226,9 +225,13 @@ class EventLog:
         finally:
             if outermost:
                 with self._lock:
-                    held, self._held = self._held or [], None
-                    for event in held:
-                        self._record(event)
+                    self._held = None
+
+    def write_captured(self, events: list[Event]) -> None:
+        """Write and keep events captured by :meth:`captured`, in order."""
+        with self._lock:
+            for event in events:
+                self._record(event)
 
     def replay(self, event: Event) -> None:
         """Write an event made by an earlier process as it is (a coordinator's restart)."""

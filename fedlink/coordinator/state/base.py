@@ -2,9 +2,10 @@
 
 The coordinator's state is *journaled*: the round engine, the client registry and the upload
 store change their in-memory state as before and tell a ``StateStore`` each change as it
-happens. The store groups the changes of one call into a batch (``batch``) and makes the batch
-durable when it ends, before the call answers. So a client is never told of something the
-store could lose, and a restarted coordinator rebuilds exactly what it had acknowledged:
+happens. Before a call answers, it awaits ``sync()``: everything journaled until then is
+durable when it returns (a *group commit*: one transaction, one fsync, for every call waiting
+at that moment, off the event loop). So a client is never told of something the store could
+lose, and a restarted coordinator rebuilds exactly what it had acknowledged:
 
 - the model of the current version, the server optimizer's and flush hooks' state, and the
   models of the versions clients may still download, from the last *checkpoint*;
@@ -12,18 +13,18 @@ store could lose, and a restarted coordinator rebuilds exactly what it had ackno
   order they were accepted (replay is deterministic, so the accumulator ends up bit-identical);
 - clients, tasks and the remembered answer of every settled commit.
 
-A flush writes the new version's checkpoint (write, fsync, rename) *before* its batch commits;
-the store's record of the current version is the authority, so a checkpoint written by a flush
-whose batch never committed is ignored and its updates, still pending, flush again.
+A flush writes the new version's checkpoint (write, fsync, rename) in the same commit, before
+the transaction that moves the version on; the store's record of the current version is the
+authority, so a checkpoint written by a flush whose transaction never committed is ignored and
+its updates, still pending, flush again.
 
 ``NullStore`` is the default with no ``state_dir``: it keeps nothing and restores nothing.
 """
 
 from __future__ import annotations
 
-import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,9 +105,10 @@ class SavedState:
 class StateStore(ABC):
     """Where the coordinator journals its state; ``load`` gives it back after a restart.
 
-    Every ``save_*``/``forget_*`` call joins the current batch; the batch becomes durable when
-    the outermost ``batch()`` block exits (also when it exits by an exception: the in-memory
-    state the journal mirrors has changed either way). Calls outside a batch form their own.
+    ``save_*``/``forget_*`` journal a change (on the event loop, without waiting); ``sync``
+    makes everything journaled so far durable. A store whose writes fail stops: every later
+    ``sync`` raises ``Unavailable`` (the in-memory state is then ahead of the disk, and only a
+    restart from the disk is consistent).
     """
 
     durable: bool = False
@@ -115,9 +117,11 @@ class StateStore(ABC):
     def load(self, num_parameters: int) -> SavedState | None:
         """The saved state, or None for a fresh start (``ConfigError`` if it does not fit)."""
 
-    @abstractmethod
-    def batch(self) -> contextlib.AbstractContextManager[None]:
-        """Group the journal calls inside into one durable step."""
+    async def sync(self) -> None:  # noqa: B027 (nothing to wait for in this store)
+        """Return once everything journaled before this call is durable (now, for this store)."""
+
+    def sync_now(self) -> None:  # noqa: B027 (nothing to do for this store)
+        """``sync`` outside the event loop (start-up and shutdown)."""
 
     @abstractmethod
     def save_client(self, record: ClientRecord) -> None:
@@ -160,15 +164,15 @@ class StateStore(ABC):
 
     @abstractmethod
     def save_events(self, events: list[dict[str, Any]]) -> None:
-        """Make the batch's events durable with it, giving each an ``event_id``.
+        """Journal events with the changes they report, giving each an ``event_id``.
 
-        The caller writes them to the event log once the batch is durable, then calls
-        ``events_written``; a restart hands back those it may not have written.
+        The caller writes them to the event log once they are durable (``on_durable``), then
+        calls ``events_written``; a restart hands back those it may not have written.
         """
 
     @abstractmethod
-    def events_written(self) -> None:
-        """Every event saved so far is in the event log."""
+    def events_written(self, events: list[dict[str, Any]]) -> None:
+        """``events``, saved by ``save_events``, and every earlier one are in the event log."""
 
     @abstractmethod
     def save_finished(self, reason: str) -> None:
@@ -194,11 +198,6 @@ class NullStore(StateStore):
     def load(self, num_parameters: int) -> SavedState | None:
         """Nothing was saved."""
         return None
-
-    @contextlib.contextmanager
-    def batch(self) -> Iterator[None]:
-        """Nothing to make durable."""
-        yield
 
     def save_client(self, record: ClientRecord) -> None:
         """Kept in memory only."""
@@ -230,7 +229,7 @@ class NullStore(StateStore):
     def save_events(self, events: list[dict[str, Any]]) -> None:
         """Events are written straight away, without an ``event_id``."""
 
-    def events_written(self) -> None:
+    def events_written(self, events: list[dict[str, Any]]) -> None:
         """Nothing to track."""
 
     def save_finished(self, reason: str) -> None:

@@ -6,9 +6,11 @@ Layout of a ``state_dir``::
     checkpoints/v000000042.npz    the model and engine state of each version still kept
     uploads/<client>/<id>.spool   bytes of uploads in progress (``fedlink.coordinator.spool``)
 
-Each batch is one SQLite transaction committed with ``synchronous=FULL``: when ``COMMIT``
-returns, the batch survives a crash of the process or of the machine. In WAL mode a commit is
-one append to the log and one fsync, about a millisecond on a local SSD.
+Journaled changes are buffered on the event loop; ``sync`` hands them to one writer thread,
+which applies them as one SQLite transaction committed with ``synchronous=FULL``: when
+``COMMIT`` returns, they survive a crash of the process or of the machine. Calls that sync while
+a commit is in flight share the next one (group commit), so the fsync rate stays bounded
+however many clients are calling, and the event loop never waits on a disk.
 
 Times are not restored: a restarted coordinator counts clients as seen, tasks as issued and the
 round as started at its own start, so a restart never makes a live client look dead.
@@ -20,13 +22,15 @@ kill itself with SIGKILL the ``N``-th time (default 1) it passes the crash point
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 import os
 import signal
 import sqlite3
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -49,11 +53,13 @@ from fedlink.coordinator.state.checkpoint import (
     saved_versions,
     write_checkpoint,
 )
-from fedlink.errors import ConfigError, RemoteError, remote_error
+from fedlink.errors import ConfigError, RemoteError, Unavailable, remote_error
 from fedlink.messages import CommitReply
 from fedlink.metrics.events import to_jsonable
 
 log = logging.getLogger(__name__)
+
+Op = Callable[[sqlite3.Connection], Any]  # one journaled write, run on the writer thread
 
 DB_FILENAME = "state.sqlite"
 CRASH_ENV = "FEDLINK_CRASH_AT"
@@ -98,38 +104,117 @@ class SqliteStore(StateStore):
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
-        self._depth = 0
-        self._saved_event = 0  # highest event_id saved by this process
-        self._written_event = 0  # highest event_id known to be in the event log
-        self._after_commit: list[Callable[[], None]] = []
+        self._ops: list[Op] = []  # journaled, not yet handed to the writer
+        self._after: list[Callable[[], None]] = []  # to run once those ops are durable
+        self._queued = 0  # ops journaled so far, ever
+        self._durable = 0  # ops durable so far
+        self._inflight: asyncio.Future[None] | None = None
+        self._failed: BaseException | None = None
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedlink-state")
+        self._event_ids = self._last_event_id()
+        self._written = self._dropped = 0  # event ids in the event log / out of the outbox
         self._crash_name, self._crash_left = _crash_spec(os.environ.get(CRASH_ENV, ""))
 
-    # -- batches ------------------------------------------------------------------------------
+    # -- group commit -------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def batch(self) -> Iterator[None]:
-        """One transaction for everything journaled inside; committed on the way out."""
-        if self._depth == 0:
-            self._db.execute("BEGIN IMMEDIATE")
-            if self._written_event:  # written events need no second chance any more
-                self._db.execute("DELETE FROM event_outbox WHERE event_id <= ?",
-                                 (self._written_event,))
-        self._depth += 1
+    async def sync(self) -> None:
+        """Return once everything journaled before this call is durable.
+
+        Whatever was journaled meanwhile by other calls goes into the same transaction: one
+        commit (one fsync) serves every call waiting, on the writer thread, off the loop.
+        """
+        target = self._queued
+        while self._durable < target:
+            self._check_failed()
+            if self._inflight is None:
+                self._start_commit()
+            assert self._inflight is not None
+            await asyncio.shield(self._inflight)
+
+    def sync_now(self) -> None:
+        """``sync`` for code outside the event loop (start-up, shutdown): commits right here."""
+        if self._inflight is not None:
+            raise RuntimeError("sync_now while a commit is in flight: await sync() instead")
+        ops, after, upto = self._take()
+        if ops:
+            self._commit(ops)
+        self._committed(after, upto)
+
+    def _take(self) -> tuple[list[Op], list[Callable[[], None]], int]:
+        if self._ops and self._written > self._dropped:
+            written, self._dropped = self._written, self._written
+            self._ops.insert(0, lambda db: db.execute(
+                "DELETE FROM event_outbox WHERE event_id <= ?", (written,)))
+        ops, after = self._ops, self._after
+        self._ops, self._after = [], []
+        return ops, after, self._queued
+
+    def _start_commit(self) -> None:
+        ops, after, upto = self._take()
+        loop = asyncio.get_running_loop()
+        # Waiters wait on ``committed``, resolved only after the bookkeeping below: awaiting
+        # the executor's own future could return before its callbacks ran, and spin.
+        committed: asyncio.Future[None] = loop.create_future()
+        work = loop.run_in_executor(self._writer, self._commit, ops)
+        work.add_done_callback(lambda done: self._finished(done, after, upto, committed))
+        self._inflight = committed
+
+    def _finished(self, done: asyncio.Future[None], after: list[Callable[[], None]],
+                  upto: int, committed: asyncio.Future[None]) -> None:
+        """On the loop: note the commit, run what waited for it, then wake the waiters."""
+        self._inflight = None
+        error = done.exception() if not done.cancelled() else asyncio.CancelledError()
+        if error is not None:
+            self._failed = error
+            log.critical("the coordinator's state store failed; refusing further calls: %r",
+                         error)
+            committed.set_exception(error)
+            return
+        self._committed(after, upto)
+        committed.set_result(None)
+
+    def _committed(self, after: list[Callable[[], None]], upto: int) -> None:
+        self._durable = upto
+        for action in after:
+            action()
+
+    def _commit(self, ops: list[Op]) -> None:
+        """One transaction of ``ops`` (on the writer thread)."""
+        self._db.execute("BEGIN IMMEDIATE")
         try:
-            yield
-        finally:
-            self._depth -= 1
-            if self._depth == 0:
-                self.crash_point("batch.before_commit")
-                self._db.execute("COMMIT")
-                self.crash_point("batch.after_commit")
-                done, self._after_commit = self._after_commit, []
-                for action in done:
-                    action()
+            for op in ops:
+                op(self._db)
+            self.crash_point("batch.before_commit")
+            self._db.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")
+            raise
+        self.crash_point("batch.after_commit")
+
+    def _check_failed(self) -> None:
+        if self._failed is not None:
+            raise Unavailable(f"the coordinator's state store failed ({self._failed!r}); "
+                              "it must be restarted")
 
     def _run(self, sql: str, *params: Any) -> None:
-        with self.batch():
-            self._db.execute(sql, params)
+        self._queue(lambda db: db.execute(sql, params))
+
+    def _queue(self, op: Op) -> None:
+        self._check_failed()
+        self._ops.append(op)
+        self._queued += 1
+
+    def on_durable(self, action: Callable[[], None]) -> None:
+        """Run ``action`` (on the loop) once everything journaled so far is durable."""
+        if self._ops:
+            self._after.append(action)
+        elif self._inflight is not None:  # only the commit in flight holds what came before
+            self._ops.append(lambda db: None)
+            self._queued += 1
+            self._after.append(action)
+        else:
+            action()
 
     # -- journal ------------------------------------------------------------------------------
 
@@ -144,17 +229,15 @@ class SqliteStore(StateStore):
 
     def save_task(self, record: TaskRecord, next_task: int) -> None:
         """Insert or replace the task's row; remember the task counter."""
-        with self.batch():
-            self._db.execute("INSERT OR REPLACE INTO tasks VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (
-                record.task_id, record.client_id, record.version, record.done, record.expired,
-                record.delta_base, record.holds_issue, record.dropped))
-            self._set_meta("next_task", next_task)
+        self._run("INSERT OR REPLACE INTO tasks VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                  record.task_id, record.client_id, record.version, record.done,
+                  record.expired, record.delta_base, record.holds_issue, record.dropped)
+        self._set_meta("next_task", next_task)
 
     def forget_tasks(self, task_ids: list[str]) -> None:
         """Delete the tasks' rows."""
-        with self.batch():
-            self._db.executemany("DELETE FROM tasks WHERE task_id = ?",
-                                 [(t,) for t in task_ids])
+        rows = [(t,) for t in task_ids]
+        self._queue(lambda db: db.executemany("DELETE FROM tasks WHERE task_id = ?", rows))
 
     def save_pending(self, update: ReceivedUpdate) -> None:
         """Append the accepted update (its decoded delta as float32 bytes)."""
@@ -173,57 +256,63 @@ class SqliteStore(StateStore):
 
     def save_initial(self, checkpoint: Checkpoint) -> None:
         """The model a fresh run starts from."""
-        write_checkpoint(self.checkpoints, checkpoint)
-        with self.batch():
-            self._set_meta("version", checkpoint.version)
+        self.save_flush(checkpoint, None, keep_from=0)
 
-    def save_flush(self, checkpoint: Checkpoint, record: FlushRecord, keep_from: int) -> None:
-        """Write the checkpoint now; the version moves on when the batch commits."""
-        self.crash_point("flush.before_checkpoint")
-        write_checkpoint(self.checkpoints, checkpoint)
-        self.crash_point("flush.after_checkpoint")
-        with self.batch():
-            self._set_meta("version", checkpoint.version)
-            self._db.execute("DELETE FROM pending")
-            self._db.execute("INSERT OR REPLACE INTO flushes VALUES (?, ?, 0)",
-                             (record.version, json.dumps(_flush_json(record))))
-            # Old checkpoints go only once the new version is the durable one.
-            self.on_durable(lambda: delete_checkpoints_before(self.checkpoints, keep_from))
+    def save_flush(self, checkpoint: Checkpoint, record: FlushRecord | None,
+                   keep_from: int) -> None:
+        """The checkpoint file is written first, in the same commit that moves the version on.
+
+        A crash between the two leaves a checkpoint the next start discards (see ``load``).
+        """
+        model = np.array(checkpoint.model, dtype=np.float32)  # the caller may reuse its array
+        frozen = Checkpoint(checkpoint.version, model, checkpoint.engine_state)
+
+        def write(db: sqlite3.Connection) -> None:
+            self.crash_point("flush.before_checkpoint")
+            write_checkpoint(self.checkpoints, frozen)
+            self.crash_point("flush.after_checkpoint")
+
+        self._queue(write)
+        self._set_meta("version", checkpoint.version)
+        self._run("DELETE FROM pending")
+        if record is not None:
+            self._run("INSERT OR REPLACE INTO flushes VALUES (?, ?, 0)", record.version,
+                      json.dumps(_flush_json(record)))
+        # Old checkpoints go only once the new version is the durable one.
+        self.on_durable(lambda: delete_checkpoints_before(self.checkpoints, keep_from))
 
     def mark_reported(self, version: int) -> None:
         """The flush event of ``version`` is in the event log."""
         self._run("UPDATE flushes SET reported = 1 WHERE version = ?", version)
 
-    def on_durable(self, action: Callable[[], None]) -> None:
-        """Run ``action`` after the current batch commits (at once outside a batch)."""
-        if self._depth == 0:
-            action()
-        else:
-            self._after_commit.append(action)
-
     def save_events(self, events: list[dict[str, Any]]) -> None:
-        """Insert the events into the outbox; each gets its row's id as ``event_id``."""
-        if not events:
-            return
-        with self.batch():
-            for event in events:
-                cursor = self._db.execute("INSERT INTO event_outbox (event) VALUES (?)",
-                                          (json.dumps(event, allow_nan=False),))
-                event["event_id"] = self._saved_event = int(cursor.lastrowid or 0)
-                self._db.execute("UPDATE event_outbox SET event = ? WHERE event_id = ?",
-                                 (json.dumps(event, allow_nan=False), event["event_id"]))
+        """Journal the events into the outbox, each with the next ``event_id``."""
+        rows = []
+        for event in events:
+            self._event_ids += 1
+            event["event_id"] = self._event_ids
+            rows.append((self._event_ids, json.dumps(event, allow_nan=False)))
+        if rows:
+            self._queue(lambda db: db.executemany("INSERT INTO event_outbox VALUES (?, ?)",
+                                                  rows))
+            self._set_meta("last_event_id", self._event_ids)  # ids are never reused
 
-    def events_written(self) -> None:
-        """The outbox rows saved so far go at the start of the next batch."""
-        self._written_event = self._saved_event
+    def events_written(self, events: list[dict[str, Any]]) -> None:
+        """``events`` (and every earlier one) are in the event log: the next commit drops them
+        from the outbox (no commit of its own)."""
+        self._written = max([self._written, *(int(e["event_id"]) for e in events)])
 
     def save_finished(self, reason: str) -> None:
         """Remember that the run is over."""
-        with self.batch():
-            self._set_meta("finished_reason", reason)
+        self._set_meta("finished_reason", reason)
 
     def _set_meta(self, key: str, value: Any) -> None:
-        self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value)))
+        self._run("INSERT OR REPLACE INTO meta VALUES (?, ?)", key, json.dumps(value))
+
+    def _last_event_id(self) -> int:
+        row = self._db.execute("SELECT MAX(event_id) FROM event_outbox").fetchone()
+        used = self._meta("last_event_id", 0)
+        return max(int(row[0] or 0), int(used))
 
     def _meta(self, key: str, default: Any = None) -> Any:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
@@ -235,9 +324,9 @@ class SqliteStore(StateStore):
         """The saved state; None (after noting the model size) when the folder is new."""
         saved_size = self._meta("num_parameters")
         if saved_size is None:
-            with self.batch():
-                self._set_meta("schema", SCHEMA_VERSION)
-                self._set_meta("num_parameters", num_parameters)
+            self._set_meta("schema", SCHEMA_VERSION)
+            self._set_meta("num_parameters", num_parameters)
+            self.sync_now()
             return None
         if saved_size != num_parameters:
             raise ConfigError(f"state_dir {str(self.root)!r} holds a run of a model with "
@@ -293,10 +382,7 @@ class SqliteStore(StateStore):
 
     def _load_outbox(self) -> list[dict[str, Any]]:
         rows = self._db.execute("SELECT event FROM event_outbox ORDER BY event_id")
-        events = [json.loads(event) for (event,) in rows]
-        if events:
-            self._saved_event = self._written_event = int(events[-1]["event_id"])
-        return events
+        return [json.loads(event) for (event,) in rows]
 
     def _load_unreported(self) -> list[FlushRecord]:
         rows = self._db.execute("SELECT record FROM flushes WHERE reported = 0 ORDER BY version")
@@ -314,8 +400,12 @@ class SqliteStore(StateStore):
             os.kill(os.getpid(), signal.SIGKILL)
 
     def close(self) -> None:
-        """Close the database (idempotent)."""
+        """Commit what is journaled (a graceful stop loses nothing), then close (idempotent)."""
+        self._writer.shutdown(wait=True)
+        self._inflight = None
         with contextlib.suppress(sqlite3.ProgrammingError):
+            if self._failed is None and self._ops:
+                self.sync_now()
             self._db.close()
 
 
