@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -208,9 +209,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.fixture
+def coordinator(tmp_path: Path) -> Iterator[CoordinatorProcess]:
+    """The coordinator process; never left running after the test, whatever happened."""
+    process = CoordinatorProcess(tmp_path, free_port())
+    yield process
+    if process.popen is not None and process.popen.poll() is None:
+        process.kill()
+
+
 def test_coordinator_killed_20_times_finishes_and_counts_every_update_once(
-        tmp_path: Path) -> None:
-    coordinator = CoordinatorProcess(tmp_path, free_port())
+        coordinator: CoordinatorProcess) -> None:
     experiment = Experiment.build(ExperimentConfig.from_toml(coordinator.config))
     initial = experiment.initial_vector().astype(np.float64)
     trainers = {f"client-{i}": ConstantStep(i, initial.size) for i in range(CLIENTS)}
