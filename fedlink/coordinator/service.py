@@ -204,7 +204,7 @@ class CoordinatorService:
                                   f"coordinator published (current {self.engine.version}; "
                                   "-1 = none held)")
         reply = await self._next_task(request.client_id, request.held_version)
-        if isinstance(reply, Task):  # a new task, or a new delta base, was journaled
+        if isinstance(reply, Task | Finished):  # a new task, or the run's end, was journaled
             await self.state.sync()
         self._check_finished_without_flush()
         if isinstance(reply, Finished):
