@@ -22,13 +22,13 @@ of the same size is not detected.
 
 from __future__ import annotations
 
-import contextlib
+import io
 import logging
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from fedlink.atomic import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,9 @@ class ErrorFeedback:
         """Write the residual atomically and durably (nothing to do without a path)."""
         if self.path is None or self.residual is None:
             return
-        _save_atomic(self.path, self.residual)
+        buffer = io.BytesIO()
+        np.save(buffer, self.residual, allow_pickle=False)
+        write_atomic(self.path, [buffer.getbuffer()])
 
     def reset(self) -> None:
         """Forget the residual (and its file)."""
@@ -82,24 +84,3 @@ def _load(path: Path) -> np.ndarray | None:
                     path)
         return None
     return residual
-
-
-def _save_atomic(path: Path, residual: np.ndarray) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.save(fh, residual, allow_pickle=False)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
-    if os.name == "posix":
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)

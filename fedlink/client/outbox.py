@@ -27,13 +27,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from fedlink.atomic import TEMP_SUFFIX, fsync_dir, write_atomic
 from fedlink.messages import CommitRequest, TensorHeader
 from fedlink.wire import Payload, checksum
 
@@ -42,7 +41,6 @@ log = logging.getLogger(__name__)
 MAGIC = b"FEDLINK-OUTBOX 1\n"
 PENDING_DIR = "pending"
 SUFFIX = ".update"
-TEMP_SUFFIX = ".tmp"
 CORRUPT_SUFFIX = ".corrupt"
 
 
@@ -127,7 +125,7 @@ class DiskOutbox:
 
     def put(self, update: PendingUpdate) -> None:
         """Write ``update`` atomically and durably."""
-        _write_atomic(self._path(update.upload_id), (MAGIC, _encode(update), b"\n",
+        write_atomic(self._path(update.upload_id), (MAGIC, _encode(update), b"\n",
                                                      update.payload.data))
 
     def pending(self) -> list[PendingUpdate]:
@@ -144,7 +142,7 @@ class DiskOutbox:
         """Delete the entry of ``upload_id`` (durably)."""
         with contextlib.suppress(FileNotFoundError):
             self._path(upload_id).unlink()
-            _fsync_dir(self.pending_dir)
+            fsync_dir(self.pending_dir)
 
     def _path(self, upload_id: str) -> Path:
         if not upload_id or "/" in upload_id or upload_id.startswith("."):
@@ -222,34 +220,3 @@ def _decode(record: Mapping[str, Any], data: bytes) -> PendingUpdate:
         steps_planned=int(record["steps_planned"]), payload=Payload(header, data),
         metrics={str(k): float(v) for k, v in record["metrics"].items()},
         created_at=float(record["created_at"]))
-
-
-# -- durable file operations --------------------------------------------------------------------
-
-
-def _write_atomic(path: Path, parts: Iterable[bytes]) -> None:
-    """Write ``parts`` to ``path`` so that it is either complete or absent, even after a crash."""
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            for part in parts:
-                fh.write(part)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename or unlink in ``directory`` durable (POSIX; a no-op elsewhere)."""
-    if os.name != "posix":
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -26,6 +26,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
 
+from fedlink.atomic import fsync_dir
 from fedlink.errors import InvalidArgument, Unavailable
 
 log = logging.getLogger(__name__)
@@ -274,15 +275,6 @@ class FileStorage(SpoolStorage):
                 log.warning("ignoring spool file with an unexpected name: %s", path)
                 continue
             yield client_id, upload_id, FileSpool.open_existing(path)
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a folder, so that entries created in it survive a crash."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def storage_for(state_dir: str | Path) -> SpoolStorage:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from fedlink.coordinator.spool import fsync_dir
+from fedlink.atomic import TEMP_SUFFIX, write_atomic
 from fedlink.coordinator.state.base import Checkpoint
 
 _MODEL = "model"
@@ -52,13 +51,7 @@ def write_checkpoint(folder: Path, checkpoint: Checkpoint) -> Path:
     buffer = io.BytesIO()
     np.savez(buffer, **cast(dict[str, Any], arrays))
     final = checkpoint_path(folder, checkpoint.version)
-    temporary = final.with_suffix(".tmp")
-    with temporary.open("wb") as f:
-        f.write(buffer.getbuffer())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, final)
-    fsync_dir(folder)
+    write_atomic(final, [buffer.getbuffer()])
     return final
 
 
@@ -75,7 +68,7 @@ def delete_checkpoints_before(folder: Path, version: int) -> None:
     for old in saved_versions(folder):
         if old < version:
             checkpoint_path(folder, old).unlink(missing_ok=True)
-    for stray in folder.glob("v*.tmp"):
+    for stray in folder.glob(f".v*{TEMP_SUFFIX}"):
         stray.unlink(missing_ok=True)
 
 
