@@ -132,7 +132,6 @@ class RoundEngine:
         self._history = ModelHistory(get_codec("fp32"), config.limits.delta_history)
         self._history.publish(0, self._model, oldest_served=0)
         self._tasks: dict[str, TaskRecord] = {}
-        self._issued: set[tuple[str, int]] = set()
         self._next_task = 1
         self._pending_ids: list[str] = []
         self._round_started = clock()
@@ -180,7 +179,6 @@ class RoundEngine:
     def _restore_tasks(self, tasks: list[TaskRecord], next_task: int) -> None:
         now = self._clock()
         self._tasks = {t.task_id: dataclasses.replace(t, issued_at=now) for t in tasks}
-        self._issued = {(t.client_id, t.version) for t in tasks if t.holds_issue}
         self._dropped = 0 if self.rule.continuous else sum(
             1 for t in tasks if t.dropped and t.version == self._version)
         self._next_task = next_task
@@ -270,13 +268,18 @@ class RoundEngine:
         held = self._open_task_of(client_id)
         if held is not None:
             return self._task_message(held, held_version)
-        if not self.rule.continuous and (client_id, self._version) in self._issued:
+        if not self.rule.continuous and self._was_asked(client_id, self._version):
             return Wait(self.config.limits.retry_after_s,
                         f"already trained on version {self._version}; waiting for the next")
         if self._free_slots() <= 0:
             return Wait(self.config.limits.retry_after_s,
                         f"cohort of version {self._version} is full")
         return self._task_message(self._new_task(client_id), held_version)
+
+    def _was_asked(self, client_id: str, version: int) -> bool:
+        """Whether ``client_id`` got a task for ``version`` that was not released since."""
+        return any(t.client_id == client_id and t.version == version and t.holds_issue
+                   for t in self._tasks.values())
 
     def _open_task_of(self, client_id: str) -> TaskRecord | None:
         for record in self._tasks.values():
@@ -296,7 +299,6 @@ class RoundEngine:
                             self._version, self._clock())
         self._next_task += 1
         self._tasks[record.task_id] = record
-        self._issued.add((client_id, self._version))
         self._save(record)
         self.events.emit("task_issued", client_id=client_id, task_id=record.task_id,
                          model_version=record.version)
@@ -474,7 +476,6 @@ class RoundEngine:
         """Stop ``record`` holding a place; it may still deliver while within staleness."""
         record.expired = True
         record.holds_issue = False
-        self._issued.discard((record.client_id, record.version))
         self._save(record)
         self.events.emit("client_timeout", client_id=record.client_id, task_id=record.task_id,
                          model_version=record.version, reason=reason)
@@ -531,7 +532,6 @@ class RoundEngine:
             del self._tasks[task_id]
         if forgotten:
             self._state.forget_tasks(forgotten)
-        self._issued = {(c, v) for c, v in self._issued if v >= oldest}
 
     def _check_hooks(self) -> None:
         """End the run when a hook says so (a spent privacy budget, say)."""

@@ -310,9 +310,8 @@ class SqliteStore(StateStore):
         self._run("INSERT OR REPLACE INTO meta VALUES (?, ?)", key, json.dumps(value))
 
     def _last_event_id(self) -> int:
-        row = self._db.execute("SELECT MAX(event_id) FROM event_outbox").fetchone()
-        used = self._meta("last_event_id", 0)
-        return max(int(row[0] or 0), int(used))
+        """The last ``event_id`` handed out (saved with every event batch)."""
+        return int(self._meta("last_event_id", 0))
 
     def _meta(self, key: str, default: Any = None) -> Any:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
