@@ -6,6 +6,9 @@ lazily so that a reset early in the stream wastes no work. ``ChunkSizer`` adapts
 to the link: smaller after a failed attempt (less is lost to the next reset), larger after a
 clean one (less per-message overhead).
 
+A payload of at most the run's ``inline_bytes`` comes inside the ``Task`` (``model_data`` or
+``delta_data``) and needs no ``Download``.
+
 A client that holds version ``v`` of the model sends it as ``GetTaskRequest.held_version``;
 when the task offers a delta from ``v`` (``Task.delta``), the client downloads that instead of
 the full model, rebuilds the new version with ``apply_delta`` and checks it bit for bit against
@@ -22,7 +25,7 @@ from typing import Protocol, TypeVar
 import numpy as np
 
 from fedlink.client.stats import SessionStats
-from fedlink.compress import get_codec
+from fedlink.compress import decoder_for
 from fedlink.compress.delta import apply_delta
 from fedlink.config import require
 from fedlink.errors import DataLoss, RemoteError
@@ -106,42 +109,75 @@ class ChunkSizer:
         self.size = min(self.maximum, self.size * 2)
 
 
+class LinkBreaks:
+    """How many bytes the link carries between breaks, seen by transfers in both directions.
+
+    Downloads and uploads share one link, and a link that broke under the model download will
+    break under the upload too: every transfer reports the bytes it got through
+    (``carried``) and each break (``broke``), and ``typical`` is a running mean of the bytes
+    carried between breaks (the current run counts as soon as it is longer). ``None`` until
+    the first break.
+    """
+
+    def __init__(self) -> None:
+        self._run = 0  # bytes carried since the last break
+        self._between: float | None = None
+
+    def carried(self, nbytes: int) -> None:
+        """``nbytes`` got through (a download chunk, or upload bytes the coordinator holds)."""
+        self._run += nbytes
+
+    def broke(self) -> None:
+        """A transfer broke."""
+        run, self._run = self._run, 0
+        self._between = run if self._between is None else (self._between + run) / 2
+
+    def typical(self) -> float | None:
+        """Bytes the link usually carries between breaks; ``None`` if it never broke."""
+        return None if self._between is None else max(self._between, self._run)
+
+
 class SegmentSizer:
     """Bytes one ``Upload`` stream carries: like a TCP window, sized to the link's breaks.
 
     A break loses what the stream had handed to gRPC and the kernel beyond what the coordinator
-    read, about half a segment on average, so a segment should stay well under the bytes a
-    link carries between breaks. The sizer keeps a running mean of the bytes confirmed between
-    breaks (the current run counts as soon as it is longer) and caps the segment at a quarter
-    of it; below the cap it doubles after each clean segment and halves after a break. A link
-    that never breaks lets it grow to ``maximum``: one round trip per segment, ever fewer.
+    read (at most the segment, about half of it on average), so a segment should stay well
+    under the bytes a link carries between breaks. The size is capped at a quarter of
+    ``LinkBreaks.typical`` (breaks seen by downloads count too, so the first segment of an
+    upload over a link that broke during the download is already small); below the cap it
+    doubles after each clean segment and halves after a break. A link that never breaks lets
+    it grow to ``maximum``: one round trip per segment, ever fewer.
     """
 
     def __init__(self, start: int = START_SEGMENT_BYTES, minimum: int = MIN_SEGMENT_BYTES,
-                 maximum: int = MAX_SEGMENT_BYTES) -> None:
+                 maximum: int = MAX_SEGMENT_BYTES, breaks: LinkBreaks | None = None) -> None:
         require(1 <= minimum <= start <= maximum, "segment",
                 f"need 1 <= minimum <= start <= maximum, got {minimum}, {start}, {maximum}")
         self.minimum = minimum
         self.maximum = maximum
-        self.size = start
-        self._run = 0  # bytes confirmed since the last break
-        self._between: float | None = None  # running mean of bytes confirmed between breaks
+        self.breaks = breaks if breaks is not None else LinkBreaks()
+        self._size = start
+
+    @property
+    def size(self) -> int:
+        """The bytes the next ``Upload`` stream may carry."""
+        return max(self.minimum, min(self._size, self._cap()))
 
     def _cap(self) -> int:
-        if self._between is None:
+        typical = self.breaks.typical()
+        if typical is None:
             return self.maximum
-        return min(self.maximum, max(self.minimum, int(max(self._between, self._run) / 4)))
+        return min(self.maximum, max(self.minimum, int(typical / 4)))
 
     def succeeded(self, confirmed: int) -> None:
         """A segment went through; the coordinator confirmed ``confirmed`` more bytes."""
-        self._run += confirmed
-        self.size = min(self.size * 2, self._cap())
+        self.breaks.carried(confirmed)
+        self._size = min(self.size * 2, self._cap())
 
     def failed(self) -> None:
         """A segment broke."""
-        run, self._run = self._run, 0
-        self._between = run if self._between is None else (self._between + run) / 2
-        self.size = max(self.minimum, min(self.size // 2, self._cap()))
+        self.breaks.broke()
+        self._size = max(self.minimum, min(self.size // 2, self._cap()))
 
 
 @dataclass(frozen=True)
@@ -153,9 +189,13 @@ class HeldModel:
     checksum: str
 
 
-def model_checksum(vector: np.ndarray) -> str:
-    """The checksum of ``vector`` as the coordinator serves it (fp32 encoding)."""
-    return pack(vector, get_codec("fp32")).header.checksum
+def model_checksum(vector: np.ndarray, encoding: str) -> str:
+    """The checksum of ``vector`` as the coordinator serves it, encoded as ``encoding``.
+
+    The broadcast codecs are deterministic and re-encode a vector they decoded to the same
+    bytes (``fedlink.compress.broadcast_codec``).
+    """
+    return pack(vector, decoder_for(encoding)).header.checksum
 
 
 class Transfers:
@@ -168,7 +208,8 @@ class Transfers:
         self.stats = stats
         self.up = ChunkSizer.for_server(chunk_bytes)
         self.down = ChunkSizer.for_server(chunk_bytes)
-        self.segment = SegmentSizer()
+        self.breaks = LinkBreaks()
+        self.segment = SegmentSizer(breaks=self.breaks)
 
     # -- downloads ------------------------------------------------------------------------------
 
@@ -183,18 +224,29 @@ class Transfers:
             model = await self._fetch_delta(client_id, task, task.delta, held)
             if model is not None:
                 return model
-        data = await self._download(client_id, task.task_id, task.model, delta=False)
+        if task.model_data:
+            data = self._received_inline(task.model_data)
+        else:
+            data = await self._download(client_id, task.task_id, task.model, delta=False)
         return unpack(task.model, data, size)
+
+    def _received_inline(self, data: bytes) -> bytes:
+        """A payload that came inside the ``Task`` (counted as downloaded)."""
+        self.stats.bytes_down += len(data)
+        return data
 
     async def _fetch_delta(self, client_id: str, task: Task, header: TensorHeader,
                            held: HeldModel) -> np.ndarray | None:
         """The model rebuilt from ``held`` and the task's delta; ``None`` if that fails."""
         try:
-            data = await self._download(client_id, task.task_id, header, delta=True)
+            if task.delta_data:
+                data = self._received_inline(task.delta_data)
+            else:
+                data = await self._download(client_id, task.task_id, header, delta=True)
             if checksum(data) != header.checksum:
                 raise DataLoss(f"delta checksum mismatch: header says {header.checksum!r}")
             model = apply_delta(held.vector, data)
-            if model_checksum(model) != task.model.checksum:
+            if model_checksum(model, task.model.encoding) != task.model.checksum:
                 raise DataLoss(f"model rebuilt from the delta does not match "
                                f"{task.model.checksum!r}")
         except RemoteError as exc:
@@ -238,9 +290,11 @@ class Transfers:
                                    f"{chunk.offset}, expected offset {len(buffer)} of {total}")
                 buffer.extend(chunk.data)
                 self.stats.bytes_down += len(chunk.data)
+                self.breaks.carried(len(chunk.data))
         except RemoteError as exc:
             if exc.retryable:
                 self.down.failed()
+                self.breaks.broke()
             raise
         self.down.succeeded()
 

@@ -132,12 +132,13 @@ def deliver_4mb_over_resets(coordinator: CoordinatorFactory,
 @pytest.mark.timeout(240)
 def test_4mb_update_over_a_link_resetting_every_mb_sends_at_most_1_5x(
         coordinator: CoordinatorFactory) -> None:
-    # Where a reset lands relative to the bytes in flight varies from run to run (seen:
-    # 1.0x to 1.7x for one update), so the bound is checked on the median of five links.
+    # Five links whose resets land at different points: every one stays within 1.5x. A reset
+    # loses at most the segment in flight, and segments stay under a quarter of what the link
+    # carries between breaks (the download, over the same link, already measured that).
     runs = [deliver_4mb_over_resets(coordinator, seed) for seed in range(12, 17)]
-    ratios = sorted(ratio for ratio, _ in runs)
-    assert ratios[2] <= 1.5, ratios
-    assert sum(1 for _, resumed in runs if resumed > 0) >= 3  # resumed, not restarted
+    assert all(ratio <= 1.5 for ratio, _ in runs), runs
+    # resumed, not restarted (a link may also break before the coordinator held a byte)
+    assert sum(1 for _, resumed in runs if resumed > 0) >= 3, runs
 
 
 # -- the client heartbeats for its whole task ---------------------------------------------------
@@ -169,7 +170,8 @@ def test_client_heartbeats_through_a_long_delivery(coordinator: CoordinatorFacto
     dim = 64
     x0 = np.zeros(dim, np.float32)
     trainer = TowardTrainer(np.ones(dim, np.float32))
-    config = one_round(heartbeat_interval_s=0.2, liveness_timeout_s=1.0)
+    # inline_bytes=0: the small update goes by Upload, the call this test stalls
+    config = one_round(heartbeat_interval_s=0.2, liveness_timeout_s=1.0, inline_bytes=0)
     stall = StalledFirstUpload(monkeypatch, seconds=2.5)
 
     async def main() -> tuple[CoordinatorServer, ClientSession]:

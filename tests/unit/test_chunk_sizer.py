@@ -13,11 +13,18 @@ import pytest
 
 from fedlink.client import ChunkSizer, RetryPolicy, SessionStats
 from fedlink.client.retry import Caller
-from fedlink.client.transfer import MAX_CHUNK_BYTES, MIN_CHUNK_BYTES, SegmentSizer, Transfers
+from fedlink.client.transfer import (
+    MAX_CHUNK_BYTES,
+    MIN_CHUNK_BYTES,
+    LinkBreaks,
+    SegmentSizer,
+    Transfers,
+)
 from fedlink.errors import ConfigError, Unavailable
 from fedlink.messages import (
     DataChunk,
     DownloadRequest,
+    TensorHeader,
     UploadChunk,
     UploadReply,
     UploadStatusRequest,
@@ -190,6 +197,52 @@ def test_segment_grows_without_breaks_and_settles_under_the_bytes_between_breaks
     for _ in range(30):  # the link heals: the current run raises the cap again
         sizer.succeeded(sizer.size)
     assert sizer.size == 64 << 20
+
+
+def test_breaks_seen_by_a_download_size_the_first_upload_segment() -> None:
+    """The model download and the upload share a link: a link that broke under the download
+    starts the upload with segments of about a quarter of what it carried between breaks."""
+    breaks = LinkBreaks()
+    sizer = SegmentSizer(start=1 << 20, minimum=64 * KiB, maximum=64 << 20, breaks=breaks)
+    assert sizer.size == 1 << 20  # nothing known about the link
+    for _ in range(3):  # the download breaks after about 400 KiB, three times
+        breaks.carried(400 * KiB)
+        breaks.broke()
+    assert sizer.size == 100 * KiB
+    breaks.carried(4 << 20)  # a long clean run (the current one) raises the cap again
+    assert sizer.size == 1 << 20
+
+
+class BreakingDownloads(FakeLink):
+    """A link whose downloads break after ``break_after`` bytes, resuming from any offset."""
+
+    def __init__(self, model: bytes, break_after: int) -> None:
+        super().__init__(breaks_after=[])
+        self.model = model
+        self.break_after = break_after
+
+    async def _stream(self, request: DownloadRequest) -> AsyncIterator[DataChunk]:
+        end = min(len(self.model), request.offset + self.break_after)
+        for offset in range(request.offset, end, 16 * KiB):
+            yield DataChunk(offset, self.model[offset:min(offset + 16 * KiB, end)])
+        if end < len(self.model):
+            raise Unavailable("connection reset")
+
+    def download(self, request: DownloadRequest) -> AsyncIterator[DataChunk]:
+        return self._stream(request)
+
+
+def test_an_upload_after_a_breaking_download_sends_small_segments_from_the_start() -> None:
+    model = bytes(2 << 20)
+    link = BreakingDownloads(model, break_after=512 * KiB)
+    t, _ = transfers(link, chunk_bytes=1 << 20)
+    header = TensorHeader(encoding="fp32", shape=(len(model) // 4,), dtype="float32",
+                          num_bytes=len(model), checksum="")
+    assert asyncio.run(t._download("c1", "t1", header, delta=False)) == model
+    asyncio.run(t.upload("c1", "u", bytes(1 << 20), resume=False))
+    # segments of a quarter of the 512 KiB the link carried between breaks, chunks of a
+    # quarter of a segment: a reset in the first segment could only have lost 128 KiB
+    assert link.attempt_sizes[0] == [32 * KiB] * 4
 
 
 def test_segment_bounds_are_config_errors() -> None:
