@@ -3,13 +3,22 @@
 Dense: ``fp32`` (identity), ``fp16``, ``bf16``, ``fp32-zlib`` (lossless), ``qsgd`` (unbiased
 stochastic quantization), ``sign``. Sparse: ``topk`` and ``randk``, alone or with quantized or
 half-precision values (``topk+q8``, ``randk+fp16``, ...). ``fedlink.compress.delta`` holds the
-exact model deltas used for downloads.
+exact model deltas used for downloads;
+``broadcast_codec`` checks a codec for the model broadcast (``downlink_codec``).
 """
 
 from fedlink.compress import identity as _identity  # noqa: F401  (registers codecs)
 from fedlink.compress import quantize as _quantize  # noqa: F401
 from fedlink.compress import sparse as _sparse  # noqa: F401
-from fedlink.compress.base import CODECS, Codec, Encoded, decoder_for, get_codec
+from fedlink.compress.base import (
+    CODECS,
+    Codec,
+    Encoded,
+    broadcast_codec,
+    decoder_for,
+    get_codec,
+)
 from fedlink.compress.sparse import Sparsifier
 
-__all__ = ["CODECS", "Codec", "Encoded", "Sparsifier", "decoder_for", "get_codec"]
+__all__ = ["CODECS", "Codec", "Encoded", "Sparsifier", "broadcast_codec", "decoder_for",
+           "get_codec"]

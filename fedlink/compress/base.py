@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedlink.errors import InvalidArgument
+from fedlink.errors import ConfigError, InvalidArgument
 from fedlink.registry import Registry
 
 FP32 = np.dtype("<f4")
@@ -42,6 +42,8 @@ class Codec(ABC):
     name: str = ""
     biased: bool = False
     lossless: bool = False
+    stochastic: bool = False
+    """Whether ``encode`` draws from its ``rng`` (two encodings of a vector may differ)."""
 
     @abstractmethod
     def encode(self, vector: np.ndarray, rng: np.random.Generator | None = None) -> Encoded:
@@ -69,6 +71,21 @@ CODECS: Registry[Codec] = Registry("codec")
 def get_codec(name: str, **options: object) -> Codec:
     """Build the codec registered as ``name`` (``ConfigError`` when unknown)."""
     return CODECS.create(name, **options)
+
+
+def broadcast_codec(name: str) -> Codec:
+    """The codec ``name`` for the model broadcast (``CoordinatorConfig.downlink_codec``).
+
+    Every client of a version must start from the same vector, and one rebuilt from a delta
+    must re-encode to the served bytes, so only deterministic, unbiased codecs qualify
+    (``fp32``, ``fp16``, ``bf16``, ``fp32-zlib``); ``ConfigError`` otherwise.
+    """
+    codec = get_codec(name)
+    if codec.biased or codec.stochastic:
+        kind = "biased" if codec.biased else "stochastic"
+        raise ConfigError(f"{name!r} is {kind}; the model broadcast needs a deterministic, "
+                          f"unbiased codec such as fp32, fp16, bf16 or fp32-zlib")
+    return codec
 
 
 def decoder_for(name: str) -> Codec:

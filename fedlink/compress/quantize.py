@@ -74,6 +74,7 @@ class StochasticQuantizer(Codec):
     """Unbiased stochastic quantization (see the module docstring for the format)."""
 
     name = "qsgd"
+    stochastic = True
 
     def __init__(self, bits: int = 8, norm: str = "max", seed: int = 0) -> None:
         if not MIN_BITS <= bits <= MAX_BITS:

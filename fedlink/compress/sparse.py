@@ -69,6 +69,7 @@ class Sparsifier(Codec):
         self.values = _VALUE_CODECS[values](norm)
         self.density = density
         self.name = self.kind if values == "fp32" else f"{self.kind}+{values}"
+        self.stochastic = self.kind == "randk" or self.values.stochastic
 
     def with_density(self, density: float) -> Sparsifier:
         """The same codec at another ``density`` (bandwidth-aware density uses this)."""

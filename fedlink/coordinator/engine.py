@@ -43,7 +43,7 @@ from fedlink.aggregate import (
     NormBounded,
     UpdateInfo,
 )
-from fedlink.compress import get_codec
+from fedlink.compress import broadcast_codec
 from fedlink.coordinator.client_metrics import event_fields
 from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.history import ModelHistory
@@ -129,7 +129,8 @@ class RoundEngine:
             config.staleness_weight, **dict(config.staleness_weight_options))
         self._accumulator = build_accumulator(config)
         self._hooks = build_hooks(config.hooks)
-        self._history = ModelHistory(get_codec("fp32"), config.limits.delta_history)
+        self._history = ModelHistory(broadcast_codec(config.downlink_codec),
+                                     config.limits.delta_history)
         self._history.publish(0, self._model, oldest_served=0)
         self._tasks: dict[str, TaskRecord] = {}
         self._next_task = 1
@@ -166,7 +167,8 @@ class RoundEngine:
         self._optimizer.load_state_dict(dict(current.engine_state["optimizer"]))
         for hook, hook_state in zip(self._hooks, current.engine_state["hooks"], strict=True):
             hook.load_state_dict(dict(hook_state))
-        self._history = ModelHistory(get_codec("fp32"), self.config.limits.delta_history)
+        self._history = ModelHistory(broadcast_codec(self.config.downlink_codec),
+                                     self.config.limits.delta_history)
         oldest = self._version - self.rule.max_staleness
         for checkpoint in saved.checkpoints:
             self._history.publish(checkpoint.version, checkpoint.model, oldest_served=oldest)

@@ -1,9 +1,10 @@
 """The model versions the coordinator still serves, and exact deltas between recent ones.
 
-Each published version is encoded once (``payload``) and kept while a client may still train
-from it. The raw vectors of the last ``delta_history`` versions are kept too, so that a client
-that holds one of them can download an ``xor-zlib`` delta to the version of its task instead of
-the whole model (``fedlink.compress.delta``). A delta is computed once per (held, target) pair
+Each published version is encoded once (``payload``, with the broadcast codec) and kept while a
+client may still train from it. The served vectors (what a client decodes: the model itself for
+a lossless codec) of the last ``delta_history`` versions are kept too, so that a client that
+holds one of them can download an ``xor-zlib`` delta to the version of its task instead of the
+whole model (``fedlink.compress.delta``). A delta is computed once per (held, target) pair
 on first use and cached while both versions are kept: at most ``delta_history ** 2`` entries,
 each no larger than the model. A delta that would not be smaller than the model is not offered.
 """
@@ -31,15 +32,23 @@ class ModelHistory:
 
     def publish(self, version: int, model: np.ndarray, oldest_served: int) -> None:
         """Add ``version``; forget payloads before ``oldest_served`` and vectors past history."""
-        self._payloads[version] = pack(model, self._codec)
+        payload = pack(model, self._codec)
+        self._payloads[version] = payload
         for old in [v for v in self._payloads if v < oldest_served]:
             del self._payloads[old]
         if self._delta_history > 0:
-            self._vectors[version] = model
+            self._vectors[version] = self._served(model, payload)
         for old in [v for v in self._vectors if v <= version - self._delta_history]:
             del self._vectors[old]
         self._deltas = {pair: delta for pair, delta in self._deltas.items()
                         if pair[0] in self._vectors and pair[1] in self._vectors}
+
+    def _served(self, model: np.ndarray, payload: Payload) -> np.ndarray:
+        """The vector a client decodes from ``payload``."""
+        if self._codec.lossless:
+            return model
+        header = payload.header
+        return self._codec.decode(payload.data, header.codec_params, int(model.size))
 
     def payload(self, version: int) -> Payload | None:
         """The encoded model of ``version``, or None once it is no longer served."""

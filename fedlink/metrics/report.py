@@ -133,6 +133,8 @@ def _resilience_rows(summary: Mapping[str, Any]) -> list[list[str]]:
     figures: list[tuple[str, str, Callable[[float], str]]] = [
         ("Uplink compression (fp32 bytes / bytes sent)", "uplink_compression_ratio",
          lambda ratio: f"{ratio:.1f}x"),
+        ("Downlink compression (fp32 models / bytes received)", "downlink_compression_ratio",
+         lambda ratio: f"{ratio:.1f}x"),
         ("Saved by delta downloads", "delta_bytes_saved", human_bytes),
         ("Upload bytes resumed (not resent)", "resumed_bytes", human_bytes),
         ("Client retries (reported)", "client_retries_reported", lambda n: str(int(n))),

@@ -20,6 +20,11 @@
                          (``4 x num_parameters`` of ``run_started`` each) over the
                          ``bytes_up`` they did cost; 1.0 for fp32, None without accepted
                          updates or a ``num_parameters``
+``downlink_compression_ratio``  what the models clients downloaded would have cost as full
+                         fp32 downloads (``4 x num_parameters`` per task with a
+                         ``download_finished`` event) over the ``bytes_down`` they did cost
+                         (the broadcast codec and delta downloads both count); None without
+                         downloads or a ``num_parameters``
 ``delta_bytes_saved``    sum of ``bytes_saved`` over ``download_finished`` events: bytes a
                          delta download saved against downloading the whole model (0 when
                          no client downloaded a delta)
@@ -167,6 +172,7 @@ def _traffic_figures(events: list[Event]) -> dict[str, Any]:
         "bytes_up": sum(int(e.get("bytes_up") or 0) for e in uploads),
         "bytes_down": sum(int(e.get("bytes") or 0) for e in of_kind(events, DOWNLOAD_FINISHED)),
         "uplink_compression_ratio": uplink_compression_ratio(events),
+        "downlink_compression_ratio": downlink_compression_ratio(events),
     }
 
 
@@ -178,6 +184,17 @@ def uplink_compression_ratio(events: list[Event]) -> float | None:
     if not started or not sent:
         return None
     return 4 * int(started[-1]["num_parameters"]) * len(accepted) / sent
+
+
+def downlink_compression_ratio(events: list[Event]) -> float | None:
+    """fp32 bytes of the models downloaded (one per task) over the bytes they took."""
+    started = [e for e in of_kind(events, RUN_STARTED) if e.get("num_parameters")]
+    downloads = of_kind(events, DOWNLOAD_FINISHED)
+    received = _total(downloads, "bytes")
+    if not started or not received:
+        return None
+    tasks = {e.get("task_id") for e in downloads}
+    return 4 * int(started[-1]["num_parameters"]) * len(tasks) / received
 
 
 def _update_figures(events: list[Event]) -> dict[str, Any]:

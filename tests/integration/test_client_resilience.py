@@ -407,7 +407,7 @@ def test_delta_is_applied_and_counted() -> None:
     delta = encode_delta(OLD, NEW)
     task, full = delta_task(OLD, NEW, delta)
     link = FakeDownloads(full, delta)
-    model, transfers = fetch(link, task, HeldModel(1, OLD, model_checksum(OLD)))
+    model, transfers = fetch(link, task, HeldModel(1, OLD, model_checksum(OLD, "fp32")))
     np.testing.assert_array_equal(model, NEW)
     assert [r.delta for r in link.requests] == [True]
     assert transfers.stats.bytes_down == len(delta)
@@ -422,7 +422,7 @@ def test_delta_problems_fall_back_to_the_full_model(
     task, full = delta_task(OLD, NEW, delta if delta is not None else b"")
     link = FakeDownloads(full, delta)
     with caplog.at_level(logging.WARNING, logger="fedlink.client.transfer"):
-        model, transfers = fetch(link, task, HeldModel(1, OLD, model_checksum(OLD)))
+        model, transfers = fetch(link, task, HeldModel(1, OLD, model_checksum(OLD, "fp32")))
     np.testing.assert_array_equal(model, NEW)
     assert [r.delta for r in link.requests] == [True, False]
     assert transfers.stats.delta_bytes_saved == 0
@@ -434,7 +434,8 @@ def test_delta_from_another_version_than_held_is_not_used() -> None:
     delta = encode_delta(OLD, NEW)
     task, full = delta_task(OLD, NEW, delta)
     link = FakeDownloads(full, delta)
-    model, _ = fetch(link, task, HeldModel(0, OLD, model_checksum(OLD)))  # holds v0, delta v1
+    # holds v0, the task offers a delta from v1
+    model, _ = fetch(link, task, HeldModel(0, OLD, model_checksum(OLD, "fp32")))
     np.testing.assert_array_equal(model, NEW)
     assert [r.delta for r in link.requests] == [False]
 
@@ -442,7 +443,7 @@ def test_delta_from_another_version_than_held_is_not_used() -> None:
 def test_held_model_of_the_task_version_is_not_downloaded_again() -> None:
     task, full = delta_task(OLD, NEW, None)
     link = FakeDownloads(full, None)
-    model, transfers = fetch(link, task, HeldModel(2, NEW, model_checksum(NEW)))
+    model, transfers = fetch(link, task, HeldModel(2, NEW, model_checksum(NEW, "fp32")))
     np.testing.assert_array_equal(model, NEW)
     assert link.requests == []
     assert transfers.stats.delta_bytes_saved == len(full)
