@@ -7,8 +7,10 @@ are ``x ~ N(v_k, Sigma)`` with diagonal ``Sigma_jj = j^-1.2`` (j = 1..60) and la
 generator, ``alpha`` and ``beta`` are standard deviations: alpha controls how much the local
 models differ, beta how much the local inputs differ; Synthetic(0, 0) is the mildest.
 
-Device ``k`` holds ``int(lognormal(4, 2)) + 50`` examples, capped at ``max_samples`` (default
-2000: the lognormal tail would otherwise give a rare device tens of thousands). A
+Device ``k`` holds ``int(lognormal(4, 2)) + 50`` examples, as in FedProx's generator. The
+lognormal tail gives a rare device tens of thousands; ``max_samples`` (0, the default: no cap)
+caps a device's examples to keep simulated local epochs short
+(``examples/synthetic_fedprox.toml`` uses 2000). A
 ``test_fraction`` of each device (rounded, at least one example) is held out; the held-out
 parts form the central test set.
 
@@ -26,6 +28,7 @@ import numpy as np
 
 from fedlink.data._checks import check_fraction, check_int, check_non_negative
 from fedlink.data.base import NATURAL, CentralData, Dataset, register_dataset
+from fedlink.errors import ConfigError
 
 NUM_FEATURES = 60
 NUM_CLASSES = 10
@@ -41,7 +44,9 @@ def _device(
     weights = rng.normal(u, 1.0, size=(NUM_CLASSES, NUM_FEATURES))
     bias = rng.normal(u, 1.0, size=NUM_CLASSES)
     centre = rng.normal(rng.normal(0.0, beta), 1.0, size=NUM_FEATURES)
-    extra = min(rng.lognormal(4.0, 2.0), max_samples - MIN_SAMPLES)
+    extra = rng.lognormal(4.0, 2.0)
+    if max_samples:
+        extra = min(extra, max_samples - MIN_SAMPLES)
     count = int(extra) + MIN_SAMPLES
     x = centre + rng.standard_normal((count, NUM_FEATURES)) * _STD
     y = np.argmax(x @ weights.T + bias, axis=1)
@@ -64,13 +69,15 @@ def synthetic(
     alpha: float = 1.0,
     beta: float = 1.0,
     test_fraction: float = 0.2,
-    max_samples: int = 2000,
+    max_samples: int = 0,
 ) -> CentralData:
     """Synthetic(alpha, beta) with ``num_clients`` devices, pooled, with per-device groups."""
     devices = check_int("num_clients", num_clients, minimum=1)
     a, b = check_non_negative("alpha", alpha), check_non_negative("beta", beta)
     fraction = check_fraction("test_fraction", test_fraction)
-    cap = check_int("max_samples", max_samples, minimum=MIN_SAMPLES)
+    cap = check_int("max_samples", max_samples, minimum=0)
+    if cap and cap < MIN_SAMPLES:
+        raise ConfigError(f"max_samples must be 0 (no cap) or >= {MIN_SAMPLES}, got {cap}")
     xs_train, ys_train, xs_test, ys_test = [], [], [], []
     for device_rng in rng.spawn(devices):
         x, y = _device(device_rng, a, b, cap)

@@ -170,7 +170,7 @@ def test_partition_needs_enough_examples() -> None:
 
 
 def test_synthetic_shapes_classes_and_sizes() -> None:
-    fed = load_federated("synthetic", num_clients=30, seed=0)
+    fed = load_federated("synthetic", num_clients=30, seed=0, max_samples=2000)
     assert fed.partition == "natural"
     assert (fed.num_features, fed.num_classes) == (60, 10)
     assert fed.num_clients == 30
@@ -182,6 +182,17 @@ def test_synthetic_shapes_classes_and_sizes() -> None:
     assert labels.min() >= 0 and labels.max() <= 9
     assert len(np.unique(labels)) >= 5
     assert fed.test.x.dtype == np.float32 and fed.test.y.dtype == np.int64
+
+
+def test_synthetic_sizes_follow_fedprox_lognormal_without_a_cap() -> None:
+    fed = load_federated("synthetic", num_clients=200, seed=1, test_fraction=0.0001)
+    totals = np.array(fed.client_sizes()) + 1  # one example per device is held out
+    assert totals.min() >= 50
+    # int(lognormal(4, 2)) + 50: median e^4 + 50 = 105; the tail passes the old 2000 cap
+    assert np.median(totals) == pytest.approx(104.6, rel=0.25)
+    assert totals.max() > 2000
+    with pytest.raises(ConfigError, match="max_samples"):
+        load_federated("synthetic", 2, seed=0, max_samples=10)
 
 
 def test_synthetic_is_reproducible_with_seed() -> None:
