@@ -13,6 +13,7 @@ import asyncio
 import logging
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,6 +30,40 @@ from fedlink.netem.profile import LinkProfile
 from fedlink.netem.proxy import TcpProxy, plan_connection, split_address
 
 PING = b"p" * 64
+
+
+def _own_tcp_sockets() -> set[tuple[object, object]]:
+    """This process's TCP sockets that are not in TIME_WAIT, as (local, remote) addresses."""
+    return {(c.laddr, c.raddr) for c in psutil.Process().net_connections(kind="tcp")
+            if c.status != psutil.CONN_TIME_WAIT}
+
+
+@pytest.fixture(autouse=True)
+def nothing_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """After every test: each proxy it started was stopped with no task, connection or
+    listener left, and the process holds no TCP socket it did not hold before the test."""
+    before = _own_tcp_sockets()
+    started: list[TcpProxy] = []
+    stopped_cleanly: list[TcpProxy] = []
+    original_start, original_stop = TcpProxy.start, TcpProxy.stop
+
+    async def start(proxy: TcpProxy) -> str:
+        started.append(proxy)
+        return await original_start(proxy)
+
+    async def stop(proxy: TcpProxy) -> None:
+        await original_stop(proxy)
+        if not proxy._tasks and not proxy.sides and proxy.active_connections == 0:
+            stopped_cleanly.append(proxy)
+
+    monkeypatch.setattr(TcpProxy, "start", start)
+    monkeypatch.setattr(TcpProxy, "stop", stop)
+    yield
+    assert all(proxy in stopped_cleanly for proxy in started), "a proxy left tasks or sides"
+    deadline = time.monotonic() + 3.0  # the peer side of a closed socket closes a moment later
+    while (left := _own_tcp_sockets() - before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left, f"sockets left open: {left}"
 
 
 @dataclass
