@@ -38,6 +38,7 @@ class RunConfig:
     max_staleness: int = 0
     accepted_encodings: tuple[str, ...] = ()
     trainer_options: Mapping[str, str] = field(default_factory=dict)
+    inline_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,8 @@ class Task:
     delta: TensorHeader | None = None
     delta_base_version: int = -1
     options: Mapping[str, str] = field(default_factory=dict)
+    model_data: bytes = b""
+    delta_data: bytes = b""
 
     @property
     def has_delta(self) -> bool:
@@ -162,6 +165,7 @@ class CommitRequest:
     steps_planned: int
     update: TensorHeader
     metrics: Mapping[str, float] = field(default_factory=dict)
+    update_data: bytes = b""
 
 
 @dataclass(frozen=True)

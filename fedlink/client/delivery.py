@@ -25,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
+from typing import TypeVar
 
 from fedlink.client.outbox import Outbox, PendingUpdate
 from fedlink.client.retry import Caller
@@ -41,6 +43,7 @@ from fedlink.messages import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 Standing = HeartbeatReply | RemoteError
 
@@ -63,19 +66,23 @@ class Courier:
 
     async def keep(self, update: PendingUpdate) -> None:
         """Put ``update`` in the outbox (durably, off the event loop) before it is sent."""
-        await asyncio.to_thread(self.outbox.put, update)
+        await self._outbox_call(self.outbox.put, update)
 
     async def deliver(self, update: PendingUpdate, mark: TaskMark,
                       recovered: bool = False) -> CommitReply:
         """Upload (resuming after breaks), then commit; the outbox keeps it until an answer.
+
+        An update of at most the run's ``inline_bytes`` skips the upload and travels inside
+        the ``Commit`` (one call, one round trip).
 
         Acceptance or a non-retryable refusal removes it from the outbox; a retryable failure
         that outlasts the retry policy leaves it there. A ``recovered`` update (from an earlier
         process) asks where to resume before it sends anything.
         """
         try:
-            await self.transfers.upload(update.client_id, update.upload_id,
-                                        update.payload.data, resume=recovered)
+            if not self._inline(update):
+                await self.transfers.upload(update.client_id, update.upload_id,
+                                            update.payload.data, resume=recovered)
             reply = await self._commit(update, mark, recovered)
         except RemoteError as err:
             if not err.retryable:
@@ -90,13 +97,28 @@ class Courier:
         metrics = self.stats.since(mark)
         if recovered:
             metrics["from_outbox"] = 1.0
-        request = update.commit_request(metrics)
-        reply = await self.call(lambda: self.transport.commit(request), "Commit")
+        request = update.commit_request(metrics, inline=self._inline(update))
+
+        async def attempt() -> CommitReply:
+            self.stats.bytes_up += len(request.update_data)  # each attempt sends it again
+            return await self.transport.commit(request)
+
+        reply = await self.call(attempt, "Commit")
         self.stats.accepted += 1
         return reply
 
+    def _inline(self, update: PendingUpdate) -> bool:
+        """Whether the update is small enough to travel inside its ``Commit``."""
+        return 0 < update.payload.header.num_bytes <= self.config.inline_bytes
+
     async def _forget(self, update: PendingUpdate) -> None:
-        await asyncio.to_thread(self.outbox.remove, update.upload_id)
+        await self._outbox_call(self.outbox.remove, update.upload_id)
+
+    async def _outbox_call(self, fn: Callable[..., T], *args: object) -> T:
+        """Call the outbox: on a worker thread when it waits on the disk, else right here."""
+        if getattr(self.outbox, "blocks", True):
+            return await asyncio.to_thread(fn, *args)
+        return fn(*args)
 
     # -- recovery after a restart ---------------------------------------------------------------
 
@@ -104,7 +126,7 @@ class Courier:
         """Settle the updates an earlier process of this client (``client_name`` at ``target``,
         now joined as ``client_id``) left in the outbox; updates of others are left alone."""
         earlier_ids: set[str] = set()
-        for update in await asyncio.to_thread(self.outbox.pending):
+        for update in await self._outbox_call(self.outbox.pending):
             if (update.target, update.client_name) != (target, client_name):
                 log.warning("outbox: leaving pending update %s alone: it is for client %r of "
                             "%s", update.upload_id, update.client_name, update.target)

@@ -67,17 +67,28 @@ class PendingUpdate:
     metrics: Mapping[str, float] = field(default_factory=dict)
     created_at: float = 0.0
 
-    def commit_request(self, extra_metrics: Mapping[str, float]) -> CommitRequest:
-        """The ``Commit`` for this update; ``extra_metrics`` join the trainer's metrics."""
+    def commit_request(self, extra_metrics: Mapping[str, float],
+                       inline: bool = False) -> CommitRequest:
+        """The ``Commit`` for this update; ``extra_metrics`` join the trainer's metrics.
+
+        ``inline`` carries the payload in the request itself (no ``Upload``).
+        """
         return CommitRequest(
             client_id=self.client_id, upload_id=self.upload_id, task_id=self.task_id,
             base_version=self.base_version, num_examples=self.num_examples,
             steps_completed=self.steps_completed, steps_planned=self.steps_planned,
-            update=self.payload.header, metrics={**self.metrics, **extra_metrics})
+            update=self.payload.header, metrics={**self.metrics, **extra_metrics},
+            update_data=self.payload.data if inline else b"")
 
 
 class Outbox(Protocol):
-    """Where pending updates wait until they are delivered."""
+    """Where pending updates wait until they are delivered.
+
+    ``blocks``: whether its calls wait on the disk, so that the session runs them off the
+    event loop (an outbox without the attribute is taken to block).
+    """
+
+    blocks: bool
 
     def put(self, update: PendingUpdate) -> None:
         """Keep ``update`` (durably, where the outbox is on disk) before it is uploaded."""
@@ -94,6 +105,8 @@ class Outbox(Protocol):
 
 class MemoryOutbox:
     """An outbox that lives as long as the process: nothing survives a restart."""
+
+    blocks = False
 
     def __init__(self) -> None:
         self._updates: dict[str, PendingUpdate] = {}
@@ -116,6 +129,8 @@ class DiskOutbox:
 
     Opening it removes temporary files left by a write that a crash interrupted.
     """
+
+    blocks = True
 
     def __init__(self, directory: Path) -> None:
         self.directory = Path(directory)

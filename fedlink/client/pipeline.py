@@ -109,6 +109,11 @@ class UpdatePipeline:
         if self.feedback is not None:
             self.feedback = ErrorFeedback(Path(directory) / RESIDUAL_FILENAME)
 
+    @property
+    def saves_state(self) -> bool:
+        """Whether ``save_state`` writes anything (an error-feedback residual with a file)."""
+        return self.feedback is not None and self.feedback.path is not None
+
     def save_state(self) -> None:
         """Persist the error-feedback residual (atomically; a no-op without a directory)."""
         if self.feedback is not None:

@@ -177,7 +177,8 @@ class ClientSession:
                 else None
             update = self._pending_update(task, result, model, time_left)
             await self.courier.keep(update)
-            await asyncio.to_thread(self.pipeline.save_state)  # error-feedback residual
+            if self.pipeline.saves_state:  # the error-feedback residual, to disk
+                await asyncio.to_thread(self.pipeline.save_state)
             with self._network_clock():
                 sending = self._clock()
                 await self.courier.deliver(update, mark)

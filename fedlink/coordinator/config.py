@@ -13,6 +13,7 @@ from typing import Any
 
 import fedlink.privacy  # noqa: F401  (registers the differential-privacy flush hooks)
 from fedlink.aggregate import ACCUMULATORS, FLUSH_HOOKS, SERVER_OPTIMIZERS, STALENESS_WEIGHTS
+from fedlink.compress import broadcast_codec
 from fedlink.config import from_table, require
 from fedlink.errors import ConfigError
 from fedlink.registry import Registry
@@ -201,6 +202,12 @@ class LimitsConfig:
     deadline). ``None`` (the default) means ``3 x heartbeat_interval_s + long_poll_s``;
     ``0`` disables the check.
 
+    ``inline_bytes``: a payload of at most this many bytes travels inside the message that
+    announces it, saving a call and its round trip: the model (or delta) of a task inside
+    ``Task``, an update inside ``CommitRequest``. Larger ones go by ``Download``/``Upload`` in
+    resumable chunks; ``0`` inlines nothing. The limit in force (``inline_limit``) is at most
+    ``chunk_bytes``: an inline payload is re-sent whole when its call is retried.
+
     ``delta_history``: how many recent model versions the coordinator keeps as raw vectors so
     that a client holding one of them downloads an exact ``xor-zlib`` delta instead of the
     whole model. Costs ``delta_history x model size`` of memory; ``0`` disables deltas.
@@ -221,6 +228,7 @@ class LimitsConfig:
     retry_after_s: float = 1.0
     liveness_timeout_s: float | None = None
     delta_history: int = 4
+    inline_bytes: int = 64 << 10
     max_clients: int = 10_000
     max_uploads_per_client: int = 2
     requests_per_s: float = 50.0
@@ -243,6 +251,8 @@ class LimitsConfig:
                 "limits.liveness_timeout_s",
                 f"must exceed heartbeat_interval_s={self.heartbeat_interval_s}, or be 0 to "
                 f"disable the check, got {self.liveness_timeout_s}")
+        require(self.inline_bytes >= 0, "limits.inline_bytes",
+                f"must be >= 0 (0: nothing inline), got {self.inline_bytes}")
         require(self.delta_history >= 0, "limits.delta_history",
                 f"must be >= 0, got {self.delta_history}")
         for name in ("max_clients", "max_uploads_per_client", "requests_per_s"):
@@ -254,6 +264,11 @@ class LimitsConfig:
                 f"must be >= 0, got {self.max_metadata_entries}")
         require(self.max_string_bytes >= 64, "limits.max_string_bytes",
                 f"must be >= 64, got {self.max_string_bytes}")
+
+    @property
+    def inline_limit(self) -> int:
+        """Largest payload sent inline: ``inline_bytes``, at most one chunk."""
+        return min(self.inline_bytes, self.chunk_bytes)
 
     @property
     def liveness_timeout(self) -> float | None:
@@ -345,6 +360,13 @@ class CoordinatorConfig:
     version flushes once ``goal`` updates are in counting the dropped ones, from the accepted
     ones only; when every one was dropped the model is left unchanged (the version still
     advances, so a new cohort is asked).
+
+    ``downlink_codec``: how the model broadcast is encoded (``fedlink.compress``; a
+    deterministic, unbiased codec: ``fp32``, ``fp16``, ``bf16`` or ``fp32-zlib``). Each
+    version is encoded once; clients train from the decoded vector and send their update
+    relative to it, so a lossy broadcast (``fp16``: half the bytes; values beyond +-65504
+    saturate) perturbs where clients start, never how their updates are applied to the
+    coordinator's exact float32 model. Delta downloads are exact between the served vectors.
     """
 
     run_name: str = "fedlink-run"
@@ -366,6 +388,7 @@ class CoordinatorConfig:
     seed: int = 0
     state_dir: str = ""
     hooks: tuple[Mapping[str, Any], ...] = ()
+    downlink_codec: str = "fp32"
 
     def __post_init__(self) -> None:
         _check_types(self, "")
@@ -386,6 +409,10 @@ class CoordinatorConfig:
                 raise ConfigError(f"{name}: {exc}") from exc
         require(math.isfinite(self.norm_bound) and self.norm_bound >= 0, "norm_bound",
                 f"must be >= 0 (0: no bound), got {self.norm_bound}")
+        try:
+            broadcast_codec(self.downlink_codec)
+        except ConfigError as exc:
+            raise ConfigError(f"downlink_codec: {exc}") from exc
 
     def _check_hooks(self) -> None:
         """Each ``[[coordinator.hooks]]`` table names a registered flush hook that builds."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import math
@@ -190,6 +191,7 @@ class CoordinatorService:
             max_staleness=self.config.flush.max_staleness,
             accepted_encodings=CODECS.names(),
             trainer_options=dict(training.trainer_options),
+            inline_bytes=limits.inline_limit,
         )
 
     async def get_task(self, request: GetTaskRequest) -> TaskReply:
@@ -206,6 +208,8 @@ class CoordinatorService:
         reply = await self._next_task(request.client_id, request.held_version)
         if isinstance(reply, Task | Finished):  # a new task, or the run's end, was journaled
             await self.state.sync()
+        if isinstance(reply, Task):
+            reply = self._with_inline_payload(request.client_id, reply)
         self._check_finished_without_flush()
         if isinstance(reply, Finished):
             self._told_finished.add(request.client_id)
@@ -228,6 +232,23 @@ class CoordinatorService:
     def _issue(self, client_id: str, held_version: int) -> TaskReply:
         with self._durably():
             return self.engine.issue(client_id, held_version)
+
+    def _with_inline_payload(self, client_id: str, task: Task) -> Task:
+        """``task`` carrying its delta, else its model, when that fits ``inline_limit``."""
+        limit = self.config.limits.inline_limit
+        record = self.engine.task(client_id, task.task_id)
+        full = self.engine.payload(record.version)
+        if task.has_delta:
+            delta = self.engine.delta_payload(record)
+            if len(delta.data) <= limit:
+                self._download_finished(record, len(delta.data), full, delta, delta=True,
+                                        inline=True)
+                return dataclasses.replace(task, delta_data=delta.data)
+        if len(full.data) <= limit:
+            self._download_finished(record, len(full.data), full, full, delta=False,
+                                    inline=True)
+            return dataclasses.replace(task, model_data=full.data)
+        return task
 
     def clients_to_inform(self, silent_after_s: float) -> set[str]:
         """Clients not yet told that the run is over that called within ``silent_after_s``."""
@@ -261,17 +282,22 @@ class CoordinatorService:
             sent += len(piece)
             yield DataChunk(offset, piece)
             self.registry.touch(request.client_id)
-        self._round_bytes_down += sent
-        self._download_finished(request, record, sent, full, payload)
+        self._download_finished(record, sent, full, payload, delta=request.delta,
+                                offset=request.offset)
 
-    def _download_finished(self, request: DownloadRequest, record: TaskRecord, sent: int,
-                           full: Payload, payload: Payload) -> None:
-        fields = {"delta": request.delta,
-                  "bytes_saved": len(full.data) - len(payload.data) if request.delta else 0}
-        if request.delta:
+    def _download_finished(self, record: TaskRecord, sent: int, full: Payload,
+                           payload: Payload, delta: bool, offset: int = 0,
+                           inline: bool = False) -> None:
+        """Count ``sent`` bytes of ``payload`` (the task's model ``full``, or a delta) down."""
+        self._round_bytes_down += sent
+        fields: dict[str, Any] = {
+            "delta": delta, "bytes_saved": len(full.data) - len(payload.data) if delta else 0}
+        if delta:
             fields["base_version"] = record.delta_base
-        self.events.emit("download_finished", client_id=request.client_id,
-                         task_id=request.task_id, bytes=sent, offset=request.offset, **fields)
+        if inline:
+            fields["inline"] = True
+        self.events.emit("download_finished", client_id=record.client_id,
+                         task_id=record.task_id, bytes=sent, offset=offset, **fields)
 
     async def upload(self, chunks: AsyncIterator[UploadChunk]) -> UploadReply:
         """Receive chunks of one upload; answer with the durable bytes held.
@@ -319,6 +345,8 @@ class CoordinatorService:
         self._admit(request.client_id)
         self._check_strings(upload_id=request.upload_id, task_id=request.task_id)
         self._check_mapping("metrics", request.metrics)
+        if request.update_data:
+            self._take_inline_update(request)
         await self._make_durable(request.client_id, request.upload_id)
         # From here to ``settle`` nothing awaits: a duplicate commit running concurrently
         # either finds the remembered answer or has not started yet.
@@ -334,6 +362,19 @@ class CoordinatorService:
         if isinstance(answer, RemoteError):
             raise answer
         return answer
+
+    def _take_inline_update(self, request: CommitRequest) -> None:
+        """Hold an update that came inside its ``Commit`` as if it had been uploaded.
+
+        A repeat of an answered commit writes nothing: it gets the remembered answer.
+        """
+        limit = self.config.limits.inline_limit
+        if len(request.update_data) > limit:
+            raise InvalidArgument(f"inline update of {len(request.update_data)} bytes exceeds "
+                                  f"this coordinator's inline limit of {limit} bytes; "
+                                  "upload it, then commit")
+        if self.uploads.answer(request.client_id, request.upload_id) is None:
+            self.uploads.write(request.client_id, request.upload_id, 0, request.update_data)
 
     def _settle(self, request: CommitRequest, session: UploadSession) -> CommitReply | RemoteError:
         """Accept or refuse the upload, and remember the answer (an incomplete one is not final)."""

@@ -30,7 +30,7 @@ class TensorHeader(_message.Message):
     def __init__(self, encoding: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., num_bytes: _Optional[int] = ..., checksum: _Optional[str] = ..., codec_params: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class RunConfig(_message.Message):
-    __slots__ = ("run_name", "num_parameters", "local_steps", "local_epochs", "batch_size", "learning_rate", "chunk_bytes", "heartbeat_interval_s", "max_staleness", "accepted_encodings", "trainer_options")
+    __slots__ = ("run_name", "num_parameters", "local_steps", "local_epochs", "batch_size", "learning_rate", "chunk_bytes", "heartbeat_interval_s", "max_staleness", "accepted_encodings", "trainer_options", "inline_bytes")
     class TrainerOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,7 @@ class RunConfig(_message.Message):
     MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_ENCODINGS_FIELD_NUMBER: _ClassVar[int]
     TRAINER_OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    INLINE_BYTES_FIELD_NUMBER: _ClassVar[int]
     run_name: str
     num_parameters: int
     local_steps: int
@@ -60,7 +61,8 @@ class RunConfig(_message.Message):
     max_staleness: int
     accepted_encodings: _containers.RepeatedScalarFieldContainer[str]
     trainer_options: _containers.ScalarMap[str, str]
-    def __init__(self, run_name: _Optional[str] = ..., num_parameters: _Optional[int] = ..., local_steps: _Optional[int] = ..., local_epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., chunk_bytes: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., max_staleness: _Optional[int] = ..., accepted_encodings: _Optional[_Iterable[str]] = ..., trainer_options: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    inline_bytes: int
+    def __init__(self, run_name: _Optional[str] = ..., num_parameters: _Optional[int] = ..., local_steps: _Optional[int] = ..., local_epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., chunk_bytes: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., max_staleness: _Optional[int] = ..., accepted_encodings: _Optional[_Iterable[str]] = ..., trainer_options: _Optional[_Mapping[str, str]] = ..., inline_bytes: _Optional[int] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
     __slots__ = ("client_name", "token", "num_examples", "metadata")
@@ -98,7 +100,7 @@ class GetTaskRequest(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., held_version: _Optional[int] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "model_version", "local_steps", "local_epochs", "deadline_s", "model", "delta", "delta_base_version", "options")
+    __slots__ = ("task_id", "model_version", "local_steps", "local_epochs", "deadline_s", "model", "delta", "delta_base_version", "options", "model_data", "delta_data")
     class OptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +117,8 @@ class Task(_message.Message):
     DELTA_FIELD_NUMBER: _ClassVar[int]
     DELTA_BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_DATA_FIELD_NUMBER: _ClassVar[int]
+    DELTA_DATA_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     model_version: int
     local_steps: int
@@ -124,7 +128,9 @@ class Task(_message.Message):
     delta: TensorHeader
     delta_base_version: int
     options: _containers.ScalarMap[str, str]
-    def __init__(self, task_id: _Optional[str] = ..., model_version: _Optional[int] = ..., local_steps: _Optional[int] = ..., local_epochs: _Optional[int] = ..., deadline_s: _Optional[float] = ..., model: _Optional[_Union[TensorHeader, _Mapping]] = ..., delta: _Optional[_Union[TensorHeader, _Mapping]] = ..., delta_base_version: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    model_data: bytes
+    delta_data: bytes
+    def __init__(self, task_id: _Optional[str] = ..., model_version: _Optional[int] = ..., local_steps: _Optional[int] = ..., local_epochs: _Optional[int] = ..., deadline_s: _Optional[float] = ..., model: _Optional[_Union[TensorHeader, _Mapping]] = ..., delta: _Optional[_Union[TensorHeader, _Mapping]] = ..., delta_base_version: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ..., model_data: _Optional[bytes] = ..., delta_data: _Optional[bytes] = ...) -> None: ...
 
 class Wait(_message.Message):
     __slots__ = ("retry_after_s", "reason")
@@ -201,7 +207,7 @@ class UploadStatusRequest(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., upload_id: _Optional[str] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
-    __slots__ = ("client_id", "upload_id", "task_id", "base_version", "num_examples", "steps_completed", "steps_planned", "update", "metrics")
+    __slots__ = ("client_id", "upload_id", "task_id", "base_version", "num_examples", "steps_completed", "steps_planned", "update", "metrics", "update_data")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -218,6 +224,7 @@ class CommitRequest(_message.Message):
     STEPS_PLANNED_FIELD_NUMBER: _ClassVar[int]
     UPDATE_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_DATA_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     upload_id: str
     task_id: str
@@ -227,7 +234,8 @@ class CommitRequest(_message.Message):
     steps_planned: int
     update: TensorHeader
     metrics: _containers.ScalarMap[str, float]
-    def __init__(self, client_id: _Optional[str] = ..., upload_id: _Optional[str] = ..., task_id: _Optional[str] = ..., base_version: _Optional[int] = ..., num_examples: _Optional[int] = ..., steps_completed: _Optional[int] = ..., steps_planned: _Optional[int] = ..., update: _Optional[_Union[TensorHeader, _Mapping]] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    update_data: bytes
+    def __init__(self, client_id: _Optional[str] = ..., upload_id: _Optional[str] = ..., task_id: _Optional[str] = ..., base_version: _Optional[int] = ..., num_examples: _Optional[int] = ..., steps_completed: _Optional[int] = ..., steps_planned: _Optional[int] = ..., update: _Optional[_Union[TensorHeader, _Mapping]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., update_data: _Optional[bytes] = ...) -> None: ...
 
 class CommitReply(_message.Message):
     __slots__ = ("upload_id", "model_version", "staleness")
