@@ -169,8 +169,8 @@ def _traffic_figures(events: list[Event]) -> dict[str, Any]:
     uplink compression ratio of accepted updates."""
     uploads = of_kind(events, UPDATE_ACCEPTED) + of_kind(events, UPDATE_REFUSED)
     return {
-        "bytes_up": sum(int(e.get("bytes_up") or 0) for e in uploads),
-        "bytes_down": sum(int(e.get("bytes") or 0) for e in of_kind(events, DOWNLOAD_FINISHED)),
+        "bytes_up": _total(uploads, "bytes_up"),
+        "bytes_down": _total(of_kind(events, DOWNLOAD_FINISHED), "bytes"),
         "uplink_compression_ratio": uplink_compression_ratio(events),
         "downlink_compression_ratio": downlink_compression_ratio(events),
     }
@@ -178,23 +178,24 @@ def _traffic_figures(events: list[Event]) -> dict[str, Any]:
 
 def uplink_compression_ratio(events: list[Event]) -> float | None:
     """fp32 bytes of the accepted updates over the bytes they took (None when unknown)."""
-    started = [e for e in of_kind(events, RUN_STARTED) if e.get("num_parameters")]
     accepted = of_kind(events, UPDATE_ACCEPTED)
-    sent = _total(accepted, "bytes_up")
-    if not started or not sent:
-        return None
-    return 4 * int(started[-1]["num_parameters"]) * len(accepted) / sent
+    return _fp32_ratio(events, len(accepted), _total(accepted, "bytes_up"))
 
 
 def downlink_compression_ratio(events: list[Event]) -> float | None:
     """fp32 bytes of the models downloaded (one per task) over the bytes they took."""
-    started = [e for e in of_kind(events, RUN_STARTED) if e.get("num_parameters")]
     downloads = of_kind(events, DOWNLOAD_FINISHED)
-    received = _total(downloads, "bytes")
-    if not started or not received:
-        return None
     tasks = {e.get("task_id") for e in downloads}
-    return 4 * int(started[-1]["num_parameters"]) * len(tasks) / received
+    return _fp32_ratio(events, len(tasks), _total(downloads, "bytes"))
+
+
+def _fp32_ratio(events: list[Event], vectors: int, nbytes: int) -> float | None:
+    """What ``vectors`` model-sized fp32 vectors would take over ``nbytes`` (None when the
+    run's ``num_parameters`` is unknown or no byte moved)."""
+    started = [e for e in of_kind(events, RUN_STARTED) if e.get("num_parameters")]
+    if not started or not nbytes:
+        return None
+    return 4 * int(started[-1]["num_parameters"]) * vectors / nbytes
 
 
 def _update_figures(events: list[Event]) -> dict[str, Any]:
