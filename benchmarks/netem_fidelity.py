@@ -33,7 +33,9 @@ target). On a busy 2-core machine the own-process figure drops towards that too.
 
 Figures: ``rtt_base_ms``; per preset ``rtt_ms_<p>``, ``rtt_error_<p>``, ``up_kbps_<p>``,
 ``down_kbps_<p>``, ``throughput_error_<p>`` (and the configured values and spreads);
-``max_rtt_error``, ``max_throughput_error``, ``loss``, ``proxy_throughput_ratio``,
+``max_rtt_error``, ``max_throughput_error``, ``loss``, ``blackout_stall_s`` and
+``blackout_stall_error`` (a forced 1 s blackout against an echo stream), ``reset_planned_s``
+and ``reset_time_error_s`` (a time-planned reset), ``proxy_throughput_ratio``,
 ``proxy_mb_s``, ``direct_mb_s``, ``same_loop_throughput_ratio``.
 Targets: every relative error <= 0.15; ``proxy_throughput_ratio`` >= 0.5.
 
@@ -43,6 +45,7 @@ Run: ``python benchmarks/netem_fidelity.py [--quick] [--json FILE]``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import sys
 import time
@@ -55,7 +58,7 @@ from _common import parse_args, report
 
 from fedlink.netem.presets import PRESETS
 from fedlink.netem.profile import LinkProfile
-from fedlink.netem.proxy import TcpProxy, split_address
+from fedlink.netem.proxy import TcpProxy, plan_connection, split_address
 
 PING = b"p" * 64
 BULK_CHUNK = 256 * 1024
@@ -298,6 +301,37 @@ async def proxy_cost(upstream_address: str, upstream: Upstream, plan: Plan) -> d
             "same_loop_throughput_ratio": same_loop}
 
 
+async def outage_timing(upstream_address: str) -> dict[str, float]:
+    """How long a forced 1 s blackout stalls an echo stream, and when a planned reset lands.
+
+    The calibration tests only check these from below (a busy host makes the proxy late, never
+    early); this is where their fidelity is measured.
+    """
+    async with TcpProxy(LinkProfile(name="outage"), upstream_address) as proxy:
+        reader, writer = await dial(proxy.address, "echo")
+        gaps = []
+        for i in range(40):
+            if i == 10:
+                proxy.force_blackout(1.0)
+            started = time.perf_counter()
+            writer.write(PING)
+            await reader.readexactly(len(PING))
+            gaps.append(time.perf_counter() - started)
+        writer.close()
+    profile = LinkProfile(name="reset", reset_every_s=0.4, seed=11)
+    planned = plan_connection(profile, 0).reset_after_s or 0.0
+    async with TcpProxy(profile, upstream_address) as proxy:
+        reader, writer = await dial(proxy.address, "echo")
+        started = time.perf_counter()
+        with contextlib.suppress(ConnectionError):
+            while await reader.read(65536):
+                pass
+        reset_at = time.perf_counter() - started
+        writer.close()
+    return {"blackout_stall_s": max(gaps), "blackout_stall_error": relative_error(max(gaps), 1.0),
+            "reset_planned_s": planned, "reset_time_error_s": abs(reset_at - planned)}
+
+
 def print_preset(profile: LinkProfile, f: dict[str, Any]) -> None:
     name = profile.name
     print(f"{name:<10} rtt {f[f'rtt_ms_{name}']:8.2f} ms (configured "
@@ -319,6 +353,10 @@ async def run(plan: Plan) -> dict[str, Any]:
             measured = await measure_preset(profile, address, upstream, plan, base_rtt)
             print_preset(profile, measured)
             figures.update(measured)
+        figures.update(await outage_timing(address))
+        print(f"forced 1 s blackout stalled {figures['blackout_stall_s']:.3f} s; planned reset "
+              f"at {figures['reset_planned_s']:.3f} s landed "
+              f"{figures['reset_time_error_s'] * 1000:.1f} ms off", flush=True)
         figures.update(await proxy_cost(address, upstream, plan))
     finally:
         await upstream.stop()

@@ -6,8 +6,9 @@ clients run in this process, each behind its own throttled TCP proxy (so an uplo
 a second and most kills land in the middle of one), with a trainer that always adds the same
 client-specific vector ``d_c`` to the model it got. The test kills the coordinator 20 times:
 
-- 14 times at a random moment, 1-5 s after it starts listening (uploads in flight, tasks
-  being issued, flushes);
+- 14 times without a crash point: half at a random moment, 1-5 s after it starts listening
+  (uploads in flight, tasks being issued, flushes), half as soon as an upload is seen
+  streaming (its spool file grows), so kills mid-upload are arranged, not hoped for;
 - 6 times at named crash points the coordinator passes (``FEDLINK_CRASH_AT``): in the middle of
   a flush (before and after its checkpoint is written, before its batch commits), between a
   commit's journal and its events, and while a commit is being accepted.
@@ -202,6 +203,17 @@ class CoordinatorProcess:
         """Whether an upload received bytes since ``before`` (one is streaming right now)."""
         return any(size > before.get(path, 0) for path, size in self.spool_sizes().items())
 
+    def wait_receiving(self, timeout_s: float) -> bool:
+        """Wait until an upload's spool grows between two looks (one is streaming now)."""
+        deadline = time.monotonic() + timeout_s
+        before = self.spool_sizes()
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            if self.receiving(before):
+                return True
+            before = self.spool_sizes()
+        return False
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -239,11 +251,14 @@ def test_coordinator_killed_20_times_finishes_and_counts_every_update_once(
             if code is None:  # not reached in time: a random moment after all
                 coordinator.kill()
             self_killed += code == -signal.SIGKILL
+        elif i % 2:
+            # arranged, not hoped for: wait until an upload is seen streaming, then kill
+            assert coordinator.wait_receiving(timeout_s=60), \
+                f"no upload streamed within 60 s:\n{timeline}"
+            mid_upload += 1
+            coordinator.kill()
         else:
-            time.sleep(rng.uniform(0.7, 4.7))
-            before = coordinator.spool_sizes()
-            time.sleep(0.3)
-            mid_upload += coordinator.receiving(before)
+            time.sleep(rng.uniform(0.7, 4.7))  # a random moment: whatever is in flight
             coordinator.kill()
         timeline.append(f"{time.monotonic() - began:6.1f}s kill {i + 1} ({crash_at or 'random'})")
         assert fleet.error is None, fleet.error
@@ -257,7 +272,7 @@ def test_coordinator_killed_20_times_finishes_and_counts_every_update_once(
     fleet.thread.join(timeout=120)
     assert fleet.error is None, fleet.error
     assert self_killed >= 4, f"the crash points were not reached:\n{timeline}"
-    assert mid_upload >= 3, f"only {mid_upload} kills landed while an upload was streaming"
+    assert mid_upload >= 3, f"only {mid_upload} kills were made while an upload was streaming"
 
     run_dir = coordinator.output_dir / "crash"
     summary = json.loads((run_dir / "summary.json").read_text())
