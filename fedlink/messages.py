@@ -49,6 +49,7 @@ class JoinRequest:
     token: str = ""
     num_examples: int = 0
     metadata: Mapping[str, str] = field(default_factory=dict)
+    instance_key: str = ""
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ import numpy as np
 
 from fedlink.client.base import Trainer, TrainPlan, TrainResult
 from fedlink.client.delivery import Courier
+from fedlink.client.instance import instance_key
+from fedlink.client.liveness import LivenessConfig
 from fedlink.client.outbox import PendingUpdate, open_outbox
 from fedlink.client.pipeline import UpdatePipeline
 from fedlink.client.retry import Caller, Clock, RetryPolicy, Sleep
@@ -73,6 +75,8 @@ class ClientOptions:
     ``token``: the coordinator's shared join token, or this client's own token from
     ``fedlink token issue`` (sent at ``Join`` and as ``authorization`` metadata on every call).
     ``tls``: connect over TLS with these CA / client certificate files (``None``: plaintext).
+    ``liveness``: bounds of the ping-ack timeout, TCP user timeout and call deadlines that
+    follow the measured link (``fedlink.client.liveness``).
     """
 
     name: str = ""
@@ -83,6 +87,7 @@ class ClientOptions:
     max_tasks: int | None = None
     outbox_dir: Path | None = None
     tls: TLSOptions | None = None
+    liveness: LivenessConfig = field(default_factory=LivenessConfig)
 
 
 class ClientSession:
@@ -108,6 +113,7 @@ class ClientSession:
         self.client_id = ""
         self.config: RunConfig | None = None
         self.outbox = open_outbox(self.options.outbox_dir)
+        self.instance_key = instance_key(self.options.outbox_dir)
         if self.options.outbox_dir is not None:  # error feedback survives restarts beside it
             self.pipeline.attach_state(self.options.outbox_dir)
         self._executor = executor
@@ -125,7 +131,7 @@ class ClientSession:
     async def run(self) -> SessionStats:
         """Take part until the coordinator says the run is over (or ``max_tasks`` are done)."""
         async with Transport(self.target, self.options.timeouts, self.options.tls,
-                             self.options.token) as transport:
+                             self.options.token, self.options.liveness) as transport:
             self._transport = transport
             try:
                 config = await self._join()
@@ -251,10 +257,13 @@ class ClientSession:
         reply = await self._call(
             lambda: self.transport.join(JoinRequest(
                 client_name=self.options.name, token=self.options.token,
-                num_examples=self.trainer.num_examples(), metadata={"sdk": "fedlink"})),
+                num_examples=self.trainer.num_examples(), metadata={"sdk": "fedlink"},
+                instance_key=self.instance_key)),
             "Join")
         self.client_id = reply.client_id
         self.config = reply.config
+        # a ping's ack may queue behind up to a chunk in flight
+        self.transport.link.queued_bytes = 2 * reply.config.chunk_bytes
         log.info("joined as %s (%d parameters)", self.client_id, reply.config.num_parameters)
         return reply.config
 

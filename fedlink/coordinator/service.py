@@ -163,13 +163,19 @@ class CoordinatorService:
         """Register a client; answer with its id and the run configuration."""
         self._check_strings(client_name=request.client_name, token=request.token)
         self._check_mapping("metadata", request.metadata)
+        self._check_strings(instance_key=request.instance_key)
         if self.config.join_token and request.token != self.config.join_token:
             raise Unauthenticated("join token is missing or wrong")
-        self.limiter.check_join(len(self.registry))
         # With per-client tokens the id is bound to the token's name, whatever the request says.
         name = caller_name() or request.client_name
+        known = self.registry.rejoin(name, request.instance_key)
+        if known is not None:  # a repeated Join (its reply lost): the same client
+            await self.state.sync()  # its first Join's record may still be on its way
+            return JoinReply(known.client_id, self.run_config())
+        self.limiter.check_join(len(self.registry))
         with self._durably():
-            record = self.registry.join(name, request.num_examples, request.metadata)
+            record = self.registry.join(name, request.num_examples, request.metadata,
+                                        request.instance_key)
             self.state.save_client(record)
             self.events.emit("client_joined", client_id=record.client_id, name=record.name,
                              num_examples=record.num_examples)
@@ -311,7 +317,8 @@ class CoordinatorService:
                 async for chunk in chunks:
                     if written is None:  # the stream's first chunk names the caller
                         self._admit(chunk.client_id)
-                        slot.enter_context(self.limiter.upload_slot(chunk.client_id))
+                        slot.enter_context(self.limiter.upload_slot(chunk.client_id,
+                                                                      chunk.upload_id))
                     else:
                         self.registry.touch(chunk.client_id)
                         if chunk.client_id != written[0] or chunk.upload_id != written[1]:
