@@ -35,6 +35,7 @@ import numpy as np
 from fedlink.compress import CODECS
 from fedlink.coordinator.auth import caller_name
 from fedlink.coordinator.config import CoordinatorConfig
+from fedlink.coordinator.downloads import DownloadLedger
 from fedlink.coordinator.engine import FlushOutcome, ReceivedUpdate, RoundEngine, TaskRecord
 from fedlink.coordinator.limits import Limiter
 from fedlink.coordinator.registry import ClientRegistry
@@ -95,6 +96,7 @@ class CoordinatorService:
         self._changed = asyncio.Event()
         self._flushes: asyncio.Queue[tuple[FlushOutcome, int]] = asyncio.Queue()
         self._round_bytes_down = 0
+        self.downloads = DownloadLedger()
         self._told_finished: set[str] = set()
         self._reported_version = 0
         self.finished = asyncio.Event()
@@ -247,12 +249,10 @@ class CoordinatorService:
         if task.has_delta:
             delta = self.engine.delta_payload(record)
             if len(delta.data) <= limit:
-                self._download_finished(record, len(delta.data), full, delta, delta=True,
-                                        inline=True)
+                self._offer(record, full, delta, delta=True, inline=True)
                 return dataclasses.replace(task, delta_data=delta.data)
         if len(full.data) <= limit:
-            self._download_finished(record, len(full.data), full, full, delta=False,
-                                    inline=True)
+            self._offer(record, full, full, delta=False, inline=True)
             return dataclasses.replace(task, model_data=full.data)
         return task
 
@@ -262,12 +262,19 @@ class CoordinatorService:
         return {client_id for client_id in self.registry.ids() - self._told_finished
                 if now - (self.registry.last_seen(client_id) or -math.inf) <= silent_after_s}
 
+    def clients_still_here(self, silent_after_s: float) -> set[str]:
+        """Clients that have not left and called within ``silent_after_s`` (told or not: a
+        client whose ``Finished`` reply was lost asks again)."""
+        now = self._clock()
+        return {client_id for client_id in self.registry.ids()
+                if now - (self.registry.last_seen(client_id) or -math.inf) <= silent_after_s}
+
     async def download(self, request: DownloadRequest) -> AsyncIterator[DataChunk]:
         """Stream a task's model, or with ``request.delta`` its delta, from ``request.offset``.
 
         Every chunk sent counts as a sign of life of the client (a slow download is not a
-        dead client). ``download_finished`` says whether a delta was sent and the bytes it
-        saved against the full model.
+        dead client). The bytes count as downloaded once the client shows it has them
+        (``fedlink.coordinator.downloads``): ``download_finished`` comes with its ``Commit``.
         """
         self._admit(request.client_id)
         self._check_strings(task_id=request.task_id)
@@ -283,27 +290,27 @@ class CoordinatorService:
                                   f"{len(payload.data)}-byte {_what(request)}")
         chunk_bytes = min(request.max_chunk_bytes or self.config.limits.chunk_bytes,
                           self.config.limits.max_chunk_bytes)
-        sent = 0
+        self._offer(record, full, payload, delta=request.delta)
+        kind = _what(request)
+        self.downloads.streaming(record.client_id, record.task_id, kind, request.offset)
         for offset, piece in iter_chunks(payload.data, chunk_bytes, request.offset):
-            sent += len(piece)
             yield DataChunk(offset, piece)
             self.registry.touch(request.client_id)
-        self._download_finished(record, sent, full, payload, delta=request.delta,
-                                offset=request.offset)
+        self.downloads.streamed(record.client_id, record.task_id, kind)
 
-    def _download_finished(self, record: TaskRecord, sent: int, full: Payload,
-                           payload: Payload, delta: bool, offset: int = 0,
-                           inline: bool = False) -> None:
-        """Count ``sent`` bytes of ``payload`` (the task's model ``full``, or a delta) down."""
-        self._round_bytes_down += sent
-        fields: dict[str, Any] = {
-            "delta": delta, "bytes_saved": len(full.data) - len(payload.data) if delta else 0}
-        if delta:
-            fields["base_version"] = record.delta_base
-        if inline:
-            fields["inline"] = True
-        self.events.emit("download_finished", client_id=record.client_id,
-                         task_id=record.task_id, bytes=sent, offset=offset, **fields)
+    def _offer(self, record: TaskRecord, full: Payload, payload: Payload, delta: bool,
+               inline: bool = False) -> None:
+        """Note that ``payload`` (the task's model ``full``, or a delta) goes to the client."""
+        self.downloads.offer(record.client_id, record.task_id, "delta" if delta else "model",
+                             len(payload.data),
+                             len(full.data) - len(payload.data) if delta else 0,
+                             record.delta_base if delta else None, inline)
+
+    def _downloads_confirmed(self, client_id: str, task_id: str) -> None:
+        """The client has its task's payloads (it commits): log ``download_finished``, once."""
+        for fields in self.downloads.confirm(client_id, task_id):
+            self._round_bytes_down += fields["bytes"]
+            self.events.emit("download_finished", **fields)
 
     async def upload(self, chunks: AsyncIterator[UploadChunk]) -> UploadReply:
         """Receive chunks of one upload; answer with the durable bytes held.
@@ -352,6 +359,7 @@ class CoordinatorService:
         self._admit(request.client_id)
         self._check_strings(upload_id=request.upload_id, task_id=request.task_id)
         self._check_mapping("metrics", request.metrics)
+        self._downloads_confirmed(request.client_id, request.task_id)
         if request.update_data:
             self._take_inline_update(request)
         await self._make_durable(request.client_id, request.upload_id)
@@ -417,6 +425,7 @@ class CoordinatorService:
             self.registry.remove(request.client_id)
             self.state.forget_client(request.client_id)
             self.limiter.forget(request.client_id)
+            self.downloads.forget_client(request.client_id)
             self.engine.release_client(request.client_id)
             self.events.emit("client_left", client_id=request.client_id,
                              reason=request.reason)
@@ -538,14 +547,15 @@ class CoordinatorService:
         self.finished.set()
         self._notify()
 
-    def end_run(self, reason: str) -> None:
+    def end_run(self, reason: str, durable: bool = True) -> None:
         """End the run now (a target reached, an operator's stop): no more tasks or updates.
 
-        Waiting clients hear ``Finished`` at once; ``run_finished`` is logged after the last
-        flush made so far has been reported.
+        Waiting clients hear ``Finished`` at once; ``run_finished`` is logged once, after the
+        last flush made so far has been reported. ``durable=False`` (a signal's stop) ends it
+        for this process only: a coordinator restarted on the same ``state_dir`` goes on.
         """
         with self._durably():
-            self.engine.finish(reason)
+            self.engine.finish(reason, durable=durable)
         self._notify()
         self._check_finished_without_flush()
 
