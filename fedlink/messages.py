@@ -200,6 +200,7 @@ class LeaveRequest:
 
     client_id: str
     reason: str = ""
+    metrics: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -150,6 +150,7 @@ class ClientSession:
             reply = await self._next_task()
             if isinstance(reply, Finished):
                 log.info("%s: run finished: %s", self.client_id, reply.reason)
+                self.stats.finished = reply.reason or "run finished"
                 return
             if isinstance(reply, Wait):
                 await self._sleep(reply.retry_after_s)
@@ -169,7 +170,6 @@ class ClientSession:
 
     async def _run_task(self, task: Task) -> None:
         self.stats.tasks += 1
-        mark = self.stats.mark()
         started = time.monotonic()
         try:
             # the task may close before the download (its round flushed meanwhile) as well as
@@ -187,7 +187,7 @@ class ClientSession:
                 await asyncio.to_thread(self.pipeline.save_state)
             with self._network_clock():
                 sending = self._clock()
-                await self.courier.deliver(update, mark)
+                await self.courier.deliver(update)
                 self.pipeline.observe_upload(update.payload.header.num_bytes,
                                              self._clock() - sending)
         except RemoteError as err:
@@ -268,8 +268,10 @@ class ClientSession:
         return reply.config
 
     async def _leave(self, reason: str) -> None:
+        """Leave, reporting the counters no ``Commit`` carried (the last one's retries...)."""
+        unreported = self.stats.since(self.courier.reported)
         with contextlib.suppress(RemoteError):
-            await self.transport.leave(LeaveRequest(self.client_id, reason))
+            await self.transport.leave(LeaveRequest(self.client_id, reason, unreported))
 
     async def _next_task(self) -> TaskReply:
         """``GetTask``, joining again (once) if the coordinator has forgotten this client."""

@@ -398,7 +398,8 @@ class CoordinatorService:
         except RemoteError as err:
             self.events.emit("update_refused", client_id=request.client_id,
                              task_id=request.task_id, reason=err.detail, code=err.code,
-                             bytes_up=request.update.num_bytes)
+                             bytes_up=request.update.num_bytes,
+                             **_reported_counters(request.metrics))
             if isinstance(err, UploadIncomplete):
                 return err
             answer = err
@@ -419,8 +420,13 @@ class CoordinatorService:
         return HeartbeatReply(self.engine.version, task_open)  # changes nothing: no sync
 
     async def leave(self, request: LeaveRequest) -> LeaveReply:
-        """Forget the client; its open task stops holding a place in the cohort."""
+        """Forget the client; its open task stops holding a place in the cohort.
+
+        The resilience counters it reports (what grew since its last ``Commit``) go into
+        ``client_left``, so that the run's summary counts them.
+        """
         self._check_strings(reason=request.reason)
+        self._check_mapping("metrics", request.metrics)
         with self._durably():
             self.registry.remove(request.client_id)
             self.state.forget_client(request.client_id)
@@ -428,7 +434,7 @@ class CoordinatorService:
             self.downloads.forget_client(request.client_id)
             self.engine.release_client(request.client_id)
             self.events.emit("client_left", client_id=request.client_id,
-                             reason=request.reason)
+                             reason=request.reason, **_reported_counters(request.metrics))
         self._notify()
         await self.state.sync()
         return LeaveReply()
@@ -583,6 +589,15 @@ def _outcome(record: FlushRecord, model: np.ndarray) -> FlushOutcome:
     return FlushOutcome(record.version, model, record.num_updates, record.total_weight,
                         record.round_seconds, record.bytes_up, record.finished,
                         dict(record.hook_report), record.task_ids)
+
+
+REPORTED_COUNTERS = ("retries", "offline_seconds", "resumed_bytes")
+
+
+def _reported_counters(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The resilience counters among a client's ``metrics`` (finite, >= 0; others ignored)."""
+    return {name: float(metrics[name]) for name in REPORTED_COUNTERS
+            if name in metrics and math.isfinite(metrics[name]) and metrics[name] >= 0}
 
 
 def _what(request: DownloadRequest) -> str:

@@ -266,12 +266,21 @@ class HeartbeatReply(_message.Message):
     def __init__(self, model_version: _Optional[int] = ..., task_open: _Optional[bool] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
-    __slots__ = ("client_id", "reason")
+    __slots__ = ("client_id", "reason", "metrics")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     reason: str
-    def __init__(self, client_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    metrics: _containers.ScalarMap[str, float]
+    def __init__(self, client_id: _Optional[str] = ..., reason: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class LeaveReply(_message.Message):
     __slots__ = ()
