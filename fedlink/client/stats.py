@@ -31,8 +31,8 @@ class SessionStats:
     the network for sending; ``bytes_down`` the payload bytes received (deltas, and full models,
     including any fallback); ``delta_bytes_saved`` the download bytes that deltas (or an already
     held model) saved against full downloads; ``network_seconds`` the time spent downloading,
-    uploading and committing. ``finished``: the coordinator's reason when it said the run is over (empty
-    until then).
+    uploading and committing. ``finished``: the coordinator's reason when it said the run is
+    over (empty until then).
     """
 
     tasks: int = 0

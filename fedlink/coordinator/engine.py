@@ -47,6 +47,7 @@ from fedlink.compress import broadcast_codec
 from fedlink.coordinator.client_metrics import event_fields
 from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.history import ModelHistory
+from fedlink.coordinator.progress import RoundState
 from fedlink.coordinator.records import ReceivedUpdate, TaskRecord
 from fedlink.coordinator.state import Checkpoint, FlushRecord, NullStore, SavedState, StateStore
 from fedlink.errors import InvalidArgument, NotFound, PermissionDenied, UpdateRefused
@@ -342,6 +343,10 @@ class RoundEngine:
             return 0.0
         return max(0.001, self.rule.deadline_s - self._round_age())
 
+    def round_age_s(self) -> float:
+        """Seconds since this version's round started (0 before the run's first task)."""
+        return self._round_age()
+
     def _round_age(self) -> float:
         """Seconds since this version's round started (0 before the run's first task)."""
         return 0.0 if self._round_started is None else self._clock() - self._round_started
@@ -478,6 +483,13 @@ class RoundEngine:
                 continue
             released.append(record)
         return released
+
+    def round_state(self) -> RoundState:
+        """Where the current round stands (for the coordinator's stuck line)."""
+        waiting = sorted({r.client_id for r in self._holding_places()
+                          if r.version == self._version})
+        return RoundState(self._version, self._round_age(), self._accumulator.count,
+                          self.rule.goal, waiting)
 
     def _holding_places(self) -> list[TaskRecord]:
         """Open tasks that still hold a place in a cohort."""

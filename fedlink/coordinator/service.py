@@ -38,6 +38,7 @@ from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.downloads import DownloadLedger
 from fedlink.coordinator.engine import FlushOutcome, ReceivedUpdate, RoundEngine, TaskRecord
 from fedlink.coordinator.limits import Limiter
+from fedlink.coordinator.progress import ProgressLog
 from fedlink.coordinator.registry import ClientRegistry
 from fedlink.coordinator.state import FlushRecord, SavedState, open_store
 from fedlink.coordinator.uploads import UploadSession, UploadStore
@@ -97,6 +98,7 @@ class CoordinatorService:
         self._flushes: asyncio.Queue[tuple[FlushOutcome, int]] = asyncio.Queue()
         self._round_bytes_down = 0
         self.downloads = DownloadLedger()
+        self.progress = ProgressLog(config.limits.stuck_after_s)
         self._told_finished: set[str] = set()
         self._reported_version = 0
         self.finished = asyncio.Event()
@@ -396,6 +398,7 @@ class CoordinatorService:
         try:
             answer: CommitReply | RemoteError = self._accept(request, session)
         except RemoteError as err:
+            self.progress.refused()
             self.events.emit("update_refused", client_id=request.client_id,
                              task_id=request.task_id, reason=err.detail, code=err.code,
                              bytes_up=request.update.num_bytes,
@@ -504,6 +507,9 @@ class CoordinatorService:
             self._on_flush(outcome)
         elif released or self.engine.rule.deadline_s is not None:
             self._notify()
+        if not self.engine.finished and self.progress.due(self.engine.version,
+                                                          self.engine.round_age_s()):
+            self.progress.stuck(self.engine.round_state())
 
     def close(self) -> None:
         """Release open upload spools (their bytes stay on disk for a restart) and the state."""
@@ -538,6 +544,8 @@ class CoordinatorService:
                                  **dict(outcome.hook_report), **metrics)
                 self.state.mark_reported(outcome.version)
             await self.state.sync()
+            self.progress.flushed(outcome.version, outcome.num_updates, outcome.round_seconds,
+                                  metrics)
             self._reported_version = outcome.version
             if outcome.finished:
                 self._announce_finish()
