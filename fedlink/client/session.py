@@ -28,7 +28,12 @@ import numpy as np
 
 from fedlink.client.base import Trainer, TrainPlan, TrainResult
 from fedlink.client.delivery import Courier
-from fedlink.client.instance import instance_key
+from fedlink.client.instance import (
+    finished_before,
+    forget_finished,
+    instance_key,
+    remember_finished,
+)
 from fedlink.client.liveness import LivenessConfig
 from fedlink.client.outbox import PendingUpdate, open_outbox
 from fedlink.client.pipeline import UpdatePipeline
@@ -134,7 +139,12 @@ class ClientSession:
                              self.options.token, self.options.liveness) as transport:
             self._transport = transport
             try:
-                config = await self._join()
+                try:
+                    config = await self._join()
+                except RemoteError as err:
+                    if not self._over_before(err):
+                        raise
+                    return self.stats
                 transfers = Transfers(transport, self._call, self.stats, config.chunk_bytes)
                 self._courier = Courier(transport, transfers, self._call, self.stats,
                                         self.outbox, config)
@@ -151,6 +161,9 @@ class ClientSession:
             if isinstance(reply, Finished):
                 log.info("%s: run finished: %s", self.client_id, reply.reason)
                 self.stats.finished = reply.reason or "run finished"
+                assert self.config is not None
+                await asyncio.to_thread(remember_finished, self.options.outbox_dir,
+                                        self.target, self.config.run_name, self.stats.finished)
                 return
             if isinstance(reply, Wait):
                 await self._sleep(reply.retry_after_s)
@@ -261,11 +274,25 @@ class ClientSession:
                 instance_key=self.instance_key)),
             "Join")
         self.client_id = reply.client_id
+        if self.config is None:  # a running run: an earlier "run over" no longer holds
+            forget_finished(self.options.outbox_dir)
         self.config = reply.config
         # a ping's ack may queue behind up to a chunk in flight
         self.transport.link.queued_bytes = 2 * reply.config.chunk_bytes
         log.info("joined as %s (%d parameters)", self.client_id, reply.config.num_parameters)
         return reply.config
+
+    def _over_before(self, err: RemoteError) -> bool:
+        """Whether a client that cannot reach the coordinator was told earlier (a kept answer
+        in its state dir) that the run there is over: then it is done, not failed."""
+        reason = finished_before(self.options.outbox_dir, self.target) if err.retryable \
+            else None
+        if reason is None:
+            return False
+        log.info("coordinator unreachable (%s); it said earlier that the run is over: %s",
+                 err, reason)
+        self.stats.finished = reason
+        return True
 
     async def _leave(self, reason: str) -> None:
         """Leave, reporting the counters no ``Commit`` carried (the last one's retries...)."""

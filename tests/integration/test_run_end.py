@@ -18,9 +18,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
+from conftest import CoordinatorFactory, TowardTrainer, run_async, target_of
 from test_deployables import FEDLINK, Spawner, start_serve
 
+from fedlink.client import ClientOptions, ClientSession, RetryPolicy, SessionStats
+from fedlink.coordinator import CoordinatorConfig, FlushRule
 from fedlink.netem.profile import LinkProfile
 from fedlink.netem.proxy import TcpProxy
 
@@ -193,3 +197,25 @@ def test_sigterm_tells_every_connected_client_once_and_finishes_the_run_once(
     finished = [e for e in events if e["kind"] == "run_finished"]
     assert [e["reason"] for e in finished] == ["stopped by signal"]
     assert len([e for e in events if e["kind"] == "client_left"]) == CLIENTS
+
+
+def test_a_client_told_the_run_is_over_finds_the_coordinator_gone_and_is_done(
+        coordinator: CoordinatorFactory, tmp_path: Path) -> None:
+    fast = RetryPolicy(initial_backoff_s=0.01, max_backoff_s=0.05, max_attempts=3)
+    state = tmp_path / "device"
+
+    async def main() -> tuple[SessionStats, SessionStats]:
+        config = CoordinatorConfig(rounds=1, flush=FlushRule(goal=1, deadline_s=None))
+        async with coordinator(config, np.zeros(4, np.float32)) as server:
+            target = target_of(server)
+            first = await ClientSession(target, TowardTrainer(np.ones(4, np.float32)),
+                                        ClientOptions(name="d", outbox_dir=state,
+                                                      retry=fast)).run()
+        # the coordinator is gone; a restarted process of the same device
+        again = ClientSession(target, TowardTrainer(np.ones(4, np.float32)),
+                              ClientOptions(name="d", outbox_dir=state, retry=fast))
+        return first, await again.run()
+
+    first, again = run_async(main())
+    assert first.finished == again.finished == "completed 1 rounds"
+    assert again.tasks == 0 and again.retries == 2  # it tried, then used what it was told
