@@ -49,6 +49,7 @@ class JoinRequest:
     token: str = ""
     num_examples: int = 0
     metadata: Mapping[str, str] = field(default_factory=dict)
+    instance_key: str = ""
 
 
 @dataclass(frozen=True)
@@ -199,6 +200,7 @@ class LeaveRequest:
 
     client_id: str
     reason: str = ""
+    metrics: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,14 @@
 
     python clients/fleet/launch.py --config examples/digits_fedavg.toml --server HOST:PORT
     python clients/fleet/launch.py --config examples/digits_fedavg.toml --with-coordinator
+    python clients/fleet/launch.py --config examples/digits_fedavg.toml \
+        --server-template 127.0.0.1:{port} --port-base 7000     # client k -> port 7000 + k
+    python clients/fleet/launch.py --config examples/digits_fedavg.toml --servers-file FILE
+
+Per-client endpoints put each client behind its own injector (``fedlink netem proxy``, one
+port per client): ``--server-template`` with ``{port}`` (``--port-base`` + the client's
+position in the fleet) and/or ``{index}`` (its data partition), or ``--servers-file`` with one
+``HOST:PORT`` per line (blank lines and ``#`` comments skipped), line k for the k-th client.
 
 Client ``i`` runs ``python -m fedlink client --index i --name fleet-i`` on partition ``i`` of
 the config's data. With ``--with-coordinator`` the launcher first starts ``fedlink serve`` on
@@ -181,10 +189,11 @@ class Fleet:
         print(f"launcher: coordinator SERVING on {address}{over}", flush=True)
         return address
 
-    def start_clients(self, server: str) -> None:
-        """Start one ``fedlink client`` per index."""
+    def start_clients(self, servers: Sequence[str]) -> None:
+        """Start one ``fedlink client`` per index, client k against ``servers[k]``."""
         a = self.args
-        for index in range(a.first_index, a.first_index + a.clients):
+        for index, server in zip(range(a.first_index, a.first_index + a.clients), servers,
+                                 strict=True):
             if self.caught is not None:
                 return
             name = f"{a.name_prefix}-{index}"
@@ -197,7 +206,8 @@ class Fleet:
                 if path:
                     argv += [flag, path]
             self.clients.append(Child.spawn(name, self.fedlink(*argv), a.tail, a.echo))
-        print(f"launcher: started {len(self.clients)} clients against {server}", flush=True)
+        where = servers[0] if len(set(servers)) == 1 else f"{len(set(servers))} endpoints"
+        print(f"launcher: started {len(self.clients)} clients against {where}", flush=True)
 
     # -- waiting -----------------------------------------------------------------------------
 
@@ -345,6 +355,13 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--server", help="coordinator address, HOST:PORT")
     where.add_argument("--with-coordinator", action="store_true",
                        help="also start `fedlink serve` on a free port")
+    where.add_argument("--server-template", metavar="TEMPLATE",
+                       help="per-client address, e.g. 127.0.0.1:{port} ({port}: --port-base + "
+                            "the client's position; {index}: its data partition)")
+    where.add_argument("--servers-file", type=Path, metavar="FILE",
+                       help="one HOST:PORT per line, line k for the k-th client")
+    p.add_argument("--port-base", type=int, default=None,
+                   help="--server-template: the first client's {port}")
     p.add_argument("--clients", type=int, default=None,
                    help="client processes to start (default: [data] clients - first index)")
     p.add_argument("--first-index", type=int, default=0,
@@ -386,6 +403,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("need --clients >= 1 and --first-index >= 0")
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key go together: give both or neither")
+    if not args.with_coordinator:
+        try:
+            endpoints(args)
+        except (ValueError, OSError, KeyError, IndexError) as exc:
+            parser.error(str(exc))
     for flag, path in (("--tls-ca", args.tls_ca), ("--tls-cert", args.tls_cert),
                        ("--tls-key", args.tls_key)):
         if path and not Path(path).is_file():
@@ -404,11 +426,36 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+def endpoints(args: argparse.Namespace) -> list[str]:
+    """The address of each client (``--server``, ``--server-template`` or ``--servers-file``);
+    ``ValueError`` says what is wrong."""
+    if args.servers_file is not None:
+        lines = [line.split("#", 1)[0].strip()
+                 for line in args.servers_file.read_text().splitlines()]
+        found = [line for line in lines if line]
+        if len(found) < args.clients:
+            raise ValueError(f"--servers-file {args.servers_file} lists {len(found)} endpoints "
+                             f"for {args.clients} clients")
+        return found[:args.clients]
+    if args.server_template is not None:
+        template = args.server_template
+        if "{port}" in template and args.port_base is None:
+            raise ValueError("--server-template with {port} needs --port-base")
+        if "{port}" not in template and "{index}" not in template:
+            raise ValueError("--server-template needs {port} or {index}")
+        return [template.format(port=(args.port_base or 0) + k, index=args.first_index + k)
+                for k in range(args.clients)]
+    return [args.server] * args.clients
+
+
 def run(fleet: Fleet) -> None:
     """Start the coordinator (if asked) and the clients, and wait for the clients."""
-    server = fleet.start_coordinator() if fleet.args.with_coordinator else fleet.args.server
+    if fleet.args.with_coordinator:
+        servers = [fleet.start_coordinator()] * fleet.args.clients
+    else:
+        servers = endpoints(fleet.args)
     if fleet.caught is None:
-        fleet.start_clients(server)
+        fleet.start_clients(servers)
         fleet.supervise()
 
 

@@ -55,7 +55,19 @@ def _add_client(sub: argparse._SubParsersAction) -> None:
                    help="client certificate for mutual TLS (with --tls-key)")
     p.add_argument("--tls-key", default="", metavar="PEM", help="its private key")
     p.add_argument("--outbox", type=Path, default=None, metavar="DIR",
-                   help="keep pending updates in DIR, delivered after a restart")
+                   help="keep pending updates (and the client's instance key) in DIR, "
+                        "delivered after a restart")
+    retry = p.add_argument_group("retries (override [client.retry])")
+    retry.add_argument("--retry-max-attempts", type=int, default=None, metavar="N",
+                       help="attempts per call before giving up")
+    retry.add_argument("--retry-budget-s", type=float, default=None, metavar="S",
+                       help="seconds per call before giving up")
+    retry.add_argument("--retry-initial-backoff-s", type=float, default=None, metavar="S")
+    retry.add_argument("--retry-max-backoff-s", type=float, default=None, metavar="S",
+                       help="longest wait between attempts")
+    retry.add_argument("--retry-keep-trying", action="store_true", default=None,
+                       help="never give up on a retryable error (backed off up to "
+                            "--retry-max-backoff-s): for devices that wait out any outage")
     p.set_defaults(func=_client)
 
 
@@ -84,8 +96,14 @@ def _client(args: argparse.Namespace) -> int:
 
     tls = TLSOptions(args.tls_ca, args.tls_cert, args.tls_key) \
         if args.tls_ca or args.tls_cert or args.tls_key else None
+    retry = {name: getattr(args, f"retry_{name}") for name in RETRY_FLAGS
+             if getattr(args, f"retry_{name}") is not None}
     return run_one_client(args.server, args.config, args.index, args.name, args.token,
-                          args.outbox, tls)
+                          args.outbox, tls, retry)
+
+
+RETRY_FLAGS = ("max_attempts", "budget_s", "initial_backoff_s", "max_backoff_s", "keep_trying")
+"""``RetryPolicy`` fields that ``fedlink client --retry-...`` sets."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -16,29 +19,58 @@ from fedlink.sim.setup import Experiment
 
 
 def run_one_client(server: str, config_path: Path, index: int, name: str, token: str,
-                   outbox: Path | None = None, tls: TLSOptions | None = None) -> int:
+                   outbox: Path | None = None, tls: TLSOptions | None = None,
+                   retry: Mapping[str, Any] | None = None) -> int:
     """Join ``server`` and train until the run ends; prints what this client did.
 
     With ``outbox``, pending updates are kept in that directory, and a client restarted with
     the same name and directory delivers what its previous process left there. With ``tls``,
-    the connection is TLS (mutual when it names a client certificate).
+    the connection is TLS (mutual when it names a client certificate). ``retry``: fields of
+    ``[client.retry]`` overridden (from ``--retry-...``).
+
+    Returns 0 once the coordinator said the run is over. The closing counter line is printed
+    however the client stops: the run's end, a signal, or an error it gives up on.
     """
     config = ExperimentConfig.from_toml(config_path)
     if not 0 <= index < config.data.clients:
         raise ConfigError(f"--index must be in [0, {config.data.clients}), got {index}")
     torch.set_num_threads(config.run.torch_threads)
     experiment = Experiment.build(config)
+    try:
+        policy = dataclasses.replace(config.client.retry, **dict(retry or {}))
+    except TypeError as exc:
+        raise ConfigError(f"--retry-...: {exc}") from None
     options = ClientOptions(name=name or f"client-{index}", token=token,
                             seed=config.run.seed * 1_000_003 + index, outbox_dir=outbox,
-                            tls=tls)
+                            tls=tls, retry=policy, liveness=config.client.liveness)
     pipeline = config.client.pipeline()
     session = ClientSession(server, experiment.trainer(index), options, pipeline)
-    stats = asyncio.run(_run_until_signalled(session))
-    print(f"tasks {stats.tasks}, accepted {stats.accepted}, refused {stats.refused}, "
-          f"recovered {stats.recovered}, retries {stats.retries}, "
-          f"up {stats.bytes_up} B, down {stats.bytes_down} B, "
-          f"resumed {stats.resumed_bytes} B, offline {stats.offline_seconds:.1f} s", flush=True)
+    try:
+        asyncio.run(_run_until_signalled(session))
+    except BaseException as exc:
+        outcome = f"stopped by signal {_signal_name(exc)}" if isinstance(exc, SystemExit) \
+            else f"stopped by error: {exc}"
+        print(closing_line(session.stats, outcome), flush=True)
+        raise
+    print(closing_line(session.stats, f"run finished: {session.stats.finished}"
+                       if session.stats.finished else "stopped after its tasks"), flush=True)
     return 0
+
+
+def closing_line(stats: SessionStats, outcome: str) -> str:
+    """What the client did, in one line (printed however it stops)."""
+    return (f"{outcome}; tasks {stats.tasks}, accepted {stats.accepted}, "
+            f"refused {stats.refused}, failed {stats.failed}, recovered {stats.recovered}, "
+            f"retries {stats.retries}, up {stats.bytes_up} B, down {stats.bytes_down} B, "
+            f"resumed {stats.resumed_bytes} B, offline {stats.offline_seconds:.1f} s")
+
+
+def _signal_name(exc: SystemExit) -> str:
+    code = exc.code if isinstance(exc.code, int) else 0
+    try:
+        return signal.Signals(code - 128).name
+    except ValueError:
+        return str(code)
 
 
 STOP_GRACE_S = 5.0

@@ -30,7 +30,7 @@ from typing import TypeVar
 
 from fedlink.client.outbox import Outbox, PendingUpdate
 from fedlink.client.retry import Caller
-from fedlink.client.stats import SessionStats, TaskMark
+from fedlink.client.stats import SessionStats
 from fedlink.client.transfer import Transfers
 from fedlink.client.transport import Transport
 from fedlink.errors import NotFound, PermissionDenied, RemoteError, Unauthenticated
@@ -53,6 +53,10 @@ class Courier:
 
     One per running session: it uses the session's open ``transport``, its ``transfers`` and
     retrying ``call``, counts into its ``stats``, and knows the run's ``config`` from ``Join``.
+
+    Every ``Commit`` reports what the resilience counters grew by since the last commit the
+    coordinator answered (``reported``): the retries of ``GetTask`` between tasks and of the
+    previous ``Commit`` itself included; what is left at the end goes with ``Leave``.
     """
 
     def __init__(self, transport: Transport, transfers: Transfers, call: Caller,
@@ -63,13 +67,13 @@ class Courier:
         self.stats = stats
         self.outbox = outbox
         self.config = config
+        self.reported = stats.mark()
 
     async def keep(self, update: PendingUpdate) -> None:
         """Put ``update`` in the outbox (durably, off the event loop) before it is sent."""
         await self._outbox_call(self.outbox.put, update)
 
-    async def deliver(self, update: PendingUpdate, mark: TaskMark,
-                      recovered: bool = False) -> CommitReply:
+    async def deliver(self, update: PendingUpdate, recovered: bool = False) -> CommitReply:
         """Upload (resuming after breaks), then commit; the outbox keeps it until an answer.
 
         An update of at most the run's ``inline_bytes`` skips the upload and travels inside
@@ -83,7 +87,7 @@ class Courier:
             if not self._inline(update):
                 await self.transfers.upload(update.client_id, update.upload_id,
                                             update.payload.data, resume=recovered)
-            reply = await self._commit(update, mark, recovered)
+            reply = await self._commit(update, recovered)
         except RemoteError as err:
             if not err.retryable:
                 await self._forget(update)
@@ -91,10 +95,10 @@ class Courier:
         await self._forget(update)
         return reply
 
-    async def _commit(self, update: PendingUpdate, mark: TaskMark,
-                      recovered: bool) -> CommitReply:
-        """``Commit`` with this task's resilience counters (and ``from_outbox``) as metrics."""
-        metrics = self.stats.since(mark)
+    async def _commit(self, update: PendingUpdate, recovered: bool) -> CommitReply:
+        """``Commit`` with the counters not yet reported (and ``from_outbox``) as metrics."""
+        sending = self.stats.mark()
+        metrics = self.stats.since(self.reported)
         if recovered:
             metrics["from_outbox"] = 1.0
         request = update.commit_request(metrics, inline=self._inline(update))
@@ -103,7 +107,13 @@ class Courier:
             self.stats.bytes_up += len(request.update_data)  # each attempt sends it again
             return await self.transport.commit(request)
 
-        reply = await self.call(attempt, "Commit")
+        try:
+            reply = await self.call(attempt, "Commit")
+        except RemoteError as err:
+            if not err.retryable:  # refused: the coordinator logged these metrics with it
+                self.reported = sending
+            raise
+        self.reported = sending
         self.stats.accepted += 1
         return reply
 
@@ -142,7 +152,6 @@ class Courier:
 
     async def _recover_one(self, update: PendingUpdate) -> bool:
         """Settle one pending update; ``True`` if the coordinator knew its client id."""
-        mark = self.stats.mark()
         foreign = self._foreign(update)
         if foreign is not None:
             await self._discard(update, foreign)
@@ -153,7 +162,7 @@ class Courier:
                                         f"any more: {standing}")
             return False
         try:
-            reply = await self._finish(update, mark, standing)
+            reply = await self._finish(update, standing)
         except RemoteError as err:
             if err.retryable:
                 raise
@@ -164,15 +173,14 @@ class Courier:
                  reply.model_version)
         return True
 
-    async def _finish(self, update: PendingUpdate, mark: TaskMark,
-                      standing: Standing) -> CommitReply:
+    async def _finish(self, update: PendingUpdate, standing: Standing) -> CommitReply:
         if isinstance(standing, HeartbeatReply) and not standing.task_open:
             # too late to count, unless it was committed just before the crash: one Commit
             # (no upload) gets the coordinator's remembered answer, or its refusal
-            reply = await self._commit(update, mark, recovered=True)
+            reply = await self._commit(update, recovered=True)
             await self._forget(update)
             return reply
-        return await self.deliver(update, mark, recovered=True)
+        return await self.deliver(update, recovered=True)
 
     def _foreign(self, update: PendingUpdate) -> str | None:
         """Why ``update`` cannot belong to the coordinator's run (``None`` if it may)."""

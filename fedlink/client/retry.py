@@ -25,8 +25,10 @@ from tenacity import (
     retry_if_exception,
     stop_after_attempt,
     stop_after_delay,
+    stop_never,
     wait_random_exponential,
 )
+from tenacity.stop import stop_base
 
 from fedlink.client.stats import SessionStats
 from fedlink.config import from_table, require
@@ -66,13 +68,17 @@ class RetryPolicy:
 
     The wait before attempt ``n`` is uniform in ``[0, min(max_backoff_s, initial_backoff_s *
     2**n)]`` (AWS's "full jitter"); retrying stops after ``max_attempts`` or ``budget_s``
-    seconds, whichever comes first, and the last error is raised.
+    seconds, whichever comes first, and the last error is raised (a warning says what was
+    tried, for how long, and the last error). ``keep_trying = true`` never gives up on a
+    retryable error (the budget and attempt limit are ignored; the backoff stays capped at
+    ``max_backoff_s``): for devices that should wait out any outage.
     """
 
     initial_backoff_s: float = 0.2
     max_backoff_s: float = 10.0
     max_attempts: int = 20
     budget_s: float = 120.0
+    keep_trying: bool = False
 
     def __post_init__(self) -> None:
         for name in ("initial_backoff_s", "max_backoff_s", "budget_s"):
@@ -87,6 +93,20 @@ class RetryPolicy:
                 "must be >= initial_backoff_s")
         require(self.max_attempts >= 1, "retry.max_attempts", "must be >= 1")
         require(self.budget_s > 0, "retry.budget_s", "must be > 0")
+        require(isinstance(self.keep_trying, bool), "retry.keep_trying",
+                f"must be true or false, got {self.keep_trying!r}")
+
+    def stop(self) -> stop_base:
+        """Tenacity's stop condition for this policy."""
+        if self.keep_trying:
+            return stop_never
+        return stop_after_attempt(self.max_attempts) | stop_after_delay(self.budget_s)
+
+    def describe(self) -> str:
+        """The policy in words, for a give-up message."""
+        if self.keep_trying:
+            return "keep trying"
+        return f"at most {self.max_attempts} attempts within {self.budget_s:g} s"
 
     @classmethod
     def from_dict(cls, table: Mapping[str, Any], section: str = "client.retry") -> RetryPolicy:
@@ -108,7 +128,7 @@ class RetryPolicy:
                 on_retry(exc)
 
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.max_attempts) | stop_after_delay(self.budget_s),
+            stop=self.stop(),
             wait=_honouring_hint(wait_random_exponential(multiplier=self.initial_backoff_s,
                                                          max=self.max_backoff_s)),
             retry=retry_if_exception(is_retryable),
@@ -120,19 +140,29 @@ class RetryPolicy:
             # tenacity awaits only coroutine functions; ``fn`` may be a lambda.
             return await fn()
 
+        started = time.monotonic()
         try:
             return await retrying(attempt)
         except RetryError as exc:  # only without reraise; kept for safety
             raise exc.last_attempt.result() from exc
+        except RemoteError as exc:
+            if exc.retryable:  # the policy gave up: say so, with what it tried
+                stats = retrying.statistics
+                log.warning("giving up on %s after %s attempts over %.1f s (retry policy: %s; "
+                            "[client.retry] or --retry-* change it); last error: %s", what,
+                            stats.get("attempt_number", "?"), time.monotonic() - started,
+                            self.describe(), exc)
+            raise
 
 
 class Caller:
     """Runs calls under a ``RetryPolicy`` and counts their retries and time offline.
 
     ``stats.retries`` grows by one per retried attempt; ``stats.offline_seconds`` by the time
-    from the start of a call's first failed attempt to the start of the attempt that succeeded
-    (or to the moment the policy gave up): failed attempts plus backoff. ``clock`` and ``sleep``
-    are injectable so tests neither sleep nor depend on real time.
+    the client could not reach the coordinator: the backoff waits, and failed attempts of
+    short calls. A failed attempt of a transfer (``transfer=True``) is not offline time: it
+    moved bytes until the break, and the resume keeps them. ``clock`` and ``sleep`` are
+    injectable so tests neither sleep nor depend on real time.
     """
 
     def __init__(self, policy: RetryPolicy, stats: SessionStats, sleep: Sleep = asyncio.sleep,
@@ -142,28 +172,32 @@ class Caller:
         self._sleep = sleep
         self._clock = clock
 
-    async def __call__(self, fn: Callable[[], Awaitable[T]], what: str) -> T:
+    async def __call__(self, fn: Callable[[], Awaitable[T]], what: str,
+                       transfer: bool = False) -> T:
         """Run ``fn`` per the policy (``what`` names it in log lines)."""
-        started = self._clock()
-        offline_until = started  # start of the latest attempt, or when the call gave up
-        failed = False
+        attempt_started = self._clock()
 
         def on_retry(_: BaseException) -> None:
-            nonlocal failed
-            failed = True
             self.stats.retries += 1
+            if not transfer:
+                self.stats.offline_seconds += self._clock() - attempt_started
 
         async def attempt() -> T:
-            nonlocal offline_until
-            offline_until = self._clock()
+            nonlocal attempt_started
+            attempt_started = self._clock()
             return await fn()
 
+        async def backoff(seconds: float) -> None:
+            started = self._clock()
+            try:
+                await self._sleep(seconds)
+            finally:
+                self.stats.offline_seconds += self._clock() - started
+
         try:
-            return await self.policy.call(attempt, what=what, sleep=self._sleep,
+            return await self.policy.call(attempt, what=what, sleep=backoff,
                                           on_retry=on_retry)
-        except BaseException:
-            offline_until = self._clock()
+        except RemoteError as exc:
+            if exc.retryable and not transfer:  # the last attempt, when the policy gave up
+                self.stats.offline_seconds += self._clock() - attempt_started
             raise
-        finally:
-            if failed:
-                self.stats.offline_seconds += offline_until - started

@@ -28,6 +28,13 @@ import numpy as np
 
 from fedlink.client.base import Trainer, TrainPlan, TrainResult
 from fedlink.client.delivery import Courier
+from fedlink.client.instance import (
+    finished_before,
+    forget_finished,
+    instance_key,
+    remember_finished,
+)
+from fedlink.client.liveness import LivenessConfig
 from fedlink.client.outbox import PendingUpdate, open_outbox
 from fedlink.client.pipeline import UpdatePipeline
 from fedlink.client.retry import Caller, Clock, RetryPolicy, Sleep
@@ -73,6 +80,8 @@ class ClientOptions:
     ``token``: the coordinator's shared join token, or this client's own token from
     ``fedlink token issue`` (sent at ``Join`` and as ``authorization`` metadata on every call).
     ``tls``: connect over TLS with these CA / client certificate files (``None``: plaintext).
+    ``liveness``: bounds of the ping-ack timeout, TCP user timeout and call deadlines that
+    follow the measured link (``fedlink.client.liveness``).
     """
 
     name: str = ""
@@ -83,6 +92,7 @@ class ClientOptions:
     max_tasks: int | None = None
     outbox_dir: Path | None = None
     tls: TLSOptions | None = None
+    liveness: LivenessConfig = field(default_factory=LivenessConfig)
 
 
 class ClientSession:
@@ -108,6 +118,7 @@ class ClientSession:
         self.client_id = ""
         self.config: RunConfig | None = None
         self.outbox = open_outbox(self.options.outbox_dir)
+        self.instance_key = instance_key(self.options.outbox_dir)
         if self.options.outbox_dir is not None:  # error feedback survives restarts beside it
             self.pipeline.attach_state(self.options.outbox_dir)
         self._executor = executor
@@ -125,10 +136,15 @@ class ClientSession:
     async def run(self) -> SessionStats:
         """Take part until the coordinator says the run is over (or ``max_tasks`` are done)."""
         async with Transport(self.target, self.options.timeouts, self.options.tls,
-                             self.options.token) as transport:
+                             self.options.token, self.options.liveness) as transport:
             self._transport = transport
             try:
-                config = await self._join()
+                try:
+                    config = await self._join()
+                except RemoteError as err:
+                    if not self._over_before(err):
+                        raise
+                    return self.stats
                 transfers = Transfers(transport, self._call, self.stats, config.chunk_bytes)
                 self._courier = Courier(transport, transfers, self._call, self.stats,
                                         self.outbox, config)
@@ -144,6 +160,10 @@ class ClientSession:
             reply = await self._next_task()
             if isinstance(reply, Finished):
                 log.info("%s: run finished: %s", self.client_id, reply.reason)
+                self.stats.finished = reply.reason or "run finished"
+                assert self.config is not None
+                await asyncio.to_thread(remember_finished, self.options.outbox_dir,
+                                        self.target, self.config.run_name, self.stats.finished)
                 return
             if isinstance(reply, Wait):
                 await self._sleep(reply.retry_after_s)
@@ -163,7 +183,6 @@ class ClientSession:
 
     async def _run_task(self, task: Task) -> None:
         self.stats.tasks += 1
-        mark = self.stats.mark()
         started = time.monotonic()
         try:
             # the task may close before the download (its round flushed meanwhile) as well as
@@ -181,7 +200,7 @@ class ClientSession:
                 await asyncio.to_thread(self.pipeline.save_state)
             with self._network_clock():
                 sending = self._clock()
-                await self.courier.deliver(update, mark)
+                await self.courier.deliver(update)
                 self.pipeline.observe_upload(update.payload.header.num_bytes,
                                              self._clock() - sending)
         except RemoteError as err:
@@ -251,16 +270,35 @@ class ClientSession:
         reply = await self._call(
             lambda: self.transport.join(JoinRequest(
                 client_name=self.options.name, token=self.options.token,
-                num_examples=self.trainer.num_examples(), metadata={"sdk": "fedlink"})),
+                num_examples=self.trainer.num_examples(), metadata={"sdk": "fedlink"},
+                instance_key=self.instance_key)),
             "Join")
         self.client_id = reply.client_id
+        if self.config is None:  # a running run: an earlier "run over" no longer holds
+            forget_finished(self.options.outbox_dir)
         self.config = reply.config
+        # a ping's ack may queue behind up to a chunk in flight
+        self.transport.link.queued_bytes = 2 * reply.config.chunk_bytes
         log.info("joined as %s (%d parameters)", self.client_id, reply.config.num_parameters)
         return reply.config
 
+    def _over_before(self, err: RemoteError) -> bool:
+        """Whether a client that cannot reach the coordinator was told earlier (a kept answer
+        in its state dir) that the run there is over: then it is done, not failed."""
+        reason = finished_before(self.options.outbox_dir, self.target) if err.retryable \
+            else None
+        if reason is None:
+            return False
+        log.info("coordinator unreachable (%s); it said earlier that the run is over: %s",
+                 err, reason)
+        self.stats.finished = reason
+        return True
+
     async def _leave(self, reason: str) -> None:
+        """Leave, reporting the counters no ``Commit`` carried (the last one's retries...)."""
+        unreported = self.stats.since(self.courier.reported)
         with contextlib.suppress(RemoteError):
-            await self.transport.leave(LeaveRequest(self.client_id, reason))
+            await self.transport.leave(LeaveRequest(self.client_id, reason, unreported))
 
     async def _next_task(self) -> TaskReply:
         """``GetTask``, joining again (once) if the coordinator has forgotten this client."""

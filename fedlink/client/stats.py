@@ -24,13 +24,15 @@ class SessionStats:
     earlier process (found in the outbox) that reached the coordinator; ``accepted`` counts
     every accepted update, recovered ones included.
 
-    ``retries`` counts retried calls; ``offline_seconds`` the time calls spent failing and
-    backing off before they succeeded (or gave up); ``resumed_bytes`` the upload bytes a resume
-    did not have to send again; ``bytes_up`` the payload bytes handed to the network for
-    sending; ``bytes_down`` the payload bytes received (deltas, and full models, including any
-    fallback); ``delta_bytes_saved`` the download bytes that deltas (or an already held model)
-    saved against full downloads; ``network_seconds`` the time spent downloading, uploading and
-    committing.
+    ``retries`` counts retried attempts of every call (``GetTask`` and ``Commit`` included);
+    ``offline_seconds`` the time the client could not reach the coordinator (backoff waits and
+    failed short calls; not a transfer that moved bytes until it broke); ``resumed_bytes`` the
+    upload bytes a resume did not have to send again; ``bytes_up`` the payload bytes handed to
+    the network for sending; ``bytes_down`` the payload bytes received (deltas, and full models,
+    including any fallback); ``delta_bytes_saved`` the download bytes that deltas (or an already
+    held model) saved against full downloads; ``network_seconds`` the time spent downloading,
+    uploading and committing. ``finished``: the coordinator's reason when it said the run is
+    over (empty until then).
     """
 
     tasks: int = 0
@@ -47,13 +49,15 @@ class SessionStats:
     offline_seconds: float = 0.0
     network_seconds: float = 0.0
     refusals: list[str] = field(default_factory=list)
+    finished: str = ""
 
     def mark(self) -> TaskMark:
         """The resilience counters now, to measure one task against."""
         return TaskMark(self.retries, self.resumed_bytes, self.offline_seconds)
 
     def since(self, mark: TaskMark) -> dict[str, float]:
-        """Retries, resumed bytes and offline seconds since ``mark`` (sent as commit metrics)."""
+        """Retries, resumed bytes and offline seconds since ``mark`` (sent as commit metrics,
+        and at ``Leave``)."""
         return {
             "retries": float(self.retries - mark.retries),
             "resumed_bytes": float(self.resumed_bytes - mark.resumed_bytes),

@@ -55,8 +55,9 @@ answer (see ``Transfers._send``)."""
 class Call(Protocol):
     """Runs a call under the session's retry policy (``fedlink.client.retry.Caller``)."""
 
-    async def __call__(self, fn: Callable[[], Awaitable[T]], what: str) -> T:
-        """Run ``fn``, retrying retryable failures."""
+    async def __call__(self, fn: Callable[[], Awaitable[T]], what: str,
+                       transfer: bool = False) -> T:
+        """Run ``fn``, retrying retryable failures (``transfer``: a resumable transfer)."""
         ...
 
 
@@ -276,7 +277,7 @@ class Transfers:
                                       max_chunk_bytes=self.down.size, delta=delta)
             await self._receive(request, buffer, header.num_bytes)
 
-        await self.call(attempt, f"Download ({what})")
+        await self.call(attempt, f"Download ({what})", transfer=True)
         if len(buffer) != header.num_bytes:
             raise DataLoss(f"download of the {what} of task {task_id} ended after "
                            f"{len(buffer)} of {header.num_bytes} bytes")
@@ -317,7 +318,7 @@ class Transfers:
             while held < len(data):
                 held = await self._send(client_id, upload_id, data, held)
 
-        await self.call(attempt, "Upload")
+        await self.call(attempt, "Upload", transfer=True)
 
     async def _held(self, client_id: str, upload_id: str, total: int) -> int:
         status = await self.link.upload_status(UploadStatusRequest(client_id, upload_id))

@@ -7,6 +7,9 @@ and user code never see a grpc type.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +17,7 @@ from typing import Any
 
 import grpc
 
+from fedlink.client.liveness import LinkEstimate, LivenessConfig, is_no_reply
 from fedlink.errors import ConfigError, RemoteError, remote_error
 from fedlink.messages import (
     CommitReply,
@@ -35,6 +39,8 @@ from fedlink.messages import (
 from fedlink.proto.v1 import coordinator_pb2_grpc as pb_grpc
 from fedlink.wire import from_proto, task_reply_from_proto, to_proto
 from fedlink.wire.options import client_channel_options
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -113,23 +119,62 @@ class Transport:
     """An open channel to one coordinator. Use ``async with Transport(target) as t``.
 
     ``tls``: connect over TLS (else plaintext). ``token``: sent as ``authorization: Bearer``
-    metadata on every call, for a coordinator with per-client tokens.
+    metadata on every call, for a coordinator with per-client tokens. ``liveness``: the
+    bounds of the link-following timeouts (``fedlink.client.liveness``): ``link`` learns the
+    round trip and goodput from completed calls, and when the ping-ack timeout it asks for has
+    moved far from the open channel's, the next call opens a fresh channel with it (calls in
+    flight finish on the old one).
     """
 
     def __init__(self, target: str, timeouts: Timeouts | None = None,
-                 tls: TLSOptions | None = None, token: str = "") -> None:
+                 tls: TLSOptions | None = None, token: str = "",
+                 liveness: LivenessConfig | None = None) -> None:
         self.target = target
         self.timeouts = timeouts or Timeouts()
-        options = client_channel_options()
-        if tls is None:
-            self._channel = grpc.aio.insecure_channel(target, options=options)
-        else:
-            self._channel = grpc.aio.secure_channel(target, tls.credentials(), options=options)
+        self.link = LinkEstimate(liveness)
+        self.channels_opened = 0
+        self._tls = tls
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._open_channel()
+
+    def _open_channel(self) -> None:
+        cfg = self.link.config
+        self.ping_timeout_s = self.link.ping_timeout_s()
+        options = client_channel_options(
+            ping_timeout_ms=round(self.ping_timeout_s * 1000),
+            keepalive_time_ms=round(cfg.keepalive_time_s * 1000),
+            tcp_user_timeout_ms=round(cfg.tcp_user_timeout_s * 1000))
+        if self._tls is None:
+            self._channel = grpc.aio.insecure_channel(self.target, options=options)
+        else:
+            self._channel = grpc.aio.secure_channel(self.target, self._tls.credentials(),
+                                                    options=options)
         self._stub = pb_grpc.CoordinatorStub(self._channel)
+        self.channels_opened += 1
+
+    def _fit_channel(self) -> pb_grpc.CoordinatorStub:
+        """The stub to call through: on a fresh channel if the link wants other timeouts.
+
+        Hysteresis (grow past 1.25x, shrink below 0.5x) keeps small changes from churning
+        connections; the old channel closes once its calls are done (``transfer_s`` at most).
+        """
+        ratio = self.link.ping_timeout_s() / self.ping_timeout_s
+        if ratio > 1.25 or ratio < 0.5:
+            old = self._channel
+            log.info("%s: ping-ack timeout %.1f s -> %.1f s (srtt %s s); new connection",
+                     self.target, self.ping_timeout_s, self.link.ping_timeout_s(),
+                     "?" if self.link.srtt_s is None else f"{self.link.srtt_s:.2f}")
+            self._open_channel()
+            closing = asyncio.ensure_future(old.close(grace=self.timeouts.transfer_s))
+            self._retiring.add(closing)
+            closing.add_done_callback(self._retiring.discard)
+        return self._stub
 
     async def close(self) -> None:
-        """Close the channel."""
+        """Close the channel (and any retired one still finishing its calls)."""
+        for closing in list(self._retiring):
+            closing.cancel()
         await self._channel.close()
 
     async def __aenter__(self) -> Transport:
@@ -138,70 +183,101 @@ class Transport:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _unary(self, method: Any, request: Any, timeout: float) -> Any:
+    def _failed(self, exc: grpc.aio.AioRpcError) -> RemoteError:
+        """Translate ``exc``, widening the link's timeouts if no reply came at all."""
+        if is_no_reply(exc.code().name, exc.details() or ""):
+            self.link.no_reply()
+        return translate(exc)
+
+    async def _unary(self, name: str, request: Any, timeout: float,
+                     round_trip: bool = True) -> Any:
+        """Call ``name``; a ``round_trip`` call's duration teaches the link's RTT."""
+        method = getattr(self._fit_channel(), name)
+        started = time.monotonic()
         try:
-            return await method(to_proto(request), timeout=timeout, metadata=self._metadata)
+            reply = await method(to_proto(request), timeout=timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
-            raise translate(exc) from None
+            raise self._failed(exc) from None
+        if round_trip:
+            self.link.observe_rtt(time.monotonic() - started)
+        self.link.succeeded()
+        return reply
+
+    @property
+    def unary_deadline_s(self) -> float:
+        """The deadline of a short call now: the configured one, or more on a long link."""
+        return self.link.unary_deadline_s(self.timeouts.unary_s)
 
     async def join(self, request: JoinRequest) -> JoinReply:
         """Call ``Join``."""
-        reply: JoinReply = from_proto(await self._unary(self._stub.Join, request,
-                                                        self.timeouts.unary_s))
+        reply: JoinReply = from_proto(await self._unary("Join", request, self.unary_deadline_s))
         return reply
 
     async def get_task(self, request: GetTaskRequest) -> TaskReply:
-        """Call ``GetTask`` (long-polls on the coordinator)."""
-        timeout = self.timeouts.unary_s + self.timeouts.long_poll_s
-        return task_reply_from_proto(await self._unary(self._stub.GetTask, request, timeout))
+        """Call ``GetTask`` (long-polls on the coordinator: not a round-trip sample)."""
+        timeout = self.unary_deadline_s + self.timeouts.long_poll_s
+        return task_reply_from_proto(await self._unary("GetTask", request, timeout,
+                                                       round_trip=False))
 
     async def upload_status(self, request: UploadStatusRequest) -> UploadReply:
         """Call ``UploadStatus``."""
-        reply: UploadReply = from_proto(await self._unary(self._stub.UploadStatus, request,
-                                                          self.timeouts.unary_s))
+        reply: UploadReply = from_proto(await self._unary("UploadStatus", request,
+                                                          self.unary_deadline_s))
         return reply
 
     async def commit(self, request: CommitRequest) -> CommitReply:
         """Call ``Commit``."""
-        reply: CommitReply = from_proto(await self._unary(self._stub.Commit, request,
-                                                          self.timeouts.unary_s))
+        reply: CommitReply = from_proto(await self._unary("Commit", request,
+                                                          self.unary_deadline_s))
         return reply
 
     async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatReply:
         """Call ``Heartbeat``."""
-        reply: HeartbeatReply = from_proto(await self._unary(self._stub.Heartbeat, request,
-                                                             self.timeouts.unary_s))
+        reply: HeartbeatReply = from_proto(await self._unary("Heartbeat", request,
+                                                             self.unary_deadline_s))
         return reply
 
     async def leave(self, request: LeaveRequest) -> LeaveReply:
         """Call ``Leave``."""
-        reply: LeaveReply = from_proto(await self._unary(self._stub.Leave, request,
-                                                         self.timeouts.unary_s))
+        reply: LeaveReply = from_proto(await self._unary("Leave", request,
+                                                         self.unary_deadline_s))
         return reply
 
     async def download(self, request: DownloadRequest) -> AsyncIterator[DataChunk]:
         """Stream ``Download``; chunks arrive as they come (an error may cut the stream)."""
-        call = self._stub.Download(to_proto(request), timeout=self.timeouts.transfer_s,
-                                   metadata=self._metadata)
+        call = self._fit_channel().Download(to_proto(request), timeout=self.timeouts.transfer_s,
+                                            metadata=self._metadata)
+        started, received = time.monotonic(), 0
         try:
             async for message in call:
-                yield from_proto(message)
+                chunk: DataChunk = from_proto(message)
+                received += len(chunk.data)
+                yield chunk
         except grpc.aio.AioRpcError as exc:
-            raise translate(exc) from None
+            raise self._failed(exc) from None
         finally:
             call.cancel()
+        self.link.observe_transfer(received, time.monotonic() - started)
+        self.link.succeeded()
 
     async def upload(self, chunks: Iterable[UploadChunk]) -> UploadReply:
         """Stream ``Upload`` with ``chunks``; the reply says how many bytes are held."""
 
+        sent = 0
+
         async def messages() -> AsyncIterator[Any]:
+            nonlocal sent
             for chunk in chunks:
+                sent += len(chunk.data)
                 yield to_proto(chunk)
 
+        started = time.monotonic()
         try:
-            reply = await self._stub.Upload(messages(), timeout=self.timeouts.transfer_s,
-                                           metadata=self._metadata)
+            reply = await self._fit_channel().Upload(messages(), timeout=self.timeouts.transfer_s,
+                                                     metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
-            raise translate(exc) from None
+            raise self._failed(exc) from None
+        self.link.observe_transfer(sent, time.monotonic() - started)
+        self.link.succeeded()
         result: UploadReply = from_proto(reply)
         return result

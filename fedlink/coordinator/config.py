@@ -218,6 +218,13 @@ class LimitsConfig:
     ``request_burst`` capacity. A refusal is ``RESOURCE_EXHAUSTED`` with a retry-after hint.
     Input limits: ``max_metadata_entries`` (join metadata and commit metrics entries) and
     ``max_string_bytes`` (any id, name, key or value in a request).
+
+    ``finished_grace_s``: after the run ends, the coordinator keeps answering ``Finished`` until
+    every client has left or been silent this long, so that a client in a blackout when the
+    last flush happens still learns the run is over when it comes back (instead of finding the
+    port closed). ``None`` (the default): twice the liveness timeout, at least one long poll
+    plus a retry interval. ``stuck_after_s``: a round that has waited this long without a flush
+    is logged as stuck, naming who it waits for (``0``: never).
     """
 
     chunk_bytes: int = 1 << 20
@@ -235,9 +242,15 @@ class LimitsConfig:
     request_burst: int = 100
     max_metadata_entries: int = 64
     max_string_bytes: int = 1024
+    finished_grace_s: float | None = None
+    stuck_after_s: float = 60.0
 
     def __post_init__(self) -> None:
         _check_types(self, "limits")
+        require(self.finished_grace_s is None or self.finished_grace_s >= 0,
+                "limits.finished_grace_s", f"must be >= 0, got {self.finished_grace_s}")
+        require(self.stuck_after_s >= 0, "limits.stuck_after_s",
+                f"must be >= 0 (0: never), got {self.stuck_after_s}")
         require(0 < self.chunk_bytes <= self.max_chunk_bytes, "limits.chunk_bytes",
                 f"must be in (0, max_chunk_bytes={self.max_chunk_bytes}]")
         require(self.max_chunk_bytes < 4 << 20, "limits.max_chunk_bytes",
@@ -269,6 +282,14 @@ class LimitsConfig:
     def inline_limit(self) -> int:
         """Largest payload sent inline: ``inline_bytes``, at most one chunk."""
         return min(self.inline_bytes, self.chunk_bytes)
+
+    @property
+    def finished_grace(self) -> float:
+        """How long a finished coordinator keeps answering a silent client (seconds)."""
+        if self.finished_grace_s is not None:
+            return self.finished_grace_s
+        window = self.long_poll_s + self.retry_after_s + 1.0
+        return max(window, 2 * (self.liveness_timeout or 0.0))
 
     @property
     def liveness_timeout(self) -> float | None:

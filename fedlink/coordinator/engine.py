@@ -47,6 +47,7 @@ from fedlink.compress import broadcast_codec
 from fedlink.coordinator.client_metrics import event_fields
 from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.history import ModelHistory
+from fedlink.coordinator.progress import RoundState
 from fedlink.coordinator.records import ReceivedUpdate, TaskRecord
 from fedlink.coordinator.state import Checkpoint, FlushRecord, NullStore, SavedState, StateStore
 from fedlink.errors import InvalidArgument, NotFound, PermissionDenied, UpdateRefused
@@ -135,14 +136,17 @@ class RoundEngine:
         self._tasks: dict[str, TaskRecord] = {}
         self._next_task = 1
         self._pending_ids: list[str] = []
-        self._round_started = clock()
+        # None until the run's first task: the wait for clients to start is not round 1's time
+        self._round_started: float | None = None
         self._round_bytes_up = 0
         self._dropped = 0  # partial updates refused this version that answered for a place
         self.finished_reason = ""
 
     def start(self) -> None:
-        """Start the clock of the first round (the deadline counts from here, not from build)."""
-        self._round_started = self._clock()
+        """Serve: the first round's clock (and deadline) starts at its first task, so that
+        clients slow to start are not timed out, and round 1 does not include their start."""
+        if self._version > 0:  # a resumed run: its round goes on from now
+            self._round_started = self._clock()
 
     # -- durable state ----------------------------------------------------------------------
 
@@ -300,6 +304,8 @@ class RoundEngine:
         record = TaskRecord(f"t{self._next_task}-v{self._version}", client_id,
                             self._version, self._clock())
         self._next_task += 1
+        if self._round_started is None:
+            self._round_started = record.issued_at
         self._tasks[record.task_id] = record
         self._save(record)
         self.events.emit("task_issued", client_id=client_id, task_id=record.task_id,
@@ -335,7 +341,15 @@ class RoundEngine:
         """Seconds until this version's deadline (0 means no deadline)."""
         if self.rule.deadline_s is None:
             return 0.0
-        return max(0.001, self.rule.deadline_s - (self._clock() - self._round_started))
+        return max(0.001, self.rule.deadline_s - self._round_age())
+
+    def round_age_s(self) -> float:
+        """Seconds since this version's round started (0 before the run's first task)."""
+        return self._round_age()
+
+    def _round_age(self) -> float:
+        """Seconds since this version's round started (0 before the run's first task)."""
+        return 0.0 if self._round_started is None else self._clock() - self._round_started
 
     # -- receiving updates -----------------------------------------------------------------
 
@@ -432,7 +446,7 @@ class RoundEngine:
             return self._flush()
         if self.rule.deadline_s is None:
             return None
-        if self._clock() - self._round_started < self.rule.deadline_s:
+        if self._round_started is None or self._round_age() < self.rule.deadline_s:
             return None
         if self._accumulator.count >= self.rule.min_updates:
             return self._flush()
@@ -470,6 +484,13 @@ class RoundEngine:
             released.append(record)
         return released
 
+    def round_state(self) -> RoundState:
+        """Where the current round stands (for the coordinator's stuck line)."""
+        waiting = sorted({r.client_id for r in self._holding_places()
+                          if r.version == self._version})
+        return RoundState(self._version, self._round_age(), self._accumulator.count,
+                          self.rule.goal, waiting)
+
     def _holding_places(self) -> list[TaskRecord]:
         """Open tasks that still hold a place in a cohort."""
         return [r for r in self._tasks.values() if not r.expired and self.is_open(r)]
@@ -495,7 +516,7 @@ class RoundEngine:
         if self._version >= self.config.rounds:
             self.finished_reason = f"completed {self.config.rounds} rounds"
         outcome = FlushOutcome(self._version, self._model, outcome_updates, total_weight,
-                               now - self._round_started, self._round_bytes_up, self.finished,
+                               self._round_age(), self._round_bytes_up, self.finished,
                                self._hook_report(), tuple(self._pending_ids))
         self._state.save_flush(Checkpoint(self._version, self._model, self.engine_state()),
                                outcome.record(), keep_from=self._version - self._kept_versions())

@@ -53,7 +53,7 @@ class Limiter:
         self.limits = limits
         self._clock = clock
         self._buckets: dict[str, TokenBucket] = {}
-        self._uploads: dict[str, int] = {}
+        self._uploads: dict[str, dict[str, int]] = {}  # client -> upload id -> streams
 
     def admit(self, client_id: str) -> None:
         """Take one request token for ``client_id`` (``ResourceExhausted`` when none is left)."""
@@ -80,27 +80,33 @@ class Limiter:
                                     retry_after_s=self.limits.retry_after_s)
 
     @contextlib.contextmanager
-    def upload_slot(self, client_id: str) -> Iterator[None]:
-        """Hold one of ``client_id``'s concurrent upload places for the ``with`` block."""
+    def upload_slot(self, client_id: str, upload_id: str = "") -> Iterator[None]:
+        """Hold one of ``client_id``'s concurrent upload places for the ``with`` block.
+
+        Places count distinct uploads, not streams: a stream that resumes ``upload_id`` shares
+        the place of that upload's earlier stream, which may still look alive on a dead
+        connection (the coordinator learns of the break late), so a client resuming its one
+        upload is never refused as if it had started a second.
+        """
         cap = self.limits.max_uploads_per_client
-        running = self._uploads.get(client_id, 0)
-        if cap > 0 and running >= cap:
-            raise ResourceExhausted(f"client {client_id!r} already has {running} uploads in "
-                                    f"progress (limit {cap}); finish one first",
+        streams = self._uploads.setdefault(client_id, {})
+        if cap > 0 and upload_id not in streams and len(streams) >= cap:
+            raise ResourceExhausted(f"client {client_id!r} already has {len(streams)} uploads "
+                                    f"in progress (limit {cap}); finish one first",
                                     retry_after_s=self.limits.retry_after_s)
-        self._uploads[client_id] = running + 1
+        streams[upload_id] = streams.get(upload_id, 0) + 1
         try:
             yield
         finally:
-            left = self._uploads[client_id] - 1
-            if left:
-                self._uploads[client_id] = left
-            else:
-                del self._uploads[client_id]
+            streams[upload_id] -= 1
+            if not streams[upload_id]:
+                del streams[upload_id]
+            if not streams:
+                self._uploads.pop(client_id, None)
 
     def uploads_in_progress(self, client_id: str) -> int:
-        """How many ``Upload`` streams of ``client_id`` are running."""
-        return self._uploads.get(client_id, 0)
+        """How many distinct uploads of ``client_id`` have a stream running."""
+        return len(self._uploads.get(client_id, {}))
 
     def forget(self, client_id: str) -> None:
         """Drop the rate state of a client that left."""

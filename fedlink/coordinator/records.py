@@ -15,7 +15,11 @@ import numpy as np
 
 @dataclass
 class ClientRecord:
-    """One client the coordinator knows."""
+    """One client the coordinator knows.
+
+    ``instance_key``: the key the client instance sent at ``Join`` (empty if none); a repeated
+    ``Join`` with the same name and key is the same client.
+    """
 
     client_id: str
     name: str
@@ -23,6 +27,7 @@ class ClientRecord:
     joined_at: float
     last_seen: float
     metadata: Mapping[str, str] = field(default_factory=dict)
+    instance_key: str = ""
 
 
 @dataclass

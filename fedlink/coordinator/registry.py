@@ -26,6 +26,7 @@ class ClientRegistry:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clients: dict[str, ClientRecord] = {}
+        self._by_instance: dict[tuple[str, str], str] = {}  # (name, instance key) -> id
         self._ids = itertools.count(1)
         self._nonce = secrets.token_hex(3)
         self._clock = clock
@@ -37,7 +38,17 @@ class ClientRegistry:
         """Ids of every registered client."""
         return set(self._clients)
 
-    def join(self, name: str, num_examples: int, metadata: Mapping[str, str]) -> ClientRecord:
+    def rejoin(self, name: str, instance_key: str) -> ClientRecord | None:
+        """The client already registered under ``name`` with ``instance_key``, seen now.
+
+        ``None`` for an empty key or one not seen: a repeated ``Join`` (its first reply lost)
+        gets the id it was given, and the coordinator counts one client, not two.
+        """
+        client_id = self._by_instance.get((name, instance_key)) if instance_key else None
+        return None if client_id is None else self.touch(client_id)
+
+    def join(self, name: str, num_examples: int, metadata: Mapping[str, str],
+             instance_key: str = "") -> ClientRecord:
         """Register a client and return its record (with a fresh id)."""
         if len(name) > MAX_NAME_LENGTH:
             raise InvalidArgument(f"client_name is longer than {MAX_NAME_LENGTH} characters")
@@ -46,8 +57,10 @@ class ClientRegistry:
         now = self._clock()
         client_id = f"c{next(self._ids)}-{self._nonce}"
         record = ClientRecord(client_id, name or client_id, num_examples, now, now,
-                              dict(metadata))
+                              dict(metadata), instance_key)
         self._clients[client_id] = record
+        if instance_key:
+            self._by_instance[(name, instance_key)] = client_id
         return record
 
     def restore(self, records: list[ClientRecord]) -> None:
@@ -60,6 +73,8 @@ class ClientRegistry:
         numbers = [0]
         for record in records:
             self._clients[record.client_id] = replace(record, joined_at=now, last_seen=now)
+            if record.instance_key:
+                self._by_instance[(record.name, record.instance_key)] = record.client_id
             number = _ID_NUMBER.match(record.client_id)
             if number:
                 numbers.append(int(number[1]))
@@ -83,4 +98,5 @@ class ClientRegistry:
         """Forget ``client_id`` (``Unauthenticated`` if unknown)."""
         record = self.touch(client_id)
         del self._clients[client_id]
+        self._by_instance.pop((record.name, record.instance_key), None)
         return record

@@ -30,7 +30,7 @@ from fedlink.wire.options import server_options
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Coordinator"].full_name
-DRAIN_CAP = 10  # drain windows a finished coordinator waits for busy clients, at most
+DRAIN_CAP = 3  # graces a finished coordinator waits for clients that keep calling, at most
 POLL_INTERVAL_S = 0.05
 
 
@@ -104,17 +104,17 @@ class CoordinatorServer:
         await self.service.finished.wait()
 
     async def drain(self) -> None:
-        """After the run: keep serving until every client was told it is over, or left.
+        """After the run: keep answering ``Finished`` until every client has left or gone.
 
-        Without this a client whose update ended the run would find the port closed when it
-        asks for its next task, and retry until its budget ran out. A client not yet told is
-        waited for while it keeps calling (finishing an upload, say); one silent for a long
-        poll plus one retry interval is presumed gone. Bounded by ``DRAIN_CAP`` such windows.
+        Without this a client whose update ended the run, or one in a blackout when the last
+        flush happened, would find the port closed when it asks for its next task, and retry
+        until its budget ran out. A client counts as gone once silent for
+        ``limits.finished_grace`` (sized from the liveness settings); one that keeps calling
+        is waited for, up to ``DRAIN_CAP`` graces in all.
         """
-        limits = self.config.limits
-        window = limits.long_poll_s + limits.retry_after_s + 1.0
-        give_up_at = time.monotonic() + DRAIN_CAP * window
-        while (self.service.clients_to_inform(silent_after_s=window)
+        grace = self.config.limits.finished_grace
+        give_up_at = time.monotonic() + DRAIN_CAP * grace
+        while (self.service.clients_still_here(silent_after_s=grace)
                and time.monotonic() < give_up_at):
             await asyncio.sleep(POLL_INTERVAL_S)
 
@@ -218,14 +218,18 @@ async def serve_until_done(server: CoordinatorServer,
         done = asyncio.ensure_future(server.wait_finished())
         interrupted = asyncio.ensure_future(stop.wait())
         await asyncio.wait({done, interrupted}, return_when=asyncio.FIRST_COMPLETED)
+        if interrupted.done() and not done.done():
+            log.info("signal received: ending the run, telling the clients")
+            # the same end as any other (one run_finished), but not durable: a coordinator
+            # restarted on the same state_dir goes on with the run
+            server.service.end_run("stopped by signal", durable=False)
+            stop.clear()
+            interrupted = asyncio.ensure_future(stop.wait())  # a second signal: stop now
+            await asyncio.wait({done, interrupted}, return_when=asyncio.FIRST_COMPLETED)
         if done.done():
-            await server.drain()
-        if interrupted.done():
-            log.info("signal received: shutting down")
-            # Not durable: a coordinator restarted on the same state_dir goes on with the run.
-            server.service.engine.finish("stopped by signal", durable=False)
-            server.events.emit("run_finished", reason="stopped by signal",
-                               model_version=server.service.engine.version)
+            draining = asyncio.ensure_future(server.drain())
+            await asyncio.wait({draining, interrupted}, return_when=asyncio.FIRST_COMPLETED)
+            draining.cancel()
         for fut in (done, interrupted):
             fut.cancel()
     finally:

@@ -35,8 +35,10 @@ import numpy as np
 from fedlink.compress import CODECS
 from fedlink.coordinator.auth import caller_name
 from fedlink.coordinator.config import CoordinatorConfig
+from fedlink.coordinator.downloads import DownloadLedger
 from fedlink.coordinator.engine import FlushOutcome, ReceivedUpdate, RoundEngine, TaskRecord
 from fedlink.coordinator.limits import Limiter
+from fedlink.coordinator.progress import ProgressLog
 from fedlink.coordinator.registry import ClientRegistry
 from fedlink.coordinator.state import FlushRecord, SavedState, open_store
 from fedlink.coordinator.uploads import UploadSession, UploadStore
@@ -95,6 +97,8 @@ class CoordinatorService:
         self._changed = asyncio.Event()
         self._flushes: asyncio.Queue[tuple[FlushOutcome, int]] = asyncio.Queue()
         self._round_bytes_down = 0
+        self.downloads = DownloadLedger()
+        self.progress = ProgressLog(config.limits.stuck_after_s)
         self._told_finished: set[str] = set()
         self._reported_version = 0
         self.finished = asyncio.Event()
@@ -163,13 +167,19 @@ class CoordinatorService:
         """Register a client; answer with its id and the run configuration."""
         self._check_strings(client_name=request.client_name, token=request.token)
         self._check_mapping("metadata", request.metadata)
+        self._check_strings(instance_key=request.instance_key)
         if self.config.join_token and request.token != self.config.join_token:
             raise Unauthenticated("join token is missing or wrong")
-        self.limiter.check_join(len(self.registry))
         # With per-client tokens the id is bound to the token's name, whatever the request says.
         name = caller_name() or request.client_name
+        known = self.registry.rejoin(name, request.instance_key)
+        if known is not None:  # a repeated Join (its reply lost): the same client
+            await self.state.sync()  # its first Join's record may still be on its way
+            return JoinReply(known.client_id, self.run_config())
+        self.limiter.check_join(len(self.registry))
         with self._durably():
-            record = self.registry.join(name, request.num_examples, request.metadata)
+            record = self.registry.join(name, request.num_examples, request.metadata,
+                                        request.instance_key)
             self.state.save_client(record)
             self.events.emit("client_joined", client_id=record.client_id, name=record.name,
                              num_examples=record.num_examples)
@@ -241,12 +251,10 @@ class CoordinatorService:
         if task.has_delta:
             delta = self.engine.delta_payload(record)
             if len(delta.data) <= limit:
-                self._download_finished(record, len(delta.data), full, delta, delta=True,
-                                        inline=True)
+                self._offer(record, full, delta, delta=True, inline=True)
                 return dataclasses.replace(task, delta_data=delta.data)
         if len(full.data) <= limit:
-            self._download_finished(record, len(full.data), full, full, delta=False,
-                                    inline=True)
+            self._offer(record, full, full, delta=False, inline=True)
             return dataclasses.replace(task, model_data=full.data)
         return task
 
@@ -256,12 +264,19 @@ class CoordinatorService:
         return {client_id for client_id in self.registry.ids() - self._told_finished
                 if now - (self.registry.last_seen(client_id) or -math.inf) <= silent_after_s}
 
+    def clients_still_here(self, silent_after_s: float) -> set[str]:
+        """Clients that have not left and called within ``silent_after_s`` (told or not: a
+        client whose ``Finished`` reply was lost asks again)."""
+        now = self._clock()
+        return {client_id for client_id in self.registry.ids()
+                if now - (self.registry.last_seen(client_id) or -math.inf) <= silent_after_s}
+
     async def download(self, request: DownloadRequest) -> AsyncIterator[DataChunk]:
         """Stream a task's model, or with ``request.delta`` its delta, from ``request.offset``.
 
         Every chunk sent counts as a sign of life of the client (a slow download is not a
-        dead client). ``download_finished`` says whether a delta was sent and the bytes it
-        saved against the full model.
+        dead client). The bytes count as downloaded once the client shows it has them
+        (``fedlink.coordinator.downloads``): ``download_finished`` comes with its ``Commit``.
         """
         self._admit(request.client_id)
         self._check_strings(task_id=request.task_id)
@@ -277,27 +292,27 @@ class CoordinatorService:
                                   f"{len(payload.data)}-byte {_what(request)}")
         chunk_bytes = min(request.max_chunk_bytes or self.config.limits.chunk_bytes,
                           self.config.limits.max_chunk_bytes)
-        sent = 0
+        self._offer(record, full, payload, delta=request.delta)
+        kind = _what(request)
+        self.downloads.streaming(record.client_id, record.task_id, kind, request.offset)
         for offset, piece in iter_chunks(payload.data, chunk_bytes, request.offset):
-            sent += len(piece)
             yield DataChunk(offset, piece)
             self.registry.touch(request.client_id)
-        self._download_finished(record, sent, full, payload, delta=request.delta,
-                                offset=request.offset)
+        self.downloads.streamed(record.client_id, record.task_id, kind)
 
-    def _download_finished(self, record: TaskRecord, sent: int, full: Payload,
-                           payload: Payload, delta: bool, offset: int = 0,
-                           inline: bool = False) -> None:
-        """Count ``sent`` bytes of ``payload`` (the task's model ``full``, or a delta) down."""
-        self._round_bytes_down += sent
-        fields: dict[str, Any] = {
-            "delta": delta, "bytes_saved": len(full.data) - len(payload.data) if delta else 0}
-        if delta:
-            fields["base_version"] = record.delta_base
-        if inline:
-            fields["inline"] = True
-        self.events.emit("download_finished", client_id=record.client_id,
-                         task_id=record.task_id, bytes=sent, offset=offset, **fields)
+    def _offer(self, record: TaskRecord, full: Payload, payload: Payload, delta: bool,
+               inline: bool = False) -> None:
+        """Note that ``payload`` (the task's model ``full``, or a delta) goes to the client."""
+        self.downloads.offer(record.client_id, record.task_id, "delta" if delta else "model",
+                             len(payload.data),
+                             len(full.data) - len(payload.data) if delta else 0,
+                             record.delta_base if delta else None, inline)
+
+    def _downloads_confirmed(self, client_id: str, task_id: str) -> None:
+        """The client has its task's payloads (it commits): log ``download_finished``, once."""
+        for fields in self.downloads.confirm(client_id, task_id):
+            self._round_bytes_down += fields["bytes"]
+            self.events.emit("download_finished", **fields)
 
     async def upload(self, chunks: AsyncIterator[UploadChunk]) -> UploadReply:
         """Receive chunks of one upload; answer with the durable bytes held.
@@ -311,7 +326,8 @@ class CoordinatorService:
                 async for chunk in chunks:
                     if written is None:  # the stream's first chunk names the caller
                         self._admit(chunk.client_id)
-                        slot.enter_context(self.limiter.upload_slot(chunk.client_id))
+                        slot.enter_context(self.limiter.upload_slot(chunk.client_id,
+                                                                      chunk.upload_id))
                     else:
                         self.registry.touch(chunk.client_id)
                         if chunk.client_id != written[0] or chunk.upload_id != written[1]:
@@ -345,6 +361,7 @@ class CoordinatorService:
         self._admit(request.client_id)
         self._check_strings(upload_id=request.upload_id, task_id=request.task_id)
         self._check_mapping("metrics", request.metrics)
+        self._downloads_confirmed(request.client_id, request.task_id)
         if request.update_data:
             self._take_inline_update(request)
         await self._make_durable(request.client_id, request.upload_id)
@@ -381,9 +398,11 @@ class CoordinatorService:
         try:
             answer: CommitReply | RemoteError = self._accept(request, session)
         except RemoteError as err:
+            self.progress.refused()
             self.events.emit("update_refused", client_id=request.client_id,
                              task_id=request.task_id, reason=err.detail, code=err.code,
-                             bytes_up=request.update.num_bytes)
+                             bytes_up=request.update.num_bytes,
+                             **_reported_counters(request.metrics))
             if isinstance(err, UploadIncomplete):
                 return err
             answer = err
@@ -404,15 +423,21 @@ class CoordinatorService:
         return HeartbeatReply(self.engine.version, task_open)  # changes nothing: no sync
 
     async def leave(self, request: LeaveRequest) -> LeaveReply:
-        """Forget the client; its open task stops holding a place in the cohort."""
+        """Forget the client; its open task stops holding a place in the cohort.
+
+        The resilience counters it reports (what grew since its last ``Commit``) go into
+        ``client_left``, so that the run's summary counts them.
+        """
         self._check_strings(reason=request.reason)
+        self._check_mapping("metrics", request.metrics)
         with self._durably():
             self.registry.remove(request.client_id)
             self.state.forget_client(request.client_id)
             self.limiter.forget(request.client_id)
+            self.downloads.forget_client(request.client_id)
             self.engine.release_client(request.client_id)
             self.events.emit("client_left", client_id=request.client_id,
-                             reason=request.reason)
+                             reason=request.reason, **_reported_counters(request.metrics))
         self._notify()
         await self.state.sync()
         return LeaveReply()
@@ -482,6 +507,9 @@ class CoordinatorService:
             self._on_flush(outcome)
         elif released or self.engine.rule.deadline_s is not None:
             self._notify()
+        if not self.engine.finished and self.progress.due(self.engine.version,
+                                                          self.engine.round_age_s()):
+            self.progress.stuck(self.engine.round_state())
 
     def close(self) -> None:
         """Release open upload spools (their bytes stay on disk for a restart) and the state."""
@@ -516,6 +544,8 @@ class CoordinatorService:
                                  **dict(outcome.hook_report), **metrics)
                 self.state.mark_reported(outcome.version)
             await self.state.sync()
+            self.progress.flushed(outcome.version, outcome.num_updates, outcome.round_seconds,
+                                  metrics)
             self._reported_version = outcome.version
             if outcome.finished:
                 self._announce_finish()
@@ -531,14 +561,15 @@ class CoordinatorService:
         self.finished.set()
         self._notify()
 
-    def end_run(self, reason: str) -> None:
+    def end_run(self, reason: str, durable: bool = True) -> None:
         """End the run now (a target reached, an operator's stop): no more tasks or updates.
 
-        Waiting clients hear ``Finished`` at once; ``run_finished`` is logged after the last
-        flush made so far has been reported.
+        Waiting clients hear ``Finished`` at once; ``run_finished`` is logged once, after the
+        last flush made so far has been reported. ``durable=False`` (a signal's stop) ends it
+        for this process only: a coordinator restarted on the same ``state_dir`` goes on.
         """
         with self._durably():
-            self.engine.finish(reason)
+            self.engine.finish(reason, durable=durable)
         self._notify()
         self._check_finished_without_flush()
 
@@ -566,6 +597,15 @@ def _outcome(record: FlushRecord, model: np.ndarray) -> FlushOutcome:
     return FlushOutcome(record.version, model, record.num_updates, record.total_weight,
                         record.round_seconds, record.bytes_up, record.finished,
                         dict(record.hook_report), record.task_ids)
+
+
+REPORTED_COUNTERS = ("retries", "offline_seconds", "resumed_bytes")
+
+
+def _reported_counters(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The resilience counters among a client's ``metrics`` (finite, >= 0; others ignored)."""
+    return {name: float(metrics[name]) for name in REPORTED_COUNTERS
+            if name in metrics and math.isfinite(metrics[name]) and metrics[name] >= 0}
 
 
 def _what(request: DownloadRequest) -> str:

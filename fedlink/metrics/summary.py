@@ -11,8 +11,11 @@
 ``best_accuracy``        highest accuracy over all flushes (None likewise)
 ``final_model_version``  ``model_version`` of the last flush (None without flushes)
 ``rounds``               number of ``flush`` events
-``wall_seconds``         ``elapsed`` from the first ``run_started`` (or the first event) to the
-                         last ``run_finished`` (or the last event); 0.0 for an empty log
+``wall_seconds``         ``elapsed`` from the first ``task_issued`` (else the first
+                         ``run_started``, else the first event) to the last ``run_finished``
+                         (or the last event); 0.0 for an empty log
+``startup_seconds``      from the first ``run_started`` to the first ``task_issued``: the
+                         wait for clients to start, not part of ``wall_seconds``
 ``bytes_up``             sum of ``bytes_up`` over ``update_accepted`` and ``update_refused``
                          events (a refused update that was received still cost its upload)
 ``bytes_down``           sum of ``bytes`` over ``download_finished`` events
@@ -38,12 +41,13 @@
 ``clients``              number of distinct ``client_id`` values in ``client_joined`` events
 ``clients_left``         number of ``client_left`` events
 ``client_timeouts``      number of ``client_timeout`` events
-``client_retries_reported``  sum of ``retries`` the clients reported with their accepted
-                         updates (``update_accepted``; 0 when none reported)
-``resumed_bytes``        sum of ``resumed_bytes`` reported with accepted updates: upload bytes
-                         clients did not resend after a break because the coordinator held them
-``offline_seconds``      sum of ``offline_seconds`` reported with accepted updates: time
-                         clients spent unable to reach the coordinator (0.0 when none)
+``client_retries_reported``  sum of ``retries`` the clients reported with their updates
+                         (``update_accepted``, ``update_refused``) and when they left
+                         (``client_left``); 0 when none reported
+``resumed_bytes``        sum of ``resumed_bytes`` reported likewise: upload bytes clients did
+                         not resend after a break because the coordinator held them
+``offline_seconds``      sum of ``offline_seconds`` reported likewise: time clients spent
+                         unable to reach the coordinator (0.0 when none)
 ``finish_reason``        ``reason`` of the last ``run_finished`` (None if it never finished)
 ``privacy``              the ``privacy`` record of the last ``flush`` that carries one (a DP
                          flush hook's report: ``epsilon``, ``delta``, ``noise_multiplier``,
@@ -92,6 +96,7 @@ def summarize(events: list[Event], config: Mapping[str, Any]) -> dict[str, Any]:
     summary.update(_resilience_figures(events))
     summary["privacy"] = _privacy_record(flushes)
     summary["wall_seconds"] = wall_seconds(events)
+    summary["startup_seconds"] = max(0.0, first_task_elapsed(events) - start_elapsed(events))
     summary["config"] = to_jsonable(config)
     return summary
 
@@ -129,13 +134,19 @@ def start_elapsed(events: list[Event]) -> float:
     return float(first["elapsed"]) if first is not None else 0.0
 
 
+def first_task_elapsed(events: list[Event]) -> float:
+    """``elapsed`` of the first ``task_issued`` event, else the run's start."""
+    issued = of_kind(events, TASK_ISSUED)
+    return float(issued[0]["elapsed"]) if issued else start_elapsed(events)
+
+
 def wall_seconds(events: list[Event]) -> float:
-    """Seconds from the run's start to ``run_finished`` (or the last event)."""
+    """Seconds from the run's first task to ``run_finished`` (or the last event)."""
     if not events:
         return 0.0
     finished = of_kind(events, RUN_FINISHED)
     end = finished[-1] if finished else max(events, key=lambda e: float(e["elapsed"]))
-    return max(0.0, float(end["elapsed"]) - start_elapsed(events))
+    return max(0.0, float(end["elapsed"]) - first_task_elapsed(events))
 
 
 def unique_flushes(events: list[Event]) -> list[Event]:
@@ -228,13 +239,14 @@ def _client_figures(events: list[Event]) -> dict[str, Any]:
 
 def _resilience_figures(events: list[Event]) -> dict[str, Any]:
     """Bytes saved by delta downloads, and what clients reported about retries and outages."""
-    accepted = of_kind(events, UPDATE_ACCEPTED)
+    reports = (of_kind(events, UPDATE_ACCEPTED) + of_kind(events, UPDATE_REFUSED)
+               + of_kind(events, CLIENT_LEFT))
     return {
         "delta_bytes_saved": _total(of_kind(events, DOWNLOAD_FINISHED), "bytes_saved"),
-        "client_retries_reported": _total(accepted, "retries"),
-        "resumed_bytes": _total(accepted, "resumed_bytes"),
+        "client_retries_reported": _total(reports, "retries"),
+        "resumed_bytes": _total(reports, "resumed_bytes"),
         "offline_seconds": float(sum(float(e.get("offline_seconds") or 0.0)
-                                     for e in accepted)),
+                                     for e in reports)),
     }
 
 

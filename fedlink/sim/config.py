@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedlink.client import UpdatePipeline
+from fedlink.client import RetryPolicy, UpdatePipeline
 from fedlink.client.density import DensityPolicy
+from fedlink.client.liveness import LivenessConfig
 from fedlink.config import from_table, load_toml, require
 from fedlink.coordinator import CoordinatorConfig, FlushRule
 from fedlink.errors import ConfigError
@@ -110,6 +111,10 @@ class ClientSection:
     ``density_bounds = [min, max]`` turns on bandwidth-aware density (``fedlink.client.density``)
     with that safety margin.
 
+    ``retry`` (``[client.retry]``, ``fedlink.client.RetryPolicy``) and ``liveness``
+    (``[client.liveness]``, ``fedlink.client.liveness.LivenessConfig``): how clients retry and
+    how long they wait for a link before calling it dead.
+
     ``privacy`` names the privacy stage (``"dp_fedavg"`` for user-level DP; its options come
     from the coordinator's ``dp_fedavg`` hook, see ``fedlink.privacy.setup``, and
     ``privacy_options`` may repeat them); ``trainer`` is ``"torch"`` (local SGD) or
@@ -125,6 +130,20 @@ class ClientSection:
     privacy: str = "none"
     privacy_options: Mapping[str, Any] = field(default_factory=dict)
     trainer: str = "torch"
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    liveness: LivenessConfig = field(default_factory=LivenessConfig)
+
+    @classmethod
+    def from_table(cls, table: Mapping[str, Any], section: str = "client") -> ClientSection:
+        """Build from ``[client]`` with its ``retry`` and ``liveness`` sub-tables."""
+        values = dict(table) if isinstance(table, Mapping) else table
+        if isinstance(values, dict):
+            if "retry" in values:
+                values["retry"] = RetryPolicy.from_dict(values["retry"], f"{section}.retry")
+            if "liveness" in values:
+                values["liveness"] = LivenessConfig.from_dict(values["liveness"],
+                                                              f"{section}.liveness")
+        return from_table(cls, values, section)
 
     def __post_init__(self) -> None:
         require(self.density_bounds is None or len(self.density_bounds) == 2,
@@ -165,7 +184,8 @@ class ExperimentConfig:
             raise ConfigError(f"unknown sections {unknown}; allowed: "
                               f"{sorted([*sections, 'coordinator', 'network'])}")
         values: dict[str, Any] = {k: from_table(c, table.get(k, {}), k)
-                                  for k, c in sections.items()}
+                                  for k, c in sections.items() if k != "client"}
+        values["client"] = ClientSection.from_table(table.get("client", {}))
         coordinator = dict(table.get("coordinator", {}))
         coordinator.setdefault("run_name", values["run"].name)
         coordinator.setdefault("seed", values["run"].seed)

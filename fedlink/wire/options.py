@@ -1,40 +1,55 @@
 """gRPC channel and server options shared by the coordinator and the client SDK.
 
 Why these values (see NETWORK-FACTS): a link that goes silent without a reset is noticed only
-through keepalive pings, and only if the ping ack timeout is short too; the server must allow the
-client's ping rate or it answers GOAWAY ``too_many_pings``; BDP probing keeps large transfers
-fast on high-latency links. Message limits sit above the largest chunk we ever send.
+through keepalive pings, and only by the wait for the ping's ack, ``grpc.http2.ping_timeout_ms``
+(its default is 60 s); the server must allow the client's ping rate or it answers GOAWAY
+``too_many_pings``; BDP probing keeps large transfers fast on high-latency links. Message
+limits sit above the largest chunk we ever send.
+
+The ping-ack wait must exceed the link's round trip, and the time the ack spends queued behind
+data in flight: on a slow *uplink* the ping waits behind the client's upload, on a slow
+*downlink* the ack waits behind the coordinator's download (measured: a 3 s timeout cut most
+16 MB uploads at 8 Mbit/s; a fixed 5 s timeout killed every call over a 10 s RTT link and cut
+1.2 MB downloads at 1 Mbit/s). No fixed value fits every link, so the client chooses it per
+connection from what it has measured (``fedlink.client.liveness``) and passes it here.
+
+``grpc.keepalive_timeout_ms`` is a different thing: gRPC also uses it as the sockets'
+``TCP_USER_TIMEOUT``, the time the kernel lets sent data go unacknowledged before aborting the
+connection. A short one turns a loss burst that TCP's retransmissions would carry through into
+``Connection timed out``; so it is set long and on its own.
 """
 
 from __future__ import annotations
 
 MAX_MESSAGE_BYTES = 8 << 20
 KEEPALIVE_TIME_MS = 2_000
-KEEPALIVE_TIMEOUT_MS = 5_000
-"""How long a client waits for the ack of its keepalive ping: a silent link is noticed about
-``KEEPALIVE_TIME_MS + KEEPALIVE_TIMEOUT_MS`` (7 s) into it. Not shorter: while an upload
-saturates a slow uplink, the ping queues behind the data in the client's socket buffer and the
-link's (measured: 3 s cut most 16 MB uploads at 8 Mbit/s with GOAWAY ``ping_timeout``, 5 s
-none)."""
-SERVER_KEEPALIVE_TIMEOUT_MS = 20_000
-"""How long the coordinator waits for a client's ping ack. Generous: on a slow uplink the ack
-queues behind the upload's data in the client's and the link's buffers (seconds at 1 MB/s
-for a few MB), and a short timeout would cut healthy uploads with GOAWAY ``ping_timeout``.
-The coordinator tells dead clients by their heartbeats, not by pings."""
+"""Default idle time before the client's keepalive ping (how soon silence is probed)."""
+PING_TIMEOUT_MS = 5_000
+"""Default (and the smallest, by default) ping-ack wait: a silent short-RTT link is noticed
+about ``KEEPALIVE_TIME_MS + PING_TIMEOUT_MS`` (7 s) into it."""
+TCP_USER_TIMEOUT_MS = 300_000
+"""Default ``TCP_USER_TIMEOUT`` of the client's sockets (via ``grpc.keepalive_timeout_ms``)."""
+SERVER_PING_TIMEOUT_MS = 60_000
+"""How long the coordinator waits for a client's ping ack, and its sockets' TCP user timeout.
+Generous: on a slow uplink the ack queues behind the upload's data, on a long link it takes a
+round trip, and the coordinator tells dead clients by their heartbeats, not by pings."""
 
 GrpcOptions = list[tuple[str, int | str]]
 
 
-def client_channel_options() -> GrpcOptions:
-    """Options for a client's channel to the coordinator."""
+def client_channel_options(ping_timeout_ms: int = PING_TIMEOUT_MS,
+                           keepalive_time_ms: int = KEEPALIVE_TIME_MS,
+                           tcp_user_timeout_ms: int = TCP_USER_TIMEOUT_MS) -> GrpcOptions:
+    """Options for a client's channel to the coordinator, with the link's timeouts."""
     return [
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
-        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_time_ms", keepalive_time_ms),
+        # gRPC's TCP_USER_TIMEOUT; the ping-ack wait is ping_timeout_ms below
+        ("grpc.keepalive_timeout_ms", max(tcp_user_timeout_ms, ping_timeout_ms)),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
-        ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.http2.ping_timeout_ms", ping_timeout_ms),
         ("grpc.http2.bdp_probe", 1),
         ("grpc.enable_retries", 0),  # fedlink retries itself, with resumable transfers
     ]
@@ -46,7 +61,8 @@ def server_options() -> GrpcOptions:
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.keepalive_time_ms", 10_000),
-        ("grpc.keepalive_timeout_ms", SERVER_KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_timeout_ms", SERVER_PING_TIMEOUT_MS),
+        ("grpc.http2.ping_timeout_ms", SERVER_PING_TIMEOUT_MS),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
         ("grpc.http2.max_ping_strikes", 0),

@@ -183,9 +183,12 @@ def test_killed_client_delivers_its_update_exactly_once_after_restart(
         assert st.resumed_bytes == 100
         assert any(f"at offset 100 of {PAYLOAD_BYTES}" in m for m in messages)
         assert event["resumed_bytes"] == 100
-    # the dead process's client id was retired
-    left = {e["client_id"]: e["reason"] for e in server.events.of_kind("client_left")}
-    assert left[str(event["client_id"])] == f"restarted as {restarted.client_id}"
+    # the same instance (its key kept in the outbox dir) joined again under the same id: one
+    # client, not two, and nothing to retire
+    assert restarted.client_id == event["client_id"]
+    assert len({e["client_id"] for e in server.events.of_kind("client_joined")}) == 2
+    assert not any(e["reason"].startswith("restarted as")
+                   for e in server.events.of_kind("client_left"))
 
 
 def test_restarted_client_discards_a_too_stale_update_and_says_why(

@@ -74,15 +74,25 @@ def test_join_is_refused_beyond_max_clients() -> None:
 
 def test_concurrent_uploads_are_capped_per_client_and_released() -> None:
     limiter = Limiter(limits(max_uploads_per_client=2))
-    with limiter.upload_slot("a"), limiter.upload_slot("a"):
+    with limiter.upload_slot("a", "u1"), limiter.upload_slot("a", "u2"):
         assert limiter.uploads_in_progress("a") == 2
-        with pytest.raises(ResourceExhausted), limiter.upload_slot("a"):
+        with pytest.raises(ResourceExhausted), limiter.upload_slot("a", "u3"):
             pass
-        with limiter.upload_slot("b"):
+        with limiter.upload_slot("b", "u1"):
             pass
     assert limiter.uploads_in_progress("a") == 0
-    with limiter.upload_slot("a"):
+    with limiter.upload_slot("a", "u3"):
         pass
+
+
+def test_a_resumed_upload_shares_the_place_of_its_stream_on_a_dead_connection() -> None:
+    limiter = Limiter(limits(max_uploads_per_client=2))
+    # two uploads whose streams the coordinator still thinks alive (their connections died)
+    with limiter.upload_slot("a", "u1"), limiter.upload_slot("a", "u2"):
+        with limiter.upload_slot("a", "u1"):  # u1 resumes on a new connection: allowed
+            assert limiter.uploads_in_progress("a") == 2
+        assert limiter.uploads_in_progress("a") == 2  # the old u1 stream still holds it
+    assert limiter.uploads_in_progress("a") == 0
 
 
 @pytest.mark.parametrize("options", [{"max_clients": -1}, {"requests_per_s": -1.0},

@@ -184,7 +184,9 @@ def test_summary_matches_hand_computed_values() -> None:
     assert summary["best_accuracy"] == 0.6
     assert summary["final_model_version"] == 2
     assert summary["rounds"] == 2
-    assert summary["wall_seconds"] == pytest.approx(10.0)  # 10.5 - 0.5
+    # from the first task (1.5), not the run's start (0.5): the wait for clients is apart
+    assert summary["wall_seconds"] == pytest.approx(9.0)  # 10.5 - 1.5
+    assert summary["startup_seconds"] == pytest.approx(1.0)
     assert summary["bytes_up"] == 1000 + 1000 + 500 + 250
     assert summary["bytes_down"] == 4000 + 4000 + 300
     assert summary["tasks_issued"] == 1
@@ -203,7 +205,7 @@ def test_summary_matches_hand_computed_values() -> None:
 
 def test_summary_of_unfinished_and_empty_runs() -> None:
     unfinished = [e for e in hand_made_run() if e["kind"] != "run_finished"]
-    assert summarize(unfinished, {})["wall_seconds"] == pytest.approx(8.0)  # 8.5 - 0.5
+    assert summarize(unfinished, {})["wall_seconds"] == pytest.approx(7.0)  # 8.5 - 1.5
     empty = summarize([], {})
     assert empty["rounds"] == 0 and empty["wall_seconds"] == 0.0
     assert empty["final_accuracy"] is None and empty["best_accuracy"] is None

@@ -89,6 +89,10 @@ CREATE TABLE IF NOT EXISTS event_outbox (
 """
 
 
+INSTANCE_KEY_COLUMN = "\x00instance_key"
+"""Where a client's instance key is kept inside its metadata JSON (a NUL: never a client's)."""
+
+
 @STATE_STORES.register("sqlite")
 class SqliteStore(StateStore):
     """Durable coordinator state under ``state_dir`` (see the module docstring)."""
@@ -220,8 +224,11 @@ class SqliteStore(StateStore):
 
     def save_client(self, record: ClientRecord) -> None:
         """Insert or replace the client's row."""
+        # the instance key rides in the metadata column (no schema change), under a name no
+        # client can set: the registry strips it from what clients send
+        metadata = {**record.metadata, INSTANCE_KEY_COLUMN: record.instance_key}
         self._run("INSERT OR REPLACE INTO clients VALUES (?, ?, ?, ?)", record.client_id,
-                  record.name, record.num_examples, json.dumps(dict(record.metadata)))
+                  record.name, record.num_examples, json.dumps(metadata))
 
     def forget_client(self, client_id: str) -> None:
         """Delete the client's row."""
@@ -356,8 +363,12 @@ class SqliteStore(StateStore):
 
     def _load_clients(self) -> list[ClientRecord]:
         rows = self._db.execute("SELECT client_id, name, num_examples, metadata FROM clients")
-        return [ClientRecord(cid, name, n, 0.0, 0.0, json.loads(meta))
-                for cid, name, n, meta in rows]
+        records = []
+        for cid, name, n, meta in rows:
+            metadata = json.loads(meta)
+            key = str(metadata.pop(INSTANCE_KEY_COLUMN, ""))
+            records.append(ClientRecord(cid, name, n, 0.0, 0.0, metadata, key))
+        return records
 
     def _load_tasks(self) -> list[TaskRecord]:
         rows = self._db.execute("SELECT task_id, client_id, version, done, expired, delta_base, "

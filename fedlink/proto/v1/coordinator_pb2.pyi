@@ -65,7 +65,7 @@ class RunConfig(_message.Message):
     def __init__(self, run_name: _Optional[str] = ..., num_parameters: _Optional[int] = ..., local_steps: _Optional[int] = ..., local_epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., chunk_bytes: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., max_staleness: _Optional[int] = ..., accepted_encodings: _Optional[_Iterable[str]] = ..., trainer_options: _Optional[_Mapping[str, str]] = ..., inline_bytes: _Optional[int] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("client_name", "token", "num_examples", "metadata")
+    __slots__ = ("client_name", "token", "num_examples", "metadata", "instance_key")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -77,11 +77,13 @@ class JoinRequest(_message.Message):
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_KEY_FIELD_NUMBER: _ClassVar[int]
     client_name: str
     token: str
     num_examples: int
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, client_name: _Optional[str] = ..., token: _Optional[str] = ..., num_examples: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    instance_key: str
+    def __init__(self, client_name: _Optional[str] = ..., token: _Optional[str] = ..., num_examples: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., instance_key: _Optional[str] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("client_id", "config")
@@ -264,12 +266,21 @@ class HeartbeatReply(_message.Message):
     def __init__(self, model_version: _Optional[int] = ..., task_open: _Optional[bool] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
-    __slots__ = ("client_id", "reason")
+    __slots__ = ("client_id", "reason", "metrics")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     reason: str
-    def __init__(self, client_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    metrics: _containers.ScalarMap[str, float]
+    def __init__(self, client_id: _Optional[str] = ..., reason: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class LeaveReply(_message.Message):
     __slots__ = ()

@@ -1,0 +1,147 @@
+"""Liveness that fits the link: ping-ack timeout, TCP user timeout and call deadlines.
+
+A silent link (no reset, no data) is noticed only by a keepalive ping whose ack does not come
+back in time, so on a short-RTT link that timeout must be short. But the ack of a ping takes
+at least one round trip, and longer when it queues behind data in flight on a busy link: a
+fixed timeout shorter than that kills every call on a long or busy link (a 10 s RTT link with a
+5 s timeout never completed a ``Join``). So the timeouts follow what the link has shown::
+
+    ping_ack_timeout = clamp(widen x max(min_ping_timeout_s,
+                                         rtt_multiple x srtt + queued_bytes / goodput),
+                             min_ping_timeout_s, max_ping_timeout_s)
+    unary_deadline   = clamp(widen x max(Timeouts.unary_s, rtt_multiple x srtt),
+                             ..., max_deadline_s)
+
+``srtt`` is a smoothed round trip learned from completed short calls (``Join``, ``Commit``,
+``Heartbeat`` ...; never ``GetTask``, whose long poll is not a round trip), ``goodput`` from
+completed transfers (bytes over seconds), and ``queued_bytes`` the largest message the client
+sends or receives (a chunk): what a ping's ack may wait behind. ``widen`` starts at 1, grows by
+``widen_factor`` after every failure that came with no reply at all (a ping timeout, a missed
+deadline: the link may be longer than anything seen yet) and shrinks back by the same factor
+after each call that succeeds. Nothing is learned from a reply that did not come.
+
+The sockets' ``TCP_USER_TIMEOUT`` is a separate, fixed bound (``tcp_user_timeout_s``). gRPC
+sets it from ``grpc.keepalive_timeout_ms``; the ping-ack wait itself is
+``grpc.http2.ping_timeout_ms`` (measured: a 5 s ping timeout with a 60 s keepalive timeout
+still notices a blackholed link 7 s into it). Keeping the user timeout long lets TCP carry a
+connection through a loss burst that its retransmissions survive, instead of the kernel
+aborting it (``ETIMEDOUT``) after a few seconds of unacknowledged data.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fedlink.config import from_table, require
+
+SRTT_GAIN = 0.25
+"""Weight of a new round-trip sample in the smoothed estimate (TCP uses 1/8; calls are rarer)."""
+
+
+@dataclass(frozen=True)
+class LivenessConfig:
+    """Bounds of the link-following timeouts (``[client.liveness]``); see the module docstring.
+
+    ``keepalive_time_s``: idle time before a keepalive ping (how soon silence is probed).
+    ``min_ping_timeout_s`` / ``max_ping_timeout_s``: the ping-ack timeout's bounds; a silent
+    short-RTT link is noticed about ``keepalive_time_s + min_ping_timeout_s`` into it.
+    ``rtt_multiple``: round trips a ping ack or a short call is allowed. ``widen_factor``: how
+    much the timeouts grow after a failure with no reply. ``max_deadline_s``: the largest
+    deadline of a short call. ``tcp_user_timeout_s``: the sockets' ``TCP_USER_TIMEOUT``
+    (``0``: the kernel's default, about 15 minutes of retransmissions).
+    """
+
+    keepalive_time_s: float = 2.0
+    min_ping_timeout_s: float = 5.0
+    max_ping_timeout_s: float = 120.0
+    rtt_multiple: float = 4.0
+    widen_factor: float = 3.0
+    max_deadline_s: float = 300.0
+    tcp_user_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        for name in ("keepalive_time_s", "min_ping_timeout_s", "max_ping_timeout_s",
+                     "rtt_multiple", "widen_factor", "max_deadline_s", "tcp_user_timeout_s"):
+            value = getattr(self, name)
+            require(isinstance(value, numbers.Real) and not isinstance(value, bool)
+                    and math.isfinite(value), f"liveness.{name}",
+                    f"must be a finite number, got {value!r}")
+        require(self.keepalive_time_s > 0, "liveness.keepalive_time_s", "must be > 0")
+        require(self.min_ping_timeout_s > 0, "liveness.min_ping_timeout_s", "must be > 0")
+        require(self.max_ping_timeout_s >= self.min_ping_timeout_s,
+                "liveness.max_ping_timeout_s", "must be >= min_ping_timeout_s")
+        require(self.rtt_multiple >= 1, "liveness.rtt_multiple", "must be >= 1")
+        require(self.widen_factor >= 1, "liveness.widen_factor", "must be >= 1")
+        require(self.max_deadline_s > 0, "liveness.max_deadline_s", "must be > 0")
+        require(self.tcp_user_timeout_s == 0
+                or self.tcp_user_timeout_s >= self.max_ping_timeout_s,
+                "liveness.tcp_user_timeout_s",
+                "must be 0 (kernel default) or >= max_ping_timeout_s: the kernel must not "
+                "abort a connection that the ping check still considers alive")
+
+    @classmethod
+    def from_dict(cls, table: Mapping[str, Any],
+                  section: str = "client.liveness") -> LivenessConfig:
+        """Build from a TOML table such as ``[client.liveness]``; unknown keys are an error."""
+        return from_table(cls, table, section)
+
+
+def is_no_reply(code: str, detail: str) -> bool:
+    """Whether a failed call got no reply at all: a ping-ack timeout or a missed deadline."""
+    return code == "DEADLINE_EXCEEDED" or "ping timeout" in detail.lower()
+
+
+class LinkEstimate:
+    """What one client has learned about its link to the coordinator (see the module docs).
+
+    Not thread-safe: one per ``Transport``, used from its event loop.
+    """
+
+    def __init__(self, config: LivenessConfig | None = None, queued_bytes: int = 0) -> None:
+        self.config = config or LivenessConfig()
+        self.queued_bytes = queued_bytes
+        self.srtt_s: float | None = None
+        self.goodput_bps: float | None = None
+        self.widen = 1.0
+
+    def observe_rtt(self, seconds: float) -> None:
+        """A short call completed in ``seconds`` (at least one round trip)."""
+        if seconds <= 0:
+            return
+        self.srtt_s = seconds if self.srtt_s is None else \
+            (1 - SRTT_GAIN) * self.srtt_s + SRTT_GAIN * seconds
+
+    def observe_transfer(self, num_bytes: int, seconds: float) -> None:
+        """A transfer moved ``num_bytes`` in ``seconds``; large ones teach the goodput."""
+        if seconds <= 0 or num_bytes < 64 << 10:  # small ones measure latency, not rate
+            return
+        rate = num_bytes / seconds
+        self.goodput_bps = rate if self.goodput_bps is None else \
+            (1 - SRTT_GAIN) * self.goodput_bps + SRTT_GAIN * rate
+
+    def succeeded(self) -> None:
+        """A call got its reply: shrink a widening back toward 1."""
+        self.widen = max(1.0, self.widen / self.config.widen_factor)
+
+    def no_reply(self) -> None:
+        """A call got no reply at all: widen the timeouts (bounded by the config)."""
+        self.widen = min(self.widen * self.config.widen_factor,
+                         self.config.max_ping_timeout_s / self.config.min_ping_timeout_s)
+
+    def ping_timeout_s(self) -> float:
+        """The ping-ack timeout for a new connection."""
+        cfg = self.config
+        learned = cfg.rtt_multiple * (self.srtt_s or 0.0)
+        if self.goodput_bps:
+            learned += self.queued_bytes / self.goodput_bps
+        wanted = self.widen * max(cfg.min_ping_timeout_s, learned)
+        return min(max(wanted, cfg.min_ping_timeout_s), cfg.max_ping_timeout_s)
+
+    def unary_deadline_s(self, floor_s: float) -> float:
+        """The deadline of a short call, at least ``floor_s`` (the configured one)."""
+        learned = self.config.rtt_multiple * (self.srtt_s or 0.0)
+        return min(self.widen * max(floor_s, learned), max(self.config.max_deadline_s, floor_s))
