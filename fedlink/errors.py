@@ -39,6 +39,24 @@ class RunFinished(FedlinkError):
     """The coordinator has ended the run; no more tasks will be issued."""
 
 
+MAX_DETAIL_CHARS = 512
+"""The longest detail a ``RemoteError`` carries: a refusal that quotes client input (an
+attacker-sized encoding name, say) is cut here, so it is never echoed, remembered as a commit's
+answer or logged at the size the client chose."""
+
+
+def bounded_detail(detail: str, limit: int = MAX_DETAIL_CHARS) -> str:
+    """``detail`` cut to ``limit`` characters, saying how much was left out."""
+    if len(detail) <= limit:
+        return detail
+    return f"{detail[:limit]}... ({len(detail) - limit} more characters not shown)"
+
+
+def excerpt(value: str, limit: int = 32) -> str:
+    """A short quoted prefix of client input for a refusal detail (``repr``, cut)."""
+    return repr(value) if len(value) <= limit else f"{value[:limit]!r}..."
+
+
 class RemoteError(FedlinkError):
     """An error that crosses the wire as a gRPC status code plus a human-readable detail."""
 
@@ -48,6 +66,7 @@ class RemoteError(FedlinkError):
     """The coordinator's hint: wait at least this long before retrying (overload only)."""
 
     def __init__(self, detail: str) -> None:
+        detail = bounded_detail(detail)
         super().__init__(detail)
         self.detail = detail
 

@@ -12,9 +12,13 @@
   ``O(n x CHUNK)`` scratch at the flush, which works through the coordinates ``CHUNK`` at a
   time.
 
-Both rules honour the engine's weights (examples x staleness x work) by treating update ``i``
-as ``w_i`` units of probability mass at its value, per coordinate. With equal weights they are
-the textbook rules: ``trim = 0.1`` over 10 updates drops the lowest and highest value of each
+Both rules are **unweighted by default** (``weighted = false``): every update is one unit of
+mass, whatever it claims. A weight is what a client says about itself (its example count), and
+one lying client with a huge weight would otherwise *be* the weighted median. With
+``weighted = true`` they honour the engine's weights (examples x staleness x work) by treating
+update ``i`` as ``w_i`` units of probability mass at its value, per coordinate (the engine
+already caps each claimed count: ``limits.max_examples_per_update``). With equal weights they
+are the textbook rules: ``trim = 0.1`` over 10 updates drops the lowest and highest value of each
 coordinate and averages the other 8; the median of an even number of values is the mean of
 the middle two.
 """
@@ -32,16 +36,23 @@ from fedlink.errors import ConfigError
 _HALF_TOLERANCE = 1e-9
 
 
+def l2_norm(vector: np.ndarray) -> float:
+    """``||vector||_2`` in float64, one chunk at a time (no model-sized temporary)."""
+    flat = vector.reshape(-1)
+    total = 0.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        for start in range(0, flat.size, CHUNK):
+            piece = flat[start:start + CHUNK].astype(np.float64)
+            total += float(np.dot(piece, piece))
+    return float(np.sqrt(total))
+
+
 def clip_to_norm(delta: np.ndarray, bound: float) -> np.ndarray:
     """``delta * min(1, bound / ||delta||_2)`` (``delta`` itself when within the bound)."""
-    norm = float(np.sqrt(sum(float(np.dot(p, p)) for p in _chunks(delta.reshape(-1)))))
+    norm = l2_norm(delta)
     if norm <= bound:
         return delta
     return (delta * np.float32(bound / norm)).astype(np.float32, copy=False)
-
-
-def _chunks(vector: np.ndarray) -> list[np.ndarray]:
-    return [vector[i:i + CHUNK].astype(np.float64) for i in range(0, vector.size, CHUNK)]
 
 
 class NormBounded(Accumulator):
@@ -82,9 +93,15 @@ class NormBounded(Accumulator):
 
 
 class BufferedRule(Accumulator):
-    """Keeps every delta (float32) and weight until the flush; subclasses reduce a chunk."""
+    """Keeps every delta (float32) and weight until the flush; subclasses reduce a chunk.
 
-    def __init__(self) -> None:
+    ``weighted``: use the weights as probability mass (else every update counts once).
+    """
+
+    def __init__(self, weighted: bool = False) -> None:
+        if not isinstance(weighted, bool):
+            raise ConfigError(f"weighted must be true or false, got {weighted!r}")
+        self.weighted = weighted
         self._deltas: list[np.ndarray] = []
         self._weights: list[float] = []
 
@@ -102,7 +119,8 @@ class BufferedRule(Accumulator):
             raise ValueError("no updates to average")
         shape = self._deltas[0].shape
         flat = [d.reshape(-1) for d in self._deltas]
-        weights = np.asarray(self._weights, dtype=np.float64)
+        weights = (np.asarray(self._weights, dtype=np.float64) if self.weighted
+                   else np.ones(len(self._weights)))
         out = np.empty(flat[0].size, dtype=np.float32)
         for start in range(0, out.size, CHUNK):
             block = np.stack([d[start:start + CHUNK] for d in flat]).astype(np.float64)
@@ -152,10 +170,10 @@ class TrimmedMean(BufferedRule):
     ``trim = 0`` is the weighted mean; ``0 <= trim < 0.5``. Buffers updates (module docstring).
     """
 
-    def __init__(self, trim: float = 0.1) -> None:
+    def __init__(self, trim: float = 0.1, weighted: bool = False) -> None:
         if not 0 <= trim < 0.5:
             raise ConfigError(f"trimmed_mean: trim must be in [0, 0.5), got {trim}")
-        super().__init__()
+        super().__init__(weighted)
         self.trim = float(trim)
 
     def _reduce(self, values: np.ndarray, cum: np.ndarray, mass: np.ndarray) -> np.ndarray:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from fedlink.errors import ConfigError, PermissionDenied, Unauthenticated
+from fedlink.private import warn_if_loose
 
 TOKEN_PREFIX = "fl1"
 MIN_SECRET_BYTES = 16
@@ -115,6 +116,7 @@ def load_secret(secret_file: str = "", secret_env: str = "") -> bytes:
     never appears in a message.
     """
     if secret_file:
+        warn_if_loose(secret_file, "auth.secret_file")
         try:
             secret = Path(secret_file).read_bytes().strip()
         except OSError as exc:

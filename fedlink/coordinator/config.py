@@ -192,6 +192,16 @@ class TrainingConfig:
         object.__setattr__(self, "trainer_options", options)
 
 
+REDACTED = "<redacted>"
+"""What ``CoordinatorConfig.to_dict`` writes in place of a secret."""
+
+UPDATE_BYTES_MULTIPLE = 3
+"""Default ``max_update_bytes``: three times the model's fp32 size (a dense fp32 update is
+once; sparse codes with indices stay under twice), plus 64 KiB for small models."""
+SPOOL_UPDATES = 256
+"""Default ``max_spool_bytes``: room for this many largest-possible updates at once."""
+
+
 @dataclass(frozen=True)
 class LimitsConfig:
     """Size limits and timing knobs of the coordinator.
@@ -225,11 +235,31 @@ class LimitsConfig:
     port closed). ``None`` (the default): twice the liveness timeout, at least one long poll
     plus a retry interval. ``stuck_after_s``: a round that has waited this long without a flush
     is logged as stuck, naming who it waits for (``0``: never).
+
+    Limits against a hostile client (``server/README.md``, "Threat model"; 0 disables each
+    unless said otherwise):
+
+    - ``max_examples_per_update``: the most examples one update may claim; the weight also
+      never exceeds the size the client declared at ``Join`` when it declared one.
+    - ``max_update_bytes``: the largest encoded update; 0 (default) means
+      ``UPDATE_BYTES_MULTIPLE x`` the model's fp32 size plus 64 KiB (``update_bytes_for``).
+    - ``upload_idle_s``: an upload not written to for this long is dropped (its bytes freed);
+      uploads also go when their client leaves or expires. ``max_open_uploads_per_client``
+      and ``max_upload_bytes_per_client`` (0: two full updates) bound what one client holds;
+      ``max_spool_bytes`` (0: ``SPOOL_UPDATES x`` the largest update) bounds all uploads.
+    - ``join_per_peer_per_s`` / ``join_burst_per_peer``: a token bucket on ``Join`` per peer
+      address; ``join_per_token_per_s`` / ``join_burst_per_token`` the same per client token
+      name, and ``max_ids_per_token`` live ids per token name (per-client tokens).
+    - ``client_ttl_s``: a client silent this long is forgotten (its task, cohort place and
+      uploads freed); the SDK joins again if it comes back. ``max_task_s``: a task not
+      delivered this long after it was issued stops holding a cohort place, heartbeats or not.
+    - ``max_streams_per_connection``, ``connection_idle_s``, ``connection_age_s``: the gRPC
+      server's caps on one HTTP/2 connection.
     """
 
     chunk_bytes: int = 1 << 20
     max_chunk_bytes: int = 3 << 20
-    max_update_bytes: int = 1 << 30
+    max_update_bytes: int = 0
     heartbeat_interval_s: float = 5.0
     long_poll_s: float = 10.0
     retry_after_s: float = 1.0
@@ -244,6 +274,21 @@ class LimitsConfig:
     max_string_bytes: int = 1024
     finished_grace_s: float | None = None
     stuck_after_s: float = 60.0
+    max_examples_per_update: int = 100_000
+    upload_idle_s: float = 600.0
+    max_open_uploads_per_client: int = 4
+    max_upload_bytes_per_client: int = 0
+    max_spool_bytes: int = 0
+    join_per_peer_per_s: float = 20.0
+    join_burst_per_peer: int = 1000
+    join_per_token_per_s: float = 1.0
+    join_burst_per_token: int = 20
+    max_ids_per_token: int = 8
+    client_ttl_s: float = 600.0
+    max_task_s: float = 1800.0
+    max_streams_per_connection: int = 100
+    connection_idle_s: float = 300.0
+    connection_age_s: float = 3600.0
 
     def __post_init__(self) -> None:
         _check_types(self, "limits")
@@ -255,7 +300,8 @@ class LimitsConfig:
                 f"must be in (0, max_chunk_bytes={self.max_chunk_bytes}]")
         require(self.max_chunk_bytes < 4 << 20, "limits.max_chunk_bytes",
                 "must stay under gRPC's 4 MiB message limit")
-        require(self.max_update_bytes > 0, "limits.max_update_bytes", "must be > 0")
+        require(self.max_update_bytes >= 0, "limits.max_update_bytes",
+                "must be >= 0 (0: a multiple of the model's size)")
         require(self.heartbeat_interval_s > 0, "limits.heartbeat_interval_s", "must be > 0")
         require(self.long_poll_s >= 0, "limits.long_poll_s", "must be >= 0")
         require(self.retry_after_s > 0, "limits.retry_after_s", "must be > 0")
@@ -277,6 +323,34 @@ class LimitsConfig:
                 f"must be >= 0, got {self.max_metadata_entries}")
         require(self.max_string_bytes >= 64, "limits.max_string_bytes",
                 f"must be >= 64, got {self.max_string_bytes}")
+        for name in ("max_examples_per_update", "upload_idle_s", "max_open_uploads_per_client",
+                     "max_upload_bytes_per_client", "max_spool_bytes", "join_per_peer_per_s",
+                     "join_per_token_per_s", "max_ids_per_token", "client_ttl_s", "max_task_s",
+                     "max_streams_per_connection", "connection_idle_s", "connection_age_s"):
+            require(getattr(self, name) >= 0, f"limits.{name}",
+                    f"must be >= 0 (0 = no limit), got {getattr(self, name)}")
+        for rate, burst in (("join_per_peer_per_s", "join_burst_per_peer"),
+                            ("join_per_token_per_s", "join_burst_per_token")):
+            require(getattr(self, rate) == 0 or getattr(self, burst) >= 1, f"limits.{burst}",
+                    f"must be >= 1 when {rate} is set, got {getattr(self, burst)}")
+        require(self.client_ttl_s == 0 or self.client_ttl_s > self.heartbeat_interval_s,
+                "limits.client_ttl_s",
+                f"must exceed heartbeat_interval_s={self.heartbeat_interval_s}, or be 0")
+
+    def update_bytes_for(self, num_parameters: int) -> int:
+        """``max_update_bytes`` in force for a model of ``num_parameters`` float32 values."""
+        if self.max_update_bytes:
+            return self.max_update_bytes
+        return UPDATE_BYTES_MULTIPLE * 4 * num_parameters + (64 << 10)
+
+    def spool_bytes_for(self, num_parameters: int) -> int:
+        """``max_spool_bytes`` in force: all upload bytes held at once."""
+        return self.max_spool_bytes or SPOOL_UPDATES * self.update_bytes_for(num_parameters)
+
+    def client_upload_bytes_for(self, num_parameters: int) -> int:
+        """``max_upload_bytes_per_client`` in force: upload bytes one client may hold."""
+        return (self.max_upload_bytes_per_client
+                or 2 * self.update_bytes_for(num_parameters))
 
     @property
     def inline_limit(self) -> int:
@@ -372,7 +446,11 @@ class CoordinatorConfig:
     ``aggregator`` (``fedlink.aggregate.ACCUMULATORS``) folds the accepted updates of a flush:
     ``"mean"`` (weighted mean, streaming), ``"fednova"`` (FedNova's step-normalised mean,
     streaming), ``"trimmed_mean"`` / ``"median"`` (robust, coordinate-wise; they buffer the
-    updates of a flush). ``norm_bound > 0`` clips every update to that L2 norm first.
+    updates of a flush). ``norm_bound > 0`` clips every update to that L2 norm first; with
+    ``norm_bound = 0`` (the default) and ``norm_bound_adaptive`` (on by default) every update is
+    clipped to ``norm_bound_multiple`` times the median norm of the recent updates
+    (``fedlink.aggregate.adaptive``), which leaves honest updates alone and bounds a hostile
+    one. Every new model version is checked finite first (``fedlink.aggregate.guard``).
 
     ``drop_partial``: refuse every update that reports less work than planned
     (``steps_completed < steps_planned``), with a reason, instead of weighting it by its work
@@ -402,6 +480,8 @@ class CoordinatorConfig:
     aggregator: str = "mean"
     aggregator_options: Mapping[str, Any] = field(default_factory=dict)
     norm_bound: float = 0.0
+    norm_bound_adaptive: bool = True
+    norm_bound_multiple: float = 4.0
     drop_partial: bool = False
     join_token: str = ""
     tls: TLSConfig = field(default_factory=TLSConfig)
@@ -430,6 +510,8 @@ class CoordinatorConfig:
                 raise ConfigError(f"{name}: {exc}") from exc
         require(math.isfinite(self.norm_bound) and self.norm_bound >= 0, "norm_bound",
                 f"must be >= 0 (0: no bound), got {self.norm_bound}")
+        require(math.isfinite(self.norm_bound_multiple) and self.norm_bound_multiple >= 1,
+                "norm_bound_multiple", f"must be >= 1, got {self.norm_bound_multiple}")
         try:
             broadcast_codec(self.downlink_codec)
         except ConfigError as exc:
@@ -460,5 +542,13 @@ class CoordinatorConfig:
         return from_table(cls, values, "coordinator")
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-dict form (for event logs and summaries)."""
-        return dataclasses.asdict(self)
+        """Plain-dict form (for event logs and summaries), secrets left out.
+
+        A set ``join_token`` reads ``REDACTED``: the event log and summary are shared with
+        people who must not be able to join (the auth secret and TLS keys are never in the
+        config at all, only the paths to them).
+        """
+        plain = dataclasses.asdict(self)
+        if plain["join_token"]:
+            plain["join_token"] = REDACTED
+        return plain

@@ -43,6 +43,9 @@ from fedlink.aggregate import (
     NormBounded,
     UpdateInfo,
 )
+from fedlink.aggregate.adaptive import AdaptiveNormBound
+from fedlink.aggregate.guard import step_problem
+from fedlink.aggregate.robust import l2_norm
 from fedlink.compress import broadcast_codec
 from fedlink.coordinator.client_metrics import event_fields
 from fedlink.coordinator.config import CoordinatorConfig
@@ -89,11 +92,15 @@ class Acceptance:
     flush: FlushOutcome | None
 
 
-def build_accumulator(config: CoordinatorConfig) -> Accumulator:
-    """The configured ``aggregator``, behind a ``NormBounded`` clip when ``norm_bound > 0``."""
+def build_accumulator(config: CoordinatorConfig,
+                      reference: Callable[[], float] = lambda: 0.0) -> Accumulator:
+    """The configured ``aggregator`` behind a norm bound: ``norm_bound`` when it is set, else
+    the adaptive bound (``norm_bound_adaptive``; ``reference()`` is the model's norm)."""
     accumulator = ACCUMULATORS.create(config.aggregator, **dict(config.aggregator_options))
     if config.norm_bound > 0:
         return NormBounded(accumulator, config.norm_bound)
+    if config.norm_bound_adaptive:
+        return AdaptiveNormBound(accumulator, reference, config.norm_bound_multiple)
     return accumulator
 
 
@@ -128,7 +135,7 @@ class RoundEngine:
             config.server_optimizer, **dict(config.server_optimizer_options))
         self._staleness_weight = STALENESS_WEIGHTS.create(
             config.staleness_weight, **dict(config.staleness_weight_options))
-        self._accumulator = build_accumulator(config)
+        self._accumulator = build_accumulator(config, lambda: l2_norm(self._model))
         self._hooks = build_hooks(config.hooks)
         self._history = ModelHistory(broadcast_codec(config.downlink_codec),
                                      config.limits.delta_history)
@@ -156,8 +163,11 @@ class RoundEngine:
 
     def engine_state(self) -> dict[str, Any]:
         """The server optimizer's and flush hooks' ``state_dict``s, for a checkpoint."""
-        return {"optimizer": self._optimizer.state_dict(),
-                "hooks": [hook.state_dict() for hook in self._hooks]}
+        state: dict[str, Any] = {"optimizer": self._optimizer.state_dict(),
+                                 "hooks": [hook.state_dict() for hook in self._hooks]}
+        if isinstance(self._accumulator, AdaptiveNormBound):
+            state["recent_norms"] = self._accumulator.state_dict()
+        return state
 
     def restore(self, saved: SavedState) -> None:
         """Continue from ``saved``: the checkpoint, tasks, then the pending updates replayed.
@@ -171,6 +181,8 @@ class RoundEngine:
         self._optimizer.load_state_dict(dict(current.engine_state["optimizer"]))
         for hook, hook_state in zip(self._hooks, current.engine_state["hooks"], strict=True):
             hook.load_state_dict(dict(hook_state))
+        if isinstance(self._accumulator, AdaptiveNormBound):
+            self._accumulator.load_state_dict(list(current.engine_state.get("recent_norms", [])))
         self._history = ModelHistory(broadcast_codec(self.config.downlink_codec),
                                      self.config.limits.delta_history)
         oldest = self._version - self.rule.max_staleness
@@ -463,22 +475,28 @@ class RoundEngine:
         self._round_started = self._clock()
 
     def release_silent(self, last_seen: Callable[[str], float | None]) -> list[TaskRecord]:
-        """Release the tasks of clients not seen for ``limits.liveness_timeout_s``.
+        """Release the tasks of clients not seen for ``limits.liveness_timeout_s``, and tasks
+        not delivered ``limits.max_task_s`` after they were issued.
 
         ``last_seen(client_id)`` is when the client last made any call (None: the client is
         gone). Returns the released tasks, so the caller can wake clients waiting for a place.
         """
-        timeout = self.config.limits.liveness_timeout
-        if timeout is None or self.finished:
+        if self.finished:
             return []
+        timeout = self.config.limits.liveness_timeout
+        max_task_s = self.config.limits.max_task_s
         now = self._clock()
         released = []
         for record in self._holding_places():
             seen = last_seen(record.client_id)
             if seen is None:
                 self._release(record, "the client is no longer registered")
-            elif now - seen > timeout:
+            elif timeout is not None and now - seen > timeout:
                 self._release(record, f"no heartbeat for {now - seen:.1f} s")
+            elif max_task_s and now - record.issued_at > max_task_s:
+                # Heartbeats alone must not hold a place forever (limits.max_task_s).
+                self._release(record, f"not delivered {now - record.issued_at:.1f} s after "
+                              "it was issued", ask_again=False)
             else:
                 continue
             released.append(record)
@@ -495,10 +513,14 @@ class RoundEngine:
         """Open tasks that still hold a place in a cohort."""
         return [r for r in self._tasks.values() if not r.expired and self.is_open(r)]
 
-    def _release(self, record: TaskRecord, reason: str) -> None:
-        """Stop ``record`` holding a place; it may still deliver while within staleness."""
+    def _release(self, record: TaskRecord, reason: str, ask_again: bool = True) -> None:
+        """Stop ``record`` holding a place; it may still deliver while within staleness.
+
+        ``ask_again=False``: its client is not offered another task for the same version (it
+        held one for too long already).
+        """
         record.expired = True
-        record.holds_issue = False
+        record.holds_issue = not ask_again
         self._save(record)
         self.events.emit("client_timeout", client_id=record.client_id, task_id=record.task_id,
                          model_version=record.version, reason=reason)
@@ -508,8 +530,8 @@ class RoundEngine:
         outcome_updates = self._accumulator.count
         total_weight = self._accumulator.total_weight
         if outcome_updates:  # none only when drop_partial dropped the whole cohort
-            self._model = self._optimizer.step(self._model, self._mean_delta(
-                FlushInfo(self._version + 1, outcome_updates, total_weight)))
+            self._model = self._checked_step(
+                FlushInfo(self._version + 1, outcome_updates, total_weight))
         self._version += 1
         self._accumulator.reset()
         self._dropped = 0
@@ -527,6 +549,24 @@ class RoundEngine:
         self._round_bytes_up = 0
         self._pending_ids = []
         return outcome
+
+    def _checked_step(self, info: FlushInfo) -> np.ndarray:
+        """The server optimizer's next model, or the current one when that step is refused.
+
+        A non-finite or exploding step (``fedlink.aggregate.guard``) never becomes a version:
+        the model and the optimizer's state stay as they were, and ``flush_refused`` says why.
+        """
+        before = self._optimizer.state_dict()
+        mean_delta = self._mean_delta(info)
+        with np.errstate(over="ignore", invalid="ignore"):
+            new = self._optimizer.step(self._model, mean_delta)
+        problem = step_problem(self._model, new)
+        if not problem:
+            return new
+        self._optimizer.load_state_dict(before)
+        self.events.emit("flush_refused", model_version=info.version,
+                         num_updates=info.num_updates, reason=problem)
+        return self._model
 
     def _kept_versions(self) -> int:
         """How many versions before the current one a restart needs (stale tasks, deltas)."""

@@ -14,21 +14,23 @@ from fedlink.coordinator.records import ClientRecord
 from fedlink.errors import InvalidArgument, Unauthenticated
 
 MAX_NAME_LENGTH = 128
+ID_SECRET_BYTES = 16
 _ID_NUMBER = re.compile(r"^c(\d+)-")
 
 
 class ClientRegistry:
     """Issues client ids at join and checks them on every later call.
 
-    Ids are ``c<n>-<nonce>``: the nonce is drawn once per registry, so a client that outlives a
-    coordinator restart never finds its stored id handed to someone else.
+    Ids are ``c<n>-<secret>``: ``secret`` is ``ID_SECRET_BYTES`` (128 bits) drawn afresh for
+    every client, so an id cannot be guessed from another one (a holder of the shared
+    ``join_token`` cannot act as another client), and one stored across a coordinator restart
+    is never handed to someone else.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clients: dict[str, ClientRecord] = {}
         self._by_instance: dict[tuple[str, str], str] = {}  # (name, instance key) -> id
         self._ids = itertools.count(1)
-        self._nonce = secrets.token_hex(3)
         self._clock = clock
 
     def __len__(self) -> int:
@@ -55,7 +57,7 @@ class ClientRegistry:
         if num_examples < 0:
             raise InvalidArgument(f"num_examples must be >= 0, got {num_examples}")
         now = self._clock()
-        client_id = f"c{next(self._ids)}-{self._nonce}"
+        client_id = f"c{next(self._ids)}-{secrets.token_hex(ID_SECRET_BYTES)}"
         record = ClientRecord(client_id, name or client_id, num_examples, now, now,
                               dict(metadata), instance_key)
         self._clients[client_id] = record
@@ -100,3 +102,16 @@ class ClientRegistry:
         del self._clients[client_id]
         self._by_instance.pop((record.name, record.instance_key), None)
         return record
+
+    def live_ids_of(self, name: str) -> int:
+        """How many registered ids carry the client name ``name``."""
+        return sum(1 for record in self._clients.values() if record.name == name)
+
+    def silent_since(self, before: float) -> list[str]:
+        """Ids of the clients whose last call was before ``before`` (candidates for expiry)."""
+        return [cid for cid, record in self._clients.items() if record.last_seen < before]
+
+    def declared_examples(self, client_id: str) -> int:
+        """The dataset size ``client_id`` declared at ``Join`` (0: none, or unknown id)."""
+        record = self._clients.get(client_id)
+        return 0 if record is None else record.num_examples

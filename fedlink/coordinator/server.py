@@ -18,11 +18,13 @@ from grpc_reflection.v1alpha import reflection
 
 from fedlink.coordinator.auth import acting_as, authenticate, load_secret
 from fedlink.coordinator.config import CoordinatorConfig
+from fedlink.coordinator.edge import EdgeInterceptor, connection_options, insecurity_warnings
 from fedlink.coordinator.service import CoordinatorService, Evaluator
 from fedlink.coordinator.servicer import CoordinatorServicer
 from fedlink.coordinator.tls import load_server_material
 from fedlink.errors import Unauthenticated
 from fedlink.metrics import EventLog
+from fedlink.private import private_dir, touch_private
 from fedlink.proto.v1 import coordinator_pb2 as pb
 from fedlink.proto.v1 import coordinator_pb2_grpc as pb_grpc
 from fedlink.wire.options import server_options
@@ -57,11 +59,14 @@ class CoordinatorServer:
 
     async def start(self) -> int:
         """Bind, start serving and return the bound port."""
-        interceptors: list[grpc.aio.ServerInterceptor] = []
+        for warning in insecurity_warnings(self.config, self.address):
+            log.warning("INSECURE: %s", warning)
+        interceptors: list[grpc.aio.ServerInterceptor] = [EdgeInterceptor()]
         if self.config.auth.enabled:  # the secret is read here, never logged
             auth = self.config.auth
             interceptors.append(AuthInterceptor(load_secret(auth.secret_file, auth.secret_env)))
-        server = grpc.aio.server(options=server_options(), interceptors=interceptors)
+        options = server_options() + connection_options(self.config.limits)
+        server = grpc.aio.server(options=options, interceptors=interceptors)
         pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(self.service), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
@@ -240,5 +245,5 @@ async def serve_until_done(server: CoordinatorServer,
 
 def save_model(path: Path, model: np.ndarray) -> None:
     """Write the final global model as a ``.npy`` file (parent folders created)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.save(path, model)
+    private_dir(path.parent)
+    np.save(touch_private(path), model)

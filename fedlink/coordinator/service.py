@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import hmac
 import logging
 import math
 import time
@@ -33,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from fedlink.compress import CODECS
+from fedlink.coordinator.admission import JoinGate
 from fedlink.coordinator.auth import caller_name
 from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.downloads import DownloadLedger
@@ -41,7 +43,7 @@ from fedlink.coordinator.limits import Limiter
 from fedlink.coordinator.progress import ProgressLog
 from fedlink.coordinator.registry import ClientRegistry
 from fedlink.coordinator.state import FlushRecord, SavedState, open_store
-from fedlink.coordinator.uploads import UploadSession, UploadStore
+from fedlink.coordinator.uploads import UploadBounds, UploadSession, UploadStore
 from fedlink.errors import (
     InvalidArgument,
     RemoteError,
@@ -65,6 +67,7 @@ from fedlink.messages import (
     RunConfig,
     Task,
     TaskReply,
+    TensorHeader,
     UploadChunk,
     UploadReply,
     UploadStatusRequest,
@@ -75,6 +78,7 @@ from fedlink.wire import Payload, iter_chunks, unpack
 log = logging.getLogger(__name__)
 
 Evaluator = Callable[[np.ndarray], Mapping[str, float]]
+MAX_SHAPE_DIMS = 32
 
 
 class CoordinatorService:
@@ -89,10 +93,12 @@ class CoordinatorService:
         self.state = open_store(config.state_dir)
         self.engine = RoundEngine(config, initial_model, events, clock=clock, state=self.state)
         self.registry = ClientRegistry(clock=clock)
-        self.uploads = UploadStore(config.limits.max_update_bytes,
-                                   config.limits.max_chunk_bytes, config.state_dir, self.state)
+        self.uploads = UploadStore(*upload_limits(config, self.engine.num_parameters),
+                                   config.state_dir, self.state,
+                                   upload_bounds(config, self.engine.num_parameters), clock)
         # Real time, not ``clock``: a test's frozen clock must not starve the token buckets.
         self.limiter = Limiter(config.limits)
+        self.join_gate = JoinGate(config.limits)
         self._evaluator = evaluator
         self._changed = asyncio.Event()
         self._flushes: asyncio.Queue[tuple[FlushOutcome, int]] = asyncio.Queue()
@@ -168,7 +174,8 @@ class CoordinatorService:
         self._check_strings(client_name=request.client_name, token=request.token)
         self._check_mapping("metadata", request.metadata)
         self._check_strings(instance_key=request.instance_key)
-        if self.config.join_token and request.token != self.config.join_token:
+        if self.config.join_token and not hmac.compare_digest(
+                request.token.encode(), self.config.join_token.encode()):
             raise Unauthenticated("join token is missing or wrong")
         # With per-client tokens the id is bound to the token's name, whatever the request says.
         name = caller_name() or request.client_name
@@ -176,6 +183,7 @@ class CoordinatorService:
         if known is not None:  # a repeated Join (its reply lost): the same client
             await self.state.sync()  # its first Join's record may still be on its way
             return JoinReply(known.client_id, self.run_config())
+        self.join_gate.admit(caller_name(), self.registry.live_ids_of)
         self.limiter.check_join(len(self.registry))
         with self._durably():
             record = self.registry.join(name, request.num_examples, request.metadata,
@@ -361,6 +369,7 @@ class CoordinatorService:
         self._admit(request.client_id)
         self._check_strings(upload_id=request.upload_id, task_id=request.task_id)
         self._check_mapping("metrics", request.metrics)
+        self._check_header(request.update)
         self._downloads_confirmed(request.client_id, request.task_id)
         if request.update_data:
             self._take_inline_update(request)
@@ -423,7 +432,7 @@ class CoordinatorService:
         return HeartbeatReply(self.engine.version, task_open)  # changes nothing: no sync
 
     async def leave(self, request: LeaveRequest) -> LeaveReply:
-        """Forget the client; its open task stops holding a place in the cohort.
+        """Forget the client; its open task stops holding a place, its uploads are dropped.
 
         The resilience counters it reports (what grew since its last ``Commit``) go into
         ``client_left``, so that the run's summary counts them.
@@ -431,16 +440,38 @@ class CoordinatorService:
         self._check_strings(reason=request.reason)
         self._check_mapping("metrics", request.metrics)
         with self._durably():
-            self.registry.remove(request.client_id)
-            self.state.forget_client(request.client_id)
-            self.limiter.forget(request.client_id)
-            self.downloads.forget_client(request.client_id)
-            self.engine.release_client(request.client_id)
+            self.registry.touch(request.client_id)
+            self._forget_client(request.client_id)
             self.events.emit("client_left", client_id=request.client_id,
                              reason=request.reason, **_reported_counters(request.metrics))
         self._notify()
         await self.state.sync()
         return LeaveReply()
+
+    def _forget_client(self, client_id: str) -> None:
+        """Everything the coordinator holds for ``client_id`` goes (Leave, or expiry)."""
+        self.registry.remove(client_id)
+        self.state.forget_client(client_id)
+        self.limiter.forget(client_id)
+        self.engine.release_client(client_id)
+        self.uploads.drop_client(client_id)
+        self.downloads.forget_client(client_id)
+
+    def _expire(self) -> bool:
+        """Forget clients silent for ``client_ttl_s`` and uploads idle for ``upload_idle_s``.
+
+        Returns whether a client went (its cohort place may have freed).
+        """
+        self.uploads.expire_idle()
+        ttl = self.config.limits.client_ttl_s
+        if not ttl:
+            return False
+        silent = self.registry.silent_since(self._clock() - ttl)
+        for client_id in silent:
+            self._forget_client(client_id)
+            self.events.emit("client_expired", client_id=client_id,
+                             reason=f"silent for more than {ttl:g} s (limits.client_ttl_s)")
+        return bool(silent)
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -456,6 +487,15 @@ class CoordinatorService:
             if len(value) > limit:
                 raise InvalidArgument(f"{name} is {len(value)} characters long; the limit is "
                                       f"{limit}")
+
+    def _check_header(self, header: TensorHeader) -> None:
+        """Bound every client-chosen field of a payload header before anything quotes it."""
+        self._check_strings(encoding=header.encoding, dtype=header.dtype,
+                            checksum=header.checksum)
+        self._check_mapping("codec_params", header.codec_params)
+        if len(header.shape) > MAX_SHAPE_DIMS:
+            raise InvalidArgument(f"shape has {len(header.shape)} dimensions; the limit is "
+                                  f"{MAX_SHAPE_DIMS}")
 
     def _check_mapping(self, name: str, mapping: Mapping[str, Any]) -> None:
         """``InvalidArgument`` for a map with too many entries, or too long keys or values."""
@@ -480,7 +520,10 @@ class CoordinatorService:
         acceptance = self.engine.submit(ReceivedUpdate(
             client_id=request.client_id, task_id=request.task_id,
             base_version=request.base_version, delta=delta,
-            num_examples=request.num_examples, steps_completed=request.steps_completed,
+            num_examples=bounded_examples(request.num_examples,
+                                          self.registry.declared_examples(request.client_id),
+                                          self.config.limits.max_examples_per_update),
+            steps_completed=request.steps_completed,
             steps_planned=request.steps_planned, bytes_up=request.update.num_bytes,
             metrics=request.metrics))
         if acceptance.flush is not None:
@@ -501,7 +544,8 @@ class CoordinatorService:
         Places released by either are offered at once to clients waiting in ``GetTask``.
         """
         with self._durably():
-            released = self.engine.release_silent(self.registry.last_seen)
+            expired = self._expire()
+            released = self.engine.release_silent(self.registry.last_seen) or expired
             outcome = self.engine.poll()
         if outcome is not None:
             self._on_flush(outcome)
@@ -606,6 +650,36 @@ def _reported_counters(metrics: Mapping[str, float]) -> dict[str, float]:
     """The resilience counters among a client's ``metrics`` (finite, >= 0; others ignored)."""
     return {name: float(metrics[name]) for name in REPORTED_COUNTERS
             if name in metrics and math.isfinite(metrics[name]) and metrics[name] >= 0}
+
+
+def bounded_examples(claimed: int, declared: int, cap: int) -> int:
+    """The example count an update is weighted by: what it claims, at most what its client
+    declared at ``Join`` (when it declared a size) and at most ``cap`` (0: no cap).
+
+    A weight is the client's word about itself; without a bound one commit claiming 2**62
+    examples *is* the weighted mean (a model takeover).
+    """
+    bounded = claimed
+    if declared > 0:
+        bounded = min(bounded, declared)
+    if cap > 0:
+        bounded = min(bounded, cap)
+    return bounded
+
+
+def upload_limits(config: CoordinatorConfig, num_parameters: int) -> tuple[int, int]:
+    """``(max_update_bytes, max_chunk_bytes)`` in force for a model of ``num_parameters``."""
+    limits = config.limits
+    return limits.update_bytes_for(num_parameters), limits.max_chunk_bytes
+
+
+def upload_bounds(config: CoordinatorConfig, num_parameters: int) -> UploadBounds:
+    """What ``config.limits`` lets one client, and all of them, hold in uploads."""
+    limits = config.limits
+    return UploadBounds(per_client_uploads=limits.max_open_uploads_per_client,
+                        per_client_bytes=limits.client_upload_bytes_for(num_parameters),
+                        total_bytes=limits.spool_bytes_for(num_parameters),
+                        idle_s=limits.upload_idle_s, retry_after_s=limits.retry_after_s)
 
 
 def _what(request: DownloadRequest) -> str:

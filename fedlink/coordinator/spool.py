@@ -18,6 +18,7 @@ the payload checksum verified at ``Commit`` refuses it (``DATA_LOSS``) rather th
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -138,37 +139,38 @@ class MemoryStorage(SpoolStorage):
 class FileSpool(Spool):
     """An append-only file; ``sync`` fsyncs it (and its folder entry, the first time).
 
+    The file is opened for each operation and closed after it, never held: a coordinator with
+    thousands of uploads in progress holds no descriptor for any of them between calls (one
+    hostile client opening upload after upload would otherwise exhaust the process's
+    descriptors and fail every honest call with ``EMFILE``).
+
     ``append`` runs on the event loop and only writes to the page cache; ``sync`` may run in a
     worker thread. A lock per spool orders them (it is contended only when two streams of the
     same upload overlap). The durable mark is set to the size seen *before* the fsync began,
     so it never covers a byte the fsync might have missed.
     """
 
-    def __init__(self, path: Path, fd: int, size: int, entry_durable: bool) -> None:
+    def __init__(self, path: Path, size: int, entry_durable: bool) -> None:
         self.path = path
-        self._fd = fd
         self._size = size
         self._durable = size if entry_durable else 0
         self._entry_durable = entry_durable
+        self._closed = False
         self._lock = threading.Lock()
 
     @classmethod
     def create(cls, path: Path) -> FileSpool:
         """A new, empty spool file at ``path`` (truncating a leftover)."""
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o600)
-        return cls(path, fd, 0, entry_durable=False)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+        return cls(path, 0, entry_durable=False)
 
     @classmethod
     def open_existing(cls, path: Path) -> FileSpool:
         """Reopen a spool file left by a previous process, making all its bytes durable."""
-        fd = os.open(path, os.O_RDWR | os.O_APPEND)
-        try:
+        with _opened(path, os.O_RDWR) as fd:
             os.fsync(fd)
             size = os.fstat(fd).st_size
-        except OSError:
-            os.close(fd)
-            raise
-        return cls(path, fd, size, entry_durable=True)
+        return cls(path, size, entry_durable=True)
 
     @property
     def size(self) -> int:
@@ -185,8 +187,9 @@ class FileSpool(Spool):
         with self._lock:
             view = memoryview(data)
             try:
-                while view:
-                    view = view[os.write(self._fd, view):]
+                with _opened(self.path, os.O_WRONLY | os.O_APPEND) as fd:
+                    while view:
+                        view = view[os.write(fd, view):]
             except OSError as err:
                 self._truncate_to(self._size)
                 raise Unavailable(f"the coordinator could not store the chunk "
@@ -197,10 +200,11 @@ class FileSpool(Spool):
         """fsync the file (and its folder entry once); return the durable size."""
         with self._lock:
             target = self._size
-            if self._fd < 0 or (target == self._durable and self._entry_durable):
+            if self._closed or (target == self._durable and self._entry_durable):
                 return self._durable
             try:
-                os.fsync(self._fd)
+                with _opened(self.path, os.O_RDONLY) as fd:
+                    os.fsync(fd)
                 if not self._entry_durable:
                     fsync_dir(self.path.parent)
                     self._entry_durable = True
@@ -218,20 +222,19 @@ class FileSpool(Spool):
         wanted = self._durable
         parts: list[bytes] = []
         offset = 0
-        while offset < wanted:
-            piece = os.pread(self._fd, wanted - offset, offset)
-            if not piece:
-                raise OSError(f"spool {self.path} is shorter than {wanted} bytes")
-            parts.append(piece)
-            offset += len(piece)
+        with _opened(self.path, os.O_RDONLY) as fd:
+            while offset < wanted:
+                piece = os.pread(fd, wanted - offset, offset)
+                if not piece:
+                    raise OSError(f"spool {self.path} is shorter than {wanted} bytes")
+                parts.append(piece)
+                offset += len(piece)
         return b"".join(parts)
 
     def close(self) -> None:
-        """Close the file descriptor (idempotent)."""
+        """Stop syncing (idempotent; no descriptor is held between operations)."""
         with self._lock:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+            self._closed = True
 
     def discard(self) -> None:
         """Close and delete the file."""
@@ -241,10 +244,20 @@ class FileSpool(Spool):
     def _truncate_to(self, size: int) -> None:
         """Cut the file back to ``size`` bytes (best effort) and forget what lay past it."""
         try:
-            os.ftruncate(self._fd, size)
+            os.truncate(self.path, size)
         except OSError:
             log.exception("could not truncate spool %s", self.path)
         self._size = size
+
+
+@contextlib.contextmanager
+def _opened(path: Path, flags: int) -> Iterator[int]:
+    """A descriptor of ``path`` for the ``with`` block, closed after it."""
+    fd = os.open(path, flags)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 class FileStorage(SpoolStorage):
@@ -252,7 +265,7 @@ class FileStorage(SpoolStorage):
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     def create(self, client_id: str, upload_id: str) -> Spool:
         """A new spool file (the client's folder is made, and fsynced into ``root``)."""
@@ -260,7 +273,7 @@ class FileStorage(SpoolStorage):
         check_name(upload_id, "upload_id")
         folder = self.root / client_id
         if not folder.is_dir():
-            folder.mkdir(exist_ok=True)
+            folder.mkdir(mode=0o700, exist_ok=True)
             fsync_dir(self.root)
         return FileSpool.create(folder / f"{upload_id}{SPOOL_SUFFIX}")
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from fedlink.coordinator.config import TLSConfig
 from fedlink.errors import ConfigError
+from fedlink.private import warn_if_loose
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ def load_server_material(config: TLSConfig) -> ServerTLSMaterial:
     """Read the files of ``config`` (``ConfigError`` if TLS is off or a file is unusable)."""
     if not config.enabled:
         raise ConfigError("tls: cert_file and key_file are not set")
+    warn_if_loose(config.key_file, "tls.key_file")
     return ServerTLSMaterial(
         private_key=read_pem(config.key_file, "key_file"),
         certificate_chain=read_pem(config.cert_file, "cert_file"),

@@ -10,12 +10,19 @@ Where the bytes live is a ``fedlink.coordinator.spool.SpoolStorage``: in memory,
 ``state_dir``) in spool files that are fsynced by ``sync``. ``status`` and ``committed_offset``
 report durable bytes only, so a client is never told that the coordinator holds a byte that a
 crash could lose. A store built on a folder reopens the spools a previous process left there.
+
+Everything a client can make the store hold is bounded (``UploadBounds``): bytes per upload,
+open uploads and bytes per client, bytes in all; an upload idle for ``idle_s`` is dropped
+(``expire_idle``), and so are a client's uploads when it leaves or expires (``drop_client``).
+A chunk that is refused (a gap, a cap) creates nothing.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedlink.coordinator.spool import Spool, check_name, storage_for
@@ -32,6 +39,22 @@ from fedlink.messages import CommitReply
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class UploadBounds:
+    """What one client, and all of them, may make the store hold (0: no limit).
+
+    ``per_client_uploads`` open uploads and ``per_client_bytes`` bytes per client,
+    ``total_bytes`` in all; ``idle_s``: an upload not written to for this long is dropped by
+    ``expire_idle``. ``retry_after_s``: the hint sent with a refusal for the total cap.
+    """
+
+    per_client_uploads: int = 0
+    per_client_bytes: int = 0
+    total_bytes: int = 0
+    idle_s: float = 0.0
+    retry_after_s: float = 1.0
+
+
 @dataclass
 class UploadSession:
     """The bytes received so far for one upload."""
@@ -39,6 +62,7 @@ class UploadSession:
     upload_id: str
     client_id: str
     spool: Spool
+    last_write: float = field(default=0.0)
 
     @property
     def committed_offset(self) -> int:
@@ -65,10 +89,14 @@ class UploadStore:
     """
 
     def __init__(self, max_update_bytes: int, max_chunk_bytes: int,
-                 state_dir: str | Path = "", state: StateStore | None = None) -> None:
+                 state_dir: str | Path = "", state: StateStore | None = None,
+                 bounds: UploadBounds | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._state = state if state is not None else NullStore()
         self.max_update_bytes = max_update_bytes
         self.max_chunk_bytes = max_chunk_bytes
+        self.bounds = bounds if bounds is not None else UploadBounds()
+        self._clock = clock
         self._storage = storage_for(state_dir)
         self._sessions: dict[str, UploadSession] = {}
         self._answers: dict[str, CommitReply | RemoteError] = {}
@@ -83,7 +111,7 @@ class UploadStore:
                 log.warning("upload %r is spooled twice; keeping the first", upload_id)
                 spool.close()
                 continue
-            self._sessions[upload_id] = UploadSession(upload_id, client_id, spool)
+            self._sessions[upload_id] = UploadSession(upload_id, client_id, spool, self._clock())
         if self._sessions:
             log.info("reopened %d upload spool(s)", len(self._sessions))
 
@@ -92,18 +120,81 @@ class UploadStore:
         if len(data) > self.max_chunk_bytes:
             raise ResourceExhausted(f"chunk of {len(data)} bytes exceeds the limit of "
                                     f"{self.max_chunk_bytes}")
-        session = self._session(client_id, upload_id, create=True)
-        held = session.received
+        existing = self._sessions.get(upload_id)
+        if existing is None:
+            self._check_new(upload_id)
+        held = 0 if existing is None else existing.received
         if offset > held:
+            if existing is not None:
+                self._check_owner(existing.client_id, client_id, upload_id)
             raise InvalidArgument(f"chunk at offset {offset} leaves a gap: upload "
-                                  f"{upload_id!r} holds {held} bytes; resume from there")
+                                  f"{upload_id[:64]!r} holds {held} bytes; resume from there")
         new = data[held - offset:]
         if held + len(new) > self.max_update_bytes:
             raise ResourceExhausted(f"upload would exceed the limit of "
                                     f"{self.max_update_bytes} bytes")
+        if existing is None:
+            self._check_room_for_upload(client_id)
+        self._check_room_for_bytes(client_id, len(new))
+        session = self._session(client_id, upload_id, create=True)
         if new:
             session.spool.append(new)
+        session.last_write = self._clock()
         return session
+
+    def _check_room_for_upload(self, client_id: str) -> None:
+        cap = self.bounds.per_client_uploads
+        if cap and sum(1 for s in self._sessions.values() if s.client_id == client_id) >= cap:
+            raise ResourceExhausted(f"client already has {cap} uploads open (the limit); "
+                                    "commit or finish one first",
+                                    retry_after_s=self.bounds.retry_after_s)
+
+    def _check_room_for_bytes(self, client_id: str, more: int) -> None:
+        if not more:
+            return
+        cap = self.bounds.per_client_bytes
+        if cap and self.held_by(client_id) + more > cap:
+            raise ResourceExhausted(f"client's open uploads would hold more than {cap} bytes "
+                                    "(the limit); commit one first",
+                                    retry_after_s=self.bounds.retry_after_s)
+        total = self.bounds.total_bytes
+        if total and self.held_bytes() + more > total:
+            raise ResourceExhausted(f"the coordinator holds its maximum of {total} upload "
+                                    "bytes; retry later",
+                                    retry_after_s=self.bounds.retry_after_s)
+
+    def held_by(self, client_id: str) -> int:
+        """Bytes the open uploads of ``client_id`` hold."""
+        return sum(s.received for s in self._sessions.values() if s.client_id == client_id)
+
+    def held_bytes(self) -> int:
+        """Bytes all open uploads hold."""
+        return sum(s.received for s in self._sessions.values())
+
+    def open_uploads(self) -> int:
+        """How many uploads are open (received bytes, not yet committed)."""
+        return len(self._sessions)
+
+    def expire_idle(self) -> list[str]:
+        """Drop the uploads nobody wrote to for ``bounds.idle_s``; returns their ids."""
+        if not self.bounds.idle_s:
+            return []
+        stale_before = self._clock() - self.bounds.idle_s
+        stale = [uid for uid, s in self._sessions.items() if s.last_write < stale_before]
+        for upload_id in stale:
+            self._drop(upload_id)
+        return stale
+
+    def drop_client(self, client_id: str) -> list[str]:
+        """Drop every open upload of ``client_id`` (it left or expired); returns their ids."""
+        gone = [uid for uid, s in self._sessions.items() if s.client_id == client_id]
+        for upload_id in gone:
+            self._drop(upload_id)
+        return gone
+
+    def _drop(self, upload_id: str) -> None:
+        session = self._sessions.pop(upload_id)
+        session.spool.discard()
 
     def needs_sync(self, upload_id: str) -> bool:
         """Whether the upload holds bytes that are received but not yet durable."""
@@ -188,15 +279,19 @@ class UploadStore:
         if session is not None:
             self._check_owner(session.client_id, client_id, upload_id)
             return session
-        self._check_id(upload_id)
-        if upload_id in self._answers:
-            raise InvalidArgument(f"upload {upload_id!r} was already committed")
+        self._check_new(upload_id)
         if not create:
             raise NotFound(f"unknown upload id {upload_id!r}: nothing was uploaded under it")
         session = UploadSession(upload_id, client_id,
                                 self._storage.create(client_id, upload_id))
         self._sessions[upload_id] = session
         return session
+
+    def _check_new(self, upload_id: str) -> None:
+        """``InvalidArgument`` for a malformed id, or one whose upload was committed."""
+        self._check_id(upload_id)
+        if upload_id in self._answers:
+            raise InvalidArgument(f"upload {upload_id!r} was already committed")
 
     @staticmethod
     def _check_id(upload_id: str) -> None:

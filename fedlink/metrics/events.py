@@ -67,6 +67,8 @@ from typing import IO, Any, Final, Self
 
 import numpy as np
 
+from fedlink.private import private_dir, touch_private
+
 Event = dict[str, Any]
 """One event: a JSON object with at least ``t``, ``elapsed`` and ``kind``."""
 
@@ -162,8 +164,8 @@ class EventLog:
         self._held: list[Event] | None = None
         self._file: IO[str] | None = None
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = path.open("a", encoding="utf-8", buffering=1)
+            private_dir(path.parent)
+            self._file = touch_private(path).open("a", encoding="utf-8", buffering=1)
 
     @property
     def path(self) -> Path | None:

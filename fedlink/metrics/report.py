@@ -15,6 +15,7 @@ from typing import Any
 from fedlink.metrics.events import FLUSH, Event
 from fedlink.metrics.formatting import fmt_metric, human_bytes, human_seconds, key_figures
 from fedlink.metrics.summary import of_kind, start_elapsed
+from fedlink.private import private_dir, touch_private
 
 REPORT_FILENAME = "report.md"
 """The file name of the report inside the run folder."""
@@ -41,14 +42,15 @@ def write_report(run_dir: Path, events: list[Event], summary: Mapping[str, Any])
 
     A run with no ``flush`` events gets a report that says so, without plots.
     """
-    run_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(run_dir)
     flushes = of_kind(events, FLUSH)
     plots = [s for s in _series(flushes, start_elapsed(events)) if s.x]
     for series in plots:
         _draw(run_dir / series.filename, series)
     path = run_dir / REPORT_FILENAME
     title = summary.get("run_name") or run_dir.name
-    path.write_text(_markdown(str(title), summary, flushes, plots), encoding="utf-8")
+    touch_private(path).write_text(_markdown(str(title), summary, flushes, plots),
+                                   encoding="utf-8")
     return path
 
 
@@ -87,7 +89,7 @@ def _draw(path: Path, series: _Series) -> None:
     ax.set_xlabel(series.xlabel)
     ax.set_ylabel(series.ylabel)
     ax.grid(True, alpha=0.3)
-    fig.savefig(path, format="png", dpi=100)
+    fig.savefig(touch_private(path), format="png", dpi=100)
 
 
 def _markdown(

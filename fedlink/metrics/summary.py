@@ -80,6 +80,7 @@ from fedlink.metrics.events import (
     Event,
     to_jsonable,
 )
+from fedlink.private import private_dir, touch_private
 
 SUMMARY_FILENAME = "summary.json"
 """The conventional file name of a run summary inside a run folder."""
@@ -104,8 +105,8 @@ def summarize(events: list[Event], config: Mapping[str, Any]) -> dict[str, Any]:
 def write_summary(path: Path, summary: Mapping[str, Any]) -> None:
     """Write ``summary`` as indented, key-sorted JSON, atomically (write, fsync, rename)."""
     text = json.dumps(to_jsonable(summary), indent=2, sort_keys=True, allow_nan=False) + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    private_dir(path.parent)
+    tmp = touch_private(path.with_name(path.name + ".tmp"))
     with tmp.open("w", encoding="utf-8") as f:
         f.write(text)
         f.flush()

@@ -213,7 +213,14 @@ class ExperimentConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-dict form (written into ``summary.json``)."""
-        plain: dict[str, Any] = {f.name: dataclasses.asdict(getattr(self, f.name))
+        plain: dict[str, Any] = {f.name: _plain(getattr(self, f.name))
                                  for f in dataclasses.fields(self) if f.name != "network"}
         plain["network"] = None if self.network is None else self.network.to_dict()
         return plain
+
+
+def _plain(section: Any) -> dict[str, Any]:
+    """A config section as a dict; the coordinator's through its own ``to_dict`` (secrets)."""
+    if isinstance(section, CoordinatorConfig):
+        return section.to_dict()
+    return dataclasses.asdict(section)

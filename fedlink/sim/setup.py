@@ -20,6 +20,7 @@ from fedlink.metrics import EVENTS_FILENAME
 from fedlink.models import Evaluator, build_model
 from fedlink.params import to_vector
 from fedlink.privacy.dp_sgd import DPSGDTrainer
+from fedlink.private import private_dir
 from fedlink.sim.config import ExperimentConfig
 
 TRAINERS: dict[str, Callable[..., Trainer]] = {"torch": TorchTrainer, "dp_sgd": DPSGDTrainer}
@@ -79,8 +80,7 @@ def prepare_run_dir(config: ExperimentConfig, output_dir: Path | None,
 
     ``keep_events`` keeps it instead (a resumed run appends to its own log).
     """
-    run_dir = Path(output_dir or config.run.output_dir) / config.run.name
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = private_dir(Path(output_dir or config.run.output_dir) / config.run.name)
     if not keep_events:
         (run_dir / EVENTS_FILENAME).unlink(missing_ok=True)
     return run_dir

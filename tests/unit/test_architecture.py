@@ -36,8 +36,8 @@ EXEMPT = {("fedlink.client.torch_trainer", "torch")}
 
 # Only these modules may talk protobuf-generated code or grpc.
 PROTO_AND_GRPC_ALLOWED = ("fedlink.wire", "fedlink.coordinator.servicer",
-                          "fedlink.coordinator.server", "fedlink.client.transport",
-                          "fedlink.proto")
+                          "fedlink.coordinator.server", "fedlink.coordinator.edge",
+                          "fedlink.client.transport", "fedlink.proto")
 
 
 @dataclass(frozen=True)

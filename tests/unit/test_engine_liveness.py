@@ -24,7 +24,7 @@ class World:
     def __init__(self, clock: FakeClock, timeout: float | None = TIMEOUT, **flush: object):
         rule = FlushRule(**{"goal": 1, "deadline_s": None, **flush})  # type: ignore[arg-type]
         limits = LimitsConfig(heartbeat_interval_s=2.0, long_poll_s=3.0,
-                              liveness_timeout_s=timeout)
+                              liveness_timeout_s=timeout, max_task_s=0)
         config = CoordinatorConfig(rounds=5, flush=rule, limits=limits)
         self.clock = clock
         self.engine = RoundEngine(config, X0.copy(), EventLog(None), clock=clock)

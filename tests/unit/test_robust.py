@@ -12,7 +12,7 @@ from fedlink.errors import ConfigError
 
 
 def fill(name: str, deltas: np.ndarray, weights: list[float] | None = None,
-         **options: float) -> np.ndarray:
+         **options: float | bool) -> np.ndarray:
     acc = ACCUMULATORS.create(name, **options)
     for i, delta in enumerate(deltas):
         acc.add(delta, 1.0 if weights is None else weights[i])
@@ -36,7 +36,8 @@ def test_trimmed_mean_by_hand_with_weights() -> None:
     # kept mass [0.9, 3.6]: 1.1 of value 0, 1 of value 1, 0.6 of value 2 -> 2.2 / 2.7.
     deltas = np.array([[0.0], [1.0], [2.0], [10.0]], np.float32)
     assert fill("trimmed_mean", deltas, trim=0.25)[0] == pytest.approx(1.5)
-    weighted = fill("trimmed_mean", deltas, [2.0, 1.0, 1.0, 0.5], trim=0.2)
+    weighted = fill("trimmed_mean", deltas, [2.0, 1.0, 1.0, 0.5], trim=0.2,
+                    weighted=True)
     assert weighted[0] == pytest.approx(2.2 / 2.7, rel=1e-6)
 
 
@@ -45,8 +46,8 @@ def test_trim_zero_is_the_weighted_mean() -> None:
     deltas = rng.normal(size=(7, 20)).astype(np.float32)
     weights = list(rng.uniform(0.5, 3.0, size=7))
     expected = np.average(deltas, axis=0, weights=weights)
-    np.testing.assert_allclose(fill("trimmed_mean", deltas, weights, trim=0.0), expected,
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(fill("trimmed_mean", deltas, weights, trim=0.0, weighted=True),
+                               expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 6])
@@ -57,8 +58,9 @@ def test_median_with_equal_weights_is_numpys(n: int) -> None:
 
 def test_weighted_median_by_hand() -> None:
     deltas = np.array([[0.0], [1.0], [5.0]], np.float32)
-    assert fill("median", deltas, [1.0, 1.0, 3.0])[0] == 5.0   # 5 carries 3/5 of the mass
-    assert fill("median", deltas, [2.0, 1.0, 1.0])[0] == 0.5   # exactly half at 0: midpoint
+    assert fill("median", deltas, [1.0, 1.0, 3.0], weighted=True)[0] == 5.0  # 3/5 of the mass
+    assert fill("median", deltas, [2.0, 1.0, 1.0], weighted=True)[0] == 0.5  # half at 0
+    assert fill("median", deltas, [1.0, 1.0, 3.0])[0] == 1.0  # unweighted by default
 
 
 def test_robust_rules_work_across_chunks_and_reset() -> None:

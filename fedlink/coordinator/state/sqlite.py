@@ -56,6 +56,7 @@ from fedlink.coordinator.state.checkpoint import (
 from fedlink.errors import ConfigError, RemoteError, Unavailable, remote_error
 from fedlink.messages import CommitReply
 from fedlink.metrics.events import to_jsonable
+from fedlink.private import private_dir, private_file, touch_private
 
 log = logging.getLogger(__name__)
 
@@ -102,10 +103,13 @@ class SqliteStore(StateStore):
     def __init__(self, state_dir: str | Path) -> None:
         self.root = Path(state_dir)
         self.checkpoints = self.root / "checkpoints"
-        self.checkpoints.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.root / DB_FILENAME, isolation_level=None,
+        private_dir(self.root)
+        private_dir(self.checkpoints)
+        self._db = sqlite3.connect(touch_private(self.root / DB_FILENAME), isolation_level=None,
                                    check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
+        for suffix in ("-wal", "-shm"):  # SQLite copies the database's mode; older files too
+            private_file(self.root / f"{DB_FILENAME}{suffix}")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
         self._ops: list[Op] = []  # journaled, not yet handed to the writer

@@ -1,0 +1,98 @@
+"""Norm bounding on by default: an adaptive bound from the norms of recent updates.
+
+A fixed ``norm_bound`` must be tuned per model and learning rate; left at 0 it is off and a
+single update of norm 1e8 moves the model as far as it likes. ``AdaptiveNormBound`` clips each
+update to ``multiple x`` the median L2 norm of the last ``window`` updates it folded in, the
+adaptive-clipping idea (Andrew et al. 2021, "Differentially private learning with adaptive
+clipping") used as a robustness bound rather than for privacy: the median moves only when
+most of the recent updates move it, so a minority of hostile clients cannot raise it, while a
+``multiple`` well above 1 leaves honest updates alone (their norms rarely stray that far from
+the median). What the window records is the norm *after* clipping, so an attacker's updates
+count at most at the bound.
+
+Until ``warmup`` norms are known the median means little; the bound is then ``multiple x``
+the norm of the current global model (``reference()``), as no honest step of a sane
+learning rate is several times the size of the model itself. A model of norm 0 (zeros, say)
+leaves the first updates unclipped; the finite-step check (``fedlink.aggregate.guard``)
+still stands behind.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+
+from fedlink.aggregate.base import Accumulator
+from fedlink.aggregate.robust import l2_norm
+from fedlink.errors import ConfigError
+
+DEFAULT_MULTIPLE = 4.0
+DEFAULT_WINDOW = 64
+DEFAULT_WARMUP = 5
+
+
+class AdaptiveNormBound(Accumulator):
+    """Clips each delta to ``multiple x`` the recent median norm, then hands it to ``inner``."""
+
+    def __init__(self, inner: Accumulator, reference: Callable[[], float],
+                 multiple: float = DEFAULT_MULTIPLE, window: int = DEFAULT_WINDOW,
+                 warmup: int = DEFAULT_WARMUP) -> None:
+        if not (np.isfinite(multiple) and multiple >= 1.0):
+            raise ConfigError(f"norm_bound_multiple must be >= 1, got {multiple}")
+        if not 1 <= warmup <= window:
+            raise ConfigError(f"adaptive norm bound: need 1 <= warmup <= window, got "
+                              f"{warmup} and {window}")
+        self.inner = inner
+        self.multiple = float(multiple)
+        self.normalises_work = inner.normalises_work
+        self._reference = reference
+        self._norms: deque[float] = deque(maxlen=window)
+        self._warmup = warmup
+        self.clipped = 0
+
+    def bound(self) -> float:
+        """The bound the next update is clipped to (``inf``: none yet)."""
+        if len(self._norms) >= self._warmup:
+            return self.multiple * float(np.median(np.asarray(self._norms)))
+        reference = self._reference()
+        return self.multiple * reference if reference > 0 else float("inf")
+
+    def add(self, delta: np.ndarray, weight: float, steps: int = 0) -> None:
+        """Clip ``delta`` to the bound, fold it into ``inner`` and record its norm."""
+        norm, bound = l2_norm(delta), self.bound()
+        if norm > bound:
+            delta = (delta * np.float32(bound / norm)).astype(np.float32, copy=False)
+            norm = bound
+            self.clipped += 1
+        self.inner.add(delta, weight, steps)
+        self._norms.append(norm)
+
+    def mean(self) -> np.ndarray:
+        """The inner aggregate of the clipped deltas."""
+        return self.inner.mean()
+
+    def reset(self) -> None:
+        """Reset ``inner`` and the clip counter; the recent norms are kept across flushes."""
+        self.inner.reset()
+        self.clipped = 0
+
+    @property
+    def count(self) -> int:
+        """Deltas folded in since the last reset."""
+        return self.inner.count
+
+    @property
+    def total_weight(self) -> float:
+        """The inner accumulator's total weight."""
+        return self.inner.total_weight
+
+    def state_dict(self) -> list[float]:
+        """The recent norms (for a checkpoint)."""
+        return list(self._norms)
+
+    def load_state_dict(self, norms: list[float]) -> None:
+        """Restore what ``state_dict`` returned."""
+        self._norms.clear()
+        self._norms.extend(float(n) for n in norms)
