@@ -46,6 +46,7 @@ async def serve(config_path: Path, address: str, output_dir: Path | None,
         await serve_until_done(server, on_started=announce)
     everything = read_events(run_dir / EVENTS_FILENAME)  # every process's, when resumed
     summary = summarize(everything, config.to_dict())
+    summary.update(experiment.data_figures())
     write_summary(run_dir / SUMMARY_FILENAME, summary)
     experiment.save_model(run_dir, server.service.engine.model)  # model.npy and model.pt
     print(f"report: {write_report(run_dir, everything, summary)}", flush=True)

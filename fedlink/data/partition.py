@@ -139,6 +139,8 @@ def kclasses(
             holders[int(order[(client * per_client + j) % len(classes)])].append(client)
     parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
     for label, owners in holders.items():
+        if not owners:
+            continue  # fewer places than classes: nobody holds this one
         members = rng.permutation(np.flatnonzero(array == label))
         for owner, piece in zip(owners, np.array_split(members, len(owners)), strict=True):
             parts[owner].append(piece)

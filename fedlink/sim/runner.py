@@ -89,6 +89,7 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
             events.emit("client_network", **outcome.as_event())
         summary = summarize(events.events, {**config.to_dict(), "plugs": plugs.describe()})
     summary.update(_client_figures(outcomes, time.monotonic() - started))
+    summary.update(experiment.data_figures())
     if config.network is not None:
         summary["network"] = network_summary(outcomes)
     write_summary(run_dir / SUMMARY_FILENAME, summary)

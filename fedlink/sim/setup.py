@@ -40,6 +40,7 @@ from fedlink.data.federated import partition_central
 from fedlink.data.torch_data import TorchFederatedData
 from fedlink.errors import ConfigError
 from fedlink.metrics import EVENTS_FILENAME
+from fedlink.metrics.distribution import label_distribution
 from fedlink.models import Evaluator, UserEvaluator, build_model
 from fedlink.models.training import build_optimizer
 from fedlink.params import to_vector
@@ -242,6 +243,14 @@ class Experiment:
         if isinstance(self.data, TorchFederatedData) and self.data.is_lazy(index):
             return LazyTrainer(build)
         return build()
+
+    def data_figures(self) -> dict[str, Any]:
+        """Summary entries describing the partition: the clients x classes label counts
+        (``fedlink.metrics.distribution``), for fedlink ``Dataset``s."""
+        if not isinstance(self.data, FederatedData):
+            return {}
+        return {"label_distribution": label_distribution(
+            [client.label_counts().tolist() for client in self.data.clients])}
 
     def state_dict(self, vector: np.ndarray) -> dict[str, torch.Tensor]:
         """``vector`` as the model's ``state_dict`` (what ``torch.save`` writes)."""

@@ -173,3 +173,21 @@ def test_quantity_skew_is_seeded_and_skewed_with_iid_labels() -> None:
     assert sum(sizes) == 1437 and min(sizes) >= 10
     assert max(sizes) > 3 * sorted(sizes)[len(sizes) // 2]  # a few clients hold most
     assert sizes != load_federated("digits", 10, 1, "quantity", exponent=1.0).client_sizes()
+
+
+def test_label_distribution_plot_in_the_report(tmp_path: Path) -> None:
+    from fedlink.metrics import write_report
+    from fedlink.metrics.distribution import LABEL_PLOT, label_distribution
+
+    data = load_federated("digits", 4, 0, "kclasses", k=2)
+    entry = label_distribution([c.label_counts().tolist() for c in data.clients])
+    assert [sum(1 for v in row if v) for row in entry["counts"]] == [2, 2, 2, 2]
+    report = write_report(tmp_path, [], {"label_distribution": entry}).read_text()
+    assert f"![Labels per client]({LABEL_PLOT})" in report
+    assert (tmp_path / LABEL_PLOT).read_bytes().startswith(b"\x89PNG")
+
+
+def test_kclasses_with_fewer_places_than_classes_leaves_some_out() -> None:
+    data = load_federated("digits", 4, 0, "kclasses", k=2)
+    held = set().union(*(set(c.y.tolist()) for c in data.clients))
+    assert len(held) == 8 and [len(np.unique(c.y)) for c in data.clients] == [2] * 4
