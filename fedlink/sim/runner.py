@@ -68,18 +68,19 @@ class SimulationResult:
 
 def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
                    progress: bool = True, *, model: Any = None, data: Any = None,
-                   trainer: Any = None, evaluate: Any = None) -> SimulationResult:
+                   trainer: Any = None, evaluate: Any = None,
+                   loss: Any = None) -> SimulationResult:
     """Run the experiment to the end and write its run folder; returns the summary and model.
 
-    ``model``, ``data``, ``trainer`` and ``evaluate`` plug your own objects (or import strings)
-    in place of what the config names; see ``fedlink.sim.setup`` for what each must be.
+    ``model``, ``data``, ``trainer``, ``evaluate`` and ``loss`` plug your own objects (or import
+    strings) in place of what the config names; see ``fedlink.sim.setup`` for what each must be.
     """
     if config.coordinator.tls.enabled:
         raise ConfigError("fedlink simulate runs its clients in this process over loopback in "
                           "plaintext: remove [coordinator.tls], or run `fedlink serve` and "
                           "`fedlink client --tls-ca ...` to try TLS")
     torch.set_num_threads(config.run.torch_threads)
-    plugs = Plugs(model=model, data=data, trainer=trainer, evaluate=evaluate)
+    plugs = Plugs(model=model, data=data, trainer=trainer, evaluate=evaluate, loss=loss)
     experiment = Experiment.build(config, plugs)
     run_dir = prepare_run_dir(config, output_dir)
     with EventLog(run_dir / EVENTS_FILENAME) as events:

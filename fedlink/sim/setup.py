@@ -16,7 +16,9 @@ Plug points (each an import string in the config, or the object itself through `
   Trainer`` (``data`` is the client's share);
 - evaluator: ``[coordinator] evaluator`` / ``Plugs.evaluate``: ``evaluate(model, test) ->
   {metric: value}``, run on every new global model;
-- loss and optimizer: ``[client] loss``, ``[client] optimizer`` (names or import strings).
+- loss: ``[client] loss`` / ``Plugs.loss``: a name, an import string or ``(output, target) ->
+  loss``, used by the built-in trainer and the default evaluator;
+- optimizer: ``[client] optimizer`` (a name with ``optimizer_options``, or an import string).
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class Plugs:
     data: AnyData | CentralData | Callable[..., Any] | str | None = None
     trainer: TrainerFactory | str | None = None
     evaluate: Callable[..., Mapping[str, float]] | str | None = None
+    loss: Callable[..., Any] | str | None = None
 
     def describe(self) -> dict[str, str]:
         """What was plugged in, by import path, for the run's recorded config."""
@@ -78,31 +81,33 @@ class Plugs:
                 if value is not None}
 
 
-def _torch_trainer(config: ExperimentConfig) -> TrainerFactory:
-    """The built-in ``"torch"`` trainer with the config's loss, optimizer and ``keep_local``."""
+def _torch_trainer(config: ExperimentConfig, loss: Any) -> TrainerFactory:
+    """The built-in ``"torch"`` trainer with the loss, the config's optimizer and
+    ``keep_local``."""
     section = config.client
     optimizer = build_optimizer(section.optimizer, section.optimizer_options)
 
     def build(model: nn.Module, data: Any, *, seed: int) -> Trainer:
-        return TorchTrainer(model, data, seed=seed, loss=section.loss, optimizer=optimizer,
+        return TorchTrainer(model, data, seed=seed, loss=loss, optimizer=optimizer,
                             keep_local=section.keep_local)
 
     return build
 
 
-def _dp_sgd_trainer(config: ExperimentConfig) -> TrainerFactory:
+def _dp_sgd_trainer(config: ExperimentConfig, loss: Any) -> TrainerFactory:
     """Opacus DP-SGD; it trains with cross-entropy on fedlink ``Dataset``s only."""
     section = config.client
-    if section.loss != "cross_entropy" or section.keep_local or section.optimizer != "sgd":
+    if loss != "cross_entropy" or section.keep_local or section.optimizer != "sgd":
         raise ConfigError("client.trainer = 'dp_sgd' trains with cross_entropy and its own "
                           "DP-SGD optimizer, sharing everything: unset loss, optimizer and "
                           "keep_local")
     return DPSGDTrainer
 
 
-TRAINERS: dict[str, Callable[[ExperimentConfig], TrainerFactory]] = {
+TRAINERS: dict[str, Callable[[ExperimentConfig, Any], TrainerFactory]] = {
     "torch": _torch_trainer, "dp_sgd": _dp_sgd_trainer}
-"""``[client] trainer`` name -> builder of its ``(model, data, *, seed)`` factory."""
+"""``[client] trainer`` name -> builder of its ``(model, data, *, seed)`` factory, given the
+config and the loss."""
 
 
 def load_data(config: ExperimentConfig, plug: Any = None) -> AnyData:
@@ -211,8 +216,12 @@ class Experiment:
         train = None
         if self.config.run.evaluate_train and isinstance(self.data, FederatedData):
             train = pooled_train(self.data)
-        return Evaluator(self.new_model(), self.data.test, train=train,
-                         loss=self.config.client.loss)
+        return Evaluator(self.new_model(), self.data.test, train=train, loss=self.loss)
+
+    @property
+    def loss(self) -> Any:
+        """The plugged loss, else ``[client] loss`` (a name or an import string)."""
+        return self.plugs.loss if self.plugs.loss is not None else self.config.client.loss
 
     def trainer_factory(self) -> TrainerFactory:
         """The ``(model, data, *, seed) -> Trainer`` that builds each client's trainer."""
@@ -221,7 +230,7 @@ class Experiment:
             return plug  # type: ignore[no-any-return]
         name = self.config.client.trainer
         if name in TRAINERS:
-            return TRAINERS[name](self.config)
+            return TRAINERS[name](self.config, self.loss)
         return resolve(name, "trainer")  # type: ignore[no-any-return]
 
     def trainer(self, index: int) -> Trainer:
