@@ -6,7 +6,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from fedlink.coordinator import CoordinatorServer, serve_until_done
-from fedlink.coordinator.server import save_model
 from fedlink.coordinator.state import holds_state
 from fedlink.metrics import (
     EVENTS_FILENAME,
@@ -47,7 +46,8 @@ async def serve(config_path: Path, address: str, output_dir: Path | None,
         await serve_until_done(server, on_started=announce)
     everything = read_events(run_dir / EVENTS_FILENAME)  # every process's, when resumed
     summary = summarize(everything, config.to_dict())
+    summary.update(experiment.data_figures())
     write_summary(run_dir / SUMMARY_FILENAME, summary)
-    save_model(run_dir / "model.npy", server.service.engine.model)
+    experiment.save_model(run_dir, server.service.engine.model)  # model.npy and model.pt
     print(f"report: {write_report(run_dir, everything, summary)}", flush=True)
     return 0

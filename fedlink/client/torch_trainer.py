@@ -6,25 +6,32 @@ part of the client SDK that needs torch, and ``fedlink.client`` does not import 
 
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 import functools
 import itertools
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fedlink.client.base import TrainPlan, TrainResult, planned_steps, proximal_mu
 from fedlink.data.base import Dataset
 from fedlink.errors import ConfigError
+from fedlink.models.training import LossFn, OptimizerFactory, build_loss
 from fedlink.params import ParamSpec
 from fedlink.params.flat import load_vector, spec_of, to_vector
 
-OptimizerFactory = Callable[[Iterable[nn.Parameter], float], torch.optim.Optimizer]
-"""``(parameters, learning_rate) -> optimizer``."""
+TorchData = Dataset | torch.utils.data.Dataset | torch.utils.data.DataLoader
+"""What a ``TorchTrainer`` trains on: fedlink's numpy ``Dataset``, a torch ``Dataset`` (batched
+here, shuffled by the plan's seed) or a torch ``DataLoader`` (used as it is: the user's batch
+size, sampler, transforms and collate)."""
+
+Batch = tuple[torch.Tensor, torch.Tensor]
 
 _SEED_MASK = (1 << 64) - 1
 
@@ -100,99 +107,238 @@ class LocalData:
         return cls(model, spec_of(model), params, x, y)
 
 
+class _TensorBatches:
+    """A numpy ``Dataset`` as tensors on the device, sliced by a shuffled index (fast path)."""
+
+    def __init__(self, data: Dataset, dtype: torch.dtype, device: torch.device | str) -> None:
+        if len(data) == 0:
+            raise ConfigError(f"cannot train on empty dataset {data.name!r}")
+        self.x = torch.tensor(data.x, dtype=dtype, device=device)
+        self.y = torch.tensor(data.y, dtype=torch.int64, device=device)
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def batch_size(self, plan: TrainPlan) -> int:
+        return plan.batch_size
+
+    def batches(self, plan: TrainPlan, generator: torch.Generator) -> Iterator[Batch]:
+        """Endless minibatches: a fresh shuffle per epoch, split into ``batch_size``."""
+        while True:
+            order = torch.randperm(len(self), generator=generator).to(self.x.device)
+            for index in torch.split(order, plan.batch_size):
+                yield self.x[index], self.y[index]
+
+
+class _LoaderBatches:
+    """A torch ``Dataset`` (batched with the plan's batch size) or the user's ``DataLoader``."""
+
+    def __init__(self, data: torch.utils.data.Dataset | torch.utils.data.DataLoader,
+                 device: torch.device | str) -> None:
+        self.loader = data if isinstance(data, torch.utils.data.DataLoader) else None
+        self.dataset: Any = data.dataset if isinstance(data, torch.utils.data.DataLoader) \
+            else data
+        if not hasattr(self.dataset, "__len__"):
+            raise ConfigError("a torch dataset to train on must have a length (an iterable "
+                              "dataset cannot say how many examples weight its updates)")
+        if len(self.dataset) == 0:
+            raise ConfigError("cannot train on an empty torch dataset")
+        self.device = device
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def batch_size(self, plan: TrainPlan) -> int:
+        own = None if self.loader is None else self.loader.batch_size
+        return plan.batch_size if own is None else own
+
+    def batches(self, plan: TrainPlan, generator: torch.Generator) -> Iterator[Batch]:
+        """Endless batches, moved to the device: epoch after epoch of the loader."""
+        loader = self.loader or torch.utils.data.DataLoader(
+            self.dataset, batch_size=plan.batch_size, shuffle=True, generator=generator)
+        while True:
+            for batch in loader:
+                if not isinstance(batch, tuple | list) or len(batch) != 2:
+                    raise ConfigError("each batch must be (inputs, targets), got a "
+                                      f"{type(batch).__name__}")
+                yield batch[0].to(self.device), batch[1].to(self.device)
+
+
+def _bind_data(data: TorchData, dtype: torch.dtype,
+               device: torch.device | str) -> _TensorBatches | _LoaderBatches:
+    if isinstance(data, Dataset):
+        return _TensorBatches(data, dtype, device)
+    if isinstance(data, torch.utils.data.Dataset | torch.utils.data.DataLoader):
+        return _LoaderBatches(data, device)
+    raise ConfigError(f"cannot train on a {type(data).__name__}: expected a fedlink Dataset, "
+                      f"a torch Dataset or a torch DataLoader")
+
+
+def local_mask(spec: ParamSpec, patterns: Sequence[str], model: nn.Module) -> np.ndarray:
+    """Boolean mask over the vector: the entries of tensors that ``patterns`` keep local.
+
+    A pattern is ``"batchnorm"`` (every tensor of every BatchNorm layer: FedBN), a glob matched
+    against the full name (``"head.*"``), or a bare word matching any name with a dotted part
+    that starts with it (``"bn"`` keeps ``bn1.weight`` and ``features.bn.running_mean``).
+    ``ConfigError`` when a pattern matches nothing (a typo would otherwise share everything).
+    """
+    batchnorm = {f"{module_name}.{tensor}" if module_name else tensor
+                 for module_name, module in model.named_modules()
+                 if isinstance(module, nn.modules.batchnorm._BatchNorm)
+                 for tensor in (*dict(module.named_parameters(recurse=False)),
+                                *dict(module.named_buffers(recurse=False)))}
+
+    def matches(name: str, pattern: str) -> bool:
+        if pattern == "batchnorm":
+            return name in batchnorm
+        if any(ch in pattern for ch in "*?["):
+            return fnmatch.fnmatchcase(name, pattern)
+        return any(part.startswith(pattern) for part in name.split("."))
+
+    mask = np.zeros(spec.size, dtype=bool)
+    for pattern in patterns:
+        hits = [i for i, name in enumerate(spec.names) if matches(name, pattern)]
+        if not hits:
+            raise ConfigError(f"keep_local pattern {pattern!r} matches none of {spec.names}")
+        for i in hits:
+            mask[spec.offsets[i]: spec.offsets[i] + spec.numels[i]] = True
+    return mask
+
+
 class TorchTrainer:
-    """Local SGD on a torch model over flat float32 parameter vectors.
+    """Local training of any torch ``nn.Module`` over flat float32 parameter vectors.
 
-    The dataset is converted to tensors on ``device`` once, here; each step slices them with a
-    shuffled index (no ``DataLoader``). ``model`` is moved to ``device`` and used as the working
-    copy: ``train`` overwrites its trainable parameters (see ``fedlink.params`` for which
-    tensors the vector holds; buffers are not exchanged).
+    ``data`` is a fedlink ``Dataset`` (converted to tensors on ``device`` once; each step slices
+    them with a shuffled index), a torch ``Dataset`` of ``(input, target)`` pairs of any shape
+    and dtype (batched with the plan's batch size, shuffled by a seeded generator), or a torch
+    ``DataLoader`` (used as it is, with its own batch size, sampler, transforms and collate).
+    ``model`` is moved to ``device`` and used as the working copy: ``train`` overwrites its
+    trainable parameters and buffers (``fedlink.params`` says which tensors the vector holds).
 
-    Each ``train`` call builds a fresh optimizer from ``optimizer`` (so no momentum or Adam
-    state carries over between tasks; each task starts from a new global model). Minibatch
-    order comes from a generator seeded by (``seed``, ``plan.seed``): the same plan gives the
-    same shuffles, and trainers built with different seeds shuffle differently. Models that draw
-    random numbers themselves (dropout) use torch's global generator.
-    ``plan.options["prox_mu"]`` adds FedProx's proximal term ``mu / 2 * ||w - w_global||^2``
-    to each step's loss (the reported ``train_loss`` stays the plain cross-entropy). ``clock``
-    (default ``time.monotonic``) is what ``plan.deadline`` is compared with.
+    ``loss`` is a name of ``fedlink.models.training.LOSSES`` (``cross_entropy``, ``mse``,
+    ``bce_with_logits``, ``l1``, ``huber``, ``nll``), an import string, or a callable
+    ``(output, target) -> loss``. ``optimizer`` is an ``(params, lr) -> Optimizer`` factory
+    (``fedlink.models.training.build_optimizer`` makes one from a name and options); each
+    ``train`` call builds a fresh one (no momentum or Adam state carries over between tasks;
+    each task starts from a new global model).
 
-    Raises ``ConfigError`` when the dataset is empty or the model does not map its features to
-    ``num_classes`` logits. Attributes: ``model`` (the working module), ``spec`` (its
-    ``ParamSpec``).
+    ``keep_local`` (see ``local_mask``; ``["batchnorm"]`` is FedBN) names tensors that stay on
+    this client: each task starts from the global vector with these entries replaced by this
+    client's own values, and the vector sent back carries the global values for them, so their
+    delta is zero and the coordinator never moves them. ``personalize(vector)`` is a global
+    vector with this client's local entries in it.
+
+    Minibatch order comes from a generator seeded by (``seed``, ``plan.seed``): the same plan
+    gives the same shuffles. ``plan.options["prox_mu"]`` adds FedProx's proximal term
+    ``mu / 2 * ||w - w_global||^2``; subclasses add an algorithm's own local terms by
+    overriding ``objective`` and keep per-client state in ``after_task`` (see
+    ``examples/custom_algorithm.py``). The reported ``train_loss`` is the plain loss.
+    ``clock`` (default ``time.monotonic``) is what ``plan.deadline`` is compared with.
+
+    Raises ``ConfigError`` when the dataset is empty, or, for a fedlink ``Dataset`` with the
+    cross-entropy loss, when the model does not map its features to ``num_classes`` logits.
+    Attributes: ``model`` (the working module), ``spec`` (its ``ParamSpec``).
     """
 
     def __init__(
         self,
         model: nn.Module,
-        data: Dataset,
+        data: TorchData,
         *,
         optimizer: OptimizerFactory = sgd,
+        loss: str | LossFn = "cross_entropy",
+        keep_local: Sequence[str] = (),
         device: torch.device | str = "cpu",
         seed: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        local = LocalData.bind(model, data, device)
-        self.model, self.spec, self._params = local.model, local.spec, local.params
-        self._x, self._y = local.x, local.y
-        _check_fits(self.model, self._x, data.num_classes)
+        self.model = model.to(device)
+        self._params = [p for p in self.model.parameters() if p.requires_grad]
+        if not self._params:
+            raise ConfigError("the model has no trainable parameters")
+        self.spec = spec_of(self.model)
+        self._data = _bind_data(data, self._params[0].dtype, device)
+        if isinstance(self._data, _TensorBatches) and loss == "cross_entropy":
+            assert isinstance(data, Dataset)
+            _check_fits(self.model, self._data.x, data.num_classes)
+        self._loss = build_loss(loss)
         self._optimizer = optimizer
+        self._local_mask = local_mask(self.spec, keep_local, self.model)
+        self._local: np.ndarray | None = None  # this client's kept entries, after a task
         self._seed = seed
         self._clock = clock
         _warm_up_torch_optim()
 
     def num_examples(self) -> int:
         """Number of local training examples."""
-        return len(self._y)
+        return len(self._data)
+
+    def personalize(self, vector: np.ndarray) -> np.ndarray:
+        """``vector`` (a global model) with this client's ``keep_local`` entries put in."""
+        mine = self.spec.check(vector).copy()
+        if self._local is not None:
+            mine[self._local_mask] = self._local
+        return mine
 
     def train(self, params: np.ndarray, plan: TrainPlan) -> TrainResult:
         """Train from ``params`` (not modified) as ``plan`` says; see the class docstring.
 
         Stops before the next step once ``clock() > plan.deadline`` and reports the steps it
         completed. ``metrics`` holds ``train_seconds`` and, when at least one step ran,
-        ``train_loss`` (the mean minibatch cross-entropy over the steps).
+        ``train_loss`` (the mean minibatch loss over the steps).
         """
         started = time.perf_counter()
-        steps_planned = planned_steps(plan, self.num_examples())
-        load_vector(self.model, params, self.spec)
+        sized = dataclasses.replace(plan, batch_size=self._data.batch_size(plan))
+        steps_planned = planned_steps(sized, self.num_examples())
+        load_vector(self.model, self.personalize(params), self.spec)
         loss_sum, steps = self._run(plan, steps_planned)
         metrics = {"train_seconds": time.perf_counter() - started}
         if steps:
             metrics["train_loss"] = loss_sum / steps
-        return TrainResult(
-            params=to_vector(self.model),
-            num_examples=self.num_examples(),
-            steps_completed=steps,
-            steps_planned=steps_planned,
-            metrics=metrics,
-        )
+        trained = to_vector(self.model)
+        if self._local_mask.any():
+            self._local = trained[self._local_mask].copy()
+            trained[self._local_mask] = self.spec.check(params)[self._local_mask]
+        return TrainResult(params=trained, num_examples=self.num_examples(),
+                           steps_completed=steps, steps_planned=steps_planned, metrics=metrics)
+
+    def objective(self, loss: torch.Tensor, anchor: list[torch.Tensor],
+                  plan: TrainPlan) -> torch.Tensor:
+        """What a step minimises: ``loss`` plus FedProx's proximal term when ``prox_mu > 0``.
+
+        ``anchor`` holds the trainable parameters as the task started (the global model).
+        Override to add an algorithm's local regulariser.
+        """
+        mu = proximal_mu(plan)
+        return loss + mu / 2 * _proximal_term(self._params, anchor) if mu else loss
+
+    def after_task(self, anchor: list[torch.Tensor], plan: TrainPlan) -> None:
+        """Called after local training, with the model trained; override to update an
+        algorithm's per-client state (the default keeps none)."""
 
     def _run(self, plan: TrainPlan, steps_planned: int) -> tuple[float, int]:
         """Run up to ``steps_planned`` steps; (summed loss, steps completed)."""
         optimizer = self._optimizer(self._params, plan.learning_rate)
-        mu = proximal_mu(plan)
-        anchor = [p.detach().clone() for p in self._params] if mu > 0 else []
-        batches = itertools.islice(self._batches(plan), steps_planned)
-        total = torch.zeros((), dtype=torch.float64, device=self._x.device)
+        anchor = [p.detach().clone() for p in self._params]
+        batches = itertools.islice(self._data.batches(plan, self._generator(plan)),
+                                   steps_planned)
+        total = torch.zeros((), dtype=torch.float64)
         steps = 0
         self.model.train()
         with torch.enable_grad():
-            for index in batches:
+            for x, y in batches:
                 if plan.deadline is not None and self._clock() > plan.deadline:
                     break
                 optimizer.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(self.model(self._x[index]), self._y[index])
-                objective = loss + mu / 2 * _proximal_term(self._params, anchor) if mu else loss
-                objective.backward()
+                loss = self._loss(self.model(x), y)
+                self.objective(loss, anchor, plan).backward()
                 optimizer.step()
-                total += loss.detach()
+                total += loss.detach().cpu()
                 steps += 1
+        self.after_task(anchor, plan)
         return total.item(), steps
 
-    def _batches(self, plan: TrainPlan) -> Iterator[torch.Tensor]:
-        """Endless minibatch indices: a fresh shuffle per epoch, split into ``batch_size``."""
+    def _generator(self, plan: TrainPlan) -> torch.Generator:
+        """The shuffling generator of one task, seeded by (``seed``, ``plan.seed``)."""
         state = np.random.SeedSequence([self._seed & _SEED_MASK, plan.seed & _SEED_MASK])
-        generator = torch.Generator().manual_seed(int(state.generate_state(1, np.uint64)[0]))
-        while True:
-            order = torch.randperm(self.num_examples(), generator=generator)
-            yield from torch.split(order.to(self._x.device), plan.batch_size)
+        return torch.Generator().manual_seed(int(state.generate_state(1, np.uint64)[0]))

@@ -6,11 +6,14 @@
 (10, 64, 10)
 
 Datasets: ``digits`` (pooled, default partition ``iid``), ``synthetic`` (FedProx
-Synthetic(alpha, beta), default partition ``natural``). Partitioners: ``iid``, ``dirichlet``,
-``shards``, plus ``natural`` for per-device data.
+Synthetic(alpha, beta), default partition ``natural``), and from local files
+(``fedlink.data.files``): ``cifar10``, ``cifar100``, ``femnist``, ``shakespeare`` (natural),
+``image_folder``, ``npz``, ``hf_disk``. Partitioners: ``iid``, ``dirichlet``, ``shards``,
+``kclasses``, ``quantity``, plus ``natural`` for per-device data.
 """
 
 from fedlink.data import digits as _digits  # noqa: F401  (registers)
+from fedlink.data import files as _files  # noqa: F401  (registers)
 from fedlink.data import partition as _partition  # noqa: F401  (registers)
 from fedlink.data import synthetic as _synthetic  # noqa: F401  (registers)
 from fedlink.data.base import (
@@ -29,7 +32,7 @@ from fedlink.data.base import (
     register_partitioner,
 )
 from fedlink.data.federated import load_federated
-from fedlink.data.partition import dirichlet, iid, shards
+from fedlink.data.partition import dirichlet, iid, kclasses, quantity, shards
 
 __all__ = [
     "DATASETS",
@@ -45,7 +48,9 @@ __all__ = [
     "get_dataset",
     "get_partitioner",
     "iid",
+    "kclasses",
     "load_federated",
+    "quantity",
     "register_dataset",
     "register_partitioner",
     "shards",

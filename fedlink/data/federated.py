@@ -49,10 +49,29 @@ def load_federated(
     )
     data_rng, split_rng = np.random.default_rng(base_seed).spawn(2)
     central = dataset.build(count, data_rng, **data_options)
+    return _split(central, count, split_rng, scheme, splitter, split_options, name)
+
+
+def partition_central(central: CentralData, num_clients: int, seed: int, partition: str,
+                      options: Mapping[str, Any], name: str = "") -> FederatedData:
+    """Split data a user's loader built among ``num_clients`` clients with ``partition``
+    (``"natural"``: its own groups) and the partitioner's ``options``; seeded like
+    ``load_federated``, so the same seed gives the same split."""
+    count = check_int("num_clients", num_clients, minimum=1)
+    splitter = None if partition == NATURAL else _partitioner(partition)
+    _, split_rng = np.random.default_rng(check_int("seed", seed, minimum=0)).spawn(2)
+    _route(options, frozenset(), splitter.options if splitter else frozenset(), name, partition)
+    return _split(central, count, split_rng, partition, splitter, dict(options), name)
+
+
+def _split(central: CentralData, count: int, rng: np.random.Generator, scheme: str,
+           splitter: PartitionerEntry | None, options: Mapping[str, Any],
+           name: str) -> FederatedData:
+    """Partition ``central``'s train pool into one ``Dataset`` per client."""
     if splitter is None:
         parts = _natural(central, count, name)
     else:
-        parts = splitter.split(central.train.y, count, split_rng, **split_options)
+        parts = splitter.split(central.train.y, count, rng, **options)
     _check_parts(parts, count, len(central.train), scheme)
     clients = tuple(
         central.train.subset(part, name=f"{name}/client{i}") for i, part in enumerate(parts)

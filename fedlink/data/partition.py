@@ -1,4 +1,4 @@
-"""Built-in partitioners: ``iid``, ``dirichlet`` and ``shards``.
+"""Built-in partitioners: ``iid``, ``dirichlet``, ``shards``, ``kclasses`` and ``quantity``.
 
 Each takes the train pool's labels, the number of clients and a numpy ``Generator`` and returns
 one sorted int64 array of indices per client. Together the arrays cover every index exactly
@@ -112,6 +112,71 @@ def shards(
     return [np.sort(np.concatenate([pieces[s] for s in row])).astype(np.int64) for row in deal]
 
 
+def kclasses(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    *,
+    k: int = 2,
+) -> list[np.ndarray]:
+    """Pathological label skew with exactly ``k`` classes per client.
+
+    Classes are dealt round-robin over a seeded permutation (client ``i`` holds classes
+    ``perm[(i k + j) mod C]`` for ``j < k``), so every class has a holder when
+    ``num_clients * k >= C``; each class's examples are then split evenly at random among
+    its holders. With fewer places than classes, the classes nobody holds are left out
+    (``ConfigError`` when that would leave a client empty).
+    """
+    per_client = check_int("k", k, minimum=1)
+    array = _check_labels(labels, num_clients, need=num_clients)
+    classes = np.unique(array)
+    if per_client > len(classes):
+        raise ConfigError(f"k: {per_client} classes per client, the data has {len(classes)}")
+    order = rng.permutation(classes)
+    holders: dict[int, list[int]] = {int(c): [] for c in classes}
+    for client in range(num_clients):
+        for j in range(per_client):
+            holders[int(order[(client * per_client + j) % len(classes)])].append(client)
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for label, owners in holders.items():
+        if not owners:
+            continue  # fewer places than classes: nobody holds this one
+        members = rng.permutation(np.flatnonzero(array == label))
+        for owner, piece in zip(owners, np.array_split(members, len(owners)), strict=True):
+            parts[owner].append(piece)
+    result = [np.sort(np.concatenate(p)).astype(np.int64) if p else np.zeros(0, np.int64)
+              for p in parts]
+    if any(len(part) == 0 for part in result):
+        raise ConfigError("kclasses: a client got no examples (more holders than examples)")
+    return result
+
+
+def quantity(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    *,
+    exponent: float = 1.5,
+    min_samples: int = 10,
+) -> list[np.ndarray]:
+    """Quantity skew: client sizes follow a power law, labels stay IID.
+
+    Each client's share is drawn from a Pareto distribution with tail index ``exponent``
+    (smaller: more skew; a few clients hold most of the data), then ``min_samples`` go to
+    every client and the rest are dealt by a multinomial draw with those shares.
+    """
+    tail = check_positive("exponent", exponent)
+    floor = check_int("min_samples", min_samples, minimum=0)
+    array = _check_labels(labels, num_clients, need=max(num_clients, num_clients * floor))
+    shares = rng.pareto(tail, size=num_clients) + 1.0
+    counts = floor + rng.multinomial(len(array) - floor * num_clients, shares / shares.sum())
+    owner = np.repeat(np.arange(num_clients), counts)
+    owner = owner[rng.permutation(len(owner))]
+    return _groups_of(owner, num_clients)
+
+
 register_partitioner("iid", iid)
+register_partitioner("kclasses", kclasses)
+register_partitioner("quantity", quantity)
 register_partitioner("dirichlet", dirichlet)
 register_partitioner("shards", shards)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedlink.metrics.distribution import draw_label_distribution, label_section
 from fedlink.metrics.events import FLUSH, Event
 from fedlink.metrics.formatting import fmt_metric, human_bytes, human_seconds, key_figures
 from fedlink.metrics.summary import of_kind, start_elapsed
@@ -49,7 +50,12 @@ def write_report(run_dir: Path, events: list[Event], summary: Mapping[str, Any])
         _draw(run_dir / series.filename, series)
     path = run_dir / REPORT_FILENAME
     title = summary.get("run_name") or run_dir.name
-    touch_private(path).write_text(_markdown(str(title), summary, flushes, plots),
+    text = _markdown(str(title), summary, flushes, plots)
+    labels = label_section(draw_label_distribution(run_dir, summary.get("label_distribution")
+                                                   or {}))
+    touch_private(path).write_text(text + (f"
+{labels}
+" if labels else ""),
                                    encoding="utf-8")
     return path
 

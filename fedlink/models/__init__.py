@@ -5,6 +5,7 @@
 """
 
 from fedlink.models.base import MODELS, build_model, logreg, mlp
-from fedlink.models.evaluate import Evaluator, dataset_tensors, evaluate
+from fedlink.models.evaluate import Evaluator, UserEvaluator, dataset_tensors, evaluate
 
-__all__ = ["MODELS", "Evaluator", "build_model", "dataset_tensors", "evaluate", "logreg", "mlp"]
+__all__ = ["MODELS", "Evaluator", "UserEvaluator", "build_model", "dataset_tensors", "evaluate",
+           "logreg", "mlp"]

@@ -1,4 +1,5 @@
-"""Model builders, registered by name in ``MODELS``, and ``build_model``.
+"""Model builders, registered by name in ``MODELS``, and ``build_model``: ``logreg``, ``mlp``,
+``cnn``.
 
 A builder is ``(num_features, num_classes, *, <options>) -> nn.Module`` mapping a float32 batch
 ``(n, num_features)`` to logits ``(n, num_classes)``. Register one with
@@ -7,6 +8,7 @@ A builder is ``(num_features, num_classes, *, <options>) -> nn.Module`` mapping 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from numbers import Integral
 
@@ -51,6 +53,28 @@ def mlp(*, num_features: int, num_classes: int, hidden: Sequence[int] = (64, 64)
     for fan_in, fan_out in zip([num_features, *widths], widths, strict=False):
         layers += [nn.Linear(fan_in, fan_out), nn.ReLU()]
     layers.append(nn.Linear(widths[-1] if widths else num_features, num_classes))
+    return nn.Sequential(*layers)
+
+
+@MODELS.register("cnn")
+def cnn(*, num_features: int, num_classes: int, channels: int = 1,
+        widths: Sequence[int] = (32, 64), batchnorm: bool = True) -> nn.Module:
+    """A small CNN for square images given as flat ``channels x side x side`` rows (the file
+    datasets' layout): per width a 3x3 convolution, BatchNorm (unless ``batchnorm = false``),
+    ReLU and 2x2 max-pooling, then a linear layer to the logits."""
+    side = math.isqrt(num_features // max(channels, 1))
+    if channels < 1 or channels * side * side != num_features:
+        raise ConfigError(f"cnn: {num_features} features are not {channels} square channels")
+    layers: list[nn.Module] = [nn.Unflatten(1, (channels, side, side))]
+    fan_in = channels
+    for width in (_positive("cnn.widths", w) for w in widths):
+        layers += [nn.Conv2d(fan_in, width, 3, padding=1),
+                   nn.BatchNorm2d(width) if batchnorm else nn.Identity(), nn.ReLU(),
+                   nn.MaxPool2d(2)]
+        fan_in, side = width, side // 2
+    if side < 1:
+        raise ConfigError(f"cnn: {len(widths)} poolings shrink the image below one pixel")
+    layers += [nn.Flatten(), nn.Linear(fan_in * side * side, num_classes)]
     return nn.Sequential(*layers)
 
 

@@ -1,9 +1,10 @@
-"""Test-set accuracy and cross-entropy of a model or of a flat parameter vector."""
+"""Test-set accuracy and loss of a model or of a flat parameter vector."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -13,11 +14,20 @@ from torch import nn
 from fedlink.data.base import Dataset
 from fedlink.errors import ConfigError
 from fedlink.models.base import build_model
+from fedlink.models.training import LossFn, build_loss
 from fedlink.params import ParamSpec
 from fedlink.params.flat import load_vector, spec_of
 
 DEFAULT_BATCH = 8192
 """Examples per forward pass when evaluating (bounds memory on large test sets)."""
+
+TestData = Dataset | torch.utils.data.Dataset | torch.utils.data.DataLoader
+"""A test set: fedlink's numpy ``Dataset``, a torch ``Dataset`` of ``(input, target)`` pairs, or
+a torch ``DataLoader`` yielding ``(inputs, targets)`` batches."""
+
+UserEvaluate = Callable[[nn.Module, object], Mapping[str, float]]
+"""``evaluate(model, test) -> {"metric": value, ...}``: a user's own evaluation, given the
+global model loaded into a module and the run's test set."""
 
 
 def dataset_tensors(
@@ -45,6 +55,38 @@ def _scores(
     return {"accuracy": correct.item() / count, "loss": loss.item() / count}
 
 
+def _generic_scores(model: nn.Module, batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+                    loss_fn: LossFn) -> dict[str, float]:
+    """Mean ``loss_fn`` over every batch (weighted by batch size) and, when the targets are
+    class indices and the outputs one score per class, accuracy; eval mode, no grad."""
+    loss, correct, count, classified = 0.0, 0, 0, True
+    with torch.no_grad():
+        for x, y in batches:
+            out = model(x)
+            loss += float(loss_fn(out, y)) * len(y)
+            count += len(y)
+            classified = classified and not y.is_floating_point() and out.ndim == 2 \
+                and out.shape[1] > 1
+            if classified:
+                correct += int((out.argmax(dim=1) == y).sum())
+    if count == 0:
+        raise ConfigError("cannot evaluate on an empty test set")
+    scores = {"loss": loss / count}
+    if classified:
+        scores["accuracy"] = correct / count
+    return scores
+
+
+def _torch_batches(test: torch.utils.data.Dataset | torch.utils.data.DataLoader,
+                   device: torch.device | str,
+                   batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``(inputs, targets)`` batches of a torch test set, in order, on ``device``."""
+    loader = test if isinstance(test, torch.utils.data.DataLoader) else \
+        torch.utils.data.DataLoader(test, batch_size=batch)
+    for x, y in loader:
+        yield x.to(device), y.to(device)
+
+
 def evaluate(model: nn.Module, data: Dataset, batch_size: int = DEFAULT_BATCH) -> dict[str, float]:
     """``{"accuracy", "loss"}`` of ``model``'s current weights on ``data``.
 
@@ -68,6 +110,12 @@ def evaluate(model: nn.Module, data: Dataset, batch_size: int = DEFAULT_BATCH) -
 class Evaluator:
     """Scores flat parameter vectors on a fixed test set: ``evaluator(vector)``.
 
+    ``test`` is a fedlink ``Dataset`` or a torch ``Dataset``/``DataLoader`` (any input shape and
+    dtype); ``loss`` (a name of ``fedlink.models.training.LOSSES``, an import string or a
+    callable) is the reported ``loss``, and ``accuracy`` is reported whenever the targets are
+    class indices and the model scores classes. A fedlink ``Dataset`` with the default
+    cross-entropy takes the fast path described next.
+
     Built once: the model and the test tensors are prepared in the constructor, so each call
     only copies the vector into the model and runs batched forward passes under ``no_grad``.
     This is the callback a coordinator runs after each model update; it returns
@@ -84,8 +132,9 @@ class Evaluator:
     def __init__(
         self,
         model: str | nn.Module,
-        test: Dataset,
+        test: TestData,
         *,
+        loss: str | LossFn = "cross_entropy",
         options: Mapping[str, object] | None = None,
         spec: ParamSpec | None = None,
         device: torch.device | str = "cpu",
@@ -93,7 +142,7 @@ class Evaluator:
         train: Dataset | None = None,
     ) -> None:
         for data in (test,) if train is None else (test, train):
-            if len(data) == 0:
+            if isinstance(data, Dataset) and len(data) == 0:
                 raise ConfigError(f"cannot evaluate on empty dataset {data.name!r}")
         if batch_size < 1:
             raise ConfigError(f"batch_size: must be >= 1, got {batch_size}")
@@ -102,18 +151,40 @@ class Evaluator:
         if spec is not None and spec != self.spec:
             raise ConfigError(f"spec {spec} does not match the model's {self.spec}")
         dtype = next(self._model.parameters()).dtype
-        self._x, self._y = dataset_tensors(test, device, dtype)
+        self._loss = build_loss(loss)
+        self._fast = isinstance(test, Dataset) and loss == "cross_entropy"
+        self._test = test
+        self._device = device
+        self._x: torch.Tensor | None = None
+        self._y: torch.Tensor | None = None
+        if isinstance(test, Dataset):
+            self._x, self._y = dataset_tensors(test, device, dtype)
         self._train = None if train is None else dataset_tensors(train, device, dtype)
         self._batch = batch_size
 
     @staticmethod
-    def _prepare(model: str | nn.Module, test: Dataset, options: dict[str, object]) -> nn.Module:
+    def _prepare(model: str | nn.Module, test: TestData, options: dict[str, object]) -> nn.Module:
         """Build a registered model, or copy a given one (options apply only to names)."""
         if isinstance(model, nn.Module):
             if options:
                 raise ConfigError("options apply only when the model is given by name")
             return copy.deepcopy(model)
+        if not isinstance(test, Dataset):
+            raise ConfigError("a model given by name needs a fedlink Dataset to size it; "
+                              "with torch data, pass the model itself")
         return build_model(model, test.num_features, test.num_classes, seed=0, **options)
+
+    def _score(self, x: torch.Tensor | None, y: torch.Tensor | None) -> dict[str, float]:
+        """Scores on tensors (x, y), or on the torch test set when they are ``None``."""
+        if self._fast and x is not None and y is not None:
+            return _scores(self._model, x, y, self._batch)
+        if x is not None and y is not None:
+            batches: Iterator[tuple[torch.Tensor, torch.Tensor]] = (
+                (x[i: i + self._batch], y[i: i + self._batch]) for i in range(0, len(y),
+                                                                                self._batch))
+        else:
+            batches = _torch_batches(self._test, self._device, self._batch)  # type: ignore[arg-type]
+        return _generic_scores(self._model, batches, self._loss)
 
     def __call__(self, vector: np.ndarray) -> dict[str, float]:
         """Accuracy and mean cross-entropy of the parameters ``vector`` on the test set.
@@ -121,8 +192,40 @@ class Evaluator:
         With a ``train`` set, also ``train_accuracy`` and ``train_loss`` on it.
         """
         load_vector(self._model, vector, self.spec)
-        scores = _scores(self._model, self._x, self._y, self._batch)
+        scores = self._score(self._x, self._y)
         if self._train is not None:
-            train = _scores(self._model, *self._train, self._batch)
+            train = self._score(*self._train)
             scores.update({f"train_{key}": value for key, value in train.items()})
+        return scores
+
+
+class UserEvaluator:
+    """A user's ``evaluate(model, test) -> metrics`` as a vector evaluator.
+
+    Each call loads the vector into a private copy of ``model`` (in eval mode, without grad)
+    and hands it with ``test`` to ``evaluate``, whose answer must map metric names to finite
+    numbers (``ConfigError`` otherwise: a silent ``None`` would plot as nothing).
+    """
+
+    def __init__(self, model: nn.Module, test: object, evaluate: UserEvaluate) -> None:
+        if not callable(evaluate):
+            raise ConfigError(f"evaluator must be callable, got {type(evaluate).__name__}")
+        self._model = copy.deepcopy(model).eval()
+        self.spec = spec_of(self._model)
+        self._test = test
+        self._evaluate = evaluate
+
+    def __call__(self, vector: np.ndarray) -> dict[str, float]:
+        """The user's metrics of the parameters ``vector``."""
+        load_vector(self._model, vector, self.spec)
+        with torch.no_grad():
+            metrics = self._evaluate(self._model, self._test)
+        if not isinstance(metrics, Mapping):
+            raise ConfigError(f"evaluator {self._evaluate!r} returned a "
+                              f"{type(metrics).__name__}, expected a mapping of metric names "
+                              f"to numbers")
+        scores = {str(k): float(v) for k, v in metrics.items()}
+        bad = sorted(k for k, v in scores.items() if not math.isfinite(v))
+        if bad:
+            raise ConfigError(f"evaluator returned non-finite metrics {bad}")
         return scores

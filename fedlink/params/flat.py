@@ -1,22 +1,26 @@
 """torch module (or named tensors) <-> one flat float32 numpy vector.
 
 Which tensors are in the vector
-    For an ``nn.Module``: its **trainable** parameters (``requires_grad=True``) in
-    ``named_parameters()`` order. That order is the registration order, stable across processes
-    for the same model code; shared (tied) parameters appear once, under their first name.
-    Frozen parameters are left out: they never change in local training, so every client keeps
-    its own copy (build models from the same seed so the copies agree). Buffers (BatchNorm
-    running statistics, ...) are out of scope: they are not parameters and are neither read nor
-    written.
+    For an ``nn.Module``: its **trainable** parameters (``requires_grad=True``) and its
+    persistent **buffers** (BatchNorm's ``running_mean``, ``running_var`` and
+    ``num_batches_tracked``, ...), in ``state_dict()`` order. That order is the registration
+    order, stable across processes for the same model code; shared (tied) tensors appear once,
+    under their first name. Buffers travel because a model is its state, not just its weights:
+    a BatchNorm network whose running statistics stayed at their initial values would be
+    evaluated (and served) silently wrong. Frozen parameters are left out: they never change in
+    local training, so every client keeps its own copy (build models from the same seed so the
+    copies agree). Non-persistent buffers are not part of a model's state and are left out too.
 
-    For a mapping of names to tensors (for example ``dict(model.named_parameters())``): every
-    entry, in the mapping's order. A ``state_dict()`` also holds buffers; pass it only for models
-    without buffers.
+    For a mapping of names to tensors (for example ``model.state_dict()``): every entry, in the
+    mapping's order.
 
 dtypes
-    Floating-point tensors only (float16, bfloat16, float32, float64). Values are stored as
-    float32: the round trip is bit-exact for float32, float16 and bfloat16 parameters; float64
-    parameters are rounded to float32.
+    Floating-point tensors (float16, bfloat16, float32, float64) and integer tensors (counters
+    such as ``num_batches_tracked``). Values are stored as float32: the round trip is bit-exact
+    for float32, float16 and bfloat16 tensors and for integers of magnitude up to 2**24
+    (averaged counters are rounded back to the nearest integer on load); float64 tensors are
+    rounded to float32. Any other dtype (bool, complex) is refused: a tensor the vector cannot
+    carry must not be silently left behind.
 """
 
 from __future__ import annotations
@@ -33,12 +37,32 @@ from fedlink.params.base import ParamSpec
 ModuleOrTensors = nn.Module | Mapping[str, torch.Tensor]
 
 
+EXACT_INTEGER = 2**24
+"""Integers of at most this magnitude are exact in float32."""
+
+
+def _module_state(module: nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
+    """Trainable parameters and persistent buffers, in ``state_dict`` order, each tensor once."""
+    seen: set[int] = set()
+    for name, tensor in module.state_dict(keep_vars=True).items():
+        frozen = isinstance(tensor, nn.Parameter) and not tensor.requires_grad
+        if frozen or id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        yield name, tensor
+
+
+def _carried(tensor: torch.Tensor) -> bool:
+    """Whether the vector can hold ``tensor`` (floating point or integer, not bool)."""
+    if tensor.is_floating_point():
+        return True
+    return not tensor.is_complex() and tensor.dtype != torch.bool
+
+
 def _named_tensors(source: ModuleOrTensors) -> list[tuple[str, torch.Tensor]]:
     """The (name, tensor) pairs that make up the vector, validated."""
     if isinstance(source, nn.Module):
-        pairs: Iterable[tuple[str, torch.Tensor]] = (
-            (name, p) for name, p in source.named_parameters() if p.requires_grad
-        )
+        pairs: Iterable[tuple[str, torch.Tensor]] = _module_state(source)
     elif isinstance(source, Mapping):
         pairs = source.items()
     else:
@@ -49,13 +73,24 @@ def _named_tensors(source: ModuleOrTensors) -> list[tuple[str, torch.Tensor]]:
     for name, tensor in named:
         if not isinstance(tensor, torch.Tensor):
             raise ConfigError(f"{name!r} is a {type(tensor).__name__}, not a torch.Tensor")
-        if not tensor.is_floating_point():
+        if not _carried(tensor):
             raise ConfigError(
-                f"{name!r} has dtype {tensor.dtype}; only floating-point tensors fit a "
-                f"parameter vector (buffers such as BatchNorm counters are out of scope: "
-                f"pass dict(model.named_parameters()))"
+                f"{name!r} has dtype {tensor.dtype}; a parameter vector carries floating-point "
+                f"and integer tensors only, so this model's state cannot be exchanged (make "
+                f"it a non-persistent buffer if it need not travel)"
             )
     return named
+
+
+def _as_float32(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` flattened to float32 on CPU; integers beyond 2**24 are refused (inexact)."""
+    flat = tensor.detach().reshape(-1).to(device="cpu")
+    if not tensor.is_floating_point() and flat.numel() and int(flat.abs().max()) > EXACT_INTEGER:
+        raise ConfigError(
+            f"{name!r} holds integers beyond {EXACT_INTEGER}, which a float32 vector cannot "
+            f"carry exactly"
+        )
+    return flat.to(dtype=torch.float32)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -73,7 +108,7 @@ def _spec(named: list[tuple[str, torch.Tensor]]) -> ParamSpec:
 
 
 def spec_of(source: ModuleOrTensors) -> ParamSpec:
-    """The ``ParamSpec`` of a module's trainable parameters (or of a mapping of tensors)."""
+    """The ``ParamSpec`` of a module's trainable parameters and buffers (or of a mapping)."""
     return _spec(_named_tensors(source))
 
 
@@ -83,13 +118,13 @@ def to_vector(source: ModuleOrTensors) -> np.ndarray:
     if not named:
         return np.zeros(0, dtype=np.float32)
     with torch.no_grad():
-        parts = [t.detach().reshape(-1).to(device="cpu", dtype=torch.float32) for _, t in named]
+        parts = [_as_float32(name, t) for name, t in named]
         flat = torch.cat(parts)
     return flat.numpy()
 
 
 def load_vector(module: nn.Module, vector: np.ndarray, spec: ParamSpec | None = None) -> None:
-    """Write ``vector`` into ``module``'s trainable parameters, in place.
+    """Write ``vector`` into ``module``'s trainable parameters and buffers, in place.
 
     ``vector`` (any real floating dtype, 1-D) is left untouched and the module keeps no
     reference to it. When ``spec`` is given it must describe ``module`` (same names, shapes and
@@ -107,5 +142,7 @@ def load_vector(module: nn.Module, vector: np.ndarray, spec: ParamSpec | None = 
         flat = flat.copy()  # torch.from_numpy refuses read-only memory
     source = torch.from_numpy(flat)
     with torch.no_grad():
-        for (_, param), offset, numel in zip(named, actual.offsets, actual.numels, strict=True):
-            param.copy_(source[offset : offset + numel].view_as(param))
+        for (_, tensor), offset, numel in zip(named, actual.offsets, actual.numels, strict=True):
+            part = source[offset : offset + numel].view(tensor.shape)
+            # An averaged counter is fractional; round it rather than truncate.
+            tensor.copy_(part if tensor.is_floating_point() else part.round())

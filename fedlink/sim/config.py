@@ -4,12 +4,15 @@ Sections (every key optional unless noted; unknown keys are an error)::
 
     [run]          name, seed, output_dir, train_workers, torch_threads, evaluate_train,
                    target_accuracy
-    [data]         dataset, clients, partition, options = { alpha = 0.5, ... }
-    [model]        name, options = { hidden = [64, 64] }
+    [data]         dataset, clients, partition, options = { alpha = 0.5, ... },
+                   loader ("package.module:attr", your own data)
+    [model]        name, options = { hidden = [64, 64] }, factory ("package.module:attr"),
+                   init (a saved model.pt or model.npy to start from)
     [client]       compression, compression_options = { density = 0.01 }, error_feedback,
                    density_bounds = [min, max], density_safety, privacy,
-                   privacy_options = { ... }, trainer ("torch" | "dp_sgd")
-    [coordinator]  rounds, server_optimizer, ... with sub-tables
+                   privacy_options = { ... }, trainer ("torch" | "dp_sgd" | import string),
+                   loss, optimizer, optimizer_options, keep_local
+    [coordinator]  rounds, server_optimizer, evaluator, ... with sub-tables
     [coordinator.flush]     preset, goal, min_updates, deadline_s, over_selection,
                             max_staleness, continuous
     [coordinator.training]  local_steps, local_epochs, batch_size, learning_rate
@@ -17,7 +20,8 @@ Sections (every key optional unless noted; unknown keys are an error)::
     [network]      preset | profile | fleet, speed, profiles (see fedlink.netem.fleet)
     [partial_work] fraction, seed: stragglers doing part of each task (fedlink.sim.partial_work)
 
-``[coordinator] run_name`` defaults to ``[run] name``.
+``[coordinator] run_name`` defaults to ``[run] name``. Every ``"package.module:attr"`` is user
+code (``fedlink.plug``): see ``fedlink.sim.setup`` for what each plug point is called with.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from fedlink.config import from_table, load_toml, require
 from fedlink.coordinator import CoordinatorConfig, FlushRule
 from fedlink.errors import ConfigError
 from fedlink.netem import Fleet, parse_network
+from fedlink.plug import is_import_string
 from fedlink.privacy import setup as privacy_setup
 from fedlink.sim.partial_work import PartialWorkSection
 
@@ -79,23 +84,43 @@ class RunSection:
 
 @dataclass(frozen=True)
 class DataSection:
-    """Which dataset, split among how many clients, by which partitioner."""
+    """Which dataset, split among how many clients, by which partitioner.
+
+    ``loader = "package.module:attr"`` replaces ``dataset`` with your own function, called as
+    ``loader(num_clients=..., seed=..., **options)`` (options a partitioner declares go to the
+    partitioner instead); see ``fedlink.sim.setup.load_data`` for what it may return.
+    """
 
     dataset: str = "digits"
     clients: int = 10
     partition: str | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
+    loader: str = ""
 
     def __post_init__(self) -> None:
         require(self.clients >= 1, "data.clients", f"must be >= 1, got {self.clients}")
+        require(not self.loader or is_import_string(self.loader), "data.loader",
+                f"must be 'package.module:attr', got {self.loader!r}")
 
 
 @dataclass(frozen=True)
 class ModelSection:
-    """Which registered model, with which options."""
+    """Which registered model, with which options.
+
+    ``factory = "package.module:attr"`` replaces ``name`` with your own model: the factory is
+    called as ``factory(**options)`` (seeded with ``[run] seed``) and must return an
+    ``nn.Module``. ``init`` is a saved model (``model.pt``, a state_dict, or ``model.npy``, the
+    flat vector; both are written by every run) to start from instead of fresh weights.
+    """
 
     name: str = "mlp"
     options: Mapping[str, Any] = field(default_factory=dict)
+    factory: str = ""
+    init: str = ""
+
+    def __post_init__(self) -> None:
+        require(not self.factory or is_import_string(self.factory), "model.factory",
+                f"must be 'package.module:attr', got {self.factory!r}")
 
 
 TRAINERS = ("dp_sgd", "torch")
@@ -119,7 +144,14 @@ class ClientSection:
     from the coordinator's ``dp_fedavg`` hook, see ``fedlink.privacy.setup``, and
     ``privacy_options`` may repeat them); ``trainer`` is ``"torch"`` (local SGD) or
     ``"dp_sgd"`` (sample-level DP-SGD through Opacus, settings in
-    ``[coordinator.training] trainer_options``).
+    ``[coordinator.training] trainer_options``) or an import string naming a factory
+    ``(model, data, *, seed) -> Trainer``.
+
+    The ``"torch"`` trainer's ``loss`` (``cross_entropy``, ``mse``, ``bce_with_logits``, ``l1``,
+    ``huber``, ``nll``, or an import string), ``optimizer`` (``sgd``, ``adam``, ``adamw``,
+    ``rmsprop``, ``adagrad``, or an import string) with ``optimizer_options`` (``momentum``,
+    ``weight_decay``, ...), and ``keep_local``: tensors that never leave the client
+    (``["batchnorm"]`` is FedBN; see ``fedlink.client.torch_trainer.local_mask``).
     """
 
     compression: str = "fp32"
@@ -130,6 +162,10 @@ class ClientSection:
     privacy: str = "none"
     privacy_options: Mapping[str, Any] = field(default_factory=dict)
     trainer: str = "torch"
+    loss: str = "cross_entropy"
+    optimizer: str = "sgd"
+    optimizer_options: Mapping[str, Any] = field(default_factory=dict)
+    keep_local: tuple[str, ...] = ()
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     liveness: LivenessConfig = field(default_factory=LivenessConfig)
 
@@ -148,8 +184,11 @@ class ClientSection:
     def __post_init__(self) -> None:
         require(self.density_bounds is None or len(self.density_bounds) == 2,
                 "client.density_bounds", "must be [min, max]")
-        require(self.trainer in TRAINERS, "client.trainer",
-                f"must be one of {', '.join(TRAINERS)}, got {self.trainer!r}")
+        require(self.trainer in TRAINERS or is_import_string(self.trainer), "client.trainer",
+                f"must be one of {', '.join(TRAINERS)} or 'package.module:attr', "
+                f"got {self.trainer!r}")
+        require(all(isinstance(p, str) and p for p in self.keep_local), "client.keep_local",
+                f"must be a list of non-empty names or patterns, got {self.keep_local!r}")
         self.pipeline()  # unknown codec names and bad options fail at load time
 
     def pipeline(self) -> UpdatePipeline:
@@ -172,6 +211,14 @@ class ExperimentConfig:
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
     network: Fleet | None = None
     partial_work: PartialWorkSection = field(default_factory=PartialWorkSection)
+    evaluator: str = ""
+    """``[coordinator] evaluator = "package.module:attr"``: your ``evaluate(model, test) ->
+    {metric: value}`` scoring each new global model (kept here, not in ``CoordinatorConfig``,
+    because the coordinator only ever sees the callback)."""
+
+    def __post_init__(self) -> None:
+        require(not self.evaluator or is_import_string(self.evaluator), "coordinator.evaluator",
+                f"must be 'package.module:attr', got {self.evaluator!r}")
 
     @classmethod
     def from_dict(cls, table: Mapping[str, Any],
@@ -187,6 +234,7 @@ class ExperimentConfig:
                                   for k, c in sections.items() if k != "client"}
         values["client"] = ClientSection.from_table(table.get("client", {}))
         coordinator = dict(table.get("coordinator", {}))
+        values["evaluator"] = coordinator.pop("evaluator", "")
         coordinator.setdefault("run_name", values["run"].name)
         coordinator.setdefault("seed", values["run"].seed)
         goal = FlushRule.from_table(coordinator.get("flush", {}), "coordinator.flush").goal
@@ -214,8 +262,10 @@ class ExperimentConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain-dict form (written into ``summary.json``)."""
         plain: dict[str, Any] = {f.name: _plain(getattr(self, f.name))
-                                 for f in dataclasses.fields(self) if f.name != "network"}
+                                 for f in dataclasses.fields(self)
+                                 if f.name not in ("network", "evaluator")}
         plain["network"] = None if self.network is None else self.network.to_dict()
+        plain["evaluator"] = self.evaluator
         return plain
 
 

@@ -6,7 +6,8 @@ its own ``TcpProxy`` carrying the link profile the fleet gave it. Local training
 the event loop's thread (``run.train_workers = 0``, the default: fastest for many small
 simulated clients, see ``ClientSession``) or on a thread pool; stragglers (speed multipliers
 from the fleet) always train on threads, so their extra time does not stall the others.
-At the end the run folder holds ``events.jsonl``, ``summary.json`` and ``report.md``.
+At the end the run folder holds ``events.jsonl``, ``summary.json``, ``report.md`` and the final
+global model as ``model.pt`` (a torch ``state_dict``) and ``model.npy`` (the flat vector).
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ import asyncio
 import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from fedlink.client import ClientOptions, ClientSession, SessionStats, Trainer
@@ -38,7 +40,7 @@ from fedlink.netem import ClientLink
 from fedlink.netem.proxy import TcpProxy
 from fedlink.sim.config import ExperimentConfig
 from fedlink.sim.network import ClientOutcome, network_summary
-from fedlink.sim.setup import Experiment, prepare_run_dir
+from fedlink.sim.setup import Experiment, Plugs, prepare_run_dir
 from fedlink.sim.stragglers import SlowedTrainer
 
 PROGRESS_POLL_S = 0.2
@@ -53,6 +55,10 @@ class SimulationResult:
     run_dir: Path
     report: Path
     clients: tuple[ClientOutcome, ...]
+    model: dict[str, torch.Tensor] = field(default_factory=dict)
+    """The final global model as a ``state_dict`` (``module.load_state_dict(result.model)``)."""
+    trainers: tuple[Trainer, ...] = ()
+    """Each client's trainer, by client index (its local state: FedBN's kept layers, ...)."""
 
     @property
     def client_stats(self) -> tuple[SessionStats, ...]:
@@ -61,27 +67,36 @@ class SimulationResult:
 
 
 def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
-                   progress: bool = True) -> SimulationResult:
-    """Run the experiment to the end and write its run folder; returns the summary."""
+                   progress: bool = True, *, model: Any = None, data: Any = None,
+                   trainer: Any = None, evaluate: Any = None,
+                   loss: Any = None) -> SimulationResult:
+    """Run the experiment to the end and write its run folder; returns the summary and model.
+
+    ``model``, ``data``, ``trainer``, ``evaluate`` and ``loss`` plug your own objects (or import
+    strings) in place of what the config names; see ``fedlink.sim.setup`` for what each must be.
+    """
     if config.coordinator.tls.enabled:
         raise ConfigError("fedlink simulate runs its clients in this process over loopback in "
                           "plaintext: remove [coordinator.tls], or run `fedlink serve` and "
                           "`fedlink client --tls-ca ...` to try TLS")
     torch.set_num_threads(config.run.torch_threads)
-    experiment = Experiment.build(config)
+    plugs = Plugs(model=model, data=data, trainer=trainer, evaluate=evaluate, loss=loss)
+    experiment = Experiment.build(config, plugs)
     run_dir = prepare_run_dir(config, output_dir)
     with EventLog(run_dir / EVENTS_FILENAME) as events:
         started = time.monotonic()
-        outcomes = asyncio.run(_simulate(experiment, events, progress))
+        outcomes, trainers, final = asyncio.run(_simulate(experiment, events, progress))
         for outcome in outcomes:
             events.emit("client_network", **outcome.as_event())
-        summary = summarize(events.events, config.to_dict())
+        summary = summarize(events.events, {**config.to_dict(), "plugs": plugs.describe()})
     summary.update(_client_figures(outcomes, time.monotonic() - started))
+    summary.update(experiment.data_figures())
     if config.network is not None:
         summary["network"] = network_summary(outcomes)
     write_summary(run_dir / SUMMARY_FILENAME, summary)
     report = write_report(run_dir, events.events, summary)
-    return SimulationResult(summary, run_dir, report, outcomes)
+    state = experiment.save_model(run_dir, final)
+    return SimulationResult(summary, run_dir, report, outcomes, state, trainers)
 
 
 def _links(experiment: Experiment) -> list[ClientLink | None]:
@@ -108,8 +123,9 @@ def _trainers(experiment: Experiment, links: list[ClientLink | None]) -> list[Tr
     return trainers
 
 
-async def _simulate(experiment: Experiment, events: EventLog,
-                    progress: bool) -> tuple[ClientOutcome, ...]:
+async def _simulate(experiment: Experiment, events: EventLog, progress: bool,
+                    ) -> tuple[tuple[ClientOutcome, ...], tuple[Trainer, ...], np.ndarray]:
+    """Run the clients against a coordinator; (outcomes, trainers, final global vector)."""
     config = experiment.config
     links = _links(experiment)
     # Trainers first: building one converts its data and warms torch up, which is set-up
@@ -131,8 +147,9 @@ async def _simulate(experiment: Experiment, events: EventLog,
                 for i, (trainer, proxy) in enumerate(zip(trainers, proxies, strict=True))]
             stats = await _run_sessions(sessions, server, events, config.coordinator.rounds,
                                         progress, config.run.target_accuracy)
-    return tuple(ClientOutcome(i, link, proxy.counters if proxy else None, s)
-                 for i, (link, proxy, s) in enumerate(zip(links, proxies, stats, strict=True)))
+    outcomes = tuple(ClientOutcome(i, link, proxy.counters if proxy else None, s)
+                     for i, (link, proxy, s) in enumerate(zip(links, proxies, stats, strict=True)))
+    return outcomes, tuple(trainers), server.service.engine.model.copy()
 
 
 async def _open_link(stack: contextlib.AsyncExitStack, link: ClientLink | None,

@@ -1,69 +1,294 @@
 """Builds what an experiment needs from its config: data, models, evaluator, trainers.
 
 Shared by ``fedlink simulate`` (everything in one process), ``fedlink serve`` (initial model and
-evaluator) and ``fedlink client`` (one client's trainer).
+evaluator) and ``fedlink client`` (one client's trainer), so a deployment runs exactly the code
+a simulation ran.
+
+Plug points (each an import string in the config, or the object itself through ``Plugs``):
+
+- model: ``[model] factory`` / ``Plugs.model``: an ``nn.Module`` (copied for every client) or a
+  factory ``(**[model] options) -> nn.Module``, called with torch seeded by ``[run] seed``;
+- data: ``[data] loader`` / ``Plugs.data``: ``loader(num_clients=, seed=, **options)`` returning
+  a ``FederatedData`` (numpy, per client), a ``CentralData`` (fedlink partitions it), or a
+  ``TorchFederatedData`` (torch datasets of any shape and dtype); ``Plugs.data`` may also be
+  the data itself;
+- trainer: ``[client] trainer`` / ``Plugs.trainer``: ``factory(model, data, *, seed) ->
+  Trainer`` (``data`` is the client's share);
+- evaluator: ``[coordinator] evaluator`` / ``Plugs.evaluate``: ``evaluate(model, test) ->
+  {metric: value}``, run on every new global model;
+- loss: ``[client] loss`` / ``Plugs.loss``: a name, an import string or ``(output, target) ->
+  loss``, used by the built-in trainer and the default evaluator;
+- optimizer: ``[client] optimizer`` (a name with ``optimizer_options``, or an import string).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import copy
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from fedlink.client import Trainer
+from fedlink.client.lazy import LazyTrainer
 from fedlink.client.torch_trainer import TorchTrainer
-from fedlink.data import Dataset, FederatedData, load_federated
+from fedlink.data import CentralData, Dataset, FederatedData, load_federated
+from fedlink.data.base import NATURAL, keyword_options
+from fedlink.data.federated import partition_central
+from fedlink.data.torch_data import TorchFederatedData
+from fedlink.errors import ConfigError
 from fedlink.metrics import EVENTS_FILENAME
-from fedlink.models import Evaluator, build_model
+from fedlink.metrics.distribution import label_distribution
+from fedlink.models import Evaluator, UserEvaluator, build_model
+from fedlink.models.training import build_optimizer
 from fedlink.params import to_vector
+from fedlink.params.flat import load_vector, spec_of
+from fedlink.plug import describe, expect, resolve
 from fedlink.privacy.dp_sgd import DPSGDTrainer
 from fedlink.private import private_dir
 from fedlink.sim.config import ExperimentConfig
 
-TRAINERS: dict[str, Callable[..., Trainer]] = {"torch": TorchTrainer, "dp_sgd": DPSGDTrainer}
-"""``[client] trainer`` name -> trainer class (``(model, data, *, seed)``)."""
+AnyData = FederatedData | TorchFederatedData
+ModelPlug = nn.Module | Callable[..., nn.Module]
+TrainerFactory = Callable[..., Trainer]
+"""``(model, data, *, seed) -> Trainer``."""
+
+MODEL_FILENAME = "model.pt"
+"""The final global model as a torch ``state_dict`` (``torch.load`` it into the model)."""
+VECTOR_FILENAME = "model.npy"
+"""The final global model as the flat float32 vector the coordinator holds."""
+
+
+@dataclass(frozen=True)
+class Plugs:
+    """User objects that replace what the config names (``run_simulation(model=..., ...)``).
+
+    ``None`` leaves the config in charge. Each may be the object or an import string.
+    """
+
+    model: ModelPlug | str | None = None
+    data: AnyData | CentralData | Callable[..., Any] | str | None = None
+    trainer: TrainerFactory | str | None = None
+    evaluate: Callable[..., Mapping[str, float]] | str | None = None
+    loss: Callable[..., Any] | str | None = None
+
+    def describe(self) -> dict[str, str]:
+        """What was plugged in, by import path, for the run's recorded config."""
+        return {name: describe(value) for name, value in vars(self).items()
+                if value is not None}
+
+
+def _torch_trainer(config: ExperimentConfig, loss: Any) -> TrainerFactory:
+    """The built-in ``"torch"`` trainer with the loss, the config's optimizer and
+    ``keep_local``."""
+    section = config.client
+    optimizer = build_optimizer(section.optimizer, section.optimizer_options)
+
+    def build(model: nn.Module, data: Any, *, seed: int) -> Trainer:
+        return TorchTrainer(model, data, seed=seed, loss=loss, optimizer=optimizer,
+                            keep_local=section.keep_local)
+
+    return build
+
+
+def _dp_sgd_trainer(config: ExperimentConfig, loss: Any) -> TrainerFactory:
+    """Opacus DP-SGD; it trains with cross-entropy on fedlink ``Dataset``s only."""
+    section = config.client
+    if loss != "cross_entropy" or section.keep_local or section.optimizer != "sgd":
+        raise ConfigError("client.trainer = 'dp_sgd' trains with cross_entropy and its own "
+                          "DP-SGD optimizer, sharing everything: unset loss, optimizer and "
+                          "keep_local")
+    return DPSGDTrainer
+
+
+TRAINERS: dict[str, Callable[[ExperimentConfig, Any], TrainerFactory]] = {
+    "torch": _torch_trainer, "dp_sgd": _dp_sgd_trainer}
+"""``[client] trainer`` name -> builder of its ``(model, data, *, seed)`` factory, given the
+config and the loss."""
+
+
+def load_data(config: ExperimentConfig, plug: Any = None) -> AnyData:
+    """The experiment's federated data: the plugged data or loader, ``[data] loader``, or the
+    registered ``[data] dataset``, partitioned as ``[data] partition`` says."""
+    section = config.data
+    source = resolve(plug if plug is not None else section.loader or None, "data loader")
+    if source is None:
+        return load_federated(section.dataset, section.clients, config.run.seed,
+                              section.partition, **dict(section.options))
+    if callable(source) and not isinstance(source, AnyData | CentralData):
+        source = _call_loader(source, config)
+    data = expect(source, (FederatedData, TorchFederatedData, CentralData), "the data loader")
+    if isinstance(data, CentralData):
+        data = partition_central(data, section.clients, config.run.seed,
+                                 section.partition or (NATURAL if data.groups else "iid"),
+                                 _split_options(config), name=describe(source))
+    if data.num_clients != section.clients:
+        raise ConfigError(f"the data loader made {data.num_clients} clients, [data] clients "
+                          f"is {section.clients}")
+    return data
+
+
+def _split_options(config: ExperimentConfig) -> dict[str, Any]:
+    """The ``[data] options`` that a partitioner (rather than the loader) takes."""
+    from fedlink.data import PARTITIONERS
+
+    scheme = config.data.partition
+    names = frozenset() if scheme in (None, NATURAL) else PARTITIONERS.get(scheme).options
+    return {k: v for k, v in config.data.options.items() if k in names}
+
+
+def _call_loader(loader: Callable[..., Any], config: ExperimentConfig) -> Any:
+    """``loader(num_clients=..., seed=..., **options)`` minus the partitioner's options."""
+    split = _split_options(config)
+    options = {k: v for k, v in config.data.options.items() if k not in split}
+    try:
+        accepted = keyword_options(loader)
+    except (ConfigError, TypeError, ValueError):
+        accepted = None  # **kwargs or a builtin: let the call itself say what is wrong
+    if accepted is not None and accepted and not set(options) <= accepted:
+        raise ConfigError(f"data loader {describe(loader)} does not take options "
+                          f"{sorted(set(options) - accepted)}; it takes {sorted(accepted)}")
+    try:
+        return loader(num_clients=config.data.clients, seed=config.run.seed, **options)
+    except TypeError as exc:
+        raise ConfigError(f"data loader {describe(loader)}: {exc} (it is called as "
+                          f"loader(num_clients=, seed=, **[data] options))") from exc
 
 
 @dataclass(frozen=True)
 class Experiment:
-    """An experiment's data and model, built once from its config."""
+    """An experiment's data and model, built once from its config (and any ``Plugs``)."""
 
     config: ExperimentConfig
-    data: FederatedData
+    data: AnyData
+    plugs: Plugs = field(default_factory=Plugs)
 
     @classmethod
-    def build(cls, config: ExperimentConfig) -> Experiment:
-        """Load and partition the data (seeded)."""
-        section = config.data
-        data = load_federated(section.dataset, section.clients, config.run.seed,
-                              section.partition, **dict(section.options))
-        return cls(config, data)
+    def build(cls, config: ExperimentConfig, plugs: Plugs | None = None) -> Experiment:
+        """Load and partition the data (seeded); check that the model factory builds a model
+        and the trainer factory resolves, so a wrong plug fails here and not in round one."""
+        plugs = plugs or Plugs()
+        experiment = cls(config, load_data(config, plugs.data), plugs)
+        experiment.new_model()
+        experiment.trainer_factory()
+        return experiment
 
-    def new_model(self) -> torch.nn.Module:
+    def new_model(self) -> nn.Module:
         """A freshly initialised model (the same weights on every call)."""
+        plug = resolve(self.plugs.model or self.config.model.factory or None, "model factory")
+        options = dict(self.config.model.options)
+        if isinstance(plug, nn.Module):
+            if options:
+                raise ConfigError("[model] options apply to a model factory, not to a module")
+            return copy.deepcopy(plug)
+        if plug is not None:
+            if not callable(plug):
+                raise ConfigError(f"model factory {describe(plug)} is not callable")
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.config.run.seed)
+                return expect(plug(**options), nn.Module, f"model factory {describe(plug)}")
+        if not isinstance(self.data, FederatedData):
+            raise ConfigError(f"built-in model {self.config.model.name!r} is sized from a "
+                              f"fedlink Dataset; with torch data set [model] factory")
         return build_model(self.config.model.name, self.data.num_features,
-                           self.data.num_classes, seed=self.config.run.seed,
-                           **dict(self.config.model.options))
+                           self.data.num_classes, seed=self.config.run.seed, **options)
 
     def initial_vector(self) -> np.ndarray:
-        """The global model at version 0, as a flat float32 vector."""
-        return to_vector(self.new_model())
+        """The global model at version 0: fresh weights, or ``[model] init`` when set."""
+        model = self.new_model()
+        if self.config.model.init:
+            return load_saved(model, Path(self.config.model.init))
+        return to_vector(model)
 
-    def evaluator(self) -> Evaluator:
+    def evaluator(self) -> Callable[[np.ndarray], Mapping[str, float]]:
         """Scores a global model vector on the central test set.
 
-        With ``[run] evaluate_train`` also on every client's training data, pooled.
+        The plugged or ``[coordinator] evaluator``; else accuracy (for class targets) and the
+        ``[client] loss``. With ``[run] evaluate_train`` also on every client's training data,
+        pooled (fedlink ``Dataset``s only).
         """
-        train = pooled_train(self.data) if self.config.run.evaluate_train else None
-        return Evaluator(self.new_model(), self.data.test, train=train)
+        plug = resolve(self.plugs.evaluate or self.config.evaluator or None, "evaluator")
+        if plug is not None:
+            return UserEvaluator(self.new_model(), self.data.test, plug)
+        train = None
+        if self.config.run.evaluate_train and isinstance(self.data, FederatedData):
+            train = pooled_train(self.data)
+        return Evaluator(self.new_model(), self.data.test, train=train, loss=self.loss)
+
+    @property
+    def loss(self) -> Any:
+        """The plugged loss, else ``[client] loss`` (a name or an import string)."""
+        return self.plugs.loss if self.plugs.loss is not None else self.config.client.loss
+
+    def trainer_factory(self) -> TrainerFactory:
+        """The ``(model, data, *, seed) -> Trainer`` that builds each client's trainer."""
+        plug = resolve(self.plugs.trainer, "trainer")
+        if plug is not None:
+            return plug  # type: ignore[no-any-return]
+        name = self.config.client.trainer
+        if name in TRAINERS:
+            return TRAINERS[name](self.config, self.loss)
+        return resolve(name, "trainer")  # type: ignore[no-any-return]
 
     def trainer(self, index: int) -> Trainer:
-        """The trainer of client ``index`` (``[client] trainer``), over its local data."""
-        return TRAINERS[self.config.client.trainer](
-            self.new_model(), self.data.clients[index], seed=self.config.run.seed * 7919 + index)
+        """The trainer of client ``index``, over its local data (loaded on first use when the
+        data loader made that client's share lazy)."""
+        factory = self.trainer_factory()
+        seed = self.config.run.seed * 7919 + index
+
+        def build() -> Trainer:
+            data = self.data.client(index) if isinstance(self.data, TorchFederatedData) \
+                else self.data.clients[index]
+            trainer = factory(self.new_model(), data, seed=seed)
+            if not isinstance(trainer, Trainer):
+                raise ConfigError(f"trainer factory {describe(factory)} returned a "
+                                  f"{type(trainer).__name__}, expected a fedlink.client.Trainer "
+                                  f"(num_examples() and train(params, plan))")
+            return trainer
+
+        if isinstance(self.data, TorchFederatedData) and self.data.is_lazy(index):
+            return LazyTrainer(build)
+        return build()
+
+    def data_figures(self) -> dict[str, Any]:
+        """Summary entries describing the partition: the clients x classes label counts
+        (``fedlink.metrics.distribution``), for fedlink ``Dataset``s."""
+        if not isinstance(self.data, FederatedData):
+            return {}
+        return {"label_distribution": label_distribution(
+            [client.label_counts().tolist() for client in self.data.clients])}
+
+    def state_dict(self, vector: np.ndarray) -> dict[str, torch.Tensor]:
+        """``vector`` as the model's ``state_dict`` (what ``torch.save`` writes)."""
+        model = self.new_model()
+        load_vector(model, vector)
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def save_model(self, run_dir: Path, vector: np.ndarray) -> dict[str, torch.Tensor]:
+        """Write the final model as ``model.pt`` (state_dict) and ``model.npy`` (vector)."""
+        state = self.state_dict(vector)
+        torch.save(state, run_dir / MODEL_FILENAME)
+        np.save(run_dir / VECTOR_FILENAME, np.asarray(vector, dtype=np.float32))
+        return state
+
+
+def load_saved(model: nn.Module, path: Path) -> np.ndarray:
+    """The vector of a saved model (``.pt`` state_dict or ``.npy`` vector) for ``model``'s
+    architecture (``ConfigError`` naming the file when it is missing or does not fit)."""
+    if not path.is_file():
+        raise ConfigError(f"model.init: no saved model at {path}")
+    if path.suffix == ".npy":
+        return spec_of(model).check(np.load(path))
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:
+        raise ConfigError(f"model.init: {path} does not fit the model: {exc}") from exc
+    return to_vector(model)
 
 
 def pooled_train(data: FederatedData) -> Dataset:

@@ -228,16 +228,16 @@ def test_synthetic_pool_can_be_repartitioned() -> None:
 
 
 def test_unknown_dataset_lists_known_names() -> None:
-    with pytest.raises(ConfigError, match=r"unknown dataset 'mnist'.*digits, synthetic"):
+    with pytest.raises(ConfigError, match=r"unknown dataset 'mnist'.*digits.*synthetic"):
         load_federated("mnist", 2, 0)
     with pytest.raises(ConfigError, match="digits"):
         get_dataset("nope")
 
 
 def test_unknown_partition_lists_known_names() -> None:
-    with pytest.raises(ConfigError, match="dirichlet, iid, natural, shards"):
+    with pytest.raises(ConfigError, match="dirichlet, iid, kclasses, natural, quantity, shards"):
         load_federated("digits", 2, 0, partition="labels")
-    with pytest.raises(ConfigError, match="known: dirichlet, iid, shards"):
+    with pytest.raises(ConfigError, match="known: dirichlet, iid, kclasses, quantity, shards"):
         get_partitioner("labels")
 
 

@@ -123,16 +123,39 @@ def test_spec_of_another_model_is_refused() -> None:
         load_vector(model, np.zeros(other.size, dtype=np.float32), other)
 
 
-def test_frozen_parameters_and_buffers_are_left_out() -> None:
+def test_frozen_parameters_are_left_out_and_buffers_travel() -> None:
     first, norm = nn.Linear(3, 4), nn.BatchNorm1d(4)
     model = nn.Sequential(first, norm, nn.Linear(4, 2))
     first.requires_grad_(False)
     before = first.weight.detach().clone()
     spec = spec_of(model)
-    assert spec.names == ("1.weight", "1.bias", "2.weight", "2.bias")
-    load_vector(model, np.full(spec.size, 2.0, dtype=np.float32))
+    assert spec.names == ("1.weight", "1.bias", "1.running_mean", "1.running_var",
+                          "1.num_batches_tracked", "2.weight", "2.bias")
+    assert spec.dtypes[4] == "int64"
+    vector = np.full(spec.size, 2.0, dtype=np.float32)
+    vector[spec.offsets[4]] = 6.6  # an averaged counter: rounded, not truncated
+    load_vector(model, vector)
     assert torch.equal(first.weight, before)
-    assert torch.count_nonzero(norm.get_buffer("running_mean")) == 0
+    assert torch.equal(norm.get_buffer("running_mean"), torch.full((4,), 2.0))
+    assert norm.get_buffer("num_batches_tracked").item() == 7
+    assert to_vector(model)[spec.offsets[4]] == 7.0
+
+
+def test_non_persistent_buffers_stay_out() -> None:
+    model = nn.Linear(2, 2)
+    model.register_buffer("scratch", torch.zeros(3), persistent=False)
+    assert spec_of(model).names == ("weight", "bias")
+
+
+def test_state_the_vector_cannot_carry_is_refused() -> None:
+    model = nn.Linear(2, 2)
+    model.register_buffer("mask", torch.ones(2, dtype=torch.bool))
+    with pytest.raises(ConfigError, match=r"'mask' has dtype torch\.bool"):
+        spec_of(model)
+    counter = nn.Linear(2, 2)
+    counter.register_buffer("steps", torch.tensor(2**24 + 1))
+    with pytest.raises(ConfigError, match=r"cannot\s+carry exactly"):
+        to_vector(counter)
 
 
 def test_tied_parameters_appear_once() -> None:
@@ -148,10 +171,10 @@ def test_mapping_of_tensors_matches_module() -> None:
     assert np.array_equal(to_vector(named), to_vector(model))
 
 
-def test_integer_buffer_in_state_dict_is_refused() -> None:
+def test_state_dict_matches_module() -> None:
     model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
-    with pytest.raises(ConfigError, match="named_parameters"):
-        spec_of(model.state_dict())
+    assert spec_of(model.state_dict()) == spec_of(model)
+    assert np.array_equal(to_vector(model.state_dict()), to_vector(model))
 
 
 def test_half_precision_round_trip_is_exact() -> None:

@@ -1,0 +1,49 @@
+"""``LazyTrainer``: a trainer built the first time it is needed, so a client's data is loaded
+when that client trains, not when the run starts (torch-free)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import numpy as np
+
+from fedlink.client.base import Trainer, TrainPlan, TrainResult
+from fedlink.errors import ConfigError
+
+
+class LazyTrainer:
+    """Defers ``build()`` (which loads the client's share and builds its trainer) to the first
+    ``train`` or ``num_examples`` call; thread-safe, built at most once.
+
+    For simulations of many clients over large data: a client that is never sampled never
+    loads its share.
+    """
+
+    def __init__(self, build: Callable[[], Trainer]) -> None:
+        self._build = build
+        self._trainer: Trainer | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def built(self) -> bool:
+        """Whether the real trainer (and so the client's data) has been loaded."""
+        return self._trainer is not None
+
+    def _get(self) -> Trainer:
+        with self._lock:
+            if self._trainer is None:
+                trainer = self._build()
+                if not isinstance(trainer, Trainer):
+                    raise ConfigError(f"a lazy trainer's build returned a "
+                                      f"{type(trainer).__name__}, expected a fedlink Trainer")
+                self._trainer = trainer
+            return self._trainer
+
+    def num_examples(self) -> int:
+        """The real trainer's number of examples (building it if needed)."""
+        return self._get().num_examples()
+
+    def train(self, params: np.ndarray, plan: TrainPlan) -> TrainResult:
+        """Build the real trainer if needed, then train with it."""
+        return self._get().train(params, plan)
