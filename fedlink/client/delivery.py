@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -79,11 +80,12 @@ class Courier:
         that outlasts the retry policy leaves it there. A ``recovered`` update (from an earlier
         process) asks where to resume before it sends anything.
         """
+        sending = time.monotonic()
         try:
             if not self._inline(update):
                 await self.transfers.upload(update.client_id, update.upload_id,
                                             update.payload.data, resume=recovered)
-            reply = await self._commit(update, mark, recovered)
+            reply = await self._commit(update, mark, recovered, time.monotonic() - sending)
         except RemoteError as err:
             if not err.retryable:
                 await self._forget(update)
@@ -92,9 +94,10 @@ class Courier:
         return reply
 
     async def _commit(self, update: PendingUpdate, mark: TaskMark,
-                      recovered: bool) -> CommitReply:
-        """``Commit`` with this task's resilience counters (and ``from_outbox``) as metrics."""
-        metrics = self.stats.since(mark)
+                      recovered: bool, upload_s: float = 0.0) -> CommitReply:
+        """``Commit`` with this task's resilience counters and network time (the upload's
+        ``upload_s`` included; and ``from_outbox``) as metrics."""
+        metrics = self.stats.since(mark, upload_s)
         if recovered:
             metrics["from_outbox"] = 1.0
         request = update.commit_request(metrics, inline=self._inline(update))
