@@ -36,6 +36,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="keep the coordinator's durable state in DIR (overrides "
                         "[coordinator] state_dir); a coordinator restarted on the same DIR "
                         "resumes the run where it stopped")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve Prometheus metrics on http://HOST:PORT/metrics (0 picks a free "
+                        "port; HOST from [coordinator.metrics], loopback by default)")
     p.set_defaults(func=_serve)
 
 
@@ -75,7 +78,7 @@ def _serve(args: argparse.Namespace) -> int:
     from fedlink.cli.serve import serve
 
     return asyncio.run(serve(args.config, f"{args.host}:{args.port}", args.output_dir,
-                             args.state_dir))
+                             args.state_dir, args.metrics_port))
 
 
 def _client(args: argparse.Namespace) -> int:

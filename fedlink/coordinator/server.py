@@ -7,7 +7,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +45,10 @@ class CoordinatorServer:
     """
 
     def __init__(self, config: CoordinatorConfig, initial_model: np.ndarray, events: EventLog,
-                 evaluator: Evaluator | None = None, address: str = "127.0.0.1:0") -> None:
+                 evaluator: Evaluator | None = None, address: str = "127.0.0.1:0",
+                 interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> None:
         self.config = config
+        self.interceptors = tuple(interceptors)  # e.g. RPC metrics, outermost first
         self.address = address
         self.events = events
         self.service = CoordinatorService(config, initial_model, events, evaluator)
@@ -57,7 +59,7 @@ class CoordinatorServer:
 
     async def start(self) -> int:
         """Bind, start serving and return the bound port."""
-        interceptors: list[grpc.aio.ServerInterceptor] = []
+        interceptors: list[grpc.aio.ServerInterceptor] = list(self.interceptors)
         if self.config.auth.enabled:  # the secret is read here, never logged
             auth = self.config.auth
             interceptors.append(AuthInterceptor(load_secret(auth.secret_file, auth.secret_env)))
