@@ -31,6 +31,7 @@ proto: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check fedlink tests benchmarks clients examples
 	$(VENV)/bin/mypy
+	$(VENV)/bin/hadolint server/Containerfile clients/edge/Containerfile
 
 bench: $(STAMP)
 	@set -e; for b in benchmarks/*.py; do \

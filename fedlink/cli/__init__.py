@@ -41,7 +41,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                         "resumes the run where it stopped")
     p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                    help="serve Prometheus metrics on http://HOST:PORT/metrics (0 picks a free "
-                        "port; HOST from [coordinator.metrics], loopback by default)")
+                        "port; HOST from --metrics-host or [coordinator.metrics])")
+    p.add_argument("--metrics-host", default=None, metavar="HOST",
+                   help="address the metrics endpoint listens on (default 127.0.0.1)")
     p.set_defaults(func=_serve)
 
 
@@ -81,7 +83,7 @@ def _serve(args: argparse.Namespace) -> int:
     from fedlink.cli.serve import serve
 
     return asyncio.run(serve(args.config, f"{args.host}:{args.port}", args.output_dir,
-                             args.state_dir, args.metrics_port))
+                             args.state_dir, args.metrics_port, args.metrics_host))
 
 
 def _client(args: argparse.Namespace) -> int:

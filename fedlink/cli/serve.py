@@ -23,20 +23,24 @@ from fedlink.sim.setup import Experiment, prepare_run_dir
 
 
 async def serve(config_path: Path, address: str, output_dir: Path | None,
-                state_dir: Path | None = None, metrics_port: int | None = None) -> int:
+                state_dir: Path | None = None, metrics_port: int | None = None,
+                metrics_host: str | None = None) -> int:
     """Serve the run described by ``config_path`` until it ends or a signal stops it.
 
     With a ``state_dir`` (the argument, else ``[coordinator] state_dir``) that holds a run,
     the run resumes: its event log is appended to, and the summary covers the whole run.
-    ``metrics_port`` (else ``[coordinator.metrics]``) serves Prometheus metrics.
+    ``metrics_port`` and ``metrics_host`` (else ``[coordinator.metrics]``) serve Prometheus
+    metrics; either turns them on.
     """
     config = ExperimentConfig.from_toml(config_path)
     if state_dir is not None:
         config = replace(config, coordinator=replace(config.coordinator,
                                                      state_dir=str(state_dir)))
-    if metrics_port is not None:
+    if metrics_port is not None or metrics_host is not None:
+        metrics = config.coordinator.metrics
         config = replace(config, coordinator=replace(config.coordinator, metrics=replace(
-            config.coordinator.metrics, enabled=True, port=metrics_port)))
+            metrics, enabled=True, port=metrics.port if metrics_port is None else metrics_port,
+            host=metrics_host or metrics.host)))
     resuming = holds_state(config.coordinator.state_dir)
     experiment = Experiment.build(config)
     run_dir = prepare_run_dir(config, output_dir, keep_events=resuming)
