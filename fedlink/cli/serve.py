@@ -55,6 +55,10 @@ async def serve(config_path: Path, address: str, output_dir: Path | None,
                                    evaluator=experiment.evaluator(), address=address)
         if config.coordinator.metrics.enabled:
             _serve_metrics(server, stack)
+        if config.run.tensorboard:
+            from fedlink.observe import tensorboard  # an optional extra
+
+            tensorboard.attach(events, run_dir, stack)
         await serve_until_done(server, on_started=announce)
     everything = read_events(run_dir / EVENTS_FILENAME)  # every process's, when resumed
     summary = summarize(everything, config.to_dict())

@@ -70,7 +70,11 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
     torch.set_num_threads(config.run.torch_threads)
     experiment = Experiment.build(config)
     run_dir = prepare_run_dir(config, output_dir)
-    with EventLog(run_dir / EVENTS_FILENAME) as events:
+    with EventLog(run_dir / EVENTS_FILENAME) as events, contextlib.ExitStack() as stack:
+        if config.run.tensorboard:
+            from fedlink.observe import tensorboard  # an optional extra
+
+            tensorboard.attach(events, run_dir, stack)
         started = time.monotonic()
         outcomes = asyncio.run(_simulate(experiment, events, progress))
         for outcome in outcomes:
