@@ -93,6 +93,7 @@ class _Prober:
         self.resets = 0
         self.max_bytes = 0
         self.model_bytes = 0
+        self.calls: list[tuple[float, int, int]] = []  # (seconds, bytes up, bytes down)
 
     def timed(self, up: int, down: int) -> float:
         """Seconds one probe carrying ``up`` bytes and asking ``down`` back took."""
@@ -110,6 +111,7 @@ class _Prober:
                 continue
             seconds = time.perf_counter() - started
             self.max_bytes, self.model_bytes = reply.max_bytes, reply.model_bytes
+            self.calls.append((seconds, up, down))
             return seconds
         raise AssertionError("unreachable")
 
@@ -134,9 +136,7 @@ def measure(target: str, options: NetcheckOptions | None = None) -> NetcheckResu
         down_samples, down_bytes = _goodput(prober, options, rtt, upward=False)
         stats = tcp_stats(target, exclude=before)
     up, down = _best(up_samples, up_bytes), _best(down_samples, down_bytes)
-    stalls = _stalls(rtts, rtt, options) + _stalls(
-        [s for s, _ in up_samples], rtt + up_bytes * 8 / (up.kbps * 1000), options) + _stalls(
-        [s for s, _ in down_samples], rtt + down_bytes * 8 / (down.kbps * 1000), options)
+    stalls = _stalls(prober.calls[1:], rtt, up.kbps, down.kbps, options)
     return NetcheckResult(
         target=target, rtt_ms=rtt * 1000, rtt_min_ms=min(rtts) * 1000,
         jitter_ms=statistics.fmean(abs(a - b) for a, b in itertools.pairwise(rtts)) * 1000,
@@ -166,10 +166,15 @@ def _best(samples: Sequence[tuple[float, float]], size: int) -> Goodput:
     return Goodput(kbps=max(rates), probe_bytes=size, samples_kbps=rates)
 
 
-def _stalls(seconds: Sequence[float], expected: float, options: NetcheckOptions) -> int:
-    """Calls that took ``stall_factor`` x ``expected`` and at least ``stall_min_s`` more."""
-    limit = max(expected * options.stall_factor, expected + options.stall_min_s)
-    return sum(1 for s in seconds if s > limit)
+def _stalls(calls: Sequence[tuple[float, int, int]], rtt: float, up_kbps: float,
+            down_kbps: float, options: NetcheckOptions) -> int:
+    """Calls that took ``stall_factor`` x what the measured link predicts for them, and at
+    least ``stall_min_s`` more."""
+    stalled = 0
+    for seconds, up, down in calls:
+        expected = rtt + up * 8 / (up_kbps * 1000) + down * 8 / (down_kbps * 1000)
+        stalled += seconds > max(expected * options.stall_factor, expected + options.stall_min_s)
+    return stalled
 
 
 def rate_limited(error: RemoteError) -> bool:

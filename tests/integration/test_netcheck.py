@@ -38,6 +38,8 @@ async def _through(profile_name: str, seed: int, config: CoordinatorConfig,
 @pytest.mark.parametrize("name", ["3g", "flaky"])
 def test_netcheck_measures_the_profile_within_15_percent(name: str) -> None:
     profile = preset(name)
+    # seed 1: flaky's first blackout comes ~39 s after the proxy starts, after the
+    # measurement (stalls have their own test below)
     result = run_async(_through(name, 1, ALLOWED, SHORT), timeout=100)
 
     assert result.rtt_ms == pytest.approx(2 * profile.latency_ms, rel=0.15)
@@ -50,6 +52,25 @@ def test_netcheck_measures_the_profile_within_15_percent(name: str) -> None:
     advice = advise(result)
     assert 16 * 1024 <= advice.chunk_bytes <= 1024 * 1024
     assert advice.deadline_s > 2 * result.rtt_ms / 1000
+
+
+def test_a_blackout_during_the_measurement_is_reported_as_a_stall() -> None:
+    async def scenario() -> tuple[NetcheckResult, int]:
+        async with CoordinatorServer(ALLOWED, MODEL, EventLog(None)) as server, \
+                TcpProxy(preset("flaky").with_seed(1), f"127.0.0.1:{server.port}") as proxy:
+            probing = asyncio.create_task(asyncio.to_thread(measure, proxy.address, SHORT))
+            # the link goes silent once the RTT probes have begun
+            while not probing.done():
+                if proxy.counters.bytes_up > 2000:
+                    proxy.force_blackout(3.0)
+                    break
+                await asyncio.sleep(0.01)
+            return await probing, proxy.counters.blackouts
+
+    result, blackouts = run_async(scenario(), timeout=100)
+    assert blackouts == 1
+    assert result.stalls >= 1
+    assert advise(result).expect_staleness
 
 
 def test_netcheck_json_output_for_scripts() -> None:
