@@ -14,8 +14,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# The same poor fleet twice, synchronous FedAvg then fedlink's elastic rounds, and the
+# comparison (time to 90% accuracy and its ratio, printed last).
 demo: $(STAMP)
+	$(PY) -m fedlink simulate examples/demo_sync_fedavg.toml
 	$(PY) -m fedlink simulate examples/demo_poor_network.toml
+	$(PY) -m fedlink compare runs/demo-sync-fedavg runs/demo-elastic --target 0.9 \
+	  --output runs/demo-comparison
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
@@ -26,6 +31,7 @@ proto: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check fedlink tests benchmarks clients examples
 	$(VENV)/bin/mypy
+	$(VENV)/bin/hadolint server/Containerfile clients/edge/Containerfile
 
 bench: $(STAMP)
 	@set -e; for b in benchmarks/*.py; do \

@@ -1,4 +1,5 @@
-"""The ``fedlink`` command: ``simulate``, ``serve``, ``client``, ``netem``, ``token``."""
+"""The ``fedlink`` command: ``simulate``, ``serve``, ``client``, ``netem``, ``token``,
+``netcheck``, ``health``, ``compare``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from fedlink._version import __version__
+from fedlink.cli.compare import add_compare_parser
+from fedlink.cli.netcheck import add_health_parser, add_netcheck_parser
 from fedlink.cli.netem import add_netem_parser
 from fedlink.cli.token import add_token_parser
 from fedlink.errors import FedlinkError
@@ -36,6 +39,11 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="keep the coordinator's durable state in DIR (overrides "
                         "[coordinator] state_dir); a coordinator restarted on the same DIR "
                         "resumes the run where it stopped")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve Prometheus metrics on http://HOST:PORT/metrics (0 picks a free "
+                        "port; HOST from --metrics-host or [coordinator.metrics])")
+    p.add_argument("--metrics-host", default=None, metavar="HOST",
+                   help="address the metrics endpoint listens on (default 127.0.0.1)")
     p.set_defaults(func=_serve)
 
 
@@ -87,7 +95,7 @@ def _serve(args: argparse.Namespace) -> int:
     from fedlink.cli.serve import serve
 
     return asyncio.run(serve(args.config, f"{args.host}:{args.port}", args.output_dir,
-                             args.state_dir))
+                             args.state_dir, args.metrics_port, args.metrics_host))
 
 
 def _client(args: argparse.Namespace) -> int:
@@ -114,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="more log output (-vv for debug)")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_simulate, _add_serve, _add_client, add_netem_parser, add_token_parser):
+    for add in (_add_simulate, _add_serve, _add_client, add_netem_parser, add_token_parser,
+                add_netcheck_parser, add_health_parser, add_compare_parser):
         add(sub)
     return parser
 

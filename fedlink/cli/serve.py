@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,16 +22,24 @@ from fedlink.sim.setup import Experiment, prepare_run_dir
 
 
 async def serve(config_path: Path, address: str, output_dir: Path | None,
-                state_dir: Path | None = None) -> int:
+                state_dir: Path | None = None, metrics_port: int | None = None,
+                metrics_host: str | None = None) -> int:
     """Serve the run described by ``config_path`` until it ends or a signal stops it.
 
     With a ``state_dir`` (the argument, else ``[coordinator] state_dir``) that holds a run,
     the run resumes: its event log is appended to, and the summary covers the whole run.
+    ``metrics_port`` and ``metrics_host`` (else ``[coordinator.metrics]``) serve Prometheus
+    metrics; either turns them on.
     """
     config = ExperimentConfig.from_toml(config_path)
     if state_dir is not None:
         config = replace(config, coordinator=replace(config.coordinator,
                                                      state_dir=str(state_dir)))
+    if metrics_port is not None or metrics_host is not None:
+        metrics = config.coordinator.metrics
+        config = replace(config, coordinator=replace(config.coordinator, metrics=replace(
+            metrics, enabled=True, port=metrics.port if metrics_port is None else metrics_port,
+            host=metrics_host or metrics.host)))
     resuming = holds_state(config.coordinator.state_dir)
     experiment = Experiment.build(config)
     run_dir = prepare_run_dir(config, output_dir, keep_events=resuming)
@@ -40,9 +49,15 @@ async def serve(config_path: Path, address: str, output_dir: Path | None,
         print(f"fedlink coordinator for run {config.run.name!r} listening on {host}:{port}",
               flush=True)
 
-    with EventLog(run_dir / EVENTS_FILENAME) as events:
+    with EventLog(run_dir / EVENTS_FILENAME) as events, contextlib.ExitStack() as stack:
         server = CoordinatorServer(config.coordinator, experiment.initial_vector(), events,
                                    evaluator=experiment.evaluator(), address=address)
+        if config.coordinator.metrics.enabled:
+            _serve_metrics(server, stack)
+        if config.run.tensorboard:
+            from fedlink.observe import tensorboard  # an optional extra
+
+            tensorboard.attach(events, run_dir, stack)
         await serve_until_done(server, on_started=announce)
     everything = read_events(run_dir / EVENTS_FILENAME)  # every process's, when resumed
     summary = summarize(everything, config.to_dict())
@@ -51,3 +66,15 @@ async def serve(config_path: Path, address: str, output_dir: Path | None,
     experiment.save_model(run_dir, server.service.engine.model)  # model.npy and model.pt
     print(f"report: {write_report(run_dir, everything, summary)}", flush=True)
     return 0
+
+
+def _serve_metrics(server: CoordinatorServer, stack: contextlib.ExitStack) -> None:
+    """Start ``server``'s Prometheus endpoint (closed with ``stack``) and say where it is."""
+    from fedlink.observe.endpoint import MetricsEndpoint  # an optional extra
+
+    settings = server.config.metrics
+    endpoint = stack.enter_context(MetricsEndpoint(server.events))
+    server.interceptors = (endpoint.interceptor, *server.interceptors)
+    endpoint.watch(server.service)
+    port = endpoint.start(settings.host, settings.port)
+    print(f"fedlink metrics on http://{settings.host}:{port}/metrics", flush=True)

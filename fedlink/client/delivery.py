@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -83,11 +84,12 @@ class Courier:
         that outlasts the retry policy leaves it there. A ``recovered`` update (from an earlier
         process) asks where to resume before it sends anything.
         """
+        sending = time.monotonic()
         try:
             if not self._inline(update):
                 await self.transfers.upload(update.client_id, update.upload_id,
                                             update.payload.data, resume=recovered)
-            reply = await self._commit(update, recovered)
+            reply = await self._commit(update, recovered, time.monotonic() - sending)
         except RemoteError as err:
             if not err.retryable:
                 await self._forget(update)
@@ -95,10 +97,12 @@ class Courier:
         await self._forget(update)
         return reply
 
-    async def _commit(self, update: PendingUpdate, recovered: bool) -> CommitReply:
-        """``Commit`` with the counters not yet reported (and ``from_outbox``) as metrics."""
+    async def _commit(self, update: PendingUpdate, recovered: bool,
+                      upload_s: float = 0.0) -> CommitReply:
+        """``Commit`` with the counters not yet reported, the network time (the upload's
+        ``upload_s`` included) and ``from_outbox`` as metrics."""
         sending = self.stats.mark()
-        metrics = self.stats.since(self.reported)
+        metrics = self.stats.since(self.reported, upload_s)
         if recovered:
             metrics["from_outbox"] = 1.0
         request = update.commit_request(metrics, inline=self._inline(update))

@@ -31,7 +31,8 @@ class SessionStats:
     the network for sending; ``bytes_down`` the payload bytes received (deltas, and full models,
     including any fallback); ``delta_bytes_saved`` the download bytes that deltas (or an already
     held model) saved against full downloads; ``network_seconds`` the time spent downloading,
-    uploading and committing. ``finished``: the coordinator's reason when it said the run is
+    uploading and committing; ``network_reported`` how much of it commits have reported to the
+    coordinator. ``finished``: the coordinator's reason when it said the run is
     over (empty until then).
     """
 
@@ -48,6 +49,7 @@ class SessionStats:
     resumed_bytes: int = 0
     offline_seconds: float = 0.0
     network_seconds: float = 0.0
+    network_reported: float = 0.0
     refusals: list[str] = field(default_factory=list)
     finished: str = ""
 
@@ -55,11 +57,23 @@ class SessionStats:
         """The resilience counters now, to measure one task against."""
         return TaskMark(self.retries, self.resumed_bytes, self.offline_seconds)
 
-    def since(self, mark: TaskMark) -> dict[str, float]:
-        """Retries, resumed bytes and offline seconds since ``mark`` (sent as commit metrics,
-        and at ``Leave``)."""
+    def since(self, mark: TaskMark, network_open_s: float = 0.0) -> dict[str, float]:
+        """Retries, resumed bytes and offline seconds since ``mark``, and the network seconds
+        not reported yet (sent as commit metrics, and at ``Leave``; see ``report_network``)."""
         return {
             "retries": float(self.retries - mark.retries),
             "resumed_bytes": float(self.resumed_bytes - mark.resumed_bytes),
             "offline_seconds": self.offline_seconds - mark.offline_seconds,
+            "network_seconds": self.report_network(network_open_s),
         }
+
+    def report_network(self, open_s: float = 0.0) -> float:
+        """Network seconds since the last report, counted as reported now.
+
+        ``open_s`` is network time already spent but not yet added to ``network_seconds`` (the
+        upload of the update being committed). A commit cannot carry its own duration, so that
+        reaches the next report: summed over a run, nothing but the last commit is missed.
+        """
+        total = self.network_seconds + open_s
+        fresh, self.network_reported = total - self.network_reported, total
+        return max(0.0, fresh)

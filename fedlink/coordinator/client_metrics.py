@@ -9,6 +9,7 @@ update is weighted. Known keys become fields of the ``update_accepted`` event:
                      them (int, >= 0)
 ``offline_seconds``  time the client spent unable to reach the coordinator (>= 0)
 ``train_seconds``    local training time (>= 0)
+``network_seconds``  time the task spent downloading and uploading (>= 0)
 ``train_loss``       mean local training loss (any finite value)
 ==================== =====================================================================
 
@@ -26,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 COUNTS = ("retries", "resumed_bytes")
-DURATIONS = ("offline_seconds", "train_seconds")
+DURATIONS = ("offline_seconds", "train_seconds", "network_seconds")
 SIGNED = ("train_loss",)
 KNOWN = frozenset(COUNTS + DURATIONS + SIGNED)
 MAX_EXTRA_METRICS = 16

@@ -15,6 +15,7 @@ import fedlink.privacy  # noqa: F401  (registers the differential-privacy flush 
 from fedlink.aggregate import ACCUMULATORS, FLUSH_HOOKS, SERVER_OPTIMIZERS, STALENESS_WEIGHTS
 from fedlink.compress import broadcast_codec
 from fedlink.config import from_table, require
+from fedlink.coordinator.operations import MetricsConfig, NetcheckConfig
 from fedlink.errors import ConfigError
 from fedlink.registry import Registry
 
@@ -466,6 +467,9 @@ class CoordinatorConfig:
     relative to it, so a lossy broadcast (``fp16``: half the bytes; values beyond +-65504
     saturate) perturbs where clients start, never how their updates are applied to the
     coordinator's exact float32 model. Delta downloads are exact between the served vectors.
+
+    ``metrics`` and ``netcheck``: the Prometheus endpoint and the ``Probe`` call that
+    ``fedlink netcheck`` uses, both off by default (``fedlink.coordinator.operations``).
     """
 
     run_name: str = "fedlink-run"
@@ -490,6 +494,8 @@ class CoordinatorConfig:
     state_dir: str = ""
     hooks: tuple[Mapping[str, Any], ...] = ()
     downlink_codec: str = "fp32"
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    netcheck: NetcheckConfig = field(default_factory=NetcheckConfig)
 
     def __post_init__(self) -> None:
         _check_types(self, "")
@@ -532,7 +538,7 @@ class CoordinatorConfig:
     def from_dict(cls, table: Mapping[str, Any]) -> CoordinatorConfig:
         """Build from a ``[coordinator]``-style table with ``flush``/``training``/``limits``."""
         nested = {"training": TrainingConfig, "limits": LimitsConfig, "tls": TLSConfig,
-                  "auth": AuthConfig}
+                  "auth": AuthConfig, "metrics": MetricsConfig, "netcheck": NetcheckConfig}
         values = dict(table)
         for key, sub in nested.items():
             if key in values:

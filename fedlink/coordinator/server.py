@@ -7,7 +7,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +47,10 @@ class CoordinatorServer:
     """
 
     def __init__(self, config: CoordinatorConfig, initial_model: np.ndarray, events: EventLog,
-                 evaluator: Evaluator | None = None, address: str = "127.0.0.1:0") -> None:
+                 evaluator: Evaluator | None = None, address: str = "127.0.0.1:0",
+                 interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> None:
         self.config = config
+        self.interceptors = tuple(interceptors)  # e.g. RPC metrics, outermost first
         self.address = address
         self.events = events
         self.service = CoordinatorService(config, initial_model, events, evaluator)
@@ -61,7 +63,8 @@ class CoordinatorServer:
         """Bind, start serving and return the bound port."""
         for warning in insecurity_warnings(self.config, self.address):
             log.warning("INSECURE: %s", warning)
-        interceptors: list[grpc.aio.ServerInterceptor] = [EdgeInterceptor()]
+        # the observers' interceptors first (outermost): they see what the edge refuses too
+        interceptors: list[grpc.aio.ServerInterceptor] = [*self.interceptors, EdgeInterceptor()]
         if self.config.auth.enabled:  # the secret is read here, never logged
             auth = self.config.auth
             interceptors.append(AuthInterceptor(load_secret(auth.secret_file, auth.secret_env)))

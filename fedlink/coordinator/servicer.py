@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 import grpc
 from google.protobuf.message import Message
 
+from fedlink.coordinator.probe import ProbeDesk
 from fedlink.coordinator.service import CoordinatorService
 from fedlink.errors import RemoteError
 from fedlink.proto.v1 import coordinator_pb2 as pb
@@ -43,6 +44,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     def __init__(self, service: CoordinatorService) -> None:
         self.service = service
+        self.probes = ProbeDesk(service.config.netcheck, 4 * service.engine.num_parameters)
 
     async def _unary(self, context: grpc.aio.ServicerContext, call: str,
                      handler: Callable[[Any], Awaitable[Any]], request: Message,
@@ -76,6 +78,15 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     async def Leave(self, request: pb.LeaveRequest, context: Any) -> Message:
         """See ``CoordinatorService.leave``."""
         return await self._unary(context, "Leave", self.service.leave, request)
+
+    async def Probe(self, request: pb.ProbeRequest, context: Any) -> Message:
+        """See ``ProbeDesk.answer`` (``fedlink netcheck``)."""
+        try:
+            answer = self.probes.answer(len(request.payload), request.reply_bytes)
+        except Exception as exc:
+            await _abort(context, exc, "Probe")
+        return pb.ProbeReply(payload=answer.payload, received_bytes=answer.received_bytes,
+                             model_bytes=answer.model_bytes, max_bytes=answer.max_bytes)
 
     async def Download(self, request: pb.DownloadRequest,
                        context: Any) -> AsyncIterator[Message]:

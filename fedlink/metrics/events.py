@@ -162,6 +162,7 @@ class EventLog:
         self._lock = threading.Lock()
         self._closed = False
         self._held: list[Event] | None = None
+        self._subscribers: list[Callable[[Event], None]] = []
         self._file: IO[str] | None = None
         if path is not None:
             private_dir(path.parent)
@@ -240,10 +241,22 @@ class EventLog:
         with self._lock:
             self._record(dict(event))
 
+    def subscribe(self, subscriber: Callable[[Event], None]) -> None:
+        """Call ``subscriber`` with a copy of every event from now on, once it is written.
+
+        Subscribers (live exporters: Prometheus, TensorBoard) see what the file records, in
+        order, captured events only once they are durable; they run under the log's lock, so
+        they must be quick and must not emit.
+        """
+        with self._lock:
+            self._subscribers.append(subscriber)
+
     def _record(self, event: Event) -> None:
-        """Write and keep one event; the caller holds the lock."""
+        """Write and keep one event, and hand it to subscribers; the caller holds the lock."""
         self._write(event)
         self._events.append(event)
+        for subscriber in self._subscribers:
+            subscriber(dict(event))
 
     def of_kind(self, kind: str) -> list[Event]:
         """The events of one kind, oldest first."""

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from fedlink.metrics.distribution import draw_label_distribution, label_section
-from fedlink.metrics.events import FLUSH, Event
+from fedlink.metrics.events import FLUSH, UPDATE_ACCEPTED, Event
 from fedlink.metrics.formatting import fmt_metric, human_bytes, human_seconds, key_figures
-from fedlink.metrics.summary import of_kind, start_elapsed
+from fedlink.metrics.summary import comm_figures, of_kind, start_elapsed
 from fedlink.private import private_dir, touch_private
 
 REPORT_FILENAME = "report.md"
@@ -50,14 +50,19 @@ def write_report(run_dir: Path, events: list[Event], summary: Mapping[str, Any])
         _draw(run_dir / series.filename, series)
     path = run_dir / REPORT_FILENAME
     title = summary.get("run_name") or run_dir.name
-    text = _markdown(str(title), summary, flushes, plots)
+    text = _markdown(str(title), summary, flushes, plots, _comm_shares(events, flushes))
     labels = label_section(draw_label_distribution(run_dir, summary.get("label_distribution")
                                                    or {}))
-    touch_private(path).write_text(text + (f"
-{labels}
-" if labels else ""),
+    touch_private(path).write_text(text + (f"\n{labels}\n" if labels else ""),
                                    encoding="utf-8")
     return path
+
+
+def _comm_shares(events: list[Event], flushes: list[Event]) -> list[float | None]:
+    """Per flush, the communication share of the accepted updates it folded in."""
+    by_task = {e.get("task_id"): e for e in of_kind(events, UPDATE_ACCEPTED)}
+    return [comm_figures([by_task[t] for t in flush.get("updates") or [] if t in by_task])
+            ["comm_share"] for flush in flushes]
 
 
 def _series(flushes: list[Event], start: float) -> list[_Series]:
@@ -99,7 +104,8 @@ def _draw(path: Path, series: _Series) -> None:
 
 
 def _markdown(
-    title: str, summary: Mapping[str, Any], flushes: list[Event], plots: list[_Series]
+    title: str, summary: Mapping[str, Any], flushes: list[Event], plots: list[_Series],
+    shares: list[float | None],
 ) -> str:
     """The whole report as Markdown text."""
     parts = [f"# Run report: {_cell(title)}", _summary_section(summary)]
@@ -108,7 +114,7 @@ def _markdown(
     network = summary.get("network")
     if network:
         parts.append(_network_section(network.get("profiles") or {}))
-    parts.append(_rounds_section(flushes))
+    parts.append(_rounds_section(flushes, shares))
     return "\n\n".join(parts) + "\n"
 
 
@@ -172,20 +178,33 @@ def _refusals_section(reasons: Mapping[str, int]) -> str:
 def _network_section(profiles: Mapping[str, Mapping[str, Any]]) -> str:
     """Per link profile: what crossed the emulated links and what it cost the clients."""
     header = ["Profile", "Clients", "Accepted", "Refused", "Bytes up", "Bytes down", "Resets",
-              "Blackouts", "Stalled", "Retries", "Time on network"]
+              "Blackouts", "Stalled", "Retries", "Time on network", "Comm share"]
     rows = [[name, str(row.get("clients", 0)), str(row.get("accepted", 0)),
              str(row.get("refused", 0)), human_bytes(row.get("bytes_up") or 0),
              human_bytes(row.get("bytes_down") or 0), str(row.get("resets", 0)),
              str(row.get("blackouts", 0)), human_seconds(row.get("stalled_s")),
-             str(row.get("retries", 0)), human_seconds(row.get("network_seconds"))]
+             str(row.get("retries", 0)), human_seconds(row.get("network_seconds")),
+             _share(row.get("comm_share"))]
             for name, row in profiles.items()]
     note = ("Bytes are what crossed each emulated link (gRPC framing included); time on "
-            "network is the clients' total time downloading, uploading and committing.")
+            "network is the clients' total time downloading, uploading and committing; comm "
+            "share is that time over it plus local training.")
+    ignored = [f"{name} ({', '.join(row['packet_only'])})" for name, row in profiles.items()
+               if row.get("packet_only")]
+    if ignored:
+        note += (" Info: the TCP proxy tier cannot drop single packets, so these profiles' "
+                 "packet-only settings were not applied: " + "; ".join(ignored) + ".")
     return "## Network\n\n" + note + "\n\n" + _table(header, rows)
 
 
-def _rounds_section(flushes: list[Event]) -> str:
-    """One table row per flush, or a note that no round completed."""
+def _share(value: Any) -> str:
+    """A share as a percentage, or ``-`` when unknown."""
+    return "-" if value is None else f"{float(value):.0%}"
+
+
+def _rounds_section(flushes: list[Event], shares: list[float | None]) -> str:
+    """One table row per flush, or a note that no round completed; with the share of the
+    clients' time spent communicating when they reported it."""
     if not flushes:
         return "## Rounds\n\nNo rounds completed."
     header = ["Round", "Version", "Accuracy", "Loss", "Updates", "Bytes up", "Bytes down",
@@ -195,6 +214,10 @@ def _rounds_section(flushes: list[Event]) -> str:
         header.append("Epsilon")
         for row, flush in zip(rows, flushes, strict=True):
             row.append(fmt_metric(flush.get("epsilon")))
+    if any(share is not None for share in shares):
+        header.append("Comm share")
+        for row, share in zip(rows, shares, strict=True):
+            row.append("-" if share is None else f"{share:.0%}")
     return "## Rounds\n\n" + _table(header, rows)
 
 

@@ -48,6 +48,12 @@
                          not resend after a break because the coordinator held them
 ``offline_seconds``      sum of ``offline_seconds`` reported likewise: time clients spent
                          unable to reach the coordinator (0.0 when none)
+``compute_seconds``      sum of ``train_seconds`` reported with accepted updates
+``network_seconds``      sum of ``network_seconds`` (downloading and uploading) reported with
+                         accepted updates
+``comm_share``           the share of the clients' task time spent communicating:
+                         ``network_seconds / (network_seconds + compute_seconds)`` over the
+                         accepted updates that report both (None when none does)
 ``finish_reason``        ``reason`` of the last ``run_finished`` (None if it never finished)
 ``privacy``              the ``privacy`` record of the last ``flush`` that carries one (a DP
                          flush hook's report: ``epsilon``, ``delta``, ``noise_multiplier``,
@@ -95,6 +101,7 @@ def summarize(events: list[Event], config: Mapping[str, Any]) -> dict[str, Any]:
     summary.update(_update_figures(events))
     summary.update(_client_figures(events))
     summary.update(_resilience_figures(events))
+    summary.update(comm_figures(of_kind(events, UPDATE_ACCEPTED)))
     summary["privacy"] = _privacy_record(flushes)
     summary["wall_seconds"] = wall_seconds(events)
     summary["startup_seconds"] = max(0.0, first_task_elapsed(events) - start_elapsed(events))
@@ -249,6 +256,18 @@ def _resilience_figures(events: list[Event]) -> dict[str, Any]:
         "offline_seconds": float(sum(float(e.get("offline_seconds") or 0.0)
                                      for e in reports)),
     }
+
+
+def comm_figures(accepted: list[Event]) -> dict[str, Any]:
+    """Compute and network seconds the clients reported with ``accepted`` updates, and the
+    communication share of the updates that report both (None when none does)."""
+    timed = [e for e in accepted
+             if e.get("train_seconds") is not None and e.get("network_seconds") is not None]
+    compute = sum(float(e["train_seconds"]) for e in timed)
+    network = sum(float(e["network_seconds"]) for e in timed)
+    total = compute + network
+    return {"compute_seconds": compute, "network_seconds": network,
+            "comm_share": network / total if timed and total > 0 else None}
 
 
 def _privacy_record(flushes: list[Event]) -> dict[str, Any] | None:

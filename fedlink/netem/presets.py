@@ -2,7 +2,7 @@
 
 Latency and jitter are **one-way** (a round trip adds twice them); bandwidths are kbit/s,
 ``up`` = client -> coordinator. Loss only takes effect in the packet tier; the TCP proxy
-ignores it with a warning. Figures are typical measured values, rounded; the presets are
+ignores it (said once, at info level). Figures are typical measured values, rounded; the presets are
 reproducible stand-ins, not a survey.
 
 ==========  ==========  ======  =======  =========  ===========  ==============  ======

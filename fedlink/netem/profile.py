@@ -4,7 +4,8 @@ Directions are named from the client's side: **up** is client -> coordinator, **
 coordinator -> client. Latency and jitter apply to each direction (so a round trip adds twice
 ``latency_ms``). Fields marked *packet tier* only take effect in the packet-level link
 (``fedlink.netem.packet``); the TCP proxy (``fedlink.netem.proxy``) cannot drop single
-packets, so it ignores them and logs a warning once (see ``LinkProfile.packet_only_fields``).
+packets, so it ignores them and says so once at info level (see
+``LinkProfile.packet_only_fields``).
 """
 
 from __future__ import annotations

@@ -28,7 +28,8 @@ Other impairments:
 - **Data limit** (``limit_data_kb``): each connection is closed (FIN) once that many kB
   (both directions) have been delivered.
 - Packet-only fields (loss, burst loss, traces) cannot be done on a TCP stream: they are
-  ignored with one warning per profile.
+  ignored, said once per profile at info level (a simulation's report names them in its
+  network table; every preset from 3G down sets loss, so a warning would only be noise).
 
 Every random draw comes from ``random.Random`` generators derived from ``profile.seed`` (one per
 connection and direction, one for blackouts), so a run is reproducible up to timing.
@@ -611,5 +612,5 @@ class TcpProxy:
         key = self.profile.with_seed(0)
         if fields and key not in _warned_profiles:
             _warned_profiles.add(key)
-            logger.warning("netem proxy: profile %r sets %s, which only the packet tier can do; "
-                           "the TCP proxy ignores them", self.profile.name, ", ".join(fields))
+            logger.info("netem proxy: profile %r sets %s, which only the packet tier can do; "
+                        "the TCP proxy ignores them", self.profile.name, ", ".join(fields))

@@ -3,7 +3,7 @@
 Sections (every key optional unless noted; unknown keys are an error)::
 
     [run]          name, seed, output_dir, train_workers, torch_threads, evaluate_train,
-                   target_accuracy
+                   target_accuracy, tensorboard
     [data]         dataset, clients, partition, options = { alpha = 0.5, ... },
                    loader ("package.module:attr", your own data)
     [model]        name, options = { hidden = [64, 64] }, factory ("package.module:attr"),
@@ -58,6 +58,10 @@ class RunSection:
     ``target_accuracy > 0`` ends a simulation once a flush's test accuracy reaches it (checked
     every fraction of a second, so a flush or two more may land); 0 (the default) runs all
     ``[coordinator] rounds``. For time-to-accuracy measurements.
+
+    ``tensorboard = true`` also writes TensorBoard scalars into ``<run folder>/tensorboard``
+    (``fedlink.observe.tensorboard``; needs the ``tensorboard`` extra), for ``simulate`` and
+    ``serve``; ``events.jsonl`` stays the source of truth.
     """
 
     name: str = "fedlink-run"
@@ -67,6 +71,7 @@ class RunSection:
     torch_threads: int = 1
     evaluate_train: bool = False
     target_accuracy: float = 0.0
+    tensorboard: bool = False
 
     def __post_init__(self) -> None:
         require(bool(self.name) and "/" not in self.name, "run.name",
@@ -80,6 +85,8 @@ class RunSection:
                 and not isinstance(self.target_accuracy, bool)
                 and 0.0 <= self.target_accuracy <= 1.0, "run.target_accuracy",
                 f"must be a number in [0, 1] (0: off), got {self.target_accuracy!r}")
+        require(isinstance(self.tensorboard, bool), "run.tensorboard",
+                f"must be true or false, got {self.tensorboard!r}")
 
 
 @dataclass(frozen=True)

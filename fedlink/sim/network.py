@@ -49,11 +49,13 @@ def network_summary(outcomes: tuple[ClientOutcome, ...]) -> dict[str, Any]:
     """Per-profile totals: clients, bytes on the link, resets, retries, time on the network.
 
     ``bytes_up``/``bytes_down`` are what crossed the emulated link (gRPC framing included);
-    ``network_seconds`` is the clients' time spent downloading, uploading and committing.
+    ``network_seconds`` is the clients' time spent downloading, uploading and committing,
+    ``train_seconds`` their local training time, ``comm_share`` the first over both;
+    ``packet_only`` names the profile's settings the TCP proxy could not apply.
     """
     rows: dict[str, dict[str, Any]] = defaultdict(lambda: {
         "clients": 0, "accepted": 0, "refused": 0, "retries": 0, "network_seconds": 0.0,
-        **{k: 0 for k in _SUMMED}})
+        "train_seconds": 0.0, "packet_only": [], **{k: 0 for k in _SUMMED}})
     for outcome in outcomes:
         row = rows[outcome.profile_name]
         row["clients"] += 1
@@ -61,7 +63,13 @@ def network_summary(outcomes: tuple[ClientOutcome, ...]) -> dict[str, Any]:
         row["refused"] += outcome.stats.refused
         row["retries"] += outcome.stats.retries
         row["network_seconds"] += outcome.stats.network_seconds
+        row["train_seconds"] += outcome.stats.train_seconds
+        if outcome.link is not None:
+            row["packet_only"] = list(outcome.link.profile.packet_only_fields)
         if outcome.counters is not None:
             for key in _SUMMED:
                 row[key] += getattr(outcome.counters, key)
+    for row in rows.values():
+        total = row["network_seconds"] + row["train_seconds"]
+        row["comm_share"] = row["network_seconds"] / total if total > 0 else None
     return {"profiles": {name: rows[name] for name in sorted(rows)}}

@@ -83,7 +83,11 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
     plugs = Plugs(model=model, data=data, trainer=trainer, evaluate=evaluate, loss=loss)
     experiment = Experiment.build(config, plugs)
     run_dir = prepare_run_dir(config, output_dir)
-    with EventLog(run_dir / EVENTS_FILENAME) as events:
+    with EventLog(run_dir / EVENTS_FILENAME) as events, contextlib.ExitStack() as stack:
+        if config.run.tensorboard:
+            from fedlink.observe import tensorboard  # an optional extra
+
+            tensorboard.attach(events, run_dir, stack)
         started = time.monotonic()
         outcomes, trainers, final = asyncio.run(_simulate(experiment, events, progress))
         for outcome in outcomes:

@@ -37,6 +37,7 @@ from fedlink.coordinator.config import (
     TLSConfig,
     TrainingConfig,
 )
+from fedlink.coordinator.operations import MetricsConfig, NetcheckConfig
 from fedlink.sim import ExperimentConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -497,7 +498,8 @@ def test_example_server_config_loads_and_lists_every_option() -> None:
     assert config.data.clients == config.coordinator.flush.goal == 4
     text = path.read_text()
     tables = {"flush": FlushRule, "training": TrainingConfig, "limits": LimitsConfig,
-              "tls": TLSConfig, "auth": AuthConfig}
+              "tls": TLSConfig, "auth": AuthConfig, "metrics": MetricsConfig,
+              "netcheck": NetcheckConfig}
     for table, section in tables.items():
         assert f"[coordinator.{table}]" in text
         for field in dataclasses.fields(section):

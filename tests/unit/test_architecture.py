@@ -31,13 +31,16 @@ MUST_NOT_IMPORT: dict[str, tuple[str, ...]] = {
     "fedlink.netem": ("torch",),
     "fedlink.data": ("grpc",),
     "fedlink.metrics": ("grpc", "torch"),
+    "fedlink.observe": ("torch",),
+    "fedlink.netcheck": ("torch",),
 }
 EXEMPT = {("fedlink.client.torch_trainer", "torch")}
 
 # Only these modules may talk protobuf-generated code or grpc.
 PROTO_AND_GRPC_ALLOWED = ("fedlink.wire", "fedlink.coordinator.servicer",
                           "fedlink.coordinator.server", "fedlink.coordinator.edge",
-                          "fedlink.client.transport", "fedlink.proto")
+                          "fedlink.client.transport", "fedlink.proto", "fedlink.observe.rpc",
+                          "fedlink.netcheck.probe", "fedlink.netcheck.health")
 
 
 @dataclass(frozen=True)

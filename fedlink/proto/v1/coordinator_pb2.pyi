@@ -285,3 +285,23 @@ class LeaveRequest(_message.Message):
 class LeaveReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ProbeRequest(_message.Message):
+    __slots__ = ("payload", "reply_bytes")
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    REPLY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    payload: bytes
+    reply_bytes: int
+    def __init__(self, payload: _Optional[bytes] = ..., reply_bytes: _Optional[int] = ...) -> None: ...
+
+class ProbeReply(_message.Message):
+    __slots__ = ("payload", "received_bytes", "model_bytes", "max_bytes")
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    payload: bytes
+    received_bytes: int
+    model_bytes: int
+    max_bytes: int
+    def __init__(self, payload: _Optional[bytes] = ..., received_bytes: _Optional[int] = ..., model_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...

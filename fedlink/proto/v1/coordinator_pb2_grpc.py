@@ -74,6 +74,11 @@ class CoordinatorStub:
                 request_serializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.LeaveRequest.SerializeToString,
                 response_deserializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.LeaveReply.FromString,
                 _registered_method=True)
+        self.Probe = channel.unary_unary(
+                '/fedlink.v1.Coordinator/Probe',
+                request_serializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.ProbeRequest.SerializeToString,
+                response_deserializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.ProbeReply.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -135,6 +140,16 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Probe(self, request, context):
+        """Measure the link (fedlink netcheck): the request carries filler bytes up, the reply
+        `reply_bytes` of filler down. Answered only where the coordinator's config allows it
+        ([coordinator.netcheck]), within a rate limit: FAILED_PRECONDITION when off,
+        RESOURCE_EXHAUSTED (with retry-after-ms) over the limit or the size cap.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -177,6 +192,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Leave,
                     request_deserializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.LeaveRequest.FromString,
                     response_serializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.LeaveReply.SerializeToString,
+            ),
+            'Probe': grpc.unary_unary_rpc_method_handler(
+                    servicer.Probe,
+                    request_deserializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.ProbeRequest.FromString,
+                    response_serializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.ProbeReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -395,6 +415,33 @@ class Coordinator:
             '/fedlink.v1.Coordinator/Leave',
             fedlink_dot_proto_dot_v1_dot_coordinator__pb2.LeaveRequest.SerializeToString,
             fedlink_dot_proto_dot_v1_dot_coordinator__pb2.LeaveReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Probe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedlink.v1.Coordinator/Probe',
+            fedlink_dot_proto_dot_v1_dot_coordinator__pb2.ProbeRequest.SerializeToString,
+            fedlink_dot_proto_dot_v1_dot_coordinator__pb2.ProbeReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,192 @@
+"""``fedlink compare RUN...``: one report overlaying several runs.
+
+Each run folder holds ``events.jsonl`` and ``summary.json`` (any ``fedlink simulate`` or
+``serve`` run). The report (``compare.md`` plus PNG plots in the output folder) shows accuracy
+against wall time, model version and bytes sent, a time-to-target table, and refusals by
+reason. The first run is the baseline: every other run's **speed-up** is the baseline's time
+to the target accuracy over its own (``None`` when either never reached it).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedlink.errors import ConfigError
+from fedlink.metrics.events import UPDATE_ACCEPTED, UPDATE_REFUSED, Event, read_events
+from fedlink.metrics.formatting import human_bytes, human_seconds
+from fedlink.metrics.summary import SUMMARY_FILENAME, of_kind, start_elapsed, unique_flushes
+
+COMPARE_FILENAME = "compare.md"
+PLOTS = (("accuracy_vs_time.png", "Accuracy against wall time", "wall seconds", "seconds"),
+         ("accuracy_vs_version.png", "Accuracy against model version", "model version",
+          "version"),
+         ("accuracy_vs_bytes.png", "Accuracy against bytes sent by clients", "MB sent up",
+          "megabytes_up"))
+
+
+@dataclass(frozen=True)
+class RunCurve:
+    """One run's accuracy curve and headline figures, as the comparison needs them."""
+
+    name: str
+    seconds: tuple[float, ...]
+    version: tuple[float, ...]
+    megabytes_up: tuple[float, ...]
+    accuracy: tuple[float, ...]
+    summary: Mapping[str, Any]
+
+    def reach(self, target: float) -> int | None:
+        """Index of the first point at or above ``target`` (None if never)."""
+        return next((i for i, a in enumerate(self.accuracy) if a >= target), None)
+
+    def seconds_to(self, target: float) -> float | None:
+        """Wall seconds from the run's start to the first flush at ``target``."""
+        index = self.reach(target)
+        return None if index is None else self.seconds[index]
+
+
+def load_run(run_dir: Path) -> RunCurve:
+    """Read a run folder (``ConfigError`` when it is not one)."""
+    events_path, summary_path = run_dir / "events.jsonl", run_dir / SUMMARY_FILENAME
+    if not events_path.is_file() or not summary_path.is_file():
+        raise ConfigError(f"{run_dir}: not a run folder (needs events.jsonl and summary.json)")
+    events = read_events(events_path)
+    summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    return _curve(str(summary.get("run_name") or run_dir.name), events, summary)
+
+
+def _curve(name: str, events: list[Event], summary: Mapping[str, Any]) -> RunCurve:
+    """Accuracy per evaluated flush with the time, version and upload bytes so far."""
+    start = start_elapsed(events)
+    uploads = sorted((float(e["elapsed"]), int(e.get("bytes_up") or 0))
+                     for e in of_kind(events, UPDATE_ACCEPTED) + of_kind(events, UPDATE_REFUSED))
+    times = [t for t, _ in uploads]
+    sent = list(itertools.accumulate((b for _, b in uploads), initial=0))
+    points = [(float(f["elapsed"]) - start, float(f.get("model_version") or 0),
+               sent[bisect.bisect_right(times, float(f["elapsed"]))] / 1e6, float(f["accuracy"]))
+              for f in unique_flushes(events) if f.get("accuracy") is not None]
+    points.sort()
+    return RunCurve(name, seconds=tuple(p[0] for p in points),
+                    version=tuple(p[1] for p in points),
+                    megabytes_up=tuple(p[2] for p in points),
+                    accuracy=tuple(p[3] for p in points), summary=summary)
+
+
+def default_target(runs: Sequence[RunCurve]) -> float:
+    """The highest accuracy every run reached (so that each has a time to it)."""
+    bests = [max(run.accuracy) for run in runs if run.accuracy]
+    if len(bests) < len(runs):
+        raise ConfigError("a run has no evaluated flush: give --target")
+    return min(bests)
+
+
+def speedups(runs: Sequence[RunCurve], target: float) -> list[float | None]:
+    """Per run: the first run's time to ``target`` over its own (1.0 for the first)."""
+    base = runs[0].seconds_to(target)
+    result: list[float | None] = []
+    for run in runs:
+        mine = run.seconds_to(target)
+        result.append(None if base is None or mine is None or mine <= 0 else base / mine)
+    return result
+
+
+def write_comparison(runs: Sequence[RunCurve], output: Path, target: float) -> Path:
+    """Write ``compare.md`` and its plots into ``output``; returns the report's path."""
+    if not runs:
+        raise ConfigError("compare needs at least one run")
+    output.mkdir(parents=True, exist_ok=True)
+    for filename, title, xlabel, attribute in PLOTS:
+        _plot(output / filename, runs, title, xlabel, attribute, target)
+    path = output / COMPARE_FILENAME
+    path.write_text(_markdown(runs, target), encoding="utf-8")
+    return path
+
+
+def _markdown(runs: Sequence[RunCurve], target: float) -> str:
+    parts = [f"# Comparison: {', '.join(run.name for run in runs)}",
+             f"Target accuracy: **{target:.3f}**. Baseline: **{runs[0].name}** (the first run)."]
+    parts.append("## Time to target\n\n" + _table(
+        ["Run", "Time to target", "Versions to target", "MB up to target", "Speed-up",
+         "Best accuracy", "Wall time"], [_target_row(run, target, s)
+                                         for run, s in zip(runs, speedups(runs, target),
+                                                           strict=True)]))
+    parts.append("## Traffic and work\n\n" + _table(
+        ["Run", "Bytes up", "Bytes down", "Updates accepted", "Updates wasted (refused)",
+         "Comm share"], [_traffic_row(run) for run in runs]))
+    parts.append(_refusals(runs))
+    parts.append("## Plots\n\n" + "\n\n".join(f"![{title}]({filename})"
+                                              for filename, title, _, _ in PLOTS))
+    return "\n\n".join(parts) + "\n"
+
+
+def _target_row(run: RunCurve, target: float, speedup: float | None) -> list[str]:
+    index = run.reach(target)
+    return [run.name,
+            "not reached" if index is None else human_seconds(run.seconds[index]),
+            "-" if index is None else f"{run.version[index]:g}",
+            "-" if index is None else f"{run.megabytes_up[index]:.2f}",
+            "-" if speedup is None else f"{speedup:.2f}x",
+            "-" if not run.accuracy else f"{max(run.accuracy):.3f}",
+            human_seconds(run.summary.get("wall_seconds"))]
+
+
+def _traffic_row(run: RunCurve) -> list[str]:
+    s = run.summary
+    share = s.get("comm_share")
+    return [run.name, human_bytes(s.get("bytes_up") or 0), human_bytes(s.get("bytes_down") or 0),
+            str(s.get("updates_accepted", 0)), str(s.get("updates_refused", 0)),
+            "-" if share is None else f"{float(share):.0%}"]
+
+
+def _refusals(runs: Sequence[RunCurve]) -> str:
+    tallies = [_reason_kinds(run.summary.get("refusal_reasons") or {}) for run in runs]
+    reasons = sorted({reason for tally in tallies for reason in tally})
+    if not reasons:
+        return "## Refused updates\n\nNo run refused an update."
+    rows = [[reason, *(str(tally.get(reason, 0)) for tally in tallies)] for reason in reasons]
+    return "## Refused updates\n\n" + _table(["Reason", *(run.name for run in runs)], rows)
+
+
+def _reason_kinds(reasons: Mapping[str, int]) -> dict[str, int]:
+    """Refusal counts by kind of reason: task ids and numbers blanked out, so that one row
+    stands for every "too stale: task 't45-v4' was for version 4 ..." refusal."""
+    kinds: dict[str, int] = {}
+    for reason, count in reasons.items():
+        kind = re.sub(r"\d+(\.\d+)?", "N", re.sub(r"'[^']*'", "'...'", reason))
+        kinds[kind] = kinds.get(kind, 0) + int(count)
+    return kinds
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |",
+             "| " + " | ".join([":---"] + ["---:"] * (len(header) - 1)) + " |"]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _plot(path: Path, runs: Sequence[RunCurve], title: str, xlabel: str, attribute: str,
+          target: float) -> None:
+    """One overlay plot, drawn on a bare Agg figure (no display, no pyplot state)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 4.0))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for run in runs:
+        ax.plot(getattr(run, attribute), run.accuracy, marker=".", label=run.name)
+    ax.axhline(target, color="grey", linestyle="--", linewidth=0.8, label="target")
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("test accuracy")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=100)

@@ -1,0 +1,72 @@
+"""``fedlink compare``: time to target, speed-up over the first run, the report and its plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fedlink.cli import main
+from fedlink.errors import ConfigError
+from fedlink.metrics import EventLog, summarize, write_summary
+from fedlink.metrics.compare import COMPARE_FILENAME, load_run, speedups, write_comparison
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _run(root: Path, name: str, flushes: list[tuple[float, float]], refused: int = 0) -> Path:
+    """A run folder whose flushes come at (seconds, accuracy), each after one 1000 B update."""
+    clock = _Clock()
+    run_dir = root / name
+    with EventLog(run_dir / "events.jsonl", clock=clock, wall_clock=clock) as log:
+        log.emit("run_started", config={})
+        for version, (seconds, accuracy) in enumerate(flushes, start=1):
+            clock.now = seconds
+            log.emit("update_accepted", client_id="c", task_id=f"t{version}", bytes_up=1000,
+                     staleness=0)
+            log.emit("flush", model_version=version, accuracy=accuracy, num_updates=1)
+        clock.now += 1.0  # refusals after the last flush
+        for i in range(refused):
+            log.emit("update_refused", client_id="c", task_id=f"r{i}", code="FAILED_PRECONDITION",
+                     reason=f"too stale: task 'r{i}' was for version {i}", bytes_up=500)
+        log.emit("run_finished", reason="done")
+        events = log.events
+    write_summary(run_dir / "summary.json", summarize(events, {"run": {"name": name}}))
+    return run_dir
+
+
+def test_time_to_target_and_speedup_against_the_first_run(tmp_path: Path) -> None:
+    sync = load_run(_run(tmp_path, "sync", [(10.0, 0.5), (20.0, 0.8), (30.0, 0.92)]))
+    elastic = load_run(_run(tmp_path, "elastic", [(2.0, 0.6), (5.0, 0.91), (6.0, 0.95)],
+                            refused=2))
+    assert sync.seconds_to(0.9) == 30.0 and elastic.seconds_to(0.9) == 5.0
+    assert speedups([sync, elastic], 0.9) == [1.0, 6.0]
+    assert speedups([sync, elastic], 0.99) == [None, None]  # never reached
+    assert elastic.megabytes_up == (0.001, 0.002, 0.003)
+
+    report = write_comparison([sync, elastic], tmp_path / "cmp", 0.9).read_text()
+    assert "| elastic | 5.00 s | 2 | 0.00 | 6.00x |" in report
+    assert "| too stale: task '...' was for version N | 0 | 2 |" in report
+    for plot in ("accuracy_vs_time.png", "accuracy_vs_version.png", "accuracy_vs_bytes.png"):
+        assert (tmp_path / "cmp" / plot).stat().st_size > 0
+
+
+def test_the_command_prints_the_ratio_last(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    a = _run(tmp_path, "a", [(8.0, 0.7), (16.0, 0.9)])
+    b = _run(tmp_path, "b", [(4.0, 0.9)])
+    assert main(["compare", str(a), str(b), "--output", str(tmp_path / "out")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "time-to-target speed-up of b over a: 4.00x" in lines
+    assert lines[-1] == f"comparison: {tmp_path / 'out' / COMPARE_FILENAME}"
+
+
+def test_a_folder_that_is_not_a_run_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not a run folder"):
+        load_run(tmp_path)
