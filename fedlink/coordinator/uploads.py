@@ -104,16 +104,6 @@ class UploadStore:
         self._settled_sizes: dict[str, int] = {}
         self._reopen()
 
-    @property
-    def open_sessions(self) -> int:
-        """Upload sessions open now (not yet settled)."""
-        return len(self._sessions)
-
-    @property
-    def held_bytes(self) -> int:
-        """Bytes the open upload sessions hold (spooled, or in memory)."""
-        return sum(session.received for session in list(self._sessions.values()))
-
     def _reopen(self) -> None:
         """Adopt the spools a previous coordinator process left behind."""
         for client_id, upload_id, spool in self._storage.reopen():

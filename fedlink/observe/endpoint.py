@@ -51,5 +51,5 @@ class MetricsEndpoint:
         if service is None:
             return {}
         return {"connected": float(len(service.registry)),
-                "upload_sessions": float(service.uploads.open_sessions),
-                "spool_bytes": float(service.uploads.held_bytes)}
+                "upload_sessions": float(service.uploads.open_uploads()),
+                "spool_bytes": float(service.uploads.held_bytes())}
