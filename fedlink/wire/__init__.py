@@ -9,6 +9,7 @@ from fedlink.wire.payload import (
     iter_chunks,
     pack,
     unpack,
+    values_checksum,
 )
 
 __all__ = [
@@ -23,4 +24,5 @@ __all__ = [
     "task_reply_to_proto",
     "to_proto",
     "unpack",
+    "values_checksum",
 ]
