@@ -21,8 +21,9 @@ Status codes used by the coordinator:
 ``FAILED_PRECONDITION`` valid but refused: too stale, task closed, upload incomplete
 ``DATA_LOSS``           checksum mismatch between the header and the received bytes
 ``RESOURCE_EXHAUSTED``  payload, chunk or inline update larger than allowed; overload (request
-                        rate, concurrent uploads, connected clients), then with a ``retry-after-ms`` trailing
-                        metadata hint that the SDK waits out before retrying
+                        rate, concurrent uploads, connected clients), then with a
+                        ``retry-after-ms`` trailing metadata hint that the SDK waits out
+                        before retrying
 ``UNAVAILABLE``         transient: retry
 ======================  ==================================================================
 """

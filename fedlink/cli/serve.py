@@ -18,7 +18,6 @@ from fedlink.metrics import (
     write_summary,
 )
 from fedlink.sim.config import ExperimentConfig
-from fedlink.sim.setup import Experiment, prepare_run_dir
 
 
 async def serve(config_path: Path, address: str, output_dir: Path | None,
@@ -28,6 +27,10 @@ async def serve(config_path: Path, address: str, output_dir: Path | None,
     With a ``state_dir`` (the argument, else ``[coordinator] state_dir``) that holds a run,
     the run resumes: its event log is appended to, and the summary covers the whole run.
     """
+    # The set-up imports what the config's model and data need (torch for the built-in
+    # models), so it is loaded only once there is a config to serve.
+    from fedlink.sim.setup import Experiment, prepare_run_dir
+
     config = ExperimentConfig.from_toml(config_path)
     if state_dir is not None:
         config = replace(config, coordinator=replace(config.coordinator,

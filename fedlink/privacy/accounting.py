@@ -9,8 +9,8 @@ compositions of Poisson-subsampled Gaussian mechanisms with noise multiplier ``z
   Opacus's ``RDPAccountant`` searches, with the same RDP-to-(epsilon, delta) conversion. A
   valid upper bound, a little loose. Equal to Opacus's at integer orders (to 1e-13);
   dp-accounting's analysis of fractional orders is a newer, more careful one, so the epsilon
-  can differ from Opacus's in the 5th or 6th significant digit (3e-6 relative in the reference setting below;
-  at most 1.3e-5 in the histories tested against Opacus).
+  can differ from Opacus's in the 5th or 6th significant digit (3e-6 relative in the
+  reference setting below; at most 1.3e-5 in the histories tested against Opacus).
 - ``"prv"``: numerical composition of privacy loss distributions,
   ``dp_accounting.pld.PLDAccountant`` (pessimistic estimate, value grid 1e-3): the same
   kind of tight numerical answer as Opacus's ``PRVAccountant`` (Gopi et al.), within 1% of it.

@@ -17,9 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from fedlink.client import ClientOptions, ClientSession, SessionStats, Trainer
 from fedlink.coordinator import CoordinatorServer
@@ -29,7 +27,6 @@ from fedlink.metrics import (
     EVENTS_FILENAME,
     SUMMARY_FILENAME,
     EventLog,
-    RunProgress,
     summarize,
     write_report,
     write_summary,
@@ -38,8 +35,11 @@ from fedlink.netem import ClientLink
 from fedlink.netem.proxy import TcpProxy
 from fedlink.sim.config import ExperimentConfig
 from fedlink.sim.network import ClientOutcome, network_summary
-from fedlink.sim.setup import Experiment, prepare_run_dir
 from fedlink.sim.stragglers import SlowedTrainer
+
+if TYPE_CHECKING:  # the set-up imports torch: loaded when a simulation runs
+    from fedlink.metrics.console import RunProgress
+    from fedlink.sim.setup import Experiment
 
 PROGRESS_POLL_S = 0.2
 SIM_TOKEN_TTL_S = 7 * 24 * 3600.0  # a simulated client's token outlives any simulation
@@ -67,6 +67,10 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
         raise ConfigError("fedlink simulate runs its clients in this process over loopback in "
                           "plaintext: remove [coordinator.tls], or run `fedlink serve` and "
                           "`fedlink client --tls-ca ...` to try TLS")
+    import torch  # deferred, with the set-up: importing fedlink.sim needs neither
+
+    from fedlink.sim.setup import Experiment, prepare_run_dir
+
     torch.set_num_threads(config.run.torch_threads)
     experiment = Experiment.build(config)
     run_dir = prepare_run_dir(config, output_dir)
@@ -145,6 +149,8 @@ async def _open_link(stack: contextlib.AsyncExitStack, link: ClientLink | None,
 async def _run_sessions(sessions: list[ClientSession], server: CoordinatorServer,
                         events: EventLog, rounds: int, progress: bool,
                         target_accuracy: float = 0.0) -> list[SessionStats]:
+    from fedlink.metrics.console import RunProgress  # rich: loaded when a run shows progress
+
     with RunProgress(rounds, enabled=progress) as bar:
         watcher = asyncio.create_task(_watch(events, bar, server, target_accuracy))
         try:
