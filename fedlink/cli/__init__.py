@@ -1,4 +1,5 @@
-"""The ``fedlink`` command: ``simulate``, ``serve``, ``client``, ``netem``, ``token``."""
+"""The ``fedlink`` command: ``simulate``, ``serve``, ``client``, ``netem``, ``token``,
+``conformance``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from fedlink._version import __version__
+from fedlink.cli.conformance import add_conformance_parser
 from fedlink.cli.netem import add_netem_parser
 from fedlink.cli.token import add_token_parser
 from fedlink.errors import FedlinkError
@@ -96,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="more log output (-vv for debug)")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_simulate, _add_serve, _add_client, add_netem_parser, add_token_parser):
+    for add in (_add_simulate, _add_serve, _add_client, add_netem_parser, add_token_parser,
+                add_conformance_parser):
         add(sub)
     return parser
 

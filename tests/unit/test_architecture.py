@@ -31,6 +31,7 @@ MUST_NOT_IMPORT: dict[str, tuple[str, ...]] = {
     "fedlink.netem": ("torch",),
     "fedlink.data": ("grpc",),
     "fedlink.metrics": ("grpc", "torch"),
+    "fedlink.conformance": ("grpc", "torch"),
 }
 EXEMPT = {("fedlink.client.torch_trainer", "torch")}
 
