@@ -14,12 +14,16 @@ Status codes used by the coordinator:
                         unknown encoding, offset gaps, bad field values
 ``UNAUTHENTICATED``     unknown client id or bad join token (the SDK re-joins once)
 ``PERMISSION_DENIED``   known caller acting on another client's upload or task
-``NOT_FOUND``           unknown task or upload id
+``NOT_FOUND``           unknown task id; ``Commit`` of an upload id that holds no bytes
+                        (``UploadStatus`` of an upload id never used answers OK with
+                        offset 0: upload ids are the client's to choose, and "nothing held"
+                        is the answer that lets a resuming client start from 0)
 ``FAILED_PRECONDITION`` valid but refused: too stale, task closed, upload incomplete
 ``DATA_LOSS``           checksum mismatch between the header and the received bytes
-``RESOURCE_EXHAUSTED``  payload or chunk larger than allowed; overload (request rate, concurrent
-                        uploads, connected clients), then with a ``retry-after-ms`` trailing
-                        metadata hint that the SDK waits out before retrying
+``RESOURCE_EXHAUSTED``  payload, chunk or inline update larger than allowed; overload (request
+                        rate, concurrent uploads, connected clients), then with a
+                        ``retry-after-ms`` trailing metadata hint that the SDK waits out
+                        before retrying
 ``UNAVAILABLE``         transient: retry
 ======================  ==================================================================
 """

@@ -21,6 +21,8 @@ class TensorHeader:
     num_bytes: int
     checksum: str
     codec_params: Mapping[str, str] = field(default_factory=dict)
+    values_checksum: str = ""
+    """``sha256:<hex>`` of the decoded values as little-endian float32 bytes ("" unknown)."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,14 @@ class RunConfig:
     accepted_encodings: tuple[str, ...] = ()
     trainer_options: Mapping[str, str] = field(default_factory=dict)
     inline_bytes: int = 0
+    max_chunk_bytes: int = 0
+    long_poll_s: float = 0.0
+    max_update_bytes: int = 0
+    max_string_bytes: int = 0
+    max_metadata_entries: int = 0
+    max_uploads_per_client: int = 0
+    requests_per_s: float = 0.0
+    request_burst: int = 0
 
 
 @dataclass(frozen=True)
@@ -176,6 +186,9 @@ class CommitReply:
     upload_id: str
     model_version: int
     staleness: int
+    accepted_version: int = 0
+    flushed_version: int = 0
+    """The version this commit's flush made; 0 when it triggered none."""
 
 
 @dataclass(frozen=True)

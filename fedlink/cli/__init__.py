@@ -1,5 +1,5 @@
 """The ``fedlink`` command: ``simulate``, ``serve``, ``client``, ``netem``, ``token``,
-``netcheck``, ``health``, ``compare``."""
+``netcheck``, ``health``, ``compare``, ``conformance``."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 from fedlink._version import __version__
 from fedlink.cli.compare import add_compare_parser
+from fedlink.cli.conformance import add_conformance_parser
 from fedlink.cli.netcheck import add_health_parser, add_netcheck_parser
 from fedlink.cli.netem import add_netem_parser
 from fedlink.cli.token import add_token_parser
@@ -123,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="more log output (-vv for debug)")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (_add_simulate, _add_serve, _add_client, add_netem_parser, add_token_parser,
-                add_netcheck_parser, add_health_parser, add_compare_parser):
+                add_netcheck_parser, add_health_parser, add_compare_parser,
+                add_conformance_parser):
         add(sub)
     return parser
 

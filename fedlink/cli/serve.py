@@ -18,7 +18,6 @@ from fedlink.metrics import (
     write_summary,
 )
 from fedlink.sim.config import ExperimentConfig
-from fedlink.sim.setup import Experiment, prepare_run_dir
 
 
 async def serve(config_path: Path, address: str, output_dir: Path | None,
@@ -31,6 +30,10 @@ async def serve(config_path: Path, address: str, output_dir: Path | None,
     ``metrics_port`` and ``metrics_host`` (else ``[coordinator.metrics]``) serve Prometheus
     metrics; either turns them on.
     """
+    # The set-up imports what the config's model and data need (torch for the built-in
+    # models), so it is loaded only once there is a config to serve.
+    from fedlink.sim.setup import Experiment, prepare_run_dir
+
     config = ExperimentConfig.from_toml(config_path)
     if state_dir is not None:
         config = replace(config, coordinator=replace(config.coordinator,

@@ -12,7 +12,9 @@ A payload of at most the run's ``inline_bytes`` comes inside the ``Task`` (``mod
 A client that holds version ``v`` of the model sends it as ``GetTaskRequest.held_version``;
 when the task offers a delta from ``v`` (``Task.delta``), the client downloads that instead of
 the full model, rebuilds the new version with ``apply_delta`` and checks it bit for bit against
-the model's checksum, falling back to the full download on any mismatch.
+the model's ``values_checksum`` (the decoded float32 bytes), falling back to the full download
+on any mismatch. A coordinator that sends no ``values_checksum`` (before 0.2) is checked by
+re-encoding the rebuilt model, which only a client with the same zlib can match.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from fedlink.messages import (
     UploadReply,
     UploadStatusRequest,
 )
-from fedlink.wire import checksum, pack, unpack
+from fedlink.wire import checksum, pack, unpack, values_checksum
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -199,6 +201,13 @@ def model_checksum(vector: np.ndarray, encoding: str) -> str:
     return pack(vector, decoder_for(encoding)).header.checksum
 
 
+def rebuilt_matches(model: np.ndarray, header: TensorHeader) -> bool:
+    """Whether ``model`` (rebuilt from a delta) is the version ``header`` describes."""
+    if header.values_checksum:
+        return values_checksum(model) == header.values_checksum
+    return model_checksum(model, header.encoding) == header.checksum
+
+
 class Transfers:
     """Resumable downloads and uploads over one link, retried by ``call``, counted in ``stats``."""
 
@@ -247,9 +256,9 @@ class Transfers:
             if checksum(data) != header.checksum:
                 raise DataLoss(f"delta checksum mismatch: header says {header.checksum!r}")
             model = apply_delta(held.vector, data)
-            if model_checksum(model, task.model.encoding) != task.model.checksum:
-                raise DataLoss(f"model rebuilt from the delta does not match "
-                               f"{task.model.checksum!r}")
+            if not rebuilt_matches(model, task.model):
+                raise DataLoss(f"model rebuilt from the delta does not match the model's "
+                               f"checksum {task.model.values_checksum or task.model.checksum!r}")
         except RemoteError as exc:
             if exc.retryable:
                 raise

@@ -87,9 +87,12 @@ class Acceptance:
     """An update was folded in (and maybe triggered a flush)."""
 
     model_version: int
+    """The version after the update was handled (the flush's when it triggered one)."""
     staleness: int
     weight: float
     flush: FlushOutcome | None
+    accepted_version: int = 0
+    """The version current when the update was folded in, before any flush."""
 
 
 def build_accumulator(config: CoordinatorConfig,
@@ -387,8 +390,9 @@ class RoundEngine:
                          steps_completed=update.steps_completed, bytes_up=update.bytes_up,
                          weight=weight, **event_fields(update.metrics))
         answered = self._accumulator.count + self._dropped
+        accepted_version = self._version
         flush = self._flush() if answered >= self.rule.goal else None
-        return Acceptance(self._version, staleness, weight, flush)
+        return Acceptance(self._version, staleness, weight, flush, accepted_version)
 
     def _fold(self, record: TaskRecord, update: ReceivedUpdate) -> tuple[int, float]:
         """Add ``update`` to the accumulator and tell the hooks; (staleness, weight)."""

@@ -16,7 +16,7 @@ import numpy as np
 from fedlink.compress import Codec
 from fedlink.compress.delta import DELTA_ENCODING, encode_delta
 from fedlink.messages import TensorHeader
-from fedlink.wire import Payload, checksum, pack
+from fedlink.wire import Payload, checksum, pack, values_checksum
 from fedlink.wire.payload import DTYPE
 
 
@@ -70,6 +70,8 @@ class ModelHistory:
         if full is not None and len(data) >= full.header.num_bytes:
             return None
         size = int(self._vectors[target].size)
+        # values_checksum: of the values the delta rebuilds (the target model as decoded).
         header = TensorHeader(encoding=DELTA_ENCODING, shape=(size,), dtype=DTYPE,
-                              num_bytes=len(data), checksum=checksum(data))
+                              num_bytes=len(data), checksum=checksum(data),
+                              values_checksum=values_checksum(self._vectors[target]))
         return Payload(header, data)

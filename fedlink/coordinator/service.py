@@ -36,7 +36,7 @@ import numpy as np
 from fedlink.compress import CODECS
 from fedlink.coordinator.admission import JoinGate
 from fedlink.coordinator.auth import caller_name
-from fedlink.coordinator.config import CoordinatorConfig
+from fedlink.coordinator.config import CoordinatorConfig, LimitsConfig
 from fedlink.coordinator.downloads import DownloadLedger
 from fedlink.coordinator.engine import FlushOutcome, ReceivedUpdate, RoundEngine, TaskRecord
 from fedlink.coordinator.limits import Limiter
@@ -47,6 +47,7 @@ from fedlink.coordinator.uploads import UploadBounds, UploadSession, UploadStore
 from fedlink.errors import (
     InvalidArgument,
     RemoteError,
+    ResourceExhausted,
     Unauthenticated,
     UpdateRefused,
     UploadIncomplete,
@@ -210,6 +211,7 @@ class CoordinatorService:
             accepted_encodings=CODECS.names(),
             trainer_options=dict(training.trainer_options),
             inline_bytes=limits.inline_limit,
+            **announced_limits(limits, self.engine.num_parameters),
         )
 
     async def get_task(self, request: GetTaskRequest) -> TaskReply:
@@ -359,10 +361,16 @@ class CoordinatorService:
             await asyncio.to_thread(self.uploads.sync, client_id, upload_id)
 
     async def upload_status(self, request: UploadStatusRequest) -> UploadReply:
-        """How many bytes of an upload the coordinator holds."""
+        """How many bytes of an upload the coordinator holds.
+
+        Bytes received but not yet durable (a stream that was just cut, whose ``finally`` may
+        not have run or finished its fsync yet) are made durable first, so the answer covers
+        everything the coordinator received.
+        """
         self._admit(request.client_id)
+        await self._make_durable(request.client_id, request.upload_id)
         held = self.uploads.status(request.client_id, request.upload_id)
-        return UploadReply(request.upload_id, held)  # spool bytes are fsynced by the spool
+        return UploadReply(request.upload_id, held)
 
     async def commit(self, request: CommitRequest) -> CommitReply:
         """Turn a complete upload into an accepted update; the same answer on every repeat."""
@@ -396,9 +404,9 @@ class CoordinatorService:
         """
         limit = self.config.limits.inline_limit
         if len(request.update_data) > limit:
-            raise InvalidArgument(f"inline update of {len(request.update_data)} bytes exceeds "
-                                  f"this coordinator's inline limit of {limit} bytes; "
-                                  "upload it, then commit")
+            raise ResourceExhausted(f"inline update of {len(request.update_data)} bytes "
+                                    f"exceeds this coordinator's inline limit of {limit} "
+                                    "bytes (RunConfig.inline_bytes); upload it, then commit")
         if self.uploads.answer(request.client_id, request.upload_id) is None:
             self.uploads.write(request.client_id, request.upload_id, 0, request.update_data)
 
@@ -406,14 +414,15 @@ class CoordinatorService:
         """Accept or refuse the upload, and remember the answer (an incomplete one is not final)."""
         try:
             answer: CommitReply | RemoteError = self._accept(request, session)
+        except UploadIncomplete as err:  # not final: the client resumes and commits again
+            log.info("early commit of upload %s: %s", request.upload_id, err.detail)
+            return err
         except RemoteError as err:
             self.progress.refused()
             self.events.emit("update_refused", client_id=request.client_id,
                              task_id=request.task_id, reason=err.detail, code=err.code,
                              bytes_up=request.update.num_bytes,
                              **_reported_counters(request.metrics))
-            if isinstance(err, UploadIncomplete):
-                return err
             answer = err
         self.uploads.settle(request.client_id, request.upload_id, answer)
         return answer
@@ -530,7 +539,10 @@ class CoordinatorService:
             self._on_flush(acceptance.flush)
         elif self.engine.rule.continuous:  # a place just freed: wake a waiting client
             self._notify()
-        return CommitReply(request.upload_id, acceptance.model_version, acceptance.staleness)
+        flushed = acceptance.flush.version if acceptance.flush is not None else 0
+        return CommitReply(request.upload_id, acceptance.model_version, acceptance.staleness,
+                           accepted_version=acceptance.accepted_version,
+                           flushed_version=flushed)
 
     @staticmethod
     def _replay(previous: CommitReply | RemoteError) -> CommitReply:
@@ -680,6 +692,16 @@ def upload_bounds(config: CoordinatorConfig, num_parameters: int) -> UploadBound
                         per_client_bytes=limits.client_upload_bytes_for(num_parameters),
                         total_bytes=limits.spool_bytes_for(num_parameters),
                         idle_s=limits.upload_idle_s, retry_after_s=limits.retry_after_s)
+
+
+def announced_limits(limits: LimitsConfig, num_parameters: int) -> dict[str, Any]:
+    """The limits a client must respect, as ``RunConfig`` fields (``docs/protocol.md``)."""
+    return {"max_chunk_bytes": limits.max_chunk_bytes, "long_poll_s": limits.long_poll_s,
+            "max_update_bytes": limits.update_bytes_for(num_parameters),
+            "max_string_bytes": limits.max_string_bytes,
+            "max_metadata_entries": limits.max_metadata_entries,
+            "max_uploads_per_client": limits.max_uploads_per_client,
+            "requests_per_s": limits.requests_per_s, "request_burst": limits.request_burst}
 
 
 def _what(request: DownloadRequest) -> str:

@@ -17,7 +17,8 @@ The event schema is documented in :mod:`fedlink.metrics.events`, the summary fie
 :mod:`fedlink.metrics.summary`.
 """
 
-from fedlink.metrics.console import RunProgress, print_summary
+from typing import Any
+
 from fedlink.metrics.events import (
     CLIENT_JOINED,
     CLIENT_LEFT,
@@ -37,6 +38,18 @@ from fedlink.metrics.events import (
 from fedlink.metrics.formatting import human_bytes, human_seconds, key_figures
 from fedlink.metrics.report import REPORT_FILENAME, write_report
 from fedlink.metrics.summary import SUMMARY_FILENAME, summarize, write_summary
+
+_CONSOLE = frozenset({"RunProgress", "print_summary"})
+
+
+def __getattr__(name: str) -> Any:
+    """``RunProgress`` and ``print_summary`` on first use: they need ``rich`` (the
+    ``metrics`` extra), which a coordinator or device that writes no console output lacks."""
+    if name in _CONSOLE:
+        from fedlink.metrics import console
+
+        return getattr(console, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 EVENTS_FILENAME = "events.jsonl"
 """The conventional file name of the event log inside a run folder."""

@@ -5,8 +5,8 @@
 - The ``dp_fedavg`` flush hook (``fedlink.privacy.hooks``, registered in
   ``fedlink.aggregate.FLUSH_HOOKS`` on import) adds DP-FedAvg's noise on the coordinator,
   adapts the clip norm, accounts epsilon and enforces ``max_epsilon``.
-- ``fedlink.privacy.accounting``: epsilon of the sampled Gaussian mechanism with Opacus's
-  RDP and PRV analyses, torch-free.
+- ``fedlink.privacy.accounting``: epsilon of the sampled Gaussian mechanism through Google's
+  ``dp-accounting`` (RDP, and PLD for ``"prv"``), torch-free (the ``privacy`` extra).
 - ``fedlink.privacy.dp_sgd.DPSGDTrainer``: sample-level DP-SGD in local training through
   Opacus (with ``fedlink.privacy.ghost_clipping`` for its default ``ghost`` mode). Import it
   explicitly: those two are the only modules here that import torch, and nothing in this

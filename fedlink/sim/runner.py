@@ -18,10 +18,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from fedlink.client import ClientOptions, ClientSession, SessionStats, Trainer
 from fedlink.coordinator import CoordinatorServer
@@ -31,7 +30,6 @@ from fedlink.metrics import (
     EVENTS_FILENAME,
     SUMMARY_FILENAME,
     EventLog,
-    RunProgress,
     summarize,
     write_report,
     write_summary,
@@ -40,8 +38,13 @@ from fedlink.netem import ClientLink
 from fedlink.netem.proxy import TcpProxy
 from fedlink.sim.config import ExperimentConfig
 from fedlink.sim.network import ClientOutcome, network_summary
-from fedlink.sim.setup import Experiment, Plugs, prepare_run_dir
 from fedlink.sim.stragglers import SlowedTrainer
+
+if TYPE_CHECKING:  # the set-up imports torch: loaded when a simulation runs
+    import torch
+
+    from fedlink.metrics.console import RunProgress
+    from fedlink.sim.setup import Experiment
 
 PROGRESS_POLL_S = 0.2
 SIM_TOKEN_TTL_S = 7 * 24 * 3600.0  # a simulated client's token outlives any simulation
@@ -79,6 +82,10 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
         raise ConfigError("fedlink simulate runs its clients in this process over loopback in "
                           "plaintext: remove [coordinator.tls], or run `fedlink serve` and "
                           "`fedlink client --tls-ca ...` to try TLS")
+    import torch  # deferred, with the set-up: importing fedlink.sim needs neither
+
+    from fedlink.sim.setup import Experiment, Plugs, prepare_run_dir
+
     torch.set_num_threads(config.run.torch_threads)
     plugs = Plugs(model=model, data=data, trainer=trainer, evaluate=evaluate, loss=loss)
     experiment = Experiment.build(config, plugs)
@@ -166,6 +173,8 @@ async def _open_link(stack: contextlib.AsyncExitStack, link: ClientLink | None,
 async def _run_sessions(sessions: list[ClientSession], server: CoordinatorServer,
                         events: EventLog, rounds: int, progress: bool,
                         target_accuracy: float = 0.0) -> list[SessionStats]:
+    from fedlink.metrics.console import RunProgress  # rich: loaded when a run shows progress
+
     with RunProgress(rounds, enabled=progress) as bar:
         watcher = asyncio.create_task(_watch(events, bar, server, target_accuracy))
         try:

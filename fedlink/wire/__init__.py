@@ -1,6 +1,12 @@
 """The only place where protobuf meets fedlink's own types; plus payload packing and chunking."""
 
-from fedlink.wire.convert import from_proto, task_reply_from_proto, task_reply_to_proto, to_proto
+from fedlink.wire.convert import (
+    from_proto,
+    task_reply_from_proto,
+    task_reply_to_proto,
+    to_json,
+    to_proto,
+)
 from fedlink.wire.payload import (
     DEFAULT_CHUNK_BYTES,
     Payload,
@@ -9,6 +15,7 @@ from fedlink.wire.payload import (
     iter_chunks,
     pack,
     unpack,
+    values_checksum,
 )
 
 __all__ = [
@@ -21,6 +28,8 @@ __all__ = [
     "pack",
     "task_reply_from_proto",
     "task_reply_to_proto",
+    "to_json",
     "to_proto",
     "unpack",
+    "values_checksum",
 ]

@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
@@ -104,4 +105,13 @@ def task_reply_from_proto(msg: pb.GetTaskReply) -> m.TaskReply:
     if slot is None:
         raise InvalidArgument("GetTaskReply carries neither a task, a wait nor a finish")
     result: m.TaskReply = from_proto(getattr(msg, slot))
+    return result
+
+
+def to_json(obj: Any) -> dict[str, Any]:
+    """A fedlink message (``GetTaskReply``'s outcomes included) as proto3 JSON: lowerCamelCase
+    names, int64 as strings, bytes as base64, default values omitted."""
+    proto = task_reply_to_proto(obj) if isinstance(obj, m.Task | m.Wait | m.Finished) \
+        else to_proto(obj)
+    result: dict[str, Any] = json_format.MessageToDict(proto)
     return result

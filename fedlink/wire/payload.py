@@ -3,7 +3,13 @@
 Both sides use this: the coordinator packs the model and unpacks updates; clients do the
 reverse. Verification order is the order of the status codes a sender needs to fix things:
 encoding known, shape and dtype as expected, size as declared, checksum, then decoded values
-finite.
+finite and matching their checksum.
+
+Two checksums describe a payload (both ``sha256:<lowercase hex>``): ``checksum`` covers the
+encoded bytes as sent (transport integrity, checked before decoding), ``values_checksum``
+covers the decoded values as little-endian float32 bytes. Only the second can be checked by a
+receiver that obtained the values another way, e.g. by applying a delta: re-encoding them
+would have to reproduce the sender's compressor byte for byte, which two zlib builds do not.
 """
 
 from __future__ import annotations
@@ -37,11 +43,18 @@ def checksum(data: bytes) -> str:
     return f"{CHECKSUM_ALGORITHM}:{hashlib.sha256(data).hexdigest()}"
 
 
+def values_checksum(vector: np.ndarray) -> str:
+    """``"sha256:<hex>"`` of ``vector`` as little-endian float32 bytes (``TensorHeader``'s
+    ``values_checksum``)."""
+    return checksum(np.ascontiguousarray(vector, dtype="<f4").reshape(-1).tobytes())
+
+
 def pack(vector: np.ndarray, codec: Codec, rng: np.random.Generator | None = None) -> Payload:
     """Encode a flat float32 vector with ``codec`` (stochastic codecs draw from ``rng``) and
-    describe it in a header."""
+    describe it in a header, with the checksum of the values a receiver decodes."""
     flat = np.ascontiguousarray(vector, dtype=np.float32).reshape(-1)
     encoded = codec.encode(flat, rng)
+    decoded = flat if codec.lossless else codec.decode(encoded.data, encoded.params, flat.size)
     header = TensorHeader(
         encoding=codec.name,
         shape=(int(flat.size),),
@@ -49,6 +62,7 @@ def pack(vector: np.ndarray, codec: Codec, rng: np.random.Generator | None = Non
         num_bytes=len(encoded.data),
         checksum=checksum(encoded.data),
         codec_params=dict(encoded.params),
+        values_checksum=values_checksum(decoded),
     )
     return Payload(header, encoded.data)
 
@@ -57,7 +71,7 @@ def unpack(header: TensorHeader, data: bytes, expected_size: int) -> np.ndarray:
     """Verify ``data`` against ``header`` and decode it into a finite float32 vector.
 
     Raises ``InvalidArgument`` (unknown encoding, wrong shape/dtype/size, non-finite values) or
-    ``DataLoss`` (checksum mismatch).
+    ``DataLoss`` (checksum or, when the header has one, values checksum mismatch).
     """
     codec = decoder_for(header.encoding)
     check_header(header, expected_size)
@@ -74,7 +88,15 @@ def unpack(header: TensorHeader, data: bytes, expected_size: int) -> np.ndarray:
     if not np.isfinite(vector).all():
         bad = int(np.count_nonzero(~np.isfinite(vector)))
         raise InvalidArgument(f"update holds {bad} non-finite values (NaN or Inf)")
+    check_values(header, vector)
     return vector
+
+
+def check_values(header: TensorHeader, vector: np.ndarray) -> None:
+    """``DataLoss`` unless ``vector`` matches ``header.values_checksum`` (when it has one)."""
+    if header.values_checksum and values_checksum(vector) != header.values_checksum:
+        raise DataLoss(f"decoded values do not match values_checksum "
+                       f"{header.values_checksum!r}: got {values_checksum(vector)!r}")
 
 
 def check_header(header: TensorHeader, expected_size: int) -> None:
@@ -84,9 +106,10 @@ def check_header(header: TensorHeader, expected_size: int) -> None:
     if tuple(header.shape) != (expected_size,):
         raise InvalidArgument(f"shape {list(header.shape)} does not match the model: "
                               f"expected [{expected_size}]")
-    if not header.checksum.startswith(f"{CHECKSUM_ALGORITHM}:"):
-        raise InvalidArgument(f"checksum must be '{CHECKSUM_ALGORITHM}:<hex>', "
-                              f"got {header.checksum!r}")
+    for name, value in (("checksum", header.checksum),
+                        ("values_checksum", header.values_checksum or f"{CHECKSUM_ALGORITHM}:")):
+        if not value.startswith(f"{CHECKSUM_ALGORITHM}:"):
+            raise InvalidArgument(f"{name} must be '{CHECKSUM_ALGORITHM}:<hex>', got {value!r}")
 
 
 def iter_chunks(data: bytes, chunk_bytes: int, offset: int = 0) -> Iterator[tuple[int, bytes]]:

@@ -126,7 +126,7 @@ def test_a_repeated_inline_commit_gets_the_same_answer_and_counts_once(
     assert replies[0] == replies[1] == replies[2]
 
 
-def test_an_inline_update_over_the_limit_is_invalid_argument(
+def test_an_inline_update_over_the_limit_is_resource_exhausted(
         coordinator: CoordinatorFactory) -> None:
     big = pack(np.ones(20_000, dtype=np.float32), get_codec("fp32"))  # 80 KB > 64 KiB
 
@@ -141,4 +141,4 @@ def test_an_inline_update_over_the_limit_is_invalid_argument(
             assert server.events.of_kind("update_accepted") == []
             return err.value.code()
 
-    assert run_async(main()) == grpc.StatusCode.INVALID_ARGUMENT
+    assert run_async(main()) == grpc.StatusCode.RESOURCE_EXHAUSTED

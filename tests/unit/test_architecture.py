@@ -33,6 +33,7 @@ MUST_NOT_IMPORT: dict[str, tuple[str, ...]] = {
     "fedlink.metrics": ("grpc", "torch"),
     "fedlink.observe": ("torch",),
     "fedlink.netcheck": ("torch",),
+    "fedlink.conformance": ("grpc", "torch"),
 }
 EXEMPT = {("fedlink.client.torch_trainer", "torch")}
 

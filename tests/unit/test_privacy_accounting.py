@@ -1,13 +1,14 @@
-"""Accounting: fedlink's torch-free epsilon equals Opacus's accountants; the budget stops runs."""
+"""Accounting: fedlink's torch-free epsilon (dp-accounting) agrees with Opacus's accountants
+where Opacus is installed (RDP to 1e-4 relative, PRV/PLD to 1%); the budget stops runs."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
-from opacus.accountants import PRVAccountant, RDPAccountant
 
 from fedlink.aggregate import FlushInfo, UpdateInfo
 from fedlink.coordinator import CoordinatorConfig, FlushRule, RoundEngine
@@ -17,31 +18,48 @@ from fedlink.messages import Finished, Task
 from fedlink.metrics import EventLog
 from fedlink.privacy import Accountant, DPFedAvgHook, epsilon
 
-OPACUS = {"rdp": RDPAccountant, "prv": PRVAccountant}
+TOLERANCE = {"rdp": 1e-4, "prv": 0.01}
+"""Relative agreement with Opacus: dp-accounting's RDP differs only at fractional orders (3e-6
+in the reference setting, 1.3e-5 at most seen); its PLD and Opacus's PRV are two numerical
+methods (0.13% in the reference setting)."""
+
+
+def opacus_accountant(kind: str) -> Any:
+    """A fresh Opacus accountant of ``kind`` (the test is skipped without Opacus)."""
+    accountants = pytest.importorskip("opacus.accountants")
+    return {"rdp": accountants.RDPAccountant, "prv": accountants.PRVAccountant}[kind]()
 
 
 @pytest.mark.parametrize("kind", ["rdp", "prv"])
 def test_epsilon_equals_opacus_for_the_reference_setting(kind: str) -> None:
-    opacus = OPACUS[kind]()
+    opacus = opacus_accountant(kind)
     for _ in range(10_000):
         opacus.step(noise_multiplier=1.1, sample_rate=0.01)
 
     ours = epsilon(noise_multiplier=1.1, sample_rate=0.01, steps=10_000, delta=1e-5,
                    accountant=kind)
 
-    assert ours == pytest.approx(opacus.get_epsilon(delta=1e-5), rel=1e-9)
+    assert ours == pytest.approx(opacus.get_epsilon(delta=1e-5), rel=TOLERANCE[kind])
     assert ours == pytest.approx({"rdp": 5.63, "prv": 5.20}[kind], abs=0.01)
+
+
+@pytest.mark.parametrize(("kind", "expected"), [("rdp", 5.632), ("prv", 5.196)])
+def test_epsilon_of_the_reference_setting_without_opacus(kind: str, expected: float) -> None:
+    ours = epsilon(noise_multiplier=1.1, sample_rate=0.01, steps=10_000, delta=1e-5,
+                   accountant=kind)
+    assert ours == pytest.approx(expected, abs=0.001)
 
 
 @pytest.mark.parametrize("kind", ["rdp", "prv"])
 def test_mixed_histories_match_opacus(kind: str) -> None:
-    ours, opacus = Accountant(kind), OPACUS[kind]()
+    ours, opacus = Accountant(kind), opacus_accountant(kind)
     for z, q, n in [(1.0, 0.1, 20), (2.0, 0.1, 5), (1.0, 0.2, 30)]:
         ours.step(z, q, n)
         for _ in range(n):
             opacus.step(noise_multiplier=z, sample_rate=q)
     assert ours.history == opacus.history
-    assert ours.epsilon(1e-6) == pytest.approx(opacus.get_epsilon(delta=1e-6), rel=1e-9)
+    assert ours.epsilon(1e-6) == pytest.approx(opacus.get_epsilon(delta=1e-6),
+                                               rel=TOLERANCE[kind])
 
 
 def test_accountant_state_round_trips_and_peeks_without_recording() -> None:
@@ -90,7 +108,7 @@ def _run_until_finished(engine: RoundEngine) -> tuple[list[dict[str, object]], s
 @pytest.mark.parametrize("kind", ["rdp", "prv"])
 def test_a_small_budget_stops_the_run_at_the_last_affordable_flush(kind: str) -> None:
     max_epsilon = 2.0
-    opacus = OPACUS[kind]()
+    opacus = opacus_accountant(kind)
     affordable = 0
     while True:  # Opacus's own answer: how many flushes fit under max_epsilon
         opacus.step(noise_multiplier=1.5, sample_rate=0.2)

@@ -57,7 +57,9 @@ def test_reported_epsilon_is_opacus_accounting_over_all_tasks(data, clipping: st
     assert second.steps_completed == 30
     assert second.metrics["dp_steps"] == 50
     assert second.metrics["dp_sample_rate"] == pytest.approx(q)
-    assert second.metrics["dp_epsilon"] == pytest.approx(reference.get_epsilon(delta=1e-5))
+    # dp-accounting's RDP differs from Opacus's only at fractional orders (1.3e-5 here).
+    assert second.metrics["dp_epsilon"] == pytest.approx(reference.get_epsilon(delta=1e-5),
+                                                         rel=1e-4)
     assert first.metrics["dp_epsilon"] < second.metrics["dp_epsilon"]
     assert np.all(np.isfinite(second.params)) and not np.array_equal(second.params, w)
 

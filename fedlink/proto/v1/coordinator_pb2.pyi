@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class TensorHeader(_message.Message):
-    __slots__ = ("encoding", "shape", "dtype", "num_bytes", "checksum", "codec_params")
+    __slots__ = ("encoding", "shape", "dtype", "num_bytes", "checksum", "codec_params", "values_checksum")
     class CodecParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -21,16 +21,18 @@ class TensorHeader(_message.Message):
     NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     CODEC_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     encoding: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     dtype: str
     num_bytes: int
     checksum: str
     codec_params: _containers.ScalarMap[str, str]
-    def __init__(self, encoding: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., num_bytes: _Optional[int] = ..., checksum: _Optional[str] = ..., codec_params: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    values_checksum: str
+    def __init__(self, encoding: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., num_bytes: _Optional[int] = ..., checksum: _Optional[str] = ..., codec_params: _Optional[_Mapping[str, str]] = ..., values_checksum: _Optional[str] = ...) -> None: ...
 
 class RunConfig(_message.Message):
-    __slots__ = ("run_name", "num_parameters", "local_steps", "local_epochs", "batch_size", "learning_rate", "chunk_bytes", "heartbeat_interval_s", "max_staleness", "accepted_encodings", "trainer_options", "inline_bytes")
+    __slots__ = ("run_name", "num_parameters", "local_steps", "local_epochs", "batch_size", "learning_rate", "chunk_bytes", "heartbeat_interval_s", "max_staleness", "accepted_encodings", "trainer_options", "inline_bytes", "max_chunk_bytes", "long_poll_s", "max_update_bytes", "max_string_bytes", "max_metadata_entries", "max_uploads_per_client", "requests_per_s", "request_burst")
     class TrainerOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +52,14 @@ class RunConfig(_message.Message):
     ACCEPTED_ENCODINGS_FIELD_NUMBER: _ClassVar[int]
     TRAINER_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     INLINE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LONG_POLL_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_UPDATE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_STRING_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_METADATA_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    MAX_UPLOADS_PER_CLIENT_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_BURST_FIELD_NUMBER: _ClassVar[int]
     run_name: str
     num_parameters: int
     local_steps: int
@@ -62,7 +72,15 @@ class RunConfig(_message.Message):
     accepted_encodings: _containers.RepeatedScalarFieldContainer[str]
     trainer_options: _containers.ScalarMap[str, str]
     inline_bytes: int
-    def __init__(self, run_name: _Optional[str] = ..., num_parameters: _Optional[int] = ..., local_steps: _Optional[int] = ..., local_epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., chunk_bytes: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., max_staleness: _Optional[int] = ..., accepted_encodings: _Optional[_Iterable[str]] = ..., trainer_options: _Optional[_Mapping[str, str]] = ..., inline_bytes: _Optional[int] = ...) -> None: ...
+    max_chunk_bytes: int
+    long_poll_s: float
+    max_update_bytes: int
+    max_string_bytes: int
+    max_metadata_entries: int
+    max_uploads_per_client: int
+    requests_per_s: float
+    request_burst: int
+    def __init__(self, run_name: _Optional[str] = ..., num_parameters: _Optional[int] = ..., local_steps: _Optional[int] = ..., local_epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., chunk_bytes: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., max_staleness: _Optional[int] = ..., accepted_encodings: _Optional[_Iterable[str]] = ..., trainer_options: _Optional[_Mapping[str, str]] = ..., inline_bytes: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ..., long_poll_s: _Optional[float] = ..., max_update_bytes: _Optional[int] = ..., max_string_bytes: _Optional[int] = ..., max_metadata_entries: _Optional[int] = ..., max_uploads_per_client: _Optional[int] = ..., requests_per_s: _Optional[float] = ..., request_burst: _Optional[int] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
     __slots__ = ("client_name", "token", "num_examples", "metadata", "instance_key")
@@ -240,14 +258,18 @@ class CommitRequest(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., upload_id: _Optional[str] = ..., task_id: _Optional[str] = ..., base_version: _Optional[int] = ..., num_examples: _Optional[int] = ..., steps_completed: _Optional[int] = ..., steps_planned: _Optional[int] = ..., update: _Optional[_Union[TensorHeader, _Mapping]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., update_data: _Optional[bytes] = ...) -> None: ...
 
 class CommitReply(_message.Message):
-    __slots__ = ("upload_id", "model_version", "staleness")
+    __slots__ = ("upload_id", "model_version", "staleness", "accepted_version", "flushed_version")
     UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     STALENESS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FLUSHED_VERSION_FIELD_NUMBER: _ClassVar[int]
     upload_id: str
     model_version: int
     staleness: int
-    def __init__(self, upload_id: _Optional[str] = ..., model_version: _Optional[int] = ..., staleness: _Optional[int] = ...) -> None: ...
+    accepted_version: int
+    flushed_version: int
+    def __init__(self, upload_id: _Optional[str] = ..., model_version: _Optional[int] = ..., staleness: _Optional[int] = ..., accepted_version: _Optional[int] = ..., flushed_version: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("client_id", "task_id")

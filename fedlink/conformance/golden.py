@@ -1,0 +1,121 @@
+"""Golden vectors: every payload format and a recorded session, as files in any language's reach.
+
+``write_vectors(folder)`` writes ``protos/testdata/`` (``python -m fedlink.conformance.golden
+protos/testdata``):
+
+- ``codecs.json``: for each registered codec, a small float32 vector, its codec options, the
+  encoded bytes (hex), the ``TensorHeader`` (as proto3 JSON field names), and the decoded
+  values as float32 bit patterns (hex, little-endian) so that no decimal rounding intervenes.
+- ``delta.json``: two versions of a model, the ``xor-zlib`` delta between them, its header
+  and the header of the target model (``values_checksum`` is what a rebuilt model must match).
+- ``session_inline.json`` and ``session_streamed.json``: the messages of one task, in order,
+  as ``{call, request, reply}`` in proto3 JSON (bytes fields base64, as proto3 JSON says), for
+  a payload small enough to travel inline and one streamed in chunks.
+
+Encoding with zlib (``fp32-zlib``, ``xor-zlib``) is not byte-exact across zlib builds: for
+those an implementation must decode the given bytes to the given values and check
+``values_checksum``; its own encoder's bytes need only decode back (``docs/protocol.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedlink.compress import CODECS, decoder_for, get_codec
+from fedlink.compress.delta import apply_delta, encode_delta
+from fedlink.messages import TensorHeader
+from fedlink.wire import checksum, pack, values_checksum
+
+VECTOR = np.array([0.0, -0.0, 1.0, -1.5, 3.140625, 1e-3, -2.5e-4, 65504.0, 1e-8, -7.25, 0.5,
+                   100.0], dtype=np.float32)
+"""12 values: zeros of both signs, exact and inexact in half precision, beyond fp16's range."""
+
+OPTIONS: dict[str, dict[str, Any]] = {
+    "qsgd": {"bits": 4}, "topk": {"density": 0.25}, "randk": {"density": 0.25},
+}
+"""Codec options used for the vectors (sparsifiers with value codecs take the base's)."""
+
+SEED = 20261201
+
+
+def float_bits(values: np.ndarray) -> list[str]:
+    """Each float32 as 8 hex digits of its little-endian bytes (exact, unlike decimals)."""
+    return [v.tobytes().hex() for v in np.ascontiguousarray(values, dtype="<f4")]
+
+
+def header_json(header: TensorHeader) -> dict[str, Any]:
+    """A ``TensorHeader`` as proto3 JSON (lowerCamelCase names, int64 as strings)."""
+    return {"encoding": header.encoding, "shape": [str(s) for s in header.shape],
+            "dtype": header.dtype, "numBytes": str(header.num_bytes),
+            "checksum": header.checksum, "codecParams": dict(header.codec_params),
+            "valuesChecksum": header.values_checksum}
+
+
+def codec_vector(name: str) -> dict[str, Any]:
+    """The golden entry of codec ``name``: input, options, bytes, header, decoded values."""
+    options = OPTIONS.get(name.split("+")[0], {})
+    codec = get_codec(name, **options)
+    payload = pack(VECTOR, codec, np.random.default_rng(SEED))
+    decoded = decoder_for(name).decode(payload.data, payload.header.codec_params, VECTOR.size)
+    return {"codec": name, "options": options, "stochastic": codec.stochastic,
+            "zlib": name == "fp32-zlib", "input_bits": float_bits(VECTOR),
+            "input": [float(v) for v in VECTOR], "data_hex": payload.data.hex(),
+            "header": header_json(payload.header), "decoded_bits": float_bits(decoded)}
+
+
+def delta_vector() -> dict[str, Any]:
+    """Two model versions, the ``xor-zlib`` delta, and the headers a client checks."""
+    new = (VECTOR + np.float32(0.001) * np.arange(VECTOR.size, dtype=np.float32)).astype(
+        np.float32)
+    data = encode_delta(VECTOR, new)
+    assert np.array_equal(apply_delta(VECTOR, data).view("<u4"), new.view("<u4"))
+    model = pack(new, get_codec("fp32")).header
+    delta = TensorHeader(encoding="xor-zlib", shape=(VECTOR.size,), dtype="float32",
+                         num_bytes=len(data), checksum=checksum(data),
+                         values_checksum=values_checksum(new))
+    return {"old_bits": float_bits(VECTOR), "new_bits": float_bits(new),
+            "xor_hex": (VECTOR.view("<u4") ^ new.view("<u4")).astype("<u4").tobytes().hex(),
+            "data_hex": data.hex(), "delta_header": header_json(delta),
+            "model_header": header_json(model)}
+
+
+def write_vectors(folder: Path, sessions: Mapping[str, list[dict[str, Any]]]) -> list[Path]:
+    """Write every golden file into ``folder``; returns their paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {"codecs.json": {"vectors": [codec_vector(n) for n in CODECS.names()]},
+             "delta.json": delta_vector()}
+    files.update({f"session_{kind}.json": {"messages": messages}
+                  for kind, messages in sessions.items()})
+    written = []
+    for name, content in files.items():
+        path = folder / name
+        path.write_text(json.dumps(content, indent=1, sort_keys=True) + "\n")
+        written.append(path)
+    return written
+
+
+def b64(data: bytes) -> str:
+    """Bytes as proto3 JSON writes them (standard base64 with padding)."""
+    return base64.b64encode(data).decode()
+
+
+def main() -> None:
+    """``python -m fedlink.conformance.golden FOLDER``: (re)write the golden vectors."""
+    from fedlink.conformance.session import record_sessions
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path)
+    args = parser.parse_args()
+    for path in write_vectors(args.folder, record_sessions()):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()

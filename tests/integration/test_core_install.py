@@ -1,0 +1,95 @@
+"""The core install on a device: fedlink's wheel with its core dependencies only, in a fresh
+virtualenv, holds no torch (nor scipy, scikit-learn, matplotlib, rich), and the edge client
+from it trains a numpy logistic regression against ``fedlink serve`` without importing torch.
+
+Slow (a wheel build and a venv install, ~30 s with a warm pip cache): marked ``slow``. It needs
+the ``build`` package (the ``dev`` extra) and the package index for the core dependencies.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_deployables import EDGE, REPO, TORCH_FREE, Spawner, small_config, start_serve
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+CORE_DISTRIBUTIONS = {"fedlink", "grpcio", "grpcio_health_checking", "grpcio_reflection",
+                      "numpy", "protobuf", "tenacity", "typing_extensions"}
+"""What ``pip install fedlink`` brings (typing_extensions comes with grpcio)."""
+CORE_BUDGET_MB = 85
+"""Site-packages of the core install without .pyc files: 78 MB measured, numpy (~55 MB with its
+OpenBLAS) and grpcio (~17 MB) being nearly all of it; fedlink itself is under 2 MB."""
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Spawner]:
+    """A ``Spawner`` (test_deployables) whose processes are killed after the test."""
+    spawner = Spawner(tmp_path)
+    yield spawner
+    spawner.close()
+
+
+@pytest.fixture(scope="module")
+def core_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The python of a fresh venv holding only fedlink's wheel and its core dependencies."""
+    root = tmp_path_factory.mktemp("core")
+    subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(root / "dist"),
+                    str(REPO)], check=True, capture_output=True, timeout=300)
+    wheel = next((root / "dist").glob("fedlink-*.whl"))
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")],
+                   check=True, timeout=120)
+    python = root / "venv" / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet",
+                    "--no-compile", str(wheel)], check=True, capture_output=True, timeout=300)
+    return python
+
+
+def site_packages(python: Path) -> Path:
+    out = subprocess.run([str(python), "-c", "import sysconfig; "
+                          "print(sysconfig.get_paths()['purelib'])"],
+                         check=True, capture_output=True, text=True)
+    return Path(out.stdout.strip())
+
+
+def test_the_core_install_holds_only_the_core_dependencies(core_python: Path) -> None:
+    packages = site_packages(core_python)
+    installed = {p.name.split("-")[0].lower() for p in packages.glob("*.dist-info")}
+    size_mb = sum(p.stat().st_size for p in packages.rglob("*") if p.is_file()) / 1e6
+
+    assert installed == CORE_DISTRIBUTIONS
+    assert size_mb <= CORE_BUDGET_MB, f"core install is {size_mb:.1f} MB"
+    assert (packages / "fedlink" / "py.typed").is_file()
+
+
+def test_the_edge_client_trains_from_the_core_install_without_torch(
+        core_python: Path, spawn: Spawner, tmp_path: Path) -> None:
+    from fedlink.data import load_federated
+
+    config = tmp_path / "edge.toml"
+    config.write_text(small_config("logreg", clients=1))
+    share = load_federated("digits", 1, 0, "iid").clients[0]
+    np.savez(tmp_path / "local.npz", x=share.x, y=share.y)
+    serve, address = start_serve(spawn, config, tmp_path / "runs")
+    device = Spawner(tmp_path)  # the device's environment: no checkout on its path
+    device.env = {k: v for k, v in device.env.items() if k != "PYTHONPATH"}
+    try:
+        edge = device([str(core_python), "-c", TORCH_FREE, str(EDGE), "--server", address,
+                       "--data", str(tmp_path / "local.npz"), "--max-tasks", "2"],
+                      cwd=tmp_path)
+        assert edge.finish(timeout_s=120) == 0, edge.output + serve.output
+    finally:
+        device.close()
+    assert "torch-free exit 0" in edge.output
+    assert "tasks 2, accepted 2, refused 0" in edge.output
+    assert serve.finish(timeout_s=60) == 0, serve.output
+    where = subprocess.run([str(core_python), "-c", "import fedlink; print(fedlink.__file__)"],
+                           capture_output=True, text=True, cwd=tmp_path,
+                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert str(site_packages(core_python)) in where.stdout  # the wheel's fedlink, not ours
