@@ -95,6 +95,9 @@ def _codec_note(codec: str, density: float | None, model_bytes: int, up_bps: flo
     if codec == "topk":
         return (f"compression = \"topk\", density = {density}: an fp32 update "
                 f"({model_bytes} B) would take {fp32_s:.1f} s up; error feedback on")
-    return (f"compression = \"{codec}\": an fp32 update ({model_bytes} B) takes "
-            f"{fp32_s:.1f} s up, within the {UPLOAD_BUDGET_S:g} s budget"
-            + (" at half size" if codec == "fp16" else ""))
+    if codec == "fp16":
+        return (f"compression = \"fp16\": an fp32 update ({model_bytes} B) would take "
+                f"{fp32_s:.1f} s up; at half size ({fp32_s / 2:.1f} s) it fits the "
+                f"{UPLOAD_BUDGET_S:g} s budget")
+    return (f"compression = \"fp32\": an fp32 update ({model_bytes} B) takes {fp32_s:.1f} s "
+            f"up, within the {UPLOAD_BUDGET_S:g} s budget")

@@ -7,8 +7,8 @@ The measurement, over one channel (the same options as a fedlink client's):
    difference between consecutive ones (RFC 3550's estimator, without its smoothing);
 3. per direction, one probe of ``first_bytes`` estimates the goodput, then ``repeats`` probes
    sized to take about ``window_s`` each measure it; goodput is payload bits over the time a
-   probe took beyond the RTT, and the best repeat is kept (a blackout in one repeat is a
-   stall, not the link's capacity).
+   probe took beyond the RTT, averaged over the repeats within 1.5x of the fastest (a
+   blackout in one repeat is a stall, not the link's capacity).
 
 A call that takes much longer than expected (``stall_factor`` x its expected time, and at least
 ``stall_min_s`` more) counts as a stall; a call that fails ``UNAVAILABLE`` as a reset (it is
@@ -32,6 +32,7 @@ from fedlink.proto.v1 import coordinator_pb2_grpc as pb_grpc
 from fedlink.wire.options import client_channel_options
 
 KIB = 1024
+OUTLIER_FACTOR = 1.5
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class NetcheckOptions:
 
 @dataclass(frozen=True)
 class Goodput:
-    """One direction: the best goodput seen and what was sent to see it."""
+    """One direction: the goodput measured, what was sent to measure it, and every repeat."""
 
     kbps: float
     probe_bytes: int
@@ -161,9 +162,12 @@ def _goodput(prober: _Prober, options: NetcheckOptions, rtt: float,
 
 
 def _best(samples: Sequence[tuple[float, float]], size: int) -> Goodput:
-    """The best of the repeats (a blackout slows one; nothing makes a link faster)."""
-    rates = tuple(kbps for _, kbps in samples)
-    return Goodput(kbps=max(rates), probe_bytes=size, samples_kbps=rates)
+    """The mean over the repeats that were not slowed by a stall: those within
+    ``OUTLIER_FACTOR`` of the fastest (a blackout slows a repeat; nothing speeds one up)."""
+    fastest = min(seconds for seconds, _ in samples)
+    kept = [kbps for seconds, kbps in samples if seconds <= OUTLIER_FACTOR * fastest]
+    return Goodput(kbps=statistics.fmean(kept), probe_bytes=size,
+                   samples_kbps=tuple(kbps for _, kbps in samples))
 
 
 def _stalls(calls: Sequence[tuple[float, int, int]], rtt: float, up_kbps: float,

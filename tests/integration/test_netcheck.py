@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(120)
 
 MODEL = np.zeros(10_000, np.float32)
 ALLOWED = CoordinatorConfig(netcheck=NetcheckConfig(enabled=True))
-SHORT = NetcheckOptions(rtt_probes=8, window_s=0.5, repeats=2)
+SHORT = NetcheckOptions(rtt_probes=8, window_s=1.0, repeats=2)
 
 
 async def _through(profile_name: str, seed: int, config: CoordinatorConfig,
