@@ -214,3 +214,16 @@ def test_builtin_cnn_takes_flat_square_images(features: int, channels: int) -> N
     assert any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
     with pytest.raises(ConfigError, match="not 3 square channels"):
         build_model("cnn", 100, 10, channels=3)
+
+
+def test_simulate_with_a_wrong_import_string_fails_at_start_with_a_message(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fedlink.cli import main
+
+    config = tmp_path / "bad.toml"
+    config.write_text('[model]\nfactory = "my_models:Net"\n[data]\nclients = 2\n')
+    assert main(["simulate", str(config), "--no-progress", "--output-dir",
+                 str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "fedlink: error:" in err and "cannot import module 'my_models'" in err
+    assert "Traceback" not in err and not (tmp_path / "fedlink-run" / "events.jsonl").exists()
