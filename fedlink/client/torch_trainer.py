@@ -1,4 +1,5 @@
-"""``TorchTrainer``: the ``Trainer`` protocol for a torch ``nn.Module`` on a local ``Dataset``.
+"""``TorchTrainer``: the ``Trainer`` protocol for any torch ``nn.Module`` on local data (a fedlink
+``Dataset``, a torch ``Dataset`` or a ``DataLoader``), with its loss, optimizer and ``keep_local``.
 
 Import it explicitly (``from fedlink.client.torch_trainer import TorchTrainer``): it is the one
 part of the client SDK that needs torch, and ``fedlink.client`` does not import it.
