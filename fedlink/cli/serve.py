@@ -17,6 +17,7 @@ from fedlink.metrics import (
     write_report,
     write_summary,
 )
+from fedlink.metrics.federated import federated_figures
 from fedlink.sim.config import ExperimentConfig
 
 
@@ -65,6 +66,7 @@ async def serve(config_path: Path, address: str, output_dir: Path | None,
     everything = read_events(run_dir / EVENTS_FILENAME)  # every process's, when resumed
     summary = summarize(everything, config.to_dict())
     summary.update(experiment.data_figures())
+    summary.update(federated_figures(everything))
     write_summary(run_dir / SUMMARY_FILENAME, summary)
     experiment.save_model(run_dir, server.service.engine.model)  # model.npy and model.pt
     print(f"report: {write_report(run_dir, everything, summary)}", flush=True)

@@ -22,7 +22,8 @@ class TrainPlan:
 
     ``local_steps`` > 0 means that many SGD steps; otherwise ``local_epochs`` passes over the
     local data. ``deadline`` is a ``time.monotonic()`` instant after which the trainer should
-    stop early and report the work it did (``None``: no deadline).
+    stop early and report the work it did (``None``: no deadline). ``model_version`` is the
+    version of the global model the task trains from (-1: unknown).
     """
 
     local_steps: int = 0
@@ -32,6 +33,7 @@ class TrainPlan:
     deadline: float | None = None
     seed: int = 0
     options: Mapping[str, str] = field(default_factory=dict)
+    model_version: int = -1
 
     @property
     def uses_steps(self) -> bool:

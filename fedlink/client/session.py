@@ -333,7 +333,7 @@ class ClientSession:
         return TrainPlan(local_steps=task.local_steps, local_epochs=task.local_epochs,
                          batch_size=config.batch_size, learning_rate=config.learning_rate,
                          deadline=deadline, seed=int(self._rng.integers(2**31)),
-                         options=config.trainer_options)
+                         options=config.trainer_options, model_version=task.model_version)
 
     async def _heartbeat(self, task: Task) -> None:
         """Tell the coordinator every ``heartbeat_interval_s`` that this task's client lives."""

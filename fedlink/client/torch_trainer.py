@@ -1,4 +1,5 @@
-"""``TorchTrainer``: the ``Trainer`` protocol for a torch ``nn.Module`` on a local ``Dataset``.
+"""``TorchTrainer``: the ``Trainer`` protocol for any torch ``nn.Module`` on local data (a fedlink
+``Dataset``, a torch ``Dataset`` or a ``DataLoader``), with its loss, optimizer and ``keep_local``.
 
 Import it explicitly (``from fedlink.client.torch_trainer import TorchTrainer``): it is the one
 part of the client SDK that needs torch, and ``fedlink.client`` does not import it.
@@ -20,8 +21,10 @@ import torch
 from torch import nn
 
 from fedlink.client.base import TrainPlan, TrainResult, planned_steps, proximal_mu
+from fedlink.client.evaluation import PREFIX, evaluation_due
 from fedlink.data.base import Dataset
 from fedlink.errors import ConfigError
+from fedlink.models.evaluate import generic_scores
 from fedlink.models.training import LossFn, OptimizerFactory, build_loss
 from fedlink.params import ParamSpec
 from fedlink.params.flat import load_vector, spec_of, to_vector
@@ -34,6 +37,8 @@ size, sampler, transforms and collate)."""
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 _SEED_MASK = (1 << 64) - 1
+EVAL_BATCH = 1024
+"""Examples per forward pass when a client evaluates the global model on its data."""
 
 
 def sgd(params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
@@ -122,6 +127,11 @@ class _TensorBatches:
     def batch_size(self, plan: TrainPlan) -> int:
         return plan.batch_size
 
+    def in_order(self, batch_size: int) -> Iterator[Batch]:
+        """One pass in order (for evaluation)."""
+        for start in range(0, len(self), batch_size):
+            yield self.x[start: start + batch_size], self.y[start: start + batch_size]
+
     def batches(self, plan: TrainPlan, generator: torch.Generator) -> Iterator[Batch]:
         """Endless minibatches: a fresh shuffle per epoch, split into ``batch_size``."""
         while True:
@@ -151,6 +161,12 @@ class _LoaderBatches:
     def batch_size(self, plan: TrainPlan) -> int:
         own = None if self.loader is None else self.loader.batch_size
         return plan.batch_size if own is None else own
+
+    def in_order(self, batch_size: int) -> Iterator[Batch]:
+        """One pass (the user's loader as it is, else the dataset in order), for evaluation."""
+        loader = self.loader or torch.utils.data.DataLoader(self.dataset, batch_size=batch_size)
+        for x, y in loader:
+            yield x.to(self.device), y.to(self.device)
 
     def batches(self, plan: TrainPlan, generator: torch.Generator) -> Iterator[Batch]:
         """Endless batches, moved to the device: epoch after epoch of the loader."""
@@ -287,6 +303,7 @@ class TorchTrainer:
         completed. ``metrics`` holds ``train_seconds`` and, when at least one step ran,
         ``train_loss`` (the mean minibatch loss over the steps).
         """
+        scores = self.evaluate(params) if evaluation_due(plan, self._seed) else {}
         started = time.perf_counter()
         sized = dataclasses.replace(plan, batch_size=self._data.batch_size(plan))
         steps_planned = planned_steps(sized, self.num_examples())
@@ -295,12 +312,25 @@ class TorchTrainer:
         metrics = {"train_seconds": time.perf_counter() - started}
         if steps:
             metrics["train_loss"] = loss_sum / steps
+        metrics.update({f"{PREFIX}{key}": value for key, value in scores.items()})
         trained = to_vector(self.model)
         if self._local_mask.any():
             self._local = trained[self._local_mask].copy()
             trained[self._local_mask] = self.spec.check(params)[self._local_mask]
         return TrainResult(params=trained, num_examples=self.num_examples(),
                            steps_completed=steps, steps_planned=steps_planned, metrics=metrics)
+
+    def evaluate(self, params: np.ndarray) -> dict[str, float]:
+        """``loss``, ``accuracy`` (classification) and ``examples`` of the model ``params``
+        (with this client's ``keep_local`` entries) on the local data, in eval mode.
+
+        Federated evaluation (``fedlink.client.evaluation``) calls it on the global model a
+        task brings, before training on it.
+        """
+        load_vector(self.model, self.personalize(params), self.spec)
+        self.model.eval()
+        scores = generic_scores(self.model, self._data.in_order(EVAL_BATCH), self._loss)
+        return {**scores, "examples": float(self.num_examples())}
 
     def objective(self, loss: torch.Tensor, anchor: list[torch.Tensor],
                   plan: TrainPlan) -> torch.Tensor:

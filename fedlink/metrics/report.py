@@ -14,6 +14,7 @@ from typing import Any
 
 from fedlink.metrics.distribution import draw_label_distribution, label_section
 from fedlink.metrics.events import FLUSH, UPDATE_ACCEPTED, Event
+from fedlink.metrics.federated import draw_federated
 from fedlink.metrics.formatting import fmt_metric, human_bytes, human_seconds, key_figures
 from fedlink.metrics.summary import comm_figures, of_kind, start_elapsed
 from fedlink.private import private_dir, touch_private
@@ -51,9 +52,11 @@ def write_report(run_dir: Path, events: list[Event], summary: Mapping[str, Any])
     path = run_dir / REPORT_FILENAME
     title = summary.get("run_name") or run_dir.name
     text = _markdown(str(title), summary, flushes, plots, _comm_shares(events, flushes))
+    # Like the other plots, only for a run that trained (a report of nothing stays quick).
     labels = label_section(draw_label_distribution(run_dir, summary.get("label_distribution")
-                                                   or {}))
-    touch_private(path).write_text(text + (f"\n{labels}\n" if labels else ""),
+                                                   or {})) if flushes else ""
+    extra = [part for part in (draw_federated(run_dir, events, summary), labels) if part]
+    touch_private(path).write_text(text + "".join(f"\n{part}\n" for part in extra),
                                    encoding="utf-8")
     return path
 

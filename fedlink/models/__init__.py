@@ -1,4 +1,5 @@
-"""Model builders by name (``mlp``, ``logreg``) and test-set evaluation; imports torch.
+"""Model builders by name (``mlp``, ``logreg``, ``cnn``), losses and optimizers by name
+(``fedlink.models.training``) and test-set evaluation; imports torch.
 
 >>> from fedlink.models import build_model
 >>> model = build_model("mlp", num_features=64, num_classes=10, seed=0, hidden=[32])

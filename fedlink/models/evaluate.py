@@ -55,7 +55,7 @@ def _scores(
     return {"accuracy": correct.item() / count, "loss": loss.item() / count}
 
 
-def _generic_scores(model: nn.Module, batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+def generic_scores(model: nn.Module, batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
                     loss_fn: LossFn) -> dict[str, float]:
     """Mean ``loss_fn`` over every batch (weighted by batch size) and, when the targets are
     class indices and the outputs one score per class, accuracy; eval mode, no grad."""
@@ -184,7 +184,7 @@ class Evaluator:
                                                                                 self._batch))
         else:
             batches = _torch_batches(self._test, self._device, self._batch)  # type: ignore[arg-type]
-        return _generic_scores(self._model, batches, self._loss)
+        return generic_scores(self._model, batches, self._loss)
 
     def __call__(self, vector: np.ndarray) -> dict[str, float]:
         """Accuracy and mean cross-entropy of the parameters ``vector`` on the test set.

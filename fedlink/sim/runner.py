@@ -34,6 +34,7 @@ from fedlink.metrics import (
     write_report,
     write_summary,
 )
+from fedlink.metrics.federated import federated_figures
 from fedlink.netem import ClientLink
 from fedlink.netem.proxy import TcpProxy
 from fedlink.sim.config import ExperimentConfig
@@ -102,6 +103,7 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
         summary = summarize(events.events, {**config.to_dict(), "plugs": plugs.describe()})
     summary.update(_client_figures(outcomes, time.monotonic() - started))
     summary.update(experiment.data_figures())
+    summary.update(federated_figures(events.events))
     if config.network is not None:
         summary["network"] = network_summary(outcomes)
     write_summary(run_dir / SUMMARY_FILENAME, summary)

@@ -24,6 +24,7 @@ Plug points (each an import string in the config, or the object itself through `
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +38,7 @@ from fedlink.client import Trainer
 from fedlink.client.lazy import LazyTrainer
 from fedlink.client.torch_trainer import TorchTrainer
 from fedlink.data import CentralData, Dataset, FederatedData, load_federated
-from fedlink.data.base import NATURAL, keyword_options
+from fedlink.data.base import NATURAL
 from fedlink.data.federated import partition_central
 from fedlink.data.torch_data import TorchFederatedData
 from fedlink.errors import ConfigError
@@ -145,11 +146,8 @@ def _call_loader(loader: Callable[..., Any], config: ExperimentConfig) -> Any:
     """``loader(num_clients=..., seed=..., **options)`` minus the partitioner's options."""
     split = _split_options(config)
     options = {k: v for k, v in config.data.options.items() if k not in split}
-    try:
-        accepted = keyword_options(loader)
-    except (ConfigError, TypeError, ValueError):
-        accepted = None  # **kwargs or a builtin: let the call itself say what is wrong
-    if accepted is not None and accepted and not set(options) <= accepted:
+    accepted = _option_names(loader)
+    if accepted is not None and not set(options) <= accepted:
         raise ConfigError(f"data loader {describe(loader)} does not take options "
                           f"{sorted(set(options) - accepted)}; it takes {sorted(accepted)}")
     try:
@@ -157,6 +155,19 @@ def _call_loader(loader: Callable[..., Any], config: ExperimentConfig) -> Any:
     except TypeError as exc:
         raise ConfigError(f"data loader {describe(loader)}: {exc} (it is called as "
                           f"loader(num_clients=, seed=, **[data] options))") from exc
+
+
+def _option_names(loader: Callable[..., Any]) -> frozenset[str] | None:
+    """The options ``loader`` can take by keyword, besides ``num_clients`` and ``seed``
+    (``None`` when it takes ``**kwargs`` or has no signature to read)."""
+    try:
+        parameters = inspect.signature(loader).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return frozenset(p.name for p in parameters if p.kind in keyword) - {"num_clients", "seed"}
 
 
 @dataclass(frozen=True)

@@ -182,7 +182,8 @@ def test_label_distribution_plot_in_the_report(tmp_path: Path) -> None:
     data = load_federated("digits", 4, 0, "kclasses", k=2)
     entry = label_distribution([c.label_counts().tolist() for c in data.clients])
     assert [sum(1 for v in row if v) for row in entry["counts"]] == [2, 2, 2, 2]
-    report = write_report(tmp_path, [], {"label_distribution": entry}).read_text()
+    flush = {"kind": "flush", "model_version": 1, "accuracy": 0.5, "elapsed": 1.0}
+    report = write_report(tmp_path, [flush], {"label_distribution": entry}).read_text()
     assert f"![Labels per client]({LABEL_PLOT})" in report
     assert (tmp_path / LABEL_PLOT).read_bytes().startswith(b"\x89PNG")
 

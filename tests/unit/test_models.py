@@ -84,8 +84,8 @@ def test_bad_model_names_and_options_are_config_errors(
 
 
 def test_unknown_model_lists_known_names() -> None:
-    with pytest.raises(ConfigError, match="logreg, mlp"):
-        build_model("cnn", 64, 10)
+    with pytest.raises(ConfigError, match="cnn, logreg, mlp"):
+        build_model("resnet", 64, 10)
 
 
 def test_evaluator_scores_trained_model_above_90_percent(

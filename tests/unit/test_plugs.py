@@ -183,3 +183,47 @@ def test_resume_from_a_saved_model(tmp_path: Path) -> None:
     missing = Experiment.build(_config(model={"name": "logreg", "init": str(tmp_path / "x")}))
     with pytest.raises(ConfigError, match="no saved model at"):
         missing.initial_vector()
+
+
+def my_evaluate(model: nn.Module, test: object) -> dict[str, float]:
+    """A user evaluator for import strings: sees the loaded global model and the test set."""
+    from fedlink.data import Dataset
+
+    assert isinstance(test, Dataset) and not model.training
+    return {"weight_sum": float(sum(p.sum() for p in model.parameters())), "n": len(test)}
+
+
+def test_evaluator_by_import_string_scores_the_global_model() -> None:
+    config = _config(model={"name": "logreg"},
+                     coordinator={"evaluator": f"{__name__}:my_evaluate"})
+    evaluator = Experiment.build(config).evaluator()
+    size = Experiment.build(config).initial_vector().size
+    scores = evaluator(np.ones(size, dtype=np.float32))
+    assert scores == {"weight_sum": float(size), "n": 360.0}
+    broken = Experiment.build(config, Plugs(evaluate=lambda model, test: 0.5)).evaluator()  # type: ignore[arg-type,return-value]
+    with pytest.raises(ConfigError, match="returned a float, expected a mapping"):
+        broken(np.ones(size, dtype=np.float32))
+
+
+@pytest.mark.parametrize("features, channels", [(64, 1), (784, 1), (3072, 3)])
+def test_builtin_cnn_takes_flat_square_images(features: int, channels: int) -> None:
+    from fedlink.models import build_model
+
+    model = build_model("cnn", features, 10, channels=channels)
+    assert model(torch.zeros(2, features)).shape == (2, 10)
+    assert any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
+    with pytest.raises(ConfigError, match="not 3 square channels"):
+        build_model("cnn", 100, 10, channels=3)
+
+
+def test_simulate_with_a_wrong_import_string_fails_at_start_with_a_message(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fedlink.cli import main
+
+    config = tmp_path / "bad.toml"
+    config.write_text('[model]\nfactory = "my_models:Net"\n[data]\nclients = 2\n')
+    assert main(["simulate", str(config), "--no-progress", "--output-dir",
+                 str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "fedlink: error:" in err and "cannot import module 'my_models'" in err
+    assert "Traceback" not in err and not (tmp_path / "fedlink-run" / "events.jsonl").exists()

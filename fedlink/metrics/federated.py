@@ -1,0 +1,99 @@
+"""Federated evaluation in the summary and the report: the global model scored on clients' data.
+
+Clients asked to evaluate (``fedlink.client.evaluation``) report ``fed_eval_loss``,
+``fed_eval_accuracy`` and ``fed_eval_examples`` with their update; they reach the log under
+``client_metrics`` of ``update_accepted`` events. ``federated_figures`` weights them by examples
+per model version (the version the clients trained from), next to the central test-set curve of
+``flush`` events, and keeps the per-client accuracies of the last evaluated version: their
+spread is a fairness question a mean hides. ``draw_federated`` plots both.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from fedlink.metrics.events import Event
+
+CURVES_PLOT = "federated_vs_central.png"
+SPREAD_PLOT = "client_accuracy.png"
+
+
+def _evaluations(events: Iterable[Event]) -> dict[int, list[Mapping[str, float]]]:
+    """Each version's client evaluations (``client_metrics`` with ``fed_eval_examples``)."""
+    by_version: dict[int, list[Mapping[str, float]]] = defaultdict(list)
+    for event in events:
+        metrics = event.get("client_metrics") or {}
+        if event.get("kind") == "update_accepted" and metrics.get("fed_eval_examples"):
+            by_version[int(event["base_version"])].append(metrics)
+    return dict(sorted(by_version.items()))
+
+
+def _weighted(rows: list[Mapping[str, float]], key: str) -> float | None:
+    """The example-weighted mean of ``key`` over the rows that have it."""
+    pairs = [(float(r[key]), float(r["fed_eval_examples"])) for r in rows if key in r]
+    total = sum(w for _, w in pairs)
+    return sum(v * w for v, w in pairs) / total if total else None
+
+
+def federated_figures(events: list[Event]) -> dict[str, Any]:
+    """Summary entries for a run with federated evaluation (empty without any)."""
+    by_version = _evaluations(events)
+    if not by_version:
+        return {}
+    versions = list(by_version)
+    last = by_version[versions[-1]]
+    curve: dict[str, Any] = {
+        "versions": versions,
+        "accuracy": [_weighted(rows, "fed_eval_accuracy") for rows in by_version.values()],
+        "loss": [_weighted(rows, "fed_eval_loss") for rows in by_version.values()],
+        "clients": [len(rows) for rows in by_version.values()],
+        "examples": [int(sum(r["fed_eval_examples"] for r in rows))
+                     for rows in by_version.values()],
+        "last_client_accuracies": sorted(float(r["fed_eval_accuracy"]) for r in last
+                                         if "fed_eval_accuracy" in r),
+    }
+    return {"federated_evaluation": curve, "final_federated_accuracy": curve["accuracy"][-1],
+            "final_federated_loss": curve["loss"][-1]}
+
+
+def draw_federated(run_dir: Path, events: list[Event], summary: Mapping[str, Any]) -> str:
+    """Draw the curves and the per-client spread; the report's section ("" without any)."""
+    curve = summary.get("federated_evaluation")
+    if not curve or not any(a is not None for a in curve["accuracy"]):
+        return ""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    central = [(float(e.get("model_version") or 0), float(e["accuracy"])) for e in events
+               if e.get("kind") == "flush" and e.get("accuracy") is not None]
+    fig = Figure(figsize=(6.4, 4.0), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.plot([v for v, _ in central], [a for _, a in central], marker="o", markersize=3,
+            label="central test set")
+    points = [(float(v), float(a)) for v, a in zip(curve["versions"], curve["accuracy"],
+                                                   strict=True) if a is not None]
+    ax.plot([v for v, _ in points], [a for _, a in points], marker="s", markersize=3,
+            label="federated (clients' data, example-weighted)")
+    ax.set(xlabel="model version", ylabel="accuracy", title="Central and federated accuracy")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.savefig(run_dir / CURVES_PLOT, format="png", dpi=100)
+    spread = curve["last_client_accuracies"]
+    fig = Figure(figsize=(6.4, 3.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.hist(spread, bins=min(20, max(5, len(spread))), range=(0.0, 1.0))
+    ax.set(xlabel="accuracy of the global model on a client's data", ylabel="clients",
+           title=f"Per-client accuracy, version {curve['versions'][-1]} "
+                 f"({len(spread)} clients)")
+    fig.savefig(run_dir / SPREAD_PLOT, format="png", dpi=100)
+    worst, best = (spread[0], spread[-1]) if spread else (float("nan"), float("nan"))
+    return (f"## Federated evaluation\n\nThe global model scored on the data of the clients "
+            f"asked to evaluate it, weighted by examples; at version {curve['versions'][-1]} "
+            f"{len(spread)} clients ranged from {worst:.3f} to {best:.3f}.\n\n"
+            f"![Central and federated accuracy]({CURVES_PLOT})\n\n"
+            f"![Per-client accuracy]({SPREAD_PLOT})")
