@@ -15,8 +15,8 @@ once (it has nothing to train) would set it. So the first ``warmup`` updates of 
 (``warmup`` float32 copies, once per run) and folded together, clipped to ``multiple x`` the
 median of *their* norms, whatever order they came in; a flush that comes before ``warmup``
 updates folds what it has the same way. During the warm-up the bound is also at most
-``multiple x`` the norm of the current global model (``reference()``, when it is not 0): no
-honest step of a sane learning rate is several times the size of the model itself. The
+``REFERENCE_MULTIPLE x`` the norm of the current global model (``reference()``, when it is not
+0): no honest step of a sane learning rate is many times the size of the model itself. The
 finite-step check (``fedlink.aggregate.guard``) stands behind all of it.
 """
 
@@ -34,6 +34,7 @@ from fedlink.errors import ConfigError
 DEFAULT_MULTIPLE = 2.0
 DEFAULT_WINDOW = 64
 DEFAULT_WARMUP = 5
+REFERENCE_MULTIPLE = 10.0
 
 
 class AdaptiveNormBound(Accumulator):
@@ -86,7 +87,7 @@ class AdaptiveNormBound(Accumulator):
         bound = self.multiple * float(np.median(np.asarray(norms)))
         reference = self._reference()
         if reference > 0:
-            bound = min(bound, self.multiple * reference)
+            bound = min(bound, REFERENCE_MULTIPLE * reference)
         held, self._held = self._held, []
         for delta, weight, steps in held:
             self._fold(delta, weight, steps, bound)
