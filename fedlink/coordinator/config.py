@@ -314,8 +314,9 @@ class LimitsConfig:
                 f"must be >= 0, got {self.max_metadata_entries}")
         require(self.max_string_bytes >= 64, "limits.max_string_bytes",
                 f"must be >= 64, got {self.max_string_bytes}")
-        for name in ("max_metadata_bytes", "max_examples_per_update", "upload_idle_s", "max_open_uploads_per_client",
-                     "max_upload_bytes_per_client", "max_spool_bytes", "join_per_peer_per_s",
+        for name in ("max_metadata_bytes", "max_examples_per_update", "upload_idle_s",
+                     "max_open_uploads_per_client", "max_upload_bytes_per_client",
+                     "max_spool_bytes", "join_per_peer_per_s",
                      "join_per_token_per_s", "max_ids_per_token", "client_ttl_s", "max_task_s",
                      "max_streams_per_connection", "connection_idle_s", "connection_age_s"):
             require(getattr(self, name) >= 0, f"limits.{name}",
