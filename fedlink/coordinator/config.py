@@ -241,7 +241,8 @@ class LimitsConfig:
       ``UPDATE_BYTES_MULTIPLE x`` the model's fp32 size plus 64 KiB (``update_bytes_for``).
     - ``upload_idle_s``: an upload not written to for this long is dropped (its bytes freed);
       uploads also go when their client leaves or expires. ``max_open_uploads_per_client``
-      and ``max_upload_bytes_per_client`` (0: two full updates) bound what one client holds;
+      and ``max_upload_bytes_per_client`` (0: two full updates) bound what one client holds
+      (beyond, its least recently written upload is dropped, never another client's);
       ``max_spool_bytes`` (0: ``SPOOL_UPDATES x`` the largest update) bounds all uploads.
     - ``join_per_peer_per_s`` / ``join_burst_per_peer``: a token bucket on ``Join`` per peer
       address; ``join_per_token_per_s`` / ``join_burst_per_token`` the same per client token
