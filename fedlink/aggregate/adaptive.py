@@ -10,11 +10,14 @@ most of the recent updates move it, so a minority of hostile clients cannot rais
 the median). What the window records is the norm *after* clipping, so an attacker's updates
 count at most at the bound.
 
-Until ``warmup`` norms are known the median means little; the bound is then ``multiple x``
-the norm of the current global model (``reference()``), as no honest step of a sane
-learning rate is several times the size of the model itself. A model of norm 0 (zeros, say)
-leaves the first updates unclipped; the finite-step check (``fedlink.aggregate.guard``)
-still stands behind.
+Until ``warmup`` norms are known the median means little, and an attacker that commits at
+once (it has nothing to train) would set it. So the first ``warmup`` updates of a run are held
+(``warmup`` float32 copies, once per run) and folded together, clipped to ``multiple x`` the
+median of *their* norms, whatever order they came in; a flush that comes before ``warmup``
+updates folds what it has the same way. During the warm-up the bound is also at most
+``REFERENCE_MULTIPLE x`` the norm of the current global model (``reference()``, when it is not
+0): no honest step of a sane learning rate is many times the size of the model itself. The
+finite-step check (``fedlink.aggregate.guard``) stands behind all of it.
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ from fedlink.aggregate.base import Accumulator
 from fedlink.aggregate.robust import l2_norm
 from fedlink.errors import ConfigError
 
-DEFAULT_MULTIPLE = 4.0
+DEFAULT_MULTIPLE = 2.0
 DEFAULT_WINDOW = 64
 DEFAULT_WARMUP = 5
+REFERENCE_MULTIPLE = 10.0
 
 
 class AdaptiveNormBound(Accumulator):
@@ -50,18 +54,24 @@ class AdaptiveNormBound(Accumulator):
         self._reference = reference
         self._norms: deque[float] = deque(maxlen=window)
         self._warmup = warmup
+        self._held: list[tuple[np.ndarray, float, int]] = []
         self.clipped = 0
 
     def bound(self) -> float:
-        """The bound the next update is clipped to (``inf``: none yet)."""
-        if len(self._norms) >= self._warmup:
-            return self.multiple * float(np.median(np.asarray(self._norms)))
-        reference = self._reference()
-        return self.multiple * reference if reference > 0 else float("inf")
+        """The bound an update is clipped to once the warm-up is over."""
+        return self.multiple * float(np.median(np.asarray(self._norms)))
 
     def add(self, delta: np.ndarray, weight: float, steps: int = 0) -> None:
-        """Clip ``delta`` to the bound, fold it into ``inner`` and record its norm."""
-        norm, bound = l2_norm(delta), self.bound()
+        """Clip ``delta`` to the bound and fold it into ``inner`` (held during the warm-up)."""
+        if len(self._norms) < self._warmup:
+            self._held.append((np.array(delta, dtype=np.float32, copy=True), weight, steps))
+            if len(self._norms) + len(self._held) >= self._warmup:
+                self._release()
+            return
+        self._fold(delta, weight, steps, self.bound())
+
+    def _fold(self, delta: np.ndarray, weight: float, steps: int, bound: float) -> None:
+        norm = l2_norm(delta)
         if norm > bound:
             delta = (delta * np.float32(bound / norm)).astype(np.float32, copy=False)
             norm = bound
@@ -69,24 +79,39 @@ class AdaptiveNormBound(Accumulator):
         self.inner.add(delta, weight, steps)
         self._norms.append(norm)
 
+    def _release(self) -> None:
+        """Fold the held warm-up updates, clipped to ``multiple x`` the median of them all."""
+        if not self._held:
+            return
+        norms = [*self._norms, *(l2_norm(d) for d, _, _ in self._held)]
+        bound = self.multiple * float(np.median(np.asarray(norms)))
+        reference = self._reference()
+        if reference > 0:
+            bound = min(bound, REFERENCE_MULTIPLE * reference)
+        held, self._held = self._held, []
+        for delta, weight, steps in held:
+            self._fold(delta, weight, steps, bound)
+
     def mean(self) -> np.ndarray:
-        """The inner aggregate of the clipped deltas."""
+        """The inner aggregate of the clipped deltas (held ones folded first)."""
+        self._release()
         return self.inner.mean()
 
     def reset(self) -> None:
         """Reset ``inner`` and the clip counter; the recent norms are kept across flushes."""
+        self._held.clear()
         self.inner.reset()
         self.clipped = 0
 
     @property
     def count(self) -> int:
-        """Deltas folded in since the last reset."""
-        return self.inner.count
+        """Deltas folded in (or held) since the last reset."""
+        return self.inner.count + len(self._held)
 
     @property
     def total_weight(self) -> float:
-        """The inner accumulator's total weight."""
-        return self.inner.total_weight
+        """The total weight folded in (or held)."""
+        return self.inner.total_weight + sum(w for _, w, _ in self._held)
 
     def state_dict(self) -> list[float]:
         """The recent norms (for a checkpoint)."""

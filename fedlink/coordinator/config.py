@@ -149,7 +149,9 @@ FLUSH_PRESETS.register("sync")(lambda: FlushPreset(
     continuous=False))
 """Synchronous FedAvg: every version waits for all ``goal`` clients it asked (``min_updates =
 goal``, no deadline, no over-selection, ``max_staleness = 0``). Dead clients are still
-replaced through the liveness timeout; slow ones are waited for."""
+replaced through the liveness timeout; slow ones are waited for, but not forever: a task not
+delivered ``limits.max_task_s`` after it was issued gives its place to another client (so two
+ids that take tasks and only heartbeat cannot stall the run)."""
 
 FLUSH_PRESETS.register("elastic")(lambda: FlushPreset(
     goal=10, min_fraction=0.5, deadline_s=30.0, over_selection=1.3, max_staleness=2,
@@ -228,7 +230,8 @@ class LimitsConfig:
     ``Upload`` streams, and a per-client token bucket of ``requests_per_s`` refill and
     ``request_burst`` capacity. A refusal is ``RESOURCE_EXHAUSTED`` with a retry-after hint.
     Input limits: ``max_metadata_entries`` (join metadata and commit metrics entries) and
-    ``max_string_bytes`` (any id, name, key or value in a request).
+    ``max_string_bytes`` (any id, name, key or value in a request), ``max_metadata_bytes``
+    (all keys and values of one such map together: what one ``Join`` makes the registry keep).
 
     ``finished_grace_s``: after the run ends, the coordinator keeps answering ``Finished`` until
     every client has left or been silent this long, so that a client in a blackout when the
@@ -246,7 +249,8 @@ class LimitsConfig:
       ``UPDATE_BYTES_MULTIPLE x`` the model's fp32 size plus 64 KiB (``update_bytes_for``).
     - ``upload_idle_s``: an upload not written to for this long is dropped (its bytes freed);
       uploads also go when their client leaves or expires. ``max_open_uploads_per_client``
-      and ``max_upload_bytes_per_client`` (0: two full updates) bound what one client holds;
+      and ``max_upload_bytes_per_client`` (0: two full updates) bound what one client holds
+      (beyond, its least recently written upload is dropped, never another client's);
       ``max_spool_bytes`` (0: ``SPOOL_UPDATES x`` the largest update) bounds all uploads.
     - ``join_per_peer_per_s`` / ``join_burst_per_peer``: a token bucket on ``Join`` per peer
       address; ``join_per_token_per_s`` / ``join_burst_per_token`` the same per client token
@@ -275,6 +279,7 @@ class LimitsConfig:
     max_string_bytes: int = 1024
     finished_grace_s: float | None = None
     stuck_after_s: float = 60.0
+    max_metadata_bytes: int = 4096
     max_examples_per_update: int = 100_000
     upload_idle_s: float = 600.0
     max_open_uploads_per_client: int = 4
@@ -324,8 +329,9 @@ class LimitsConfig:
                 f"must be >= 0, got {self.max_metadata_entries}")
         require(self.max_string_bytes >= 64, "limits.max_string_bytes",
                 f"must be >= 64, got {self.max_string_bytes}")
-        for name in ("max_examples_per_update", "upload_idle_s", "max_open_uploads_per_client",
-                     "max_upload_bytes_per_client", "max_spool_bytes", "join_per_peer_per_s",
+        for name in ("max_metadata_bytes", "max_examples_per_update", "upload_idle_s",
+                     "max_open_uploads_per_client", "max_upload_bytes_per_client",
+                     "max_spool_bytes", "join_per_peer_per_s",
                      "join_per_token_per_s", "max_ids_per_token", "client_ttl_s", "max_task_s",
                      "max_streams_per_connection", "connection_idle_s", "connection_age_s"):
             require(getattr(self, name) >= 0, f"limits.{name}",
@@ -485,7 +491,7 @@ class CoordinatorConfig:
     aggregator_options: Mapping[str, Any] = field(default_factory=dict)
     norm_bound: float = 0.0
     norm_bound_adaptive: bool = True
-    norm_bound_multiple: float = 4.0
+    norm_bound_multiple: float = 2.0
     drop_partial: bool = False
     join_token: str = ""
     tls: TLSConfig = field(default_factory=TLSConfig)

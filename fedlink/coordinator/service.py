@@ -511,6 +511,10 @@ class CoordinatorService:
         limit = self.config.limits.max_metadata_entries
         if len(mapping) > limit:
             raise InvalidArgument(f"{name} has {len(mapping)} entries; the limit is {limit}")
+        size = sum(len(k) + (len(v) if isinstance(v, str) else 8) for k, v in mapping.items())
+        cap = self.config.limits.max_metadata_bytes
+        if cap and size > cap:
+            raise InvalidArgument(f"{name} holds {size} characters in all; the limit is {cap}")
         for key, value in mapping.items():
             self._check_strings(**{f"{name} key": key})
             if isinstance(value, str):

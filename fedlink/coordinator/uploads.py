@@ -12,7 +12,8 @@ report durable bytes only, so a client is never told that the coordinator holds 
 crash could lose. A store built on a folder reopens the spools a previous process left there.
 
 Everything a client can make the store hold is bounded (``UploadBounds``): bytes per upload,
-open uploads and bytes per client, bytes in all; an upload idle for ``idle_s`` is dropped
+open uploads and bytes per client (beyond, the client's own least recently written upload is
+dropped), bytes in all (beyond, ``RESOURCE_EXHAUSTED``); an upload idle for ``idle_s`` is dropped
 (``expire_idle``), and so are a client's uploads when it leaves or expires (``drop_client``).
 A chunk that is refused (a gap, a cap) creates nothing.
 """
@@ -134,34 +135,54 @@ class UploadStore:
             raise ResourceExhausted(f"upload would exceed the limit of "
                                     f"{self.max_update_bytes} bytes")
         if existing is None:
-            self._check_room_for_upload(client_id)
-        self._check_room_for_bytes(client_id, len(new))
+            self._make_room_for_upload(client_id)
+        self._make_room_for_bytes(client_id, upload_id, len(new))
         session = self._session(client_id, upload_id, create=True)
         if new:
             session.spool.append(new)
         session.last_write = self._clock()
         return session
 
-    def _check_room_for_upload(self, client_id: str) -> None:
-        cap = self.bounds.per_client_uploads
-        if cap and sum(1 for s in self._sessions.values() if s.client_id == client_id) >= cap:
-            raise ResourceExhausted(f"client already has {cap} uploads open (the limit); "
-                                    "commit or finish one first",
-                                    retry_after_s=self.bounds.retry_after_s)
+    def _make_room_for_upload(self, client_id: str) -> None:
+        """At ``per_client_uploads``, drop the client's least recently written upload.
 
-    def _check_room_for_bytes(self, client_id: str, more: int) -> None:
+        Evicting rather than refusing: an honest client that abandoned an upload (its task
+        went stale, say) is never locked out until the idle TTL, and a hoarder only ever
+        evicts its own.
+        """
+        cap = self.bounds.per_client_uploads
+        while cap and len(self._uploads_of(client_id)) >= cap:
+            self._evict_oldest(client_id, keep="")
+
+    def _make_room_for_bytes(self, client_id: str, upload_id: str, more: int) -> None:
+        """Make ``more`` bytes fit the client's cap (evicting its other uploads, oldest first)
+        and the global cap (``ResourceExhausted`` with a retry hint: others' are not ours)."""
         if not more:
             return
         cap = self.bounds.per_client_bytes
-        if cap and self.held_by(client_id) + more > cap:
-            raise ResourceExhausted(f"client's open uploads would hold more than {cap} bytes "
-                                    "(the limit); commit one first",
-                                    retry_after_s=self.bounds.retry_after_s)
+        while cap and self.held_by(client_id) + more > cap:
+            if not self._evict_oldest(client_id, keep=upload_id):
+                raise ResourceExhausted(f"upload would hold more than the {cap} bytes one "
+                                        "client may hold", retry_after_s=None)
         total = self.bounds.total_bytes
         if total and self.held_bytes() + more > total:
             raise ResourceExhausted(f"the coordinator holds its maximum of {total} upload "
                                     "bytes; retry later",
                                     retry_after_s=self.bounds.retry_after_s)
+
+    def _uploads_of(self, client_id: str) -> list[UploadSession]:
+        return [s for s in self._sessions.values() if s.client_id == client_id]
+
+    def _evict_oldest(self, client_id: str, keep: str) -> bool:
+        """Drop the least recently written upload of ``client_id`` but ``keep``; any left?"""
+        others = [s for s in self._uploads_of(client_id) if s.upload_id != keep]
+        if not others:
+            return False
+        oldest = min(others, key=lambda s: s.last_write)
+        log.info("dropping upload %r of client %r to make room for a new one",
+                 oldest.upload_id, client_id)
+        self._drop(oldest.upload_id)
+        return True
 
     def held_by(self, client_id: str) -> int:
         """Bytes the open uploads of ``client_id`` hold."""

@@ -126,3 +126,17 @@ def test_heartbeating_place_holders_cannot_stall_a_sync_run(
                     with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
                         await holder
     run_async(scenario())
+
+
+def test_what_one_join_makes_the_registry_keep_is_bounded(
+        coordinator: CoordinatorFactory) -> None:
+    """64 entries of 1,000 characters each (about 153 KiB of RSS a client before)."""
+    async def scenario() -> tuple[str, str]:
+        async with (coordinator(CoordinatorConfig(), X0) as server,
+                    grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel):
+            answer = await Raw(channel).join(
+                "fat", metadata=[(f"k{i:02d}", "v" * 1000) for i in range(64)])
+            assert len(server.service.registry) == 0
+            return answer.code, answer.detail
+    code, detail = run_async(scenario())
+    assert code == "INVALID_ARGUMENT" and "limit is 4096" in detail

@@ -80,7 +80,7 @@ def test_an_idle_upload_expires(coordinator: CoordinatorFactory) -> None:
     run_async(scenario())
 
 
-def test_per_client_and_global_caps_refuse_with_a_retry_hint(
+def test_a_client_holds_few_uploads_and_all_together_are_capped(
         coordinator: CoordinatorFactory) -> None:
     config = CoordinatorConfig(limits=LimitsConfig(max_open_uploads_per_client=2,
                                                    max_spool_bytes=12_000))
@@ -92,12 +92,13 @@ def test_per_client_and_global_caps_refuse_with_a_retry_hint(
             hoarder = await raw.client("hoarder")
             for i in range(2):
                 assert (await raw.upload(hoarder, f"h{i}", b"x" * 5000)).code == "OK"
-            third = await raw.upload(hoarder, "h2", b"x" * 10)
-            assert third.code == "RESOURCE_EXHAUSTED" and "uploads open" in third.detail
+            third = await raw.upload(hoarder, "h2", b"x" * 10)  # evicts its own h0
+            assert third.code == "OK" and server.service.uploads.open_uploads() == 2
+            assert server.service.uploads.held_by(hoarder) == 5010
             other = await raw.client("other")
-            full = await raw.upload(other, "o1", b"x" * 5000)
+            full = await raw.upload(other, "o1", b"x" * 7500)  # 5010 + 7500 > 12000
             assert full.code == "RESOURCE_EXHAUSTED", full
             assert "retry later" in full.detail
             assert dict(full.trailing).get("retry-after-ms")
-            assert server.service.uploads.held_bytes() == 10_000
+            assert server.service.uploads.held_bytes() == 5010
     run_async(scenario())

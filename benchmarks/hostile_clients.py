@@ -1,0 +1,356 @@
+"""Hostile clients: 20 honest digits clients plus 2 attackers against ``fedlink serve``'s defaults.
+
+Two runs, same seed, same config (the coordinator's defaults: no norm bound, aggregator or
+limit configured): a clean one with the 20 honest clients alone, and an attacked one where
+two raw-gRPC attackers join as well:
+
+- the **poisoner** takes a task every version and commits, in turn, a weight lie (a model
+  takeover delta claiming ``2**62`` examples), a norm blow-up (norm 1e8) and an Inf push
+  (finite ``3e38`` values; plus a payload holding Inf, which must be refused);
+- the **hoarder** floods ``Join`` (``JOIN_FLOOD`` calls with maximal metadata), holds a task
+  it never delivers while heartbeating, and opens upload after upload without committing.
+
+The coordinator runs as its own process (``python -m fedlink serve``), so its resident memory
+and open descriptors are sampled from ``/proc`` without the clients' torch in them.
+
+Figures: ``clean_accuracy``, ``attacked_accuracy``, ``accuracy_drop_vs_clean`` (target
+<= 0.02), ``server_rss_growth_mb`` (peak minus at-listen RSS of the attacked coordinator,
+target <= 100; ``clean_rss_growth_mb`` the same for the clean run), ``server_fd_growth``
+(target <= 50), ``honest_updates_lost`` (honest updates the attacked coordinator refused for
+any reason but the run's end, or that an honest client gave up on; target 0), and counts of
+what the attacks got: ``poison_accepted``, ``poison_refused``, ``flood_joins_ok``,
+``flood_joins_refused``, ``hoard_uploads_ok``, ``hoard_uploads_refused``, ``flush_refused``.
+
+Run: ``python benchmarks/hostile_clients.py [--quick] [--json FILE]`` (``--quick``: 6 rounds
+instead of 15, about a minute).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import parse_args, report
+
+from fedlink.client import ClientOptions, ClientSession
+from fedlink.compress import get_codec
+from fedlink.messages import CommitRequest
+from fedlink.metrics.events import read_events
+from fedlink.proto.v1 import coordinator_pb2 as pb
+from fedlink.proto.v1 import coordinator_pb2_grpc as pb_grpc
+from fedlink.sim import ExperimentConfig
+from fedlink.sim.setup import Experiment
+from fedlink.wire import pack, to_proto
+
+CLIENTS = 20
+SEED = 0
+JOIN_FLOOD = 3000
+HOARD_UPLOADS = 400
+TIMEOUT_S = 10.0
+FP32 = get_codec("fp32")
+
+TOML = """
+[run]
+name = "{name}"
+seed = {seed}
+
+[data]
+dataset = "digits"
+clients = {clients}
+partition = "iid"
+
+[model]
+name = "mlp"
+options = {{ hidden = [64, 64] }}
+
+[coordinator]
+rounds = {rounds}
+
+[coordinator.flush]
+goal = {clients}
+min_updates = {min_updates}
+deadline_s = 20.0
+over_selection = 1.2
+max_staleness = 2
+
+[coordinator.training]
+local_epochs = 3
+batch_size = 32
+learning_rate = 0.2
+"""
+
+
+def write_config(folder: Path, name: str, rounds: int) -> Path:
+    """The experiment TOML both the coordinator and the honest clients read."""
+    path = folder / f"{name}.toml"
+    path.write_text(TOML.format(name=name, seed=SEED, clients=CLIENTS, rounds=rounds,
+                                min_updates=CLIENTS // 2))
+    return path
+
+
+@dataclass
+class Probe:
+    """Samples the coordinator process's RSS (MB) and open descriptors."""
+
+    pid: int
+    rss: list[float] = field(default_factory=list)
+    fds: list[int] = field(default_factory=list)
+
+    def sample(self) -> None:
+        """One sample (ignored once the process is gone)."""
+        with contextlib.suppress(OSError, ValueError):
+            status = Path(f"/proc/{self.pid}/status").read_text()
+            kb = next(int(line.split()[1]) for line in status.splitlines()
+                      if line.startswith("VmRSS:"))
+            self.rss.append(kb / 1024)
+            self.fds.append(len(os.listdir(f"/proc/{self.pid}/fd")))
+
+    async def run(self) -> None:
+        """Sample every 0.2 s until cancelled."""
+        while True:
+            self.sample()
+            await asyncio.sleep(0.2)
+
+
+@contextlib.contextmanager
+def coordinator(config: Path, out: Path) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """``python -m fedlink serve`` on a free loopback port: (process, port)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fedlink", "serve", "--config", str(config), "--port", "0",
+         "--output-dir", str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        if "listening on" not in line:
+            raise RuntimeError(f"the coordinator did not start: {line!r}")
+        yield process, int(line.rsplit(":", 1)[1])
+    finally:
+        if process.poll() is None:
+            process.terminate()
+        process.wait(timeout=60)
+
+
+@dataclass
+class Tally:
+    """What the attackers achieved."""
+
+    poison_accepted: int = 0
+    poison_refused: int = 0
+    flood_joins_ok: int = 0
+    flood_joins_refused: int = 0
+    hoard_uploads_ok: int = 0
+    hoard_uploads_refused: int = 0
+
+
+async def call(stub_call: Any) -> tuple[str, Any]:
+    """``(status name, reply)`` of one call."""
+    try:
+        return "OK", await stub_call
+    except grpc.aio.AioRpcError as err:
+        return err.code().name, None
+
+
+async def poisoner(target: str, size: int, tally: Tally) -> None:
+    """Every version: a weight lie, a norm blow-up or an Inf push, in turn."""
+    rng = np.random.default_rng(1)
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = pb_grpc.CoordinatorStub(channel)
+        me = (await stub.Join(pb.JoinRequest(client_name="poisoner", num_examples=70),
+                              timeout=TIMEOUT_S)).client_id
+        attack = 0
+        while True:
+            code, reply = await call(stub.GetTask(pb.GetTaskRequest(client_id=me,
+                                                                    held_version=-1),
+                                                  timeout=TIMEOUT_S + 15))
+            if code != "OK" or reply.HasField("finished"):
+                return
+            if not reply.HasField("task"):
+                await asyncio.sleep(0.5)
+                continue
+            task = reply.task
+            for delta, claimed in poisons(attack, size, rng):
+                request = CommitRequest(
+                    client_id=me, upload_id=f"p{attack}-{claimed % 97}", task_id=task.task_id,
+                    base_version=task.model_version, num_examples=claimed,
+                    steps_completed=1, steps_planned=1, update=pack_raw(delta).header,
+                    update_data=pack_raw(delta).data)
+                code, _ = await call(stub.Commit(to_proto(request), timeout=TIMEOUT_S))
+                if code == "OK":
+                    tally.poison_accepted += 1
+                    break
+                tally.poison_refused += 1
+            attack += 1
+
+
+def poisons(attack: int, size: int, rng: np.random.Generator) -> list[tuple[np.ndarray, int]]:
+    """This version's hostile updates, tried in order until one is accepted."""
+    kind = attack % 3
+    if kind == 0:  # weight lie: a large step in one direction, claiming 2**62 examples
+        return [((rng.normal(size=size) * 3).astype(np.float32), 2**62)]
+    if kind == 1:  # norm blow-up
+        blow = rng.normal(size=size)
+        return [((blow / np.linalg.norm(blow) * 1e8).astype(np.float32), 70)]
+    inf = np.full(size, np.inf, np.float32)  # refused at decoding; then the finite push
+    return [(inf, 70), (np.full(size, 3e38, np.float32), 70)]
+
+
+def pack_raw(delta: np.ndarray) -> Any:
+    """``pack`` without its finiteness: an attacker encodes whatever it likes."""
+    with np.errstate(all="ignore"):
+        return pack(delta, FP32)
+
+
+async def hoarder(target: str, size: int, tally: Tally, stop: asyncio.Event) -> None:
+    """Join flood, a held task it heartbeats for, and uploads it never commits."""
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = pb_grpc.CoordinatorStub(channel)
+        me = (await stub.Join(pb.JoinRequest(client_name="hoarder", num_examples=70),
+                              timeout=TIMEOUT_S)).client_id
+        holder = asyncio.create_task(hold_a_place(stub, me, stop))
+        try:
+            await asyncio.gather(flood(stub, tally), hoard(stub, me, size, tally))
+            await stop.wait()
+        finally:
+            holder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await holder
+
+
+async def hold_a_place(stub: pb_grpc.CoordinatorStub, me: str, stop: asyncio.Event) -> None:
+    """Take a task and heartbeat on it, never delivering."""
+    task_id = ""
+    while not stop.is_set():
+        if not task_id:
+            code, reply = await call(stub.GetTask(pb.GetTaskRequest(client_id=me,
+                                                                    held_version=-1),
+                                                  timeout=TIMEOUT_S + 15))
+            if code == "OK" and reply.HasField("task"):
+                task_id = reply.task.task_id
+        code, reply = await call(stub.Heartbeat(pb.HeartbeatRequest(client_id=me,
+                                                                    task_id=task_id),
+                                                timeout=TIMEOUT_S))
+        if code == "OK" and not reply.task_open:
+            task_id = ""
+        await asyncio.sleep(1.0)
+
+
+async def flood(stub: pb_grpc.CoordinatorStub, tally: Tally) -> None:
+    """``JOIN_FLOOD`` Joins, 50 at a time, each with as much metadata as it may carry
+    (``limits.max_metadata_bytes``: an attacker tries the limits and stays just under)."""
+    metadata = {f"k{i}": "v" * 1000 for i in range(4)}
+    sent = 0
+    while sent < JOIN_FLOOD:
+        batch = [call(stub.Join(pb.JoinRequest(client_name=f"sybil{sent + i}",
+                                               num_examples=70, metadata=metadata),
+                                timeout=TIMEOUT_S)) for i in range(50)]
+        for code, _ in await asyncio.gather(*batch):
+            if code == "OK":
+                tally.flood_joins_ok += 1
+            else:
+                tally.flood_joins_refused += 1
+        sent += len(batch)
+
+
+async def hoard(stub: pb_grpc.CoordinatorStub, me: str, size: int, tally: Tally) -> None:
+    """``HOARD_UPLOADS`` uploads of a full update each, none committed."""
+    data = b"\0" * (3 * 4 * size)
+    for i in range(HOARD_UPLOADS):
+        chunk = pb.UploadChunk(client_id=me, upload_id=f"hoard-{i}", offset=0, data=data)
+        code, _ = await call(stub.Upload(iter([chunk]), timeout=TIMEOUT_S))
+        if code == "OK":
+            tally.hoard_uploads_ok += 1
+        else:
+            tally.hoard_uploads_refused += 1
+            await asyncio.sleep(0.05)
+
+
+async def drive(config_path: Path, target: str, probe: Probe, attacked: bool,
+                tally: Tally) -> int:
+    """Run the honest clients (and the attackers) to the end; honest clients that failed."""
+    config = ExperimentConfig.from_toml(config_path)
+    experiment = Experiment.build(config)
+    size = int(experiment.initial_vector().size)
+    sessions = [ClientSession(target, experiment.trainer(i),
+                              ClientOptions(name=f"honest-{i}", seed=SEED * 1_000_003 + i),
+                              config.client.pipeline(), inline_training=True)
+                for i in range(CLIENTS)]
+    stop = asyncio.Event()
+    sampler = asyncio.create_task(probe.run())
+    attackers = [asyncio.create_task(poisoner(target, size, tally)),
+                 asyncio.create_task(hoarder(target, size, tally, stop))] if attacked else []
+    results = await asyncio.gather(*(s.run() for s in sessions), return_exceptions=True)
+    stop.set()
+    for task in (*attackers, sampler):
+        task.cancel()
+    await asyncio.gather(*attackers, sampler, return_exceptions=True)
+    return sum(1 for r in results if isinstance(r, BaseException))
+
+
+def one_run(folder: Path, rounds: int, attacked: bool) -> dict[str, Any]:
+    """A run of ``fedlink serve`` with the honest clients, with or without attackers."""
+    name = "attacked" if attacked else "clean"
+    config = write_config(folder, name, rounds)
+    tally = Tally()
+    with coordinator(config, folder / "runs") as (process, port):
+        probe = Probe(process.pid)
+        probe.sample()
+        failed = asyncio.run(drive(config, f"127.0.0.1:{port}", probe, attacked, tally))
+        process.wait(timeout=120)
+    events = read_events(folder / "runs" / name / "events.jsonl")
+    honest = {e["client_id"] for e in events
+              if e["kind"] == "client_joined" and str(e["name"]).startswith("honest-")}
+    lost = [e for e in events if e["kind"] == "update_refused" and e["client_id"] in honest
+            and not str(e.get("reason", "")).startswith("the run is over")]
+    flushes = [e for e in events if e["kind"] == "flush"]
+    for reason in sorted({str(e.get("reason")) for e in lost}):
+        print(f"{name}: honest update refused: {reason}", file=sys.stderr)
+    return {"accuracy": float(flushes[-1]["accuracy"]), "versions": len(flushes),
+            "rss_growth_mb": max(probe.rss) - probe.rss[0],
+            "fd_growth": max(probe.fds) - probe.fds[0],
+            "honest_lost": len(lost) + failed,
+            "flush_refused": sum(1 for e in events if e["kind"] == "flush_refused"),
+            "tally": tally}
+
+
+def main() -> None:
+    """Both runs, then the figures."""
+    args = parse_args(__doc__.splitlines()[0])
+    rounds = 6 if args.quick else 15
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        clean = one_run(Path(tmp), rounds, attacked=False)
+        attacked = one_run(Path(tmp), rounds, attacked=True)
+    tally: Tally = attacked["tally"]
+    figures: dict[str, Any] = {
+        "rounds": rounds,
+        "clean_accuracy": clean["accuracy"],
+        "attacked_accuracy": attacked["accuracy"],
+        "accuracy_drop_vs_clean": clean["accuracy"] - attacked["accuracy"],
+        "server_rss_growth_mb": attacked["rss_growth_mb"],
+        "clean_rss_growth_mb": clean["rss_growth_mb"],
+        "server_fd_growth": attacked["fd_growth"],
+        "clean_fd_growth": clean["fd_growth"],
+        "honest_updates_lost": attacked["honest_lost"],
+        "clean_honest_updates_lost": clean["honest_lost"],
+        "flush_refused": attacked["flush_refused"],
+        **{k: getattr(tally, k) for k in Tally.__dataclass_fields__},
+        "seconds": time.monotonic() - started,
+    }
+    report(figures, args.json)
+
+
+if __name__ == "__main__":
+    main()
