@@ -277,7 +277,7 @@ class ClientSession:
         if self.config is None:  # a running run: an earlier "run over" no longer holds
             forget_finished(self.options.outbox_dir)
         self.config = reply.config
-        # a ping's ack may queue behind up to a chunk in flight
+        # a ping's ack may queue behind the chunks in flight (one each way)
         self.transport.link.queued_bytes = 2 * reply.config.chunk_bytes
         log.info("joined as %s (%d parameters)", self.client_id, reply.config.num_parameters)
         return reply.config

@@ -45,7 +45,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Timeouts:
-    """Per-call deadlines in seconds (``GetTask`` adds the coordinator's long-poll time)."""
+    """Per-call deadlines in seconds (``GetTask`` adds the coordinator's long-poll time).
+
+    ``unary_s`` is the floor of a short call's deadline: on a long link it grows to a few
+    measured round trips (``fedlink.client.liveness``, bounded by ``max_deadline_s``).
+    """
 
     unary_s: float = 30.0
     transfer_s: float = 600.0

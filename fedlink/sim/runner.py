@@ -194,7 +194,8 @@ def _session(config: ExperimentConfig, index: int, trainer: Trainer, target: str
              pool: ThreadPoolExecutor, inline: bool) -> ClientSession:
     name = f"sim-{index}"
     options = ClientOptions(name=name, token=_token(config, name),
-                            seed=config.run.seed * 1_000_003 + index)
+                            seed=config.run.seed * 1_000_003 + index,
+                            retry=config.client.retry, liveness=config.client.liveness)
     pipeline = config.client.pipeline()
     return ClientSession(target, trainer, options, pipeline, executor=pool,
                          inline_training=inline)

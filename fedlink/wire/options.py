@@ -29,6 +29,11 @@ PING_TIMEOUT_MS = 5_000
 about ``KEEPALIVE_TIME_MS + PING_TIMEOUT_MS`` (7 s) into it."""
 TCP_USER_TIMEOUT_MS = 300_000
 """Default ``TCP_USER_TIMEOUT`` of the client's sockets (via ``grpc.keepalive_timeout_ms``)."""
+MAX_RECONNECT_BACKOFF_MS = 5_000
+"""gRPC's own wait between reconnect attempts, at most (its default grows to 120 s). fedlink
+retries calls itself, with its own backoff; while gRPC waits to reconnect, every call fails
+at once with the cached error, so a coordinator that was down several times in a row (a crash
+loop, a flaky link) could be back for minutes before a client's channel tried again."""
 SERVER_PING_TIMEOUT_MS = 60_000
 """How long the coordinator waits for a client's ping ack, and its sockets' TCP user timeout.
 Generous: on a slow uplink the ack queues behind the upload's data, on a long link it takes a
@@ -51,6 +56,8 @@ def client_channel_options(ping_timeout_ms: int = PING_TIMEOUT_MS,
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.http2.ping_timeout_ms", ping_timeout_ms),
         ("grpc.http2.bdp_probe", 1),
+        ("grpc.initial_reconnect_backoff_ms", 500),
+        ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
         ("grpc.enable_retries", 0),  # fedlink retries itself, with resumable transfers
     ]
 
