@@ -48,7 +48,7 @@ def values_checksum(vector: np.ndarray) -> str:
     ``values_checksum``)."""
     values = np.ascontiguousarray(vector, dtype="<f4").reshape(-1)
     # hashed in place (no copy of a model-sized vector): memory stays O(model)
-    return f"{CHECKSUM_ALGORITHM}:{hashlib.sha256(memoryview(values)).hexdigest()}"
+    return f"{CHECKSUM_ALGORITHM}:{hashlib.sha256(values.data).hexdigest()}"
 
 
 def pack(vector: np.ndarray, codec: Codec, rng: np.random.Generator | None = None) -> Payload:
