@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -24,6 +23,8 @@ def write_atomic(path: Path, parts: Iterable[bytes | memoryview]) -> None:
     The parent folder is created if missing.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
+    import tempfile  # deferred: it imports shutil, bz2, lzma (slow start-up on a device)
+
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
     try:
         with os.fdopen(fd, "wb") as fh:

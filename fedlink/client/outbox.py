@@ -194,7 +194,8 @@ def _encode(update: PendingUpdate) -> bytes:
         "metrics": dict(update.metrics), "created_at": update.created_at,
         "header": {"encoding": header.encoding, "shape": list(header.shape),
                    "dtype": header.dtype, "num_bytes": header.num_bytes,
-                   "checksum": header.checksum, "codec_params": dict(header.codec_params)},
+                   "checksum": header.checksum, "codec_params": dict(header.codec_params),
+                   "values_checksum": header.values_checksum},
     }
     return json.dumps(record, separators=(",", ":")).encode()
 
@@ -225,7 +226,8 @@ def _decode(record: Mapping[str, Any], data: bytes) -> PendingUpdate:
     header = TensorHeader(encoding=str(h["encoding"]), shape=tuple(int(n) for n in h["shape"]),
                           dtype=str(h["dtype"]), num_bytes=int(h["num_bytes"]),
                           checksum=str(h["checksum"]),
-                          codec_params={str(k): str(v) for k, v in h["codec_params"].items()})
+                          codec_params={str(k): str(v) for k, v in h["codec_params"].items()},
+                          values_checksum=str(h.get("values_checksum", "")))  # "" before 0.2
     return PendingUpdate(
         target=str(record["target"]), run_name=str(record["run_name"]),
         client_name=str(record["client_name"]), client_id=str(record["client_id"]),

@@ -11,7 +11,6 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
@@ -111,6 +110,8 @@ def task_reply_from_proto(msg: pb.GetTaskReply) -> m.TaskReply:
 def to_json(obj: Any) -> dict[str, Any]:
     """A fedlink message (``GetTaskReply``'s outcomes included) as proto3 JSON: lowerCamelCase
     names, int64 as strings, bytes as base64, default values omitted."""
+    from google.protobuf import json_format  # deferred: slow to import, rarely needed
+
     proto = task_reply_to_proto(obj) if isinstance(obj, m.Task | m.Wait | m.Finished) \
         else to_proto(obj)
     result: dict[str, Any] = json_format.MessageToDict(proto)

@@ -46,7 +46,9 @@ def checksum(data: bytes) -> str:
 def values_checksum(vector: np.ndarray) -> str:
     """``"sha256:<hex>"`` of ``vector`` as little-endian float32 bytes (``TensorHeader``'s
     ``values_checksum``)."""
-    return checksum(np.ascontiguousarray(vector, dtype="<f4").reshape(-1).tobytes())
+    values = np.ascontiguousarray(vector, dtype="<f4").reshape(-1)
+    # hashed in place (no copy of a model-sized vector): memory stays O(model)
+    return f"{CHECKSUM_ALGORITHM}:{hashlib.sha256(values.data).hexdigest()}"
 
 
 def pack(vector: np.ndarray, codec: Codec, rng: np.random.Generator | None = None) -> Payload:
