@@ -458,10 +458,9 @@ def test_serve_stops_cleanly_on_a_signal(spawn: Spawner, tmp_path: Path, signum:
     config = tmp_path / "idle.toml"
     config.write_text(small_config("mlp"))
     serve, _ = start_serve(spawn, config, tmp_path / "runs")
-    signalled = time.monotonic()
     serve.popen.send_signal(signum)
-    assert serve.finish(timeout_s=10) == 0, serve.output
-    assert time.monotonic() - signalled < 5.0
+    # it exits by itself, cleanly (how fast is the host's business: no wall-clock bound here)
+    assert serve.finish(timeout_s=60) == 0, serve.output
     finished = [e for e in read_events(tmp_path / "runs/small-mlp")
                 if e["kind"] == "run_finished"]
     assert [e["reason"] for e in finished] == ["stopped by signal"]
