@@ -234,7 +234,8 @@ def test_run_config_carries_every_limit_a_client_must_respect(
     limits = LimitsConfig(long_poll_s=1.0, inline_bytes=0)
     assert run_config.max_chunk_bytes == limits.max_chunk_bytes
     assert run_config.long_poll_s == 1.0
-    assert run_config.max_update_bytes == limits.max_update_bytes
+    # the bound in force for this model (0 in the config: derived from the model's size)
+    assert run_config.max_update_bytes == limits.update_bytes_for(X0.size) > 0
     assert run_config.max_string_bytes == limits.max_string_bytes
     assert run_config.max_metadata_entries == limits.max_metadata_entries
     assert run_config.max_uploads_per_client == limits.max_uploads_per_client
