@@ -49,6 +49,9 @@ class RunConfig:
     max_uploads_per_client: int = 0
     requests_per_s: float = 0.0
     request_burst: int = 0
+    max_metadata_bytes: int = 0
+    max_examples_per_update: int = 0
+    max_open_uploads_per_client: int = 0
 
 
 @dataclass(frozen=True)

@@ -705,7 +705,10 @@ def announced_limits(limits: LimitsConfig, num_parameters: int) -> dict[str, Any
             "max_string_bytes": limits.max_string_bytes,
             "max_metadata_entries": limits.max_metadata_entries,
             "max_uploads_per_client": limits.max_uploads_per_client,
-            "requests_per_s": limits.requests_per_s, "request_burst": limits.request_burst}
+            "requests_per_s": limits.requests_per_s, "request_burst": limits.request_burst,
+            "max_metadata_bytes": limits.max_metadata_bytes,
+            "max_examples_per_update": limits.max_examples_per_update,
+            "max_open_uploads_per_client": limits.max_open_uploads_per_client}
 
 
 def _what(request: DownloadRequest) -> str:

@@ -241,4 +241,7 @@ def test_run_config_carries_every_limit_a_client_must_respect(
     assert run_config.max_uploads_per_client == limits.max_uploads_per_client
     assert run_config.requests_per_s == limits.requests_per_s
     assert run_config.request_burst == limits.request_burst
+    assert run_config.max_metadata_bytes == limits.max_metadata_bytes
+    assert run_config.max_examples_per_update == limits.max_examples_per_update
+    assert run_config.max_open_uploads_per_client == limits.max_open_uploads_per_client
     assert unknown_offset == 0  # documented: an id never used holds nothing (errors.py)

@@ -32,7 +32,7 @@ class TensorHeader(_message.Message):
     def __init__(self, encoding: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., num_bytes: _Optional[int] = ..., checksum: _Optional[str] = ..., codec_params: _Optional[_Mapping[str, str]] = ..., values_checksum: _Optional[str] = ...) -> None: ...
 
 class RunConfig(_message.Message):
-    __slots__ = ("run_name", "num_parameters", "local_steps", "local_epochs", "batch_size", "learning_rate", "chunk_bytes", "heartbeat_interval_s", "max_staleness", "accepted_encodings", "trainer_options", "inline_bytes", "max_chunk_bytes", "long_poll_s", "max_update_bytes", "max_string_bytes", "max_metadata_entries", "max_uploads_per_client", "requests_per_s", "request_burst")
+    __slots__ = ("run_name", "num_parameters", "local_steps", "local_epochs", "batch_size", "learning_rate", "chunk_bytes", "heartbeat_interval_s", "max_staleness", "accepted_encodings", "trainer_options", "inline_bytes", "max_chunk_bytes", "long_poll_s", "max_update_bytes", "max_string_bytes", "max_metadata_entries", "max_uploads_per_client", "requests_per_s", "request_burst", "max_metadata_bytes", "max_examples_per_update", "max_open_uploads_per_client")
     class TrainerOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,9 @@ class RunConfig(_message.Message):
     MAX_UPLOADS_PER_CLIENT_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_PER_S_FIELD_NUMBER: _ClassVar[int]
     REQUEST_BURST_FIELD_NUMBER: _ClassVar[int]
+    MAX_METADATA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_EXAMPLES_PER_UPDATE_FIELD_NUMBER: _ClassVar[int]
+    MAX_OPEN_UPLOADS_PER_CLIENT_FIELD_NUMBER: _ClassVar[int]
     run_name: str
     num_parameters: int
     local_steps: int
@@ -80,7 +83,10 @@ class RunConfig(_message.Message):
     max_uploads_per_client: int
     requests_per_s: float
     request_burst: int
-    def __init__(self, run_name: _Optional[str] = ..., num_parameters: _Optional[int] = ..., local_steps: _Optional[int] = ..., local_epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., chunk_bytes: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., max_staleness: _Optional[int] = ..., accepted_encodings: _Optional[_Iterable[str]] = ..., trainer_options: _Optional[_Mapping[str, str]] = ..., inline_bytes: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ..., long_poll_s: _Optional[float] = ..., max_update_bytes: _Optional[int] = ..., max_string_bytes: _Optional[int] = ..., max_metadata_entries: _Optional[int] = ..., max_uploads_per_client: _Optional[int] = ..., requests_per_s: _Optional[float] = ..., request_burst: _Optional[int] = ...) -> None: ...
+    max_metadata_bytes: int
+    max_examples_per_update: int
+    max_open_uploads_per_client: int
+    def __init__(self, run_name: _Optional[str] = ..., num_parameters: _Optional[int] = ..., local_steps: _Optional[int] = ..., local_epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., chunk_bytes: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., max_staleness: _Optional[int] = ..., accepted_encodings: _Optional[_Iterable[str]] = ..., trainer_options: _Optional[_Mapping[str, str]] = ..., inline_bytes: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ..., long_poll_s: _Optional[float] = ..., max_update_bytes: _Optional[int] = ..., max_string_bytes: _Optional[int] = ..., max_metadata_entries: _Optional[int] = ..., max_uploads_per_client: _Optional[int] = ..., requests_per_s: _Optional[float] = ..., request_burst: _Optional[int] = ..., max_metadata_bytes: _Optional[int] = ..., max_examples_per_update: _Optional[int] = ..., max_open_uploads_per_client: _Optional[int] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
     __slots__ = ("client_name", "token", "num_examples", "metadata", "instance_key")
