@@ -308,6 +308,11 @@ class RoundEngine:
                 return record
         return None
 
+    def free_places(self) -> int:
+        """Tasks the current version could still hand out (the virtual-clock simulation
+        selects that many clients from its population)."""
+        return 0 if self.finished else max(0, self._free_slots())
+
     def _free_slots(self) -> int:
         """Places left: ``cohort`` minus tasks in flight and, in rounds, minus updates in."""
         in_flight = sum(1 for t in self._tasks.values()
