@@ -163,7 +163,7 @@ class SoftmaxTrainer:
 
     def num_examples(self) -> int:
         """The client's example count."""
-        return int(len(self.y))
+        return len(self.y)
 
     def train(self, params: np.ndarray, plan: TrainPlan) -> TrainResult:
         """``planned_steps`` SGD steps from ``params`` on seeded minibatches."""
