@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -144,6 +145,10 @@ class RoundEngine:
                                      config.limits.delta_history)
         self._history.publish(0, self._model, oldest_served=0)
         self._tasks: dict[str, TaskRecord] = {}
+        # Indexes over _tasks, so issuing a task costs O(the client's tasks), not O(all):
+        # tasks by client, and tasks holding a place (not done, not expired) by version.
+        self._by_client: dict[str, list[TaskRecord]] = {}
+        self._holding: Counter[int] = Counter()
         self._next_task = 1
         self._pending_ids: list[str] = []
         # None until the run's first task: the wait for clients to start is not round 1's time
@@ -199,7 +204,9 @@ class RoundEngine:
 
     def _restore_tasks(self, tasks: list[TaskRecord], next_task: int) -> None:
         now = self._clock()
-        self._tasks = {t.task_id: dataclasses.replace(t, issued_at=now) for t in tasks}
+        self._tasks, self._by_client, self._holding = {}, {}, Counter()
+        for task in tasks:
+            self._index(dataclasses.replace(task, issued_at=now))
         self._dropped = 0 if self.rule.continuous else sum(
             1 for t in tasks if t.dropped and t.version == self._version)
         self._next_task = next_task
@@ -299,19 +306,43 @@ class RoundEngine:
 
     def _was_asked(self, client_id: str, version: int) -> bool:
         """Whether ``client_id`` got a task for ``version`` that was not released since."""
-        return any(t.client_id == client_id and t.version == version and t.holds_issue
-                   for t in self._tasks.values())
+        return any(t.version == version and t.holds_issue
+                   for t in self._by_client.get(client_id, ()))
 
     def _open_task_of(self, client_id: str) -> TaskRecord | None:
-        for record in self._tasks.values():
-            if record.client_id == client_id and self.is_open(record):
+        for record in self._by_client.get(client_id, ()):
+            if self.is_open(record):
                 return record
         return None
 
+    def _index(self, record: TaskRecord) -> None:
+        """Add ``record`` to ``_tasks`` and its indexes."""
+        self._tasks[record.task_id] = record
+        self._by_client.setdefault(record.client_id, []).append(record)
+        if not (record.done or record.expired):
+            self._holding[record.version] += 1
+
+    def _mark(self, record: TaskRecord, *, done: bool | None = None,
+              expired: bool | None = None) -> None:
+        """Set ``record``'s flags, keeping the count of places held in step."""
+        held = not (record.done or record.expired)
+        if done is not None:
+            record.done = done
+        if expired is not None:
+            record.expired = expired
+        if held and (record.done or record.expired):
+            self._holding[record.version] -= 1
+
+    def free_places(self) -> int:
+        """Tasks the current version could still hand out (the virtual-clock simulation
+        selects that many clients from its population)."""
+        return 0 if self.finished else max(0, self._free_slots())
+
     def _free_slots(self) -> int:
         """Places left: ``cohort`` minus tasks in flight and, in rounds, minus updates in."""
-        in_flight = sum(1 for t in self._tasks.values()
-                        if not t.expired and self.is_open(t))
+        oldest = self._version - self.rule.max_staleness
+        in_flight = 0 if self.finished else sum(
+            n for version, n in self._holding.items() if version >= oldest)
         delivered = 0 if self.rule.continuous else self._accumulator.count + self._dropped
         return self.rule.cohort - delivered - in_flight
 
@@ -321,7 +352,7 @@ class RoundEngine:
         self._next_task += 1
         if self._round_started is None:
             self._round_started = record.issued_at
-        self._tasks[record.task_id] = record
+        self._index(record)
         self._save(record)
         self.events.emit("task_issued", client_id=client_id, task_id=record.task_id,
                          model_version=record.version)
@@ -399,7 +430,7 @@ class RoundEngine:
         staleness = self._version - record.version
         weight = self._weight(update, staleness)
         self._accumulator.add(update.delta, weight, update.steps_completed)
-        record.done = True
+        self._mark(record, done=True)
         self._round_bytes_up += update.bytes_up
         self._pending_ids.append(record.task_id)
         info = UpdateInfo(update.client_id, staleness, weight, update.num_examples,
@@ -428,7 +459,7 @@ class RoundEngine:
         The task is closed (the client is not asked again for this version); the flush that
         counts the drop happens at the next ``poll``, since this call raises.
         """
-        record.done = True
+        self._mark(record, done=True)
         if not self.rule.continuous and record.version == self._version:
             self._dropped += 1
             record.dropped = True
@@ -523,7 +554,7 @@ class RoundEngine:
         ``ask_again=False``: its client is not offered another task for the same version (it
         held one for too long already).
         """
-        record.expired = True
+        self._mark(record, expired=True)
         record.holds_issue = not ask_again
         self._save(record)
         self.events.emit("client_timeout", client_id=record.client_id, task_id=record.task_id,
@@ -596,7 +627,12 @@ class RoundEngine:
         forgotten = [k for k, t in self._tasks.items()
                      if self._version - t.version > self.rule.max_staleness + 1]
         for task_id in forgotten:
-            del self._tasks[task_id]
+            record = self._tasks.pop(task_id)  # its version is below oldest: not counted
+            self._by_client[record.client_id].remove(record)
+            if not self._by_client[record.client_id]:
+                del self._by_client[record.client_id]
+        for version in [v for v in self._holding if v < oldest]:
+            del self._holding[version]
         if forgotten:
             self._state.forget_tasks(forgotten)
 
@@ -612,10 +648,9 @@ class RoundEngine:
 
     def release_client(self, client_id: str) -> None:
         """A client left: its open tasks stop holding places."""
-        for record in self._tasks.values():
-            if record.client_id == client_id and not record.done:
-                record.expired = True
-                record.done = True
+        for record in self._by_client.get(client_id, ()):
+            if not record.done:
+                self._mark(record, done=True, expired=True)
                 self._save(record)
 
     def finish(self, reason: str, durable: bool = True) -> None:

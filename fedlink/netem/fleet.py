@@ -316,13 +316,23 @@ class Fleet:
 
     def sample(self, num_clients: int) -> list[ClientLink]:
         """Each client's profile (with its own seed) and speed; the same for the same seed."""
+        names, speeds = self.assign(num_clients)
+        return [ClientLink(index=i, profile_name=name, speed=speed,
+                           profile=self.client_profile(name, i))
+                for i, (name, speed) in enumerate(zip(names, speeds, strict=True))]
+
+    def assign(self, num_clients: int) -> tuple[list[str], list[float]]:
+        """Each client's profile name and speed, as ``sample`` draws them, without building a
+        profile per client (the virtual-clock simulation keeps them compactly)."""
         _check_count(num_clients)
         assign = random.Random(derive_seed(self.seed, "assign"))
         names = _spread(list(self.mix), list(self.mix.values()), num_clients, assign)
         speeds = self.speed.sample(num_clients, random.Random(derive_seed(self.seed, "speed")))
-        return [ClientLink(index=i, profile_name=name, speed=speed,
-                           profile=self.profile(name).with_seed(derive_seed(self.seed, "link", i)))
-                for i, (name, speed) in enumerate(zip(names, speeds, strict=True))]
+        return names, speeds
+
+    def client_profile(self, name: str, index: int) -> LinkProfile:
+        """Client ``index``'s profile: ``name``'s, with the seed ``sample`` gives it."""
+        return self.profile(name).with_seed(derive_seed(self.seed, "link", index))
 
     @classmethod
     def single(cls, profile: str | LinkProfile, *, speed: SpeedDistribution | None = None,

@@ -44,6 +44,9 @@ from fedlink.netem import Fleet, parse_network
 from fedlink.plug import is_import_string
 from fedlink.privacy import setup as privacy_setup
 from fedlink.sim.partial_work import PartialWorkSection
+from fedlink.sim.virtual.config import VirtualSection
+
+RUN_MODES = ("grpc", "virtual")
 
 
 @dataclass(frozen=True)
@@ -74,8 +77,13 @@ class RunSection:
     evaluate_train: bool = False
     target_accuracy: float = 0.0
     tensorboard: bool = False
+    mode: str = "grpc"
+    """``"grpc"``: real sessions over loopback; ``"virtual"``: the discrete-event loop of
+    ``fedlink.sim.virtual`` (``[virtual]`` section), for populations up to 10^6."""
 
     def __post_init__(self) -> None:
+        require(self.mode in RUN_MODES, "run.mode", f"must be one of {RUN_MODES}, "
+                f"got {self.mode!r}")
         require(bool(self.name) and "/" not in self.name, "run.name",
                 "must be a non-empty name without '/'")
         require(self.seed >= 0, "run.seed", "must be >= 0")
@@ -251,6 +259,7 @@ class ExperimentConfig:
     network: Fleet | None = None
     partial_work: PartialWorkSection = field(default_factory=PartialWorkSection)
     evaluation: EvaluationSection = field(default_factory=EvaluationSection)
+    virtual: VirtualSection = field(default_factory=VirtualSection)
     evaluator: str = ""
     """``[coordinator] evaluator = "package.module:attr"``: your ``evaluate(model, test) ->
     {metric: value}`` scoring each new global model (kept here, not in ``CoordinatorConfig``,
@@ -265,7 +274,8 @@ class ExperimentConfig:
                   base_dir: Path | None = None) -> ExperimentConfig:
         """Build from a parsed TOML document (``base_dir``: where relative paths start)."""
         sections = {"run": RunSection, "data": DataSection, "model": ModelSection,
-                    "client": ClientSection, "partial_work": PartialWorkSection}
+                    "client": ClientSection, "partial_work": PartialWorkSection,
+                    "virtual": VirtualSection}
         unknown = sorted(set(table) - set(sections) - {"coordinator", "network"})
         if unknown:
             raise ConfigError(f"unknown sections {unknown}; allowed: "

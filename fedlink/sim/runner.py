@@ -79,6 +79,10 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
     ``model``, ``data``, ``trainer``, ``evaluate`` and ``loss`` plug your own objects (or import
     strings) in place of what the config names; see ``fedlink.sim.setup`` for what each must be.
     """
+    if config.run.mode == "virtual":  # the discrete-event loop: no sockets
+        from fedlink.sim.virtual.runner import run_virtual
+
+        return run_virtual(config, output_dir, progress)
     if config.coordinator.tls.enabled:
         raise ConfigError("fedlink simulate runs its clients in this process over loopback in "
                           "plaintext: remove [coordinator.tls], or run `fedlink serve` and "

@@ -1,0 +1,143 @@
+"""The one clock contract: ``now``, ``sleep`` and ``call_at``.
+
+``RealClock`` reads ``time.monotonic``; ``ManualClock`` is a discrete-event clock whose time
+moves only when its owner says so (``advance``) or when the next scheduled event is run
+(``run_next``): the virtual-clock simulation (``fedlink.sim.virtual``) and tests drive it, so
+hours of model time pass in milliseconds of wall time. A leaf module: it imports nothing of
+fedlink.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+Callback = Callable[[], None]
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """What reads and waits on time (seconds, from an arbitrary origin)."""
+
+    def now(self) -> float:
+        """The current time in seconds."""
+        ...
+
+    def sleep(self, seconds: float) -> None:
+        """Let ``seconds`` pass."""
+        ...
+
+    def call_at(self, when: float, callback: Callback) -> Cancellable:
+        """Run ``callback`` once the time reaches ``when``."""
+        ...
+
+
+class Cancellable(Protocol):
+    """A scheduled call that may still be withdrawn."""
+
+    def cancel(self) -> None:
+        """Withdraw the call (a no-op once it ran)."""
+        ...
+
+
+class RealClock:
+    """Wall time: ``time.monotonic``, ``time.sleep`` and a timer thread per ``call_at``."""
+
+    def now(self) -> float:
+        """``time.monotonic()``."""
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        """``time.sleep`` (nothing for a non-positive duration)."""
+        if seconds > 0:
+            time.sleep(seconds)
+
+    def call_at(self, when: float, callback: Callback) -> Cancellable:
+        """A daemon ``threading.Timer`` that fires at ``when`` (at once when it is past)."""
+        timer = threading.Timer(max(0.0, when - self.now()), callback)
+        timer.daemon = True
+        timer.start()
+        return timer
+
+
+@dataclass(order=True)
+class _Event:
+    when: float
+    order: int
+    callback: Callback | None = field(compare=False)
+
+    def cancel(self) -> None:
+        self.callback = None
+
+
+class ManualClock:
+    """Discrete-event time: a heap of scheduled calls, run in time order (ties: in the order
+    they were scheduled), so that the same schedule always replays the same way.
+
+    ``now`` moves only forward, to each event's time as it runs (``run_next``) or by
+    ``advance``/``sleep``, which run every event falling due on the way.
+    """
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = float(start)
+        self._queue: list[_Event] = []
+        self._order = itertools.count()
+
+    def now(self) -> float:
+        """The model time."""
+        return self._now
+
+    def call_at(self, when: float, callback: Callback) -> Cancellable:
+        """Schedule ``callback`` at ``when`` (a past time runs at the current time)."""
+        event = _Event(max(float(when), self._now), next(self._order), callback)
+        heapq.heappush(self._queue, event)
+        return event
+
+    def call_later(self, delay: float, callback: Callback) -> Cancellable:
+        """Schedule ``callback`` ``delay`` seconds from now."""
+        return self.call_at(self._now + delay, callback)
+
+    def pending(self) -> int:
+        """How many scheduled calls have not run (withdrawn ones included until skipped)."""
+        return len(self._queue)
+
+    def next_time(self) -> float | None:
+        """When the next live event is due (``None``: nothing scheduled)."""
+        self._drop_cancelled()
+        return self._queue[0].when if self._queue else None
+
+    def run_next(self) -> bool:
+        """Move to the next event's time and run it; ``False`` when nothing is scheduled."""
+        self._drop_cancelled()
+        if not self._queue:
+            return False
+        event = heapq.heappop(self._queue)
+        self._now = event.when
+        callback, event.callback = event.callback, None
+        assert callback is not None
+        callback()
+        return True
+
+    def advance(self, seconds: float) -> None:
+        """Let ``seconds`` of model time pass, running every event due meanwhile."""
+        until = self._now + max(0.0, seconds)
+        while (due := self.next_time()) is not None and due <= until:
+            self.run_next()
+        self._now = until
+
+    def sleep(self, seconds: float) -> None:
+        """``advance`` (a sleeper in model time lets the world move on)."""
+        self.advance(seconds)
+
+    def _drop_cancelled(self) -> None:
+        while self._queue and self._queue[0].callback is None:
+            heapq.heappop(self._queue)
+
+
+VirtualClock = ManualClock
+"""The simulation's name for the discrete-event clock."""

@@ -1,0 +1,72 @@
+"""``[virtual]``: how a virtual-clock run (``[run] mode = "virtual"``) times and picks clients.
+
+- ``step_cost_s``: model seconds one local SGD step takes at speed 1 (a client's fleet speed
+  multiplies it);
+- ``poll_s``: model seconds between the coordinator's deadline/liveness polls;
+- ``deterministic``: time transfers without jitter, resets or blackouts (what the equivalence
+  with real gRPC compares);
+- ``population``: > 0 replaces the experiment's data with that many lazily generated synthetic
+  clients (``fedlink.sim.virtual.population.SyntheticSpec``; ``features``, ``classes``);
+- ``availability``: ``"always"``, ``"diurnal"`` (``online_fraction`` of every ``period_s``) or
+  ``"trace"`` (``trace_file``, see ``fedlink.sim.virtual.availability``);
+- ``max_model_s``: end the run after this much model time (0: no limit).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fedlink.config import require
+from fedlink.sim.virtual.availability import (
+    DAY_S,
+    AlwaysOnline,
+    Availability,
+    Diurnal,
+    TraceAvailability,
+)
+from fedlink.sim.virtual.loop import LoopOptions
+
+AVAILABILITY = ("always", "diurnal", "trace")
+
+
+@dataclass(frozen=True)
+class VirtualSection:
+    """The ``[virtual]`` table (see the module docstring)."""
+
+    step_cost_s: float = 0.05
+    poll_s: float = 1.0
+    deterministic: bool = False
+    population: int = 0
+    features: int = 32
+    classes: int = 10
+    availability: str = "always"
+    online_fraction: float = 0.3
+    period_s: float = DAY_S
+    trace_file: str = ""
+    max_model_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        require(self.step_cost_s >= 0, "virtual.step_cost_s", "must be >= 0")
+        require(self.poll_s > 0, "virtual.poll_s", "must be > 0")
+        require(self.population >= 0, "virtual.population", "must be >= 0")
+        require(self.availability in AVAILABILITY, "virtual.availability",
+                f"must be one of {AVAILABILITY}, got {self.availability!r}")
+        require(self.availability != "trace" or bool(self.trace_file), "virtual.trace_file",
+                "is needed with availability = 'trace'")
+        require(self.max_model_s >= 0, "virtual.max_model_s", "must be >= 0 (0: no limit)")
+
+    def loop_options(self, seed: int) -> LoopOptions:
+        """The loop's options for a run seeded ``seed``."""
+        return LoopOptions(step_cost_s=self.step_cost_s, poll_s=self.poll_s,
+                           deterministic=self.deterministic, seed=seed,
+                           max_model_s=self.max_model_s or math.inf)
+
+    def build_availability(self, seed: int) -> Availability:
+        """The availability model the section names."""
+        if self.availability == "diurnal":
+            return Diurnal(self.online_fraction, self.period_s, seed)
+        if self.availability == "trace":
+            return TraceAvailability.from_csv(self.trace_file, self.period_s
+                                              if self.period_s != DAY_S else 0.0)
+        return AlwaysOnline()

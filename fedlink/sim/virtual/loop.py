@@ -1,0 +1,345 @@
+"""The discrete-event loop: the coordinator's ``RoundEngine`` and a population of clients,
+with no sockets, on a ``ManualClock``.
+
+Each selected client lives through timed events, as ``ClientSession`` does over gRPC: it checks
+in (one ``GetTask`` round trip), downloads the task's model (its encoded payload, decoded with
+``fedlink.wire.unpack`` as the real client does), trains (the real trainer; model time is
+``steps x step_cost_s x speed``), runs the real ``UpdatePipeline`` (privacy, codec, error
+feedback), uploads and commits. Transfers are timed by ``fedlink.sim.virtual.timing``; work
+pauses while the client is offline (``fedlink.sim.virtual.availability``). The arrival calls the
+engine's own ``submit`` (staleness, weighting, the flush rule, server optimizer and hooks), with
+the example count bounded by the coordinator's ``bounded_examples``; the engine's ``poll`` and
+``release_silent`` run every ``poll_s`` of model time, as the server's poll loop calls them.
+
+Duplicated from the servicer, in a few lines: emitting ``update_refused`` and ``flush`` events
+(the servicer's ``_settle`` and ``report_flushes`` are bound to its asyncio and durable-commit
+machinery). Selection: whenever the engine has free places the loop offers them to idle online
+clients, drawn at random (seeded) from the population, so cost follows the cohort; a client
+told to wait asks again ``retry_after_s`` later (pace steering in model time).
+
+Per-client state kept across tasks: the client's random generator (plan seeds, codec noise)
+and, with a biased codec, its error-feedback residual (one float32 model vector) - both only
+for clients that have trained at least once, in a dict (about 2 KB + 4 x parameters bytes
+each).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fedlink.client import Trainer, TrainPlan
+from fedlink.client.base import planned_steps
+from fedlink.client.pipeline import UpdatePipeline
+from fedlink.clock import ManualClock
+from fedlink.coordinator.config import CoordinatorConfig
+from fedlink.coordinator.engine import FlushOutcome, RoundEngine
+from fedlink.coordinator.records import ReceivedUpdate
+from fedlink.coordinator.service import bounded_examples
+from fedlink.errors import RemoteError
+from fedlink.messages import Finished, Task
+from fedlink.metrics import EventLog
+from fedlink.sim.virtual.availability import AlwaysOnline, Availability, finish
+from fedlink.sim.virtual.population import Population
+from fedlink.sim.virtual.timing import DOWN, UP, round_trip_s, transfer_time
+from fedlink.wire import unpack
+
+Evaluate = Callable[[np.ndarray], Mapping[str, float]]
+
+
+@dataclass(frozen=True)
+class LoopOptions:
+    """How the loop times clients (see ``VirtualSection`` for the config keys)."""
+
+    step_cost_s: float = 0.05
+    poll_s: float = 1.0
+    deterministic: bool = False
+    seed: int = 0
+    max_model_s: float = math.inf
+
+
+@dataclass
+class _Busy:
+    """A selected client's task in progress (exists only while it is selected)."""
+
+    index: int
+    task: Task
+    started: float
+    trainer: Trainer | None = None
+    seen: float = 0.0
+
+
+@dataclass
+class LoopTotals:
+    """What the loop measured: model seconds per phase and the simulation's wall time."""
+
+    network_s: float = 0.0
+    compute_s: float = 0.0
+    resent_bytes: int = 0
+    resets: int = 0
+    tasks: int = 0
+    wall_s: float = 0.0
+    model_s: float = 0.0
+    per_profile: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+class VirtualLoop:
+    """Runs one virtual-clock simulation to the end of the run (``run``)."""
+
+    def __init__(self, config: CoordinatorConfig, initial_model: np.ndarray,
+                 population: Population, pipeline: Callable[[], UpdatePipeline],
+                 events: EventLog, clock: ManualClock, options: LoopOptions,
+                 availability: Availability | None = None, evaluate: Evaluate | None = None,
+                 profile_name: Callable[[int], str] = lambda i: "ideal",
+                 on_flush: Callable[[FlushOutcome, float], None] | None = None) -> None:
+        self.config = config
+        self.clock = clock
+        self.events = events
+        self.engine = RoundEngine(config, initial_model, events, clock=clock.now)
+        self.population = population
+        self.options = options
+        self.availability = availability or AlwaysOnline()
+        self._pipeline = pipeline
+        self._evaluate = evaluate
+        self._profile_name = profile_name
+        self._on_flush = on_flush
+        self._busy: dict[int, _Busy] = {}
+        self._rngs: dict[int, np.random.Generator] = {}
+        self._pipelines: dict[int, UpdatePipeline] = {}
+        self._waiting: set[int] = set()  # told to wait: they ask again after retry_after_s
+        self._select = np.random.default_rng([options.seed, 0x5E1EC7])
+        self._timing = None if options.deterministic else np.random.default_rng(
+            [options.seed, 0x714E])
+        self.totals = LoopTotals()
+        self._bytes_down = 0  # since the last flush, as the servicer counts it
+
+    # -- the run ----------------------------------------------------------------------------
+
+    def run(self) -> LoopTotals:
+        """Process events until the engine finishes (or ``max_model_s`` passes)."""
+        started = time.perf_counter()
+        self.engine.start()
+        self.clock.call_at(self.clock.now(), self._fill)
+        self.clock.call_later(self.options.poll_s, self._poll)
+        while not self.engine.finished and self.clock.run_next():
+            if self.clock.now() > self.options.max_model_s:
+                self.engine.finish(f"model time limit {self.options.max_model_s} s reached")
+        self.totals.wall_s = time.perf_counter() - started
+        self.totals.model_s = self.clock.now()
+        return self.totals
+
+    def client_id(self, index: int) -> str:
+        """The id the engine knows client ``index`` by (the real run's names)."""
+        return f"sim-{index}"
+
+    # -- selection ---------------------------------------------------------------------------
+
+    def _fill(self) -> None:
+        """Offer the engine's free places to idle online clients (seeded random draw)."""
+        free = self.engine.free_places()
+        tries = 4 * free + 16
+        while free > 0 and tries > 0 and not self.engine.finished:
+            tries -= 1
+            index = self._candidate()
+            if index is None:
+                return
+            if self._check_in(index):
+                free = self.engine.free_places()
+
+    def _candidate(self) -> int | None:
+        size = self.population.size
+        if len(self._busy) + len(self._waiting) >= size:
+            return None
+        if size <= 4096:  # small: an exact draw among the idle
+            idle = [i for i in range(size) if i not in self._busy and i not in self._waiting]
+            if not idle:
+                return None
+            return int(idle[int(self._select.integers(len(idle)))])
+        for _ in range(64):
+            index = int(self._select.integers(size))
+            if index not in self._busy and index not in self._waiting:
+                return index
+        return None
+
+    def _check_in(self, index: int) -> bool:
+        """``GetTask`` for ``index``: start a task, or wait and come back later."""
+        now = self.clock.now()
+        if not self.availability.online(index, now):
+            return False
+        reply = self.engine.issue(self.client_id(index))
+        if isinstance(reply, Finished):
+            return False
+        if not isinstance(reply, Task):
+            self._waiting.add(index)
+            self.clock.call_later(reply.retry_after_s, lambda: self._waiting.discard(index))
+            return False
+        busy = _Busy(index, reply, now, seen=now)
+        self._busy[index] = busy
+        profile = self.population.profile(index)
+        rtt = round_trip_s(profile, self._timing) if profile is not None else 0.0
+        header = self.engine.payload(reply.model_version).header
+        self._bytes_down += header.num_bytes
+        down = transfer_time(profile, header.num_bytes, DOWN, self._timing)
+        self._count_network(index, rtt + down.seconds, down)
+        done = finish(self.availability, index, now, rtt + down.seconds)
+        self.clock.call_at(done, lambda: self._train(busy))
+        return True
+
+    # -- a client's task -------------------------------------------------------------------
+
+    def _train(self, busy: _Busy) -> None:
+        """Downloaded: train the real trainer on the task's model; schedule its upload."""
+        task, index = busy.task, busy.index
+        busy.seen = self.clock.now()
+        try:
+            payload = self.engine.payload(task.model_version)
+        except RemoteError:  # the version is no longer served: the task is lost
+            self._done(busy)
+            return
+        model = unpack(payload.header, payload.data, self.engine.num_parameters)
+        trainer = self.population.trainer(index)
+        rng = self._rngs.setdefault(index, np.random.default_rng(
+            self.options.seed * 1_000_003 + index))
+        training = self.config.training
+        plan = TrainPlan(local_steps=task.local_steps, local_epochs=task.local_epochs,
+                         batch_size=training.batch_size, learning_rate=training.learning_rate,
+                         seed=int(rng.integers(2**31)), options=dict(training.trainer_options))
+        steps = planned_steps(plan, trainer.num_examples())
+        step_s = self.options.step_cost_s * self.population.speed(index)
+        fits = self._steps_before_deadline(busy, steps, step_s)
+        result = trainer.train(model, plan if fits == steps else TrainPlan(
+            local_steps=max(fits, 1), batch_size=plan.batch_size,
+            learning_rate=plan.learning_rate, seed=plan.seed, options=plan.options))
+        completed = result.steps_completed if fits == steps else fits
+        compute = completed * step_s
+        self.totals.compute_s += compute
+        self._share(index)["compute_s"] += compute
+        pipeline = self._client_pipeline(index)
+        pipeline.configure(task.options)
+        encoded = pipeline.process(result.params - model, rng)
+        update = ReceivedUpdate(
+            client_id=self.client_id(index), task_id=task.task_id,
+            base_version=task.model_version,
+            delta=unpack(encoded.header, encoded.data, self.engine.num_parameters),
+            num_examples=bounded_examples(result.num_examples, trainer.num_examples(),
+                                          self.config.limits.max_examples_per_update),
+            steps_completed=completed, steps_planned=steps,
+            bytes_up=encoded.header.num_bytes, metrics=dict(pipeline.privacy_metrics))
+        trained = finish(self.availability, index, self.clock.now(), compute)
+        self.clock.call_at(trained, lambda: self._upload(busy, update))
+
+    def _steps_before_deadline(self, busy: _Busy, steps: int, step_s: float) -> int:
+        """Steps that fit before the task's deadline (the trainer stops early at it)."""
+        if busy.task.deadline_s <= 0 or step_s <= 0:
+            return steps
+        left = busy.started + busy.task.deadline_s - self.clock.now()
+        return max(0, min(steps, int(left / step_s)))
+
+    def _upload(self, busy: _Busy, update: ReceivedUpdate) -> None:
+        index = busy.index
+        profile = self.population.profile(index)
+        up = transfer_time(profile, update.bytes_up, UP, self._timing)
+        commit = round_trip_s(profile, self._timing) if profile is not None else 0.0
+        inline = 0 < update.bytes_up <= self.config.limits.inline_limit
+        seconds = up.seconds if inline else up.seconds + commit
+        self._count_network(index, seconds, up)
+        arrives = finish(self.availability, index, self.clock.now(), seconds)
+        self.clock.call_at(arrives, lambda: self._arrive(busy, update))
+
+    def _arrive(self, busy: _Busy, update: ReceivedUpdate) -> None:
+        """The commit reaches the coordinator: the engine accepts or refuses it."""
+        self._done(busy)
+        if update.steps_completed == 0:
+            self._refused(update, "no local work before the deadline")
+        else:
+            try:
+                acceptance = self.engine.submit(update)
+            except RemoteError as err:
+                self._refused(update, err.detail, err.code)
+            else:
+                if acceptance.flush is not None:
+                    self._flushed(acceptance.flush)
+        self._fill()
+
+    def _done(self, busy: _Busy) -> None:
+        self._busy.pop(busy.index, None)
+        self.totals.tasks += 1
+
+    def _refused(self, update: ReceivedUpdate, reason: str, code: str = "") -> None:
+        self.events.emit("update_refused", client_id=update.client_id,
+                         task_id=update.task_id, reason=reason, code=code,
+                         bytes_up=update.bytes_up)
+
+    # -- the coordinator's periodic work ----------------------------------------------------
+
+    def _poll(self) -> None:
+        """The deadline rule and the liveness check, as the server's poll loop runs them."""
+        if self.engine.finished:
+            return
+        self.engine.release_silent(self._last_seen)
+        outcome = self.engine.poll()
+        if outcome is not None:
+            self._flushed(outcome)
+        self._fill()
+        self.clock.call_later(self.options.poll_s, self._poll)
+
+    def _last_seen(self, client_id: str) -> float | None:
+        """Now for a busy client online (its heartbeats), else when it went offline."""
+        index = int(client_id.rsplit("-", 1)[1])
+        now = self.clock.now()
+        busy = self._busy.get(index)
+        if busy is None or self.availability.online(index, now):
+            return now
+        return max(busy.seen, now - self._offline_for(index, now))
+
+    def _offline_for(self, index: int, now: float) -> float:
+        """How long client ``index`` has been offline at ``now`` (searching back by poll_s)."""
+        t = now
+        while t > 0 and not self.availability.online(index, t - self.options.poll_s):
+            t -= self.options.poll_s
+        return now - t
+
+    def _flushed(self, outcome: FlushOutcome) -> None:
+        metrics = dict(self._evaluate(outcome.model)) if self._evaluate else {}
+        self._bytes_down, bytes_down = 0, self._bytes_down
+        wall = time.perf_counter()
+        self.events.emit("flush", model_version=outcome.version,
+                         num_updates=outcome.num_updates, total_weight=outcome.total_weight,
+                         round_seconds=outcome.round_seconds, bytes_up=outcome.bytes_up,
+                         bytes_down=bytes_down, updates=list(outcome.task_ids),
+                         model_seconds=self.clock.now(), **dict(outcome.hook_report),
+                         **metrics)
+        if self._on_flush is not None:
+            self._on_flush(outcome, wall)
+
+    # -- bookkeeping -------------------------------------------------------------------------
+
+    def _client_pipeline(self, index: int) -> UpdatePipeline:
+        """The client's pipeline: kept across tasks only when it holds state (a residual)."""
+        kept = self._pipelines.get(index)
+        if kept is not None:
+            return kept
+        pipeline = self._pipeline()
+        if pipeline.feedback is not None:
+            self._pipelines[index] = pipeline
+        return pipeline
+
+    def _count_network(self, index: int, seconds: float, transfer: Any) -> None:
+        self.totals.network_s += seconds
+        self.totals.resent_bytes += transfer.resent_bytes
+        self.totals.resets += transfer.resets
+        self._share(index)["network_s"] += seconds
+
+    def _share(self, index: int) -> dict[str, float]:
+        name = self._profile_name(index)
+        return self.totals.per_profile.setdefault(name, {"network_s": 0.0, "compute_s": 0.0})
+
+    @property
+    def kept_state_clients(self) -> int:
+        """Clients whose generator is kept (they trained at least once)."""
+        return len(self._rngs)

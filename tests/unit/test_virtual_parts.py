@@ -1,0 +1,57 @@
+"""The virtual-clock parts: the manual clock, availability windows, link timing."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fedlink.clock import ManualClock
+from fedlink.netem import PRESETS, LinkProfile
+from fedlink.sim.virtual.availability import Diurnal, TraceAvailability, finish
+from fedlink.sim.virtual.timing import DOWN, UP, transfer_time
+
+
+def test_manual_clock_runs_events_in_time_order_ties_in_schedule_order() -> None:
+    clock, seen = ManualClock(), []
+    clock.call_at(5.0, lambda: seen.append("b"))
+    clock.call_at(1.0, lambda: seen.append("a"))
+    clock.call_at(5.0, lambda: seen.append("c"))
+    cancelled = clock.call_at(2.0, lambda: seen.append("x"))
+    cancelled.cancel()
+    clock.advance(4.0)
+    assert seen == ["a"] and clock.now() == 4.0
+    while clock.run_next():
+        pass
+    assert seen == ["a", "b", "c"] and clock.now() == 5.0
+
+
+def test_work_pauses_while_offline_and_resumes() -> None:
+    trace = TraceAvailability({0: [(0.0, 10.0), (70.0, 100.0)]})
+    assert finish(trace, 0, 5.0, 10.0) == 75.0  # 5 s before, the rest after the gap
+    assert finish(trace, 1, 5.0, 10.0) == 15.0  # no row: always online
+
+
+def test_diurnal_online_fraction_of_the_day() -> None:
+    diurnal = Diurnal(online_fraction=0.25, seed=3)
+    hours = [diurnal.online(7, h * 3600.0 + 1.0) for h in range(24)]
+    assert 5 <= sum(hours) <= 7
+    back = diurnal.next_online(7, 0.0)
+    assert diurnal.online(7, back) and math.isfinite(diurnal.next_offline(7, back))
+
+
+def test_transfer_time_follows_latency_and_bandwidth() -> None:
+    link = LinkProfile(latency_ms=100.0, up_kbps=800.0, down_kbps=8000.0)
+    up = transfer_time(link, 100_000, UP, None)
+    down = transfer_time(link, 100_000, DOWN, None)
+    assert math.isclose(up.seconds, 0.2 + 1.0)
+    assert math.isclose(down.seconds, 0.2 + 0.1)
+
+
+def test_resets_cost_resent_bytes_and_round_trips() -> None:
+    rng = np.random.default_rng(0)
+    link = LinkProfile(latency_ms=50.0, up_kbps=1000.0, reset_every_kb=200.0)
+    timed = transfer_time(link, 2_000_000, UP, rng)
+    assert timed.resets > 0 and timed.resent_bytes > 0
+    assert timed.seconds > transfer_time(link, 2_000_000, UP, None).seconds
+    assert transfer_time(PRESETS["lan"], 1000, UP, None).seconds < 0.01
