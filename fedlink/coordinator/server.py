@@ -19,6 +19,7 @@ from grpc_reflection.v1alpha import reflection
 from fedlink.coordinator.auth import acting_as, authenticate, load_secret
 from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.edge import EdgeInterceptor, connection_options, insecurity_warnings
+from fedlink.coordinator.handlers import rewrapped
 from fedlink.coordinator.service import CoordinatorService, Evaluator
 from fedlink.coordinator.servicer import CoordinatorServicer
 from fedlink.coordinator.tls import load_server_material
@@ -197,16 +198,7 @@ def _wrap_handler(handler: grpc.RpcMethodHandler, name: str,
                     yield message
         return run
 
-    h: Any = handler
-    common = {"request_deserializer": h.request_deserializer,
-              "response_serializer": h.response_serializer}
-    if h.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(unary(h.unary_unary), **common)
-    if h.stream_unary is not None:
-        return grpc.stream_unary_rpc_method_handler(unary(h.stream_unary), **common)
-    if h.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(streaming(h.unary_stream), **common)
-    return grpc.stream_stream_rpc_method_handler(streaming(h.stream_stream), **common)
+    return rewrapped(handler, unary, streaming)
 
 
 async def serve_until_done(server: CoordinatorServer,

@@ -14,6 +14,8 @@ from typing import Any
 
 import grpc
 
+from fedlink.coordinator.handlers import rewrapped
+
 RpcObserver = Callable[[str, str, float], None]
 """Called with the method name (``Service/Method`` short form), status code name, seconds."""
 
@@ -82,13 +84,4 @@ def _timed(handler: grpc.RpcMethodHandler, method: str,
                 observe(method, _code(context, failed), time.perf_counter() - started)
         return run
 
-    h: Any = handler
-    common = {"request_deserializer": h.request_deserializer,
-              "response_serializer": h.response_serializer}
-    if h.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(unary(h.unary_unary), **common)
-    if h.stream_unary is not None:
-        return grpc.stream_unary_rpc_method_handler(unary(h.stream_unary), **common)
-    if h.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(streaming(h.unary_stream), **common)
-    return grpc.stream_stream_rpc_method_handler(streaming(h.stream_stream), **common)
+    return rewrapped(handler, unary, streaming)
