@@ -26,18 +26,22 @@ X0 = np.zeros(8, np.float32)
 
 def test_serving_beyond_loopback_in_plaintext_warns_with_the_keys_that_fix_it(
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    implementation = type(grpc.aio.server())  # the concrete class, not the abstract base
-    bind = implementation.add_insecure_port
     bound: list[str] = []
 
-    def loopback_only(server: grpc.aio.Server, address: str) -> int:
-        # the coordinator is told 0.0.0.0 (and warns); the socket stays on 127.0.0.1
-        bound.append(address.replace("0.0.0.0", "127.0.0.1"))
-        return bind(server, bound[-1])
+    def patch_loopback_only() -> None:
+        # grpc.aio.server() needs a running loop; its concrete class is not the abstract base
+        implementation = type(grpc.aio.server())
+        bind = implementation.add_insecure_port
 
-    monkeypatch.setattr(implementation, "add_insecure_port", loopback_only)
+        def loopback_only(server: grpc.aio.Server, address: str) -> int:
+            # the coordinator is told 0.0.0.0 (and warns); the socket stays on 127.0.0.1
+            bound.append(address.replace("0.0.0.0", "127.0.0.1"))
+            return bind(server, bound[-1])
+
+        monkeypatch.setattr(implementation, "add_insecure_port", loopback_only)
 
     async def scenario() -> None:
+        patch_loopback_only()
         server = CoordinatorServer(CoordinatorConfig(), X0, EventLog(None),
                                    address="0.0.0.0:0")
         async with server:
