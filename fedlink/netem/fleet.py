@@ -274,6 +274,10 @@ class Fleet:
         object.__setattr__(self, "profiles", MappingProxyType(self._checked_profiles()))
         object.__setattr__(self, "mix", MappingProxyType(self._normalised_mix()))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # read-only views do not pickle; a fleet travels to worker processes as plain tables
+        return (Fleet, (dict(self.mix), dict(self.profiles), self.speed, self.seed))
+
     def _checked_profiles(self) -> dict[str, LinkProfile]:
         """A copy of ``profiles`` after checking names and types."""
         if not isinstance(self.profiles, Mapping):

@@ -265,6 +265,14 @@ class Experiment:
             return LazyTrainer(build)
         return build()
 
+    def client_examples(self, index: int) -> int:
+        """Client ``index``'s example count; for a built-in trainer over fedlink ``Dataset``s,
+        read from its data without building the trainer (a plugged trainer is asked)."""
+        built_in = self.plugs.trainer is None and self.config.client.trainer in TRAINERS
+        if built_in and isinstance(self.data, FederatedData):
+            return len(self.data.clients[index])
+        return self.trainer(index).num_examples()
+
     def data_figures(self) -> dict[str, Any]:
         """Summary entries describing the partition: the clients x classes label counts
         (``fedlink.metrics.distribution``), for fedlink ``Dataset``s."""

@@ -9,7 +9,11 @@
   clients (``fedlink.sim.virtual.population.SyntheticSpec``; ``features``, ``classes``);
 - ``availability``: ``"always"``, ``"diurnal"`` (``online_fraction`` of every ``period_s``) or
   ``"trace"`` (``trace_file``, see ``fedlink.sim.virtual.availability``);
-- ``max_model_s``: end the run after this much model time (0: no limit).
+- ``max_model_s``: end the run after this much model time (0: no limit);
+- ``workers``: processes that train selected clients in parallel (0: train in the loop's
+  process; see ``fedlink.sim.virtual.workers``). Each worker builds the run's data and model
+  once. Worth it when local training dominates (a torch model, several local steps); for
+  tiny models the hand-over costs more than the training.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class VirtualSection:
     period_s: float = DAY_S
     trace_file: str = ""
     max_model_s: float = 0.0
+    workers: int = 0
 
     def __post_init__(self) -> None:
         require(self.step_cost_s >= 0, "virtual.step_cost_s", "must be >= 0")
@@ -55,6 +60,7 @@ class VirtualSection:
         require(self.availability != "trace" or bool(self.trace_file), "virtual.trace_file",
                 "is needed with availability = 'trace'")
         require(self.max_model_s >= 0, "virtual.max_model_s", "must be >= 0 (0: no limit)")
+        require(self.workers >= 0, "virtual.workers", "must be >= 0 (0: train in the loop)")
 
     def loop_options(self, seed: int) -> LoopOptions:
         """The loop's options for a run seeded ``seed``."""

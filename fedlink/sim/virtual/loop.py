@@ -5,11 +5,14 @@ Each selected client lives through timed events, as ``ClientSession`` does over 
 in (one ``GetTask`` round trip), downloads the task's model (its encoded payload, decoded with
 ``fedlink.wire.unpack`` as the real client does), trains (the real trainer; model time is
 ``steps x step_cost_s x speed``), runs the real ``UpdatePipeline`` (privacy, codec, error
-feedback), uploads and commits. Transfers are timed by ``fedlink.sim.virtual.timing``; work
-pauses while the client is offline (``fedlink.sim.virtual.availability``). The arrival calls the
-engine's own ``submit`` (staleness, weighting, the flush rule, server optimizer and hooks), with
-the example count bounded by the coordinator's ``bounded_examples``; the engine's ``poll`` and
-``release_silent`` run every ``poll_s`` of model time, as the server's poll loop calls them.
+feedback), uploads and commits. Training itself runs in a ``TrainingPool``
+(``fedlink.sim.virtual.workers``): handed over when the download ends, its result taken when
+training ends in model time, so worker processes train several clients at once. Transfers are
+timed by ``fedlink.sim.virtual.timing``; work pauses while the client is offline
+(``fedlink.sim.virtual.availability``). The arrival calls the engine's own ``submit``
+(staleness, weighting, the flush rule, server optimizer and hooks), with the example count
+bounded by the coordinator's ``bounded_examples``; the engine's ``poll`` and ``release_silent``
+run every ``poll_s`` of model time, as the server's poll loop calls them.
 
 Duplicated from the servicer, in a few lines: emitting ``update_refused`` and ``flush`` events
 (the servicer's ``_settle`` and ``report_flushes`` are bound to its asyncio and durable-commit
@@ -28,12 +31,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from fedlink.client import Trainer, TrainPlan
+from fedlink.client import Trainer, TrainPlan, TrainResult
 from fedlink.client.base import planned_steps
 from fedlink.client.pipeline import UpdatePipeline
 from fedlink.clock import ManualClock
@@ -47,6 +51,7 @@ from fedlink.metrics import EventLog
 from fedlink.sim.virtual.availability import AlwaysOnline, Availability, finish
 from fedlink.sim.virtual.population import Population
 from fedlink.sim.virtual.timing import DOWN, UP, round_trip_s, transfer_time
+from fedlink.sim.virtual.workers import InlineTraining, TrainingPool
 from fedlink.wire import unpack
 
 Evaluate = Callable[[np.ndarray], Mapping[str, float]]
@@ -74,6 +79,17 @@ class _Busy:
     seen: float = 0.0
 
 
+@dataclass(frozen=True)
+class _Training:
+    """A client's training handed to the pool: what its update is built from when it ends."""
+
+    model: np.ndarray
+    result: Future[TrainResult]
+    steps: int
+    fits: int
+    num_examples: int
+
+
 @dataclass
 class LoopTotals:
     """What the loop measured: model seconds per phase and the simulation's wall time."""
@@ -96,7 +112,8 @@ class VirtualLoop:
                  events: EventLog, clock: ManualClock, options: LoopOptions,
                  availability: Availability | None = None, evaluate: Evaluate | None = None,
                  profile_name: Callable[[int], str] = lambda i: "ideal",
-                 on_flush: Callable[[FlushOutcome, float], None] | None = None) -> None:
+                 on_flush: Callable[[FlushOutcome, float], None] | None = None,
+                 training: TrainingPool | None = None) -> None:
         self.config = config
         self.clock = clock
         self.events = events
@@ -108,6 +125,7 @@ class VirtualLoop:
         self._evaluate = evaluate
         self._profile_name = profile_name
         self._on_flush = on_flush
+        self._training = training or InlineTraining(population)
         self._busy: dict[int, _Busy] = {}
         self._rngs: dict[int, np.random.Generator] = {}
         self._pipelines: dict[int, UpdatePipeline] = {}
@@ -193,7 +211,7 @@ class VirtualLoop:
     # -- a client's task -------------------------------------------------------------------
 
     def _train(self, busy: _Busy) -> None:
-        """Downloaded: train the real trainer on the task's model; schedule its upload."""
+        """Downloaded: hand the task to the training pool; take the result when training ends."""
         task, index = busy.task, busy.index
         busy.seen = self.clock.now()
         try:
@@ -202,36 +220,48 @@ class VirtualLoop:
             self._done(busy)
             return
         model = unpack(payload.header, payload.data, self.engine.num_parameters)
-        trainer = self.population.trainer(index)
-        rng = self._rngs.setdefault(index, np.random.default_rng(
-            self.options.seed * 1_000_003 + index))
+        examples = self.population.num_examples(index)
+        rng = self._client_rng(index)
         training = self.config.training
         plan = TrainPlan(local_steps=task.local_steps, local_epochs=task.local_epochs,
                          batch_size=training.batch_size, learning_rate=training.learning_rate,
                          seed=int(rng.integers(2**31)), options=dict(training.trainer_options))
-        steps = planned_steps(plan, trainer.num_examples())
+        steps = planned_steps(plan, examples)
         step_s = self.options.step_cost_s * self.population.speed(index)
         fits = self._steps_before_deadline(busy, steps, step_s)
-        result = trainer.train(model, plan if fits == steps else TrainPlan(
+        result = self._training.submit(index, model, plan if fits == steps else TrainPlan(
             local_steps=max(fits, 1), batch_size=plan.batch_size,
             learning_rate=plan.learning_rate, seed=plan.seed, options=plan.options))
-        completed = result.steps_completed if fits == steps else fits
-        compute = completed * step_s
+        # model time follows the plan, known now; the result is needed only when it ends
+        compute = fits * step_s
         self.totals.compute_s += compute
         self._share(index)["compute_s"] += compute
+        work = _Training(model, result, steps, fits, examples)
+        trained = finish(self.availability, index, self.clock.now(), compute)
+        self.clock.call_at(trained, lambda: self._trained(busy, work))
+
+    def _trained(self, busy: _Busy, work: _Training) -> None:
+        """Training ended (model time): privatise, encode and upload the client's update."""
+        task, index = busy.task, busy.index
+        result = work.result.result()
+        completed = result.steps_completed if work.fits == work.steps else work.fits
         pipeline = self._client_pipeline(index)
         pipeline.configure(task.options)
-        encoded = pipeline.process(result.params - model, rng)
+        encoded = pipeline.process(result.params - work.model, self._client_rng(index))
         update = ReceivedUpdate(
             client_id=self.client_id(index), task_id=task.task_id,
             base_version=task.model_version,
             delta=unpack(encoded.header, encoded.data, self.engine.num_parameters),
-            num_examples=bounded_examples(result.num_examples, trainer.num_examples(),
+            num_examples=bounded_examples(result.num_examples, work.num_examples,
                                           self.config.limits.max_examples_per_update),
-            steps_completed=completed, steps_planned=steps,
+            steps_completed=completed, steps_planned=work.steps,
             bytes_up=encoded.header.num_bytes, metrics=dict(pipeline.privacy_metrics))
-        trained = finish(self.availability, index, self.clock.now(), compute)
-        self.clock.call_at(trained, lambda: self._upload(busy, update))
+        self._upload(busy, update)
+
+    def _client_rng(self, index: int) -> np.random.Generator:
+        """Client ``index``'s own generator (plan seeds, codec noise), kept across its tasks."""
+        return self._rngs.setdefault(index, np.random.default_rng(
+            self.options.seed * 1_000_003 + index))
 
     def _steps_before_deadline(self, busy: _Busy, steps: int, step_s: float) -> int:
         """Steps that fit before the task's deadline (the trainer stops early at it)."""

@@ -45,6 +45,10 @@ class Population(Protocol):
         """A trainer over client ``index``'s data (made now; drop it after the task)."""
         ...
 
+    def num_examples(self, index: int) -> int:
+        """Client ``index``'s example count (what its trainer's ``num_examples`` says)."""
+        ...
+
 
 class Links:
     """A fleet's assignment kept as one byte (profile) and four bytes (speed) per client."""
@@ -89,6 +93,7 @@ class ExperimentPopulation:
     links: Links
     build_trainer: Callable[[int], Trainer]
     num_clients: int
+    count_examples: Callable[[int], int] | None = None
 
     @property
     def size(self) -> int:
@@ -106,6 +111,12 @@ class ExperimentPopulation:
     def trainer(self, index: int) -> Trainer:
         """The experiment's trainer for ``index`` (built now)."""
         return self.build_trainer(index)
+
+    def num_examples(self, index: int) -> int:
+        """From ``count_examples`` when given, else from a trainer built for it."""
+        if self.count_examples is not None:
+            return self.count_examples(index)
+        return self.build_trainer(index).num_examples()
 
 
 @dataclass(frozen=True)
@@ -130,10 +141,17 @@ class SyntheticSpec:
         rng = np.random.default_rng([self.seed, 0xC0DE])
         return rng.normal(0.0, 1.0, size=(self.num_classes, self.num_features))
 
+    def client_examples(self, index: int) -> int:
+        """Client ``index``'s example count: the first draw ``client_data`` makes."""
+        return self._count(np.random.default_rng([self.seed, index]))
+
+    def _count(self, rng: np.random.Generator) -> int:
+        return int(rng.integers(self.min_examples, self.max_examples + 1))
+
     def client_data(self, index: int, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Client ``index``'s (x float32, y int64), drawn from its own seeded generator."""
         rng = np.random.default_rng([self.seed, index])
-        count = int(rng.integers(self.min_examples, self.max_examples + 1))
+        count = self._count(rng)
         favourite = rng.integers(self.num_classes, size=2)
         y = np.where(rng.random(count) < 0.8, rng.choice(favourite, count),
                      rng.integers(self.num_classes, size=count))
@@ -205,6 +223,10 @@ class SyntheticPopulation:
     def speed(self, index: int) -> float:
         """From the fleet."""
         return self.links.speed(index)
+
+    def num_examples(self, index: int) -> int:
+        """Drawn as the trainer's data would be, without drawing the data."""
+        return self.spec.client_examples(index)
 
     def trainer(self, index: int) -> Trainer:
         """A softmax trainer over client ``index``'s freshly drawn data."""

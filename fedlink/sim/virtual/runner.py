@@ -35,6 +35,7 @@ from fedlink.sim.virtual.population import (
     SyntheticPopulation,
     SyntheticSpec,
 )
+from fedlink.sim.virtual.workers import ConfigPopulation, training_pool
 
 if TYPE_CHECKING:
     from fedlink.sim.config import ExperimentConfig
@@ -53,16 +54,21 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
     run_dir = private_dir(Path(output_dir or config.run.output_dir) / config.run.name)
     (run_dir / EVENTS_FILENAME).unlink(missing_ok=True)
     clock = ManualClock()
+    training = training_pool(config.virtual.workers, population, ConfigPopulation(config))
     with EventLog(run_dir / EVENTS_FILENAME, clock=clock.now) as events:
         loop = VirtualLoop(config.coordinator, initial, population, config.client.pipeline,
                            events, clock, config.virtual.loop_options(config.run.seed),
                            config.virtual.build_availability(config.run.seed), evaluate,
                            _profile_names(population),
                            _printer(config.coordinator.rounds, clock, started) if progress
-                           else None)
-        totals = loop.run()
+                           else None, training)
+        try:
+            totals = loop.run()
+        finally:
+            training.close()
         summary = summarize(events.events, config.to_dict())
     summary.update(virtual_figures(totals, time.perf_counter() - started, loop))
+    summary["training_processes"] = training.processes
     write_summary(run_dir / SUMMARY_FILENAME, summary)
     report = write_report(run_dir, events.events, summary)
     final = loop.engine.model.copy()
@@ -86,8 +92,14 @@ def _build(config: ExperimentConfig) -> tuple[Population, np.ndarray, Evaluate |
     torch.set_num_threads(config.run.torch_threads)
     experiment = Experiment.build(config)
     size = experiment.data.num_clients
-    population = ExperimentPopulation(Links(config.network, size), experiment.trainer, size)
+    population = ExperimentPopulation(Links(config.network, size), experiment.trainer, size,
+                                      experiment.client_examples)
     return population, experiment.initial_vector(), experiment.evaluator(), experiment
+
+
+def build_population(config: ExperimentConfig) -> Population:
+    """The clients of a virtual run of ``config`` (what each training worker builds once)."""
+    return _build(config)[0]
 
 
 def _profile_names(population: Population) -> Any:
