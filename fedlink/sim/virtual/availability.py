@@ -10,7 +10,10 @@ Every answer is computed from (seed, index, t), so a population of 10^6 costs no
 Trace file format (``[virtual] availability = "trace"``, ``trace_file = "avail.csv"``): a CSV
 with a header line ``client,start_s,end_s``, one row per *online* interval of a client in model
 seconds (FedScale's availability traces reduce to this); a client with no row is always online,
-and the trace repeats every ``period_s`` when that is set.
+and the trace repeats every ``period_s`` when that is set. An optional fourth column ``speed``
+gives the device's compute-time multiplier (2 = twice as slow; FedScale's device-capacity
+traces reduce to this): every row of a client that has one must give the same value, and it
+replaces the fleet's speed for that client (``TraceAvailability.speeds``).
 """
 
 from __future__ import annotations
@@ -116,27 +119,43 @@ class Diurnal:
         return t + self.online_fraction * self.period_s - self._position(index, t)
 
 
+def _read_speed(text: str | None, client: int, speeds: dict[int, float], where: str) -> None:
+    """Record a row's ``speed`` (blank or absent: none) into ``speeds``, checking it."""
+    if text is None or not text.strip():
+        return
+    speed = float(text)
+    if not (math.isfinite(speed) and speed > 0):
+        raise ConfigError(f"{where}: speed must be a number > 0, got {text!r}")
+    if speeds.setdefault(client, speed) != speed:
+        raise ConfigError(f"{where}: client {client} has speed {speeds[client]} on an "
+                          f"earlier row and {speed} here; a device has one speed")
+
+
 @dataclass(frozen=True)
 class TraceAvailability:
     """Online intervals per client, from a trace (see the module docstring)."""
 
     intervals: Mapping[int, Sequence[tuple[float, float]]] = field(default_factory=dict)
     period_s: float = 0.0
+    speeds: Mapping[int, float] = field(default_factory=dict)
 
     @classmethod
     def from_csv(cls, path: str | Path, period_s: float = 0.0) -> TraceAvailability:
-        """Read ``client,start_s,end_s`` rows (``ConfigError`` naming a bad row)."""
+        """Read ``client,start_s,end_s[,speed]`` rows (``ConfigError`` naming a bad row)."""
         rows: dict[int, list[tuple[float, float]]] = {}
+        speeds: dict[int, float] = {}
         try:
             with open(path, newline="", encoding="utf-8") as f:
                 for number, row in enumerate(csv.DictReader(f), start=2):
                     start, end = float(row["start_s"]), float(row["end_s"])
                     if not 0 <= start < end:
                         raise ConfigError(f"{path}:{number}: need 0 <= start_s < end_s")
-                    rows.setdefault(int(row["client"]), []).append((start, end))
+                    client = int(row["client"])
+                    rows.setdefault(client, []).append((start, end))
+                    _read_speed(row.get("speed"), client, speeds, f"{path}:{number}")
         except (OSError, KeyError, ValueError) as exc:
             raise ConfigError(f"availability trace {path}: {exc}") from exc
-        return cls({k: sorted(v) for k, v in rows.items()}, period_s)
+        return cls({k: sorted(v) for k, v in rows.items()}, period_s, speeds)
 
     def _windows(self, index: int, t: float) -> list[tuple[float, float]]:
         """The client's intervals around ``t`` (this period's and the next, when it repeats)."""

@@ -14,7 +14,7 @@ profile code (one byte) and a speed (four bytes); data and trainers are made on 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -117,6 +117,40 @@ class ExperimentPopulation:
         if self.count_examples is not None:
             return self.count_examples(index)
         return self.build_trainer(index).num_examples()
+
+
+@dataclass
+class TracedSpeeds:
+    """``base`` with the compute speeds of a device trace, where the trace has one."""
+
+    base: Population
+    speeds: Mapping[int, float]
+
+    @property
+    def size(self) -> int:
+        """The base population's."""
+        return self.base.size
+
+    @property
+    def links(self) -> Links | None:
+        """The base population's link assignment, if it has one."""
+        return getattr(self.base, "links", None)
+
+    def profile(self, index: int) -> LinkProfile | None:
+        """The base population's."""
+        return self.base.profile(index)
+
+    def speed(self, index: int) -> float:
+        """The trace's speed for ``index``, else the base population's."""
+        return self.speeds.get(index) or self.base.speed(index)
+
+    def trainer(self, index: int) -> Trainer:
+        """The base population's."""
+        return self.base.trainer(index)
+
+    def num_examples(self, index: int) -> int:
+        """The base population's."""
+        return self.base.num_examples(index)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from fedlink.metrics import (
     write_summary,
 )
 from fedlink.private import private_dir
+from fedlink.sim.virtual.availability import TraceAvailability
 from fedlink.sim.virtual.loop import Evaluate, LoopTotals, VirtualLoop
 from fedlink.sim.virtual.population import (
     ExperimentPopulation,
@@ -34,6 +35,7 @@ from fedlink.sim.virtual.population import (
     Population,
     SyntheticPopulation,
     SyntheticSpec,
+    TracedSpeeds,
 )
 from fedlink.sim.virtual.workers import ConfigPopulation, training_pool
 
@@ -55,10 +57,13 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
     (run_dir / EVENTS_FILENAME).unlink(missing_ok=True)
     clock = ManualClock()
     training = training_pool(config.virtual.workers, population, ConfigPopulation(config))
+    availability = config.virtual.build_availability(config.run.seed)
+    if isinstance(availability, TraceAvailability) and availability.speeds:
+        population = TracedSpeeds(population, availability.speeds)
     with EventLog(run_dir / EVENTS_FILENAME, clock=clock.now) as events:
         loop = VirtualLoop(config.coordinator, initial, population, config.client.pipeline,
                            events, clock, config.virtual.loop_options(config.run.seed),
-                           config.virtual.build_availability(config.run.seed), evaluate,
+                           availability, evaluate,
                            _profile_names(population),
                            _printer(config.coordinator.rounds, clock, started) if progress
                            else None, training)
