@@ -13,7 +13,10 @@
 - ``workers``: processes that train selected clients in parallel (0: train in the loop's
   process; see ``fedlink.sim.virtual.workers``). Each worker builds the run's data and model
   once. Worth it when local training dominates (a torch model, several local steps); for
-  tiny models the hand-over costs more than the training.
+  tiny models the hand-over costs more than the training;
+- ``residual_memory_mb``: memory for error-feedback residuals (biased codecs); beyond it the
+  least recently used are spilled to a file in the run folder
+  (``fedlink.sim.virtual.residuals``).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class VirtualSection:
     trace_file: str = ""
     max_model_s: float = 0.0
     workers: int = 0
+    residual_memory_mb: float = 1024.0
 
     def __post_init__(self) -> None:
         require(self.step_cost_s >= 0, "virtual.step_cost_s", "must be >= 0")
@@ -61,6 +65,7 @@ class VirtualSection:
                 "is needed with availability = 'trace'")
         require(self.max_model_s >= 0, "virtual.max_model_s", "must be >= 0 (0: no limit)")
         require(self.workers >= 0, "virtual.workers", "must be >= 0 (0: train in the loop)")
+        require(self.residual_memory_mb >= 0, "virtual.residual_memory_mb", "must be >= 0")
 
     def loop_options(self, seed: int) -> LoopOptions:
         """The loop's options for a run seeded ``seed``."""

@@ -20,10 +20,10 @@ machinery). Selection: whenever the engine has free places the loop offers them 
 clients, drawn at random (seeded) from the population, so cost follows the cohort; a client
 told to wait asks again ``retry_after_s`` later (pace steering in model time).
 
-Per-client state kept across tasks: the client's random generator (plan seeds, codec noise)
-and, with a biased codec, its error-feedback residual (one float32 model vector) - both only
-for clients that have trained at least once, in a dict (about 2 KB + 4 x parameters bytes
-each).
+Per-client state kept across tasks, only for clients that have trained at least once: the
+client's random generator (plan seeds, codec noise; about 2 KB each, in a dict) and, with a
+biased codec, its error-feedback residual (one float32 model vector) in a ``ResidualStore``
+(``fedlink.sim.virtual.residuals``: in memory up to a budget, spilled to disk beyond it).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from fedlink.messages import Finished, Task
 from fedlink.metrics import EventLog
 from fedlink.sim.virtual.availability import AlwaysOnline, Availability, finish
 from fedlink.sim.virtual.population import Population
+from fedlink.sim.virtual.residuals import ResidualStore
 from fedlink.sim.virtual.timing import DOWN, UP, round_trip_s, transfer_time
 from fedlink.sim.virtual.workers import InlineTraining, TrainingPool
 from fedlink.wire import unpack
@@ -113,7 +114,8 @@ class VirtualLoop:
                  availability: Availability | None = None, evaluate: Evaluate | None = None,
                  profile_name: Callable[[int], str] = lambda i: "ideal",
                  on_flush: Callable[[FlushOutcome, float], None] | None = None,
-                 training: TrainingPool | None = None) -> None:
+                 training: TrainingPool | None = None,
+                 residuals: ResidualStore | None = None) -> None:
         self.config = config
         self.clock = clock
         self.events = events
@@ -128,7 +130,7 @@ class VirtualLoop:
         self._training = training or InlineTraining(population)
         self._busy: dict[int, _Busy] = {}
         self._rngs: dict[int, np.random.Generator] = {}
-        self._pipelines: dict[int, UpdatePipeline] = {}
+        self.residuals = residuals or ResidualStore(math.inf)
         self._waiting: set[int] = set()  # told to wait: they ask again after retry_after_s
         self._select = np.random.default_rng([options.seed, 0x5E1EC7])
         self._timing = None if options.deterministic else np.random.default_rng(
@@ -245,9 +247,8 @@ class VirtualLoop:
         task, index = busy.task, busy.index
         result = work.result.result()
         completed = result.steps_completed if work.fits == work.steps else work.fits
-        pipeline = self._client_pipeline(index)
-        pipeline.configure(task.options)
-        encoded = pipeline.process(result.params - work.model, self._client_rng(index))
+        encoded, privacy = self._encode(index, task, result.params - work.model,
+                                        self._client_rng(index))
         update = ReceivedUpdate(
             client_id=self.client_id(index), task_id=task.task_id,
             base_version=task.model_version,
@@ -255,7 +256,7 @@ class VirtualLoop:
             num_examples=bounded_examples(result.num_examples, work.num_examples,
                                           self.config.limits.max_examples_per_update),
             steps_completed=completed, steps_planned=work.steps,
-            bytes_up=encoded.header.num_bytes, metrics=dict(pipeline.privacy_metrics))
+            bytes_up=encoded.header.num_bytes, metrics=privacy)
         self._upload(busy, update)
 
     def _client_rng(self, index: int) -> np.random.Generator:
@@ -349,15 +350,18 @@ class VirtualLoop:
 
     # -- bookkeeping -------------------------------------------------------------------------
 
-    def _client_pipeline(self, index: int) -> UpdatePipeline:
-        """The client's pipeline: kept across tasks only when it holds state (a residual)."""
-        kept = self._pipelines.get(index)
-        if kept is not None:
-            return kept
-        pipeline = self._pipeline()
+    def _encode(self, index: int, task: Task, delta: np.ndarray,
+                rng: np.random.Generator) -> tuple[Any, dict[str, float]]:
+        """Client ``index``'s update through a pipeline of its own, its residual (if the codec
+        keeps one) taken from the store and put back; (payload, privacy metrics)."""
+        pipeline = self._pipeline()  # stateless but for the residual: one per task
+        pipeline.configure(task.options)
         if pipeline.feedback is not None:
-            self._pipelines[index] = pipeline
-        return pipeline
+            pipeline.feedback.residual = self.residuals.take(index)
+        encoded = pipeline.process(delta, rng)
+        if pipeline.feedback is not None:
+            self.residuals.put(index, pipeline.feedback.residual)
+        return encoded, dict(pipeline.privacy_metrics)
 
     def _count_network(self, index: int, seconds: float, transfer: Any) -> None:
         self.totals.network_s += seconds

@@ -37,6 +37,7 @@ from fedlink.sim.virtual.population import (
     SyntheticSpec,
     TracedSpeeds,
 )
+from fedlink.sim.virtual.residuals import ResidualStore
 from fedlink.sim.virtual.workers import ConfigPopulation, training_pool
 
 if TYPE_CHECKING:
@@ -60,17 +61,19 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
     availability = config.virtual.build_availability(config.run.seed)
     if isinstance(availability, TraceAvailability) and availability.speeds:
         population = TracedSpeeds(population, availability.speeds)
+    residuals = ResidualStore(config.virtual.residual_memory_mb, run_dir)
     with EventLog(run_dir / EVENTS_FILENAME, clock=clock.now) as events:
         loop = VirtualLoop(config.coordinator, initial, population, config.client.pipeline,
                            events, clock, config.virtual.loop_options(config.run.seed),
                            availability, evaluate,
                            _profile_names(population),
                            _printer(config.coordinator.rounds, clock, started) if progress
-                           else None, training)
+                           else None, training, residuals)
         try:
             totals = loop.run()
         finally:
             training.close()
+            residuals.close()
         summary = summarize(events.events, config.to_dict())
     summary.update(virtual_figures(totals, time.perf_counter() - started, loop))
     summary["training_processes"] = training.processes
@@ -140,5 +143,8 @@ def virtual_figures(totals: LoopTotals, wall_s: float, loop: VirtualLoop) -> dic
         "link_resets": totals.resets,
         "tasks": totals.tasks,
         "clients_with_kept_state": loop.kept_state_clients,
+        "residuals_in_memory": loop.residuals.in_memory,
+        "residuals_on_disk": loop.residuals.on_disk,
+        "residual_spill_bytes": loop.residuals.spilled_bytes,
         "time_by_profile": totals.per_profile,
     }
