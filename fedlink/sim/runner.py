@@ -37,6 +37,7 @@ from fedlink.metrics import (
 from fedlink.metrics.federated import federated_figures
 from fedlink.netem import ClientLink
 from fedlink.netem.proxy import TcpProxy
+from fedlink.sim.capacity import for_population
 from fedlink.sim.config import ExperimentConfig
 from fedlink.sim.network import ClientOutcome, network_summary
 from fedlink.sim.stragglers import SlowedTrainer
@@ -152,7 +153,8 @@ async def _simulate(experiment: Experiment, events: EventLog, progress: bool,
                                                    for t in trainers)
     workers = len(trainers) if threaded and config.run.train_workers == 0 else \
         max(1, config.run.train_workers)
-    server = CoordinatorServer(config.coordinator, experiment.initial_vector(), events,
+    server = CoordinatorServer(for_population(config.coordinator, len(trainers)),
+                               experiment.initial_vector(), events,
                                evaluator=experiment.evaluator())
     with ThreadPoolExecutor(workers, thread_name_prefix="train") as pool:
         async with server, contextlib.AsyncExitStack() as stack:

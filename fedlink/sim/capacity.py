@@ -1,0 +1,45 @@
+"""The coordinator limits a real-gRPC simulation runs with: per-device caps sized for a population
+that shares one address and one connection.
+
+The coordinator's defaults assume one device per peer address and per HTTP/2 connection
+(``fedlink.coordinator.config.LimitsConfig``): at most ``join_burst_per_peer`` Joins at once
+from one address, ``max_streams_per_connection`` concurrent calls on one connection,
+``max_clients`` in all. ``fedlink simulate`` runs every client in one process, from
+127.0.0.1, and gRPC gives channels to the same target one shared connection, so those caps
+would refuse a population larger than a device's worth of calls: at 10,000 clients the Joins
+met ``REFUSED_STREAM`` (stream cap) and per-peer Join throttling until their retry budgets ran
+out. A simulation raises those three caps to what its population needs (never lowers them);
+caps per client id (request rate, uploads, tokens) are kept, as each simulated client is one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from fedlink.coordinator.config import CoordinatorConfig
+
+log = logging.getLogger(__name__)
+
+STREAMS_PER_CLIENT = 4
+"""Concurrent calls one client may hold: a long poll, a heartbeat, an upload, a download."""
+
+STREAM_HEADROOM = 100
+"""Streams beyond the population's own (probes, the health check)."""
+
+
+def for_population(config: CoordinatorConfig, clients: int) -> CoordinatorConfig:
+    """``config`` with the per-address and per-connection caps raised to fit ``clients``."""
+    limits = config.limits
+    wanted = {
+        "max_clients": max(limits.max_clients, clients),
+        "join_burst_per_peer": max(limits.join_burst_per_peer, clients),
+        "max_streams_per_connection": max(limits.max_streams_per_connection,
+                                          STREAMS_PER_CLIENT * clients + STREAM_HEADROOM),
+    }
+    raised = {key: value for key, value in wanted.items() if value != getattr(limits, key)}
+    if not raised:
+        return config
+    log.info("simulating %d clients from one address over one connection: raising %s",
+             clients, ", ".join(f"limits.{k} to {v}" for k, v in raised.items()))
+    return dataclasses.replace(config, limits=dataclasses.replace(limits, **raised))
