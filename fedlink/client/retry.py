@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import numbers
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from tenacity import (
 from tenacity.stop import stop_base
 
 from fedlink.client.stats import SessionStats
-from fedlink.config import from_table, require
+from fedlink.config import check_fields, from_table, require
 from fedlink.errors import RemoteError
 
 log = logging.getLogger(__name__)
@@ -81,20 +80,12 @@ class RetryPolicy:
     keep_trying: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("initial_backoff_s", "max_backoff_s", "budget_s"):
-            value = getattr(self, name)
-            require(isinstance(value, numbers.Real) and not isinstance(value, bool),
-                    f"retry.{name}", f"must be a number, got {value!r}")
-        require(isinstance(self.max_attempts, numbers.Integral)
-                and not isinstance(self.max_attempts, bool), "retry.max_attempts",
-                f"must be an integer, got {self.max_attempts!r}")
-        require(self.initial_backoff_s > 0, "retry.initial_backoff_s", "must be > 0")
-        require(self.max_backoff_s >= self.initial_backoff_s, "retry.max_backoff_s",
+        check_fields(self, "client.retry")
+        require(self.initial_backoff_s > 0, "client.retry.initial_backoff_s", "must be > 0")
+        require(self.max_backoff_s >= self.initial_backoff_s, "client.retry.max_backoff_s",
                 "must be >= initial_backoff_s")
-        require(self.max_attempts >= 1, "retry.max_attempts", "must be >= 1")
-        require(self.budget_s > 0, "retry.budget_s", "must be > 0")
-        require(isinstance(self.keep_trying, bool), "retry.keep_trying",
-                f"must be true or false, got {self.keep_trying!r}")
+        require(self.max_attempts >= 1, "client.retry.max_attempts", "must be >= 1")
+        require(self.budget_s > 0, "client.retry.budget_s", "must be > 0")
 
     def stop(self) -> stop_base:
         """Tenacity's stop condition for this policy."""

@@ -24,7 +24,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from fedlink.data._checks import check_int
+from fedlink.config import check_int
 from fedlink.errors import ConfigError
 
 DatasetBuilder = Callable[..., "CentralData"]

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from fedlink.data._checks import check_bool, check_fraction, check_int
+from fedlink.config import check_bool, check_fraction, check_int
 from fedlink.data.base import CentralData, Dataset, register_dataset
 
 NUM_FEATURES = 64

@@ -26,7 +26,7 @@ import itertools
 
 import numpy as np
 
-from fedlink.data._checks import check_fraction, check_int, check_non_negative
+from fedlink.config import check_fraction, check_int, check_non_negative
 from fedlink.data.base import NATURAL, CentralData, Dataset, register_dataset
 from fedlink.errors import ConfigError
 

@@ -37,8 +37,9 @@ from fedlink.client import RetryPolicy, UpdatePipeline
 from fedlink.client.density import DensityPolicy
 from fedlink.client.evaluation import EVERY_OPTION, FRACTION_OPTION
 from fedlink.client.liveness import LivenessConfig
-from fedlink.config import from_table, load_toml, require
+from fedlink.config import check_fields, from_table, load_toml, require
 from fedlink.coordinator import CoordinatorConfig, FlushRule
+from fedlink.data.federated import check_options, check_partition_options
 from fedlink.errors import ConfigError
 from fedlink.netem import Fleet, parse_network
 from fedlink.plug import is_import_string
@@ -82,21 +83,16 @@ class RunSection:
     ``fedlink.sim.virtual`` (``[virtual]`` section), for populations up to 10^6."""
 
     def __post_init__(self) -> None:
+        check_fields(self, "run")
         require(self.mode in RUN_MODES, "run.mode", f"must be one of {RUN_MODES}, "
                 f"got {self.mode!r}")
         require(bool(self.name) and "/" not in self.name, "run.name",
                 "must be a non-empty name without '/'")
-        require(self.seed >= 0, "run.seed", "must be >= 0")
+        require(self.seed >= 0, "run.seed", f"must be >= 0, got {self.seed}")
         require(self.train_workers >= 0, "run.train_workers", "must be >= 0")
         require(self.torch_threads >= 1, "run.torch_threads", "must be >= 1")
-        require(isinstance(self.evaluate_train, bool), "run.evaluate_train",
-                f"must be true or false, got {self.evaluate_train!r}")
-        require(isinstance(self.target_accuracy, int | float)
-                and not isinstance(self.target_accuracy, bool)
-                and 0.0 <= self.target_accuracy <= 1.0, "run.target_accuracy",
+        require(0.0 <= self.target_accuracy <= 1.0, "run.target_accuracy",
                 f"must be a number in [0, 1] (0: off), got {self.target_accuracy!r}")
-        require(isinstance(self.tensorboard, bool), "run.tensorboard",
-                f"must be true or false, got {self.tensorboard!r}")
 
 
 @dataclass(frozen=True)
@@ -115,9 +111,14 @@ class DataSection:
     loader: str = ""
 
     def __post_init__(self) -> None:
+        check_fields(self, "data")
         require(self.clients >= 1, "data.clients", f"must be >= 1, got {self.clients}")
         require(not self.loader or is_import_string(self.loader), "data.loader",
                 f"must be 'package.module:attr', got {self.loader!r}")
+        if self.loader:
+            check_partition_options(self.partition, self.options)
+        else:  # a typo in [data] options fails here, not when the data is loaded
+            check_options(self.dataset, self.partition, self.options)
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,7 @@ class ModelSection:
     init: str = ""
 
     def __post_init__(self) -> None:
+        check_fields(self, "model")
         require(not self.factory or is_import_string(self.factory), "model.factory",
                 f"must be 'package.module:attr', got {self.factory!r}")
 
@@ -199,8 +201,7 @@ class ClientSection:
         return from_table(cls, values, section)
 
     def __post_init__(self) -> None:
-        require(self.density_bounds is None or len(self.density_bounds) == 2,
-                "client.density_bounds", "must be [min, max]")
+        check_fields(self, "client")
         require(self.trainer in TRAINERS or is_import_string(self.trainer), "client.trainer",
                 f"must be one of {', '.join(TRAINERS)} or 'package.module:attr', "
                 f"got {self.trainer!r}")
@@ -233,11 +234,10 @@ class EvaluationSection:
     every: int = 1
 
     def __post_init__(self) -> None:
-        require(isinstance(self.fraction, int | float) and not isinstance(self.fraction, bool)
-                and 0.0 <= self.fraction <= 1.0, "coordinator.evaluation.fraction",
+        check_fields(self, "coordinator.evaluation")
+        require(0.0 <= self.fraction <= 1.0, "coordinator.evaluation.fraction",
                 f"must be a number in [0, 1], got {self.fraction!r}")
-        require(isinstance(self.every, int) and not isinstance(self.every, bool)
-                and self.every >= 1, "coordinator.evaluation.every",
+        require(self.every >= 1, "coordinator.evaluation.every",
                 f"must be an integer >= 1, got {self.every!r}")
 
     def task_options(self) -> dict[str, str]:
@@ -266,6 +266,7 @@ class ExperimentConfig:
     because the coordinator only ever sees the callback)."""
 
     def __post_init__(self) -> None:
+        check_fields(self, "")
         require(not self.evaluator or is_import_string(self.evaluator), "coordinator.evaluator",
                 f"must be 'package.module:attr', got {self.evaluator!r}")
 

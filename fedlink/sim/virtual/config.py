@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fedlink.config import require
+from fedlink.config import check_fields, require
 from fedlink.sim.virtual.availability import (
     DAY_S,
     AlwaysOnline,
@@ -47,6 +47,7 @@ class VirtualSection:
     max_model_s: float = 0.0
 
     def __post_init__(self) -> None:
+        check_fields(self, "virtual")
         require(self.step_cost_s >= 0, "virtual.step_cost_s", "must be >= 0")
         require(self.poll_s > 0, "virtual.poll_s", "must be > 0")
         require(self.population >= 0, "virtual.population", "must be >= 0")
