@@ -64,6 +64,7 @@ def split_indices(
     return train, test
 
 
+@register_dataset("digits")
 def digits(
     num_clients: int,
     rng: np.random.Generator,
@@ -81,6 +82,3 @@ def digits(
         train=full.subset(train, name="digits/train"),
         test=full.subset(test, name="digits/test"),
     )
-
-
-register_dataset("digits", digits)

@@ -15,6 +15,7 @@ from fedlink.data.base import (
     FederatedData,
     PartitionerEntry,
     get_dataset,
+    partitioner_entry,
 )
 from fedlink.errors import ConfigError
 
@@ -121,7 +122,7 @@ def _split(central: CentralData, count: int, rng: np.random.Generator, scheme: s
 def _partitioner(scheme: str) -> PartitionerEntry:
     """The registered partitioner ``scheme``; the error also mentions ``"natural"``."""
     try:
-        return PARTITIONERS.get(scheme)
+        return partitioner_entry(scheme)
     except ConfigError:
         known = ", ".join(sorted((*PARTITIONERS.names(), NATURAL)))
         raise ConfigError(f"unknown partition {scheme!r}; known: {known}") from None

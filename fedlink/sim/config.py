@@ -45,6 +45,7 @@ from fedlink.netem import Fleet, parse_network
 from fedlink.plug import is_import_string
 from fedlink.privacy import setup as privacy_setup
 from fedlink.sim.partial_work import PartialWorkSection
+from fedlink.sim.trainers import TRAINERS
 from fedlink.sim.virtual.config import VirtualSection
 
 RUN_MODES = ("grpc", "virtual")
@@ -142,10 +143,6 @@ class ModelSection:
                 f"must be 'package.module:attr', got {self.factory!r}")
 
 
-TRAINERS = ("dp_sgd", "torch")
-"""Local trainers a simulated client can use (``fedlink.sim.setup`` builds them)."""
-
-
 @dataclass(frozen=True)
 class ClientSection:
     """The client update pipeline: privacy stage and compression codec, by registry name.
@@ -202,9 +199,9 @@ class ClientSection:
 
     def __post_init__(self) -> None:
         check_fields(self, "client")
-        require(self.trainer in TRAINERS or is_import_string(self.trainer), "client.trainer",
-                f"must be one of {', '.join(TRAINERS)} or 'package.module:attr', "
-                f"got {self.trainer!r}")
+        require(self.trainer in TRAINERS, "client.trainer",
+                f"must be one of {', '.join(TRAINERS.names())} (fedlink.sim.trainers) or "
+                f"'package.module:attr', got {self.trainer!r}")
         require(all(isinstance(p, str) and p for p in self.keep_local), "client.keep_local",
                 f"must be a list of non-empty names or patterns, got {self.keep_local!r}")
         self.pipeline()  # unknown codec names and bad options fail at load time
