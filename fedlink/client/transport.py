@@ -39,6 +39,7 @@ from fedlink.messages import (
 from fedlink.proto.v1 import coordinator_pb2_grpc as pb_grpc
 from fedlink.wire import from_proto, task_reply_from_proto, to_proto
 from fedlink.wire.options import client_channel_options
+from fedlink.wire.status import retry_delay
 
 log = logging.getLogger(__name__)
 
@@ -56,33 +57,15 @@ class Timeouts:
     long_poll_s: float = 15.0
 
 
-CORE_FAILURE = "Internal error from Core"
-"""What gRPC's client core says (as ``INTERNAL``) when a connection reset breaks a call in
-flight: a network failure, retried like ``UNAVAILABLE``, not a coordinator error."""
-
-
-RETRY_AFTER_KEY = "retry-after-ms"
-"""Trailing metadata the coordinator sets on an overload refusal (milliseconds to wait)."""
-
-
-def retry_after_hint(exc: grpc.aio.AioRpcError) -> float | None:
-    """The coordinator's ``retry-after-ms`` hint in seconds, if the call carried a valid one."""
-    for key, value in exc.trailing_metadata() or ():
-        if key == RETRY_AFTER_KEY:
-            try:
-                ms = float(value)
-            except (TypeError, ValueError):
-                return None
-            return ms / 1000.0 if 0 <= ms < float("inf") else None
-    return None
-
-
 def translate(exc: grpc.aio.AioRpcError) -> RemoteError:
-    """The fedlink error for a failed gRPC call (with the retry-after hint, if any)."""
+    """The fedlink error for a failed gRPC call, with the coordinator's ``RetryInfo`` delay.
+
+    Retryability follows from the status code alone (``fedlink.errors``), plus that delay for
+    ``RESOURCE_EXHAUSTED``; the message text is never read to decide. A connection broken
+    mid-call reaches grpcio (>= 1.85) as ``UNAVAILABLE``.
+    """
     code, detail = exc.code().name, exc.details() or exc.code().name
-    if code == "INTERNAL" and detail == CORE_FAILURE:
-        code = "UNAVAILABLE"
-    return remote_error(code, detail, retry_after_hint(exc))
+    return remote_error(code, detail, retry_delay(exc))
 
 
 @dataclass(frozen=True)
