@@ -10,9 +10,7 @@ the retrying cost into a session's ``SessionStats``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -30,6 +28,7 @@ from tenacity import (
 from tenacity.stop import stop_base
 
 from fedlink.client.stats import SessionStats
+from fedlink.clock import RealClock, real_sleep
 from fedlink.config import check_fields, from_table, require
 from fedlink.errors import RemoteError
 
@@ -108,9 +107,12 @@ class RetryPolicy:
         return from_table(cls, table, section)
 
     async def call(self, fn: Callable[[], Awaitable[T]], *, what: str = "call",
-                   sleep: Sleep = asyncio.sleep,
-                   on_retry: Callable[[BaseException], None] | None = None) -> T:
-        """Run ``fn`` until it succeeds, a non-retryable error, or the policy gives up."""
+                   sleep: Sleep = real_sleep,
+                   on_retry: Callable[[BaseException], None] | None = None,
+                   clock: Clock | None = None) -> T:
+        """Run ``fn`` until it succeeds, a non-retryable error, or the policy gives up
+        (``clock`` times the give-up message; real by default)."""
+        now = clock or RealClock().now
 
         def before_sleep(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
@@ -131,7 +133,7 @@ class RetryPolicy:
             # tenacity awaits only coroutine functions; ``fn`` may be a lambda.
             return await fn()
 
-        started = time.monotonic()
+        started = now()
         try:
             return await retrying(attempt)
         except RetryError as exc:  # only without reraise; kept for safety
@@ -141,7 +143,7 @@ class RetryPolicy:
                 stats = retrying.statistics
                 log.warning("giving up on %s after %s attempts over %.1f s (retry policy: %s; "
                             "[client.retry] or --retry-* change it); last error: %s", what,
-                            stats.get("attempt_number", "?"), time.monotonic() - started,
+                            stats.get("attempt_number", "?"), now() - started,
                             self.describe(), exc)
             raise
 
@@ -156,12 +158,12 @@ class Caller:
     injectable so tests neither sleep nor depend on real time.
     """
 
-    def __init__(self, policy: RetryPolicy, stats: SessionStats, sleep: Sleep = asyncio.sleep,
-                 clock: Clock = time.monotonic) -> None:
+    def __init__(self, policy: RetryPolicy, stats: SessionStats, sleep: Sleep = real_sleep,
+                 clock: Clock | None = None) -> None:
         self.policy = policy
         self.stats = stats
         self._sleep = sleep
-        self._clock = clock
+        self._clock = clock or RealClock().now
 
     async def __call__(self, fn: Callable[[], Awaitable[T]], what: str,
                        transfer: bool = False) -> T:
@@ -187,7 +189,7 @@ class Caller:
 
         try:
             return await self.policy.call(attempt, what=what, sleep=backoff,
-                                          on_retry=on_retry)
+                                          on_retry=on_retry, clock=self._clock)
         except RemoteError as exc:
             if exc.retryable and not transfer:  # the last attempt, when the policy gave up
                 self.stats.offline_seconds += self._clock() - attempt_started
