@@ -5,7 +5,8 @@ Sections (every key optional unless noted; unknown keys are an error)::
     [run]          name, seed, output_dir, train_workers, torch_threads, evaluate_train,
                    target_accuracy, tensorboard
     [data]         dataset, clients, partition, options = { alpha = 0.5, ... },
-                   loader ("package.module:attr", your own data)
+                   loader ("package.module:attr", your own data); options are checked
+                   against the dataset's and partitioner's keyword parameters at parse time
     [model]        name, options = { hidden = [64, 64] }, factory ("package.module:attr"),
                    init (a saved model.pt or model.npy to start from)
     [client]       compression, compression_options = { density = 0.01 }, error_feedback,
@@ -160,7 +161,8 @@ class ClientSection:
     from the coordinator's ``dp_fedavg`` hook, see ``fedlink.privacy.setup``, and
     ``privacy_options`` may repeat them); ``trainer`` is ``"torch"`` (local SGD) or
     ``"dp_sgd"`` (sample-level DP-SGD through Opacus, settings in
-    ``[coordinator.training] trainer_options``) or an import string naming a factory
+    ``[coordinator.training] trainer_options``), a name registered in
+    ``fedlink.sim.trainers.TRAINERS``, or an import string naming a factory
     ``(model, data, *, seed) -> Trainer``.
 
     The ``"torch"`` trainer's ``loss`` (``cross_entropy``, ``mse``, ``bce_with_logits``, ``l1``,
