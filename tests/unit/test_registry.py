@@ -107,5 +107,5 @@ def test_trainers_are_registrable_by_name() -> None:
     factory = TRAINERS.get(config.client.trainer)(config, config.client.loss)
     assert isinstance(factory(None, None, seed=0), _Constant)
     assert seen == ["cross_entropy"]
-    with pytest.raises(ConfigError, match="client.trainer: must be one of .*dp_sgd.*torch"):
+    with pytest.raises(ConfigError, match=r"client\.trainer: must be one of .*dp_sgd.*torch"):
         ExperimentConfig.from_dict({"client": {"trainer": "tensorflow"}})
