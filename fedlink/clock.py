@@ -3,12 +3,14 @@
 ``RealClock`` reads ``time.monotonic``; ``ManualClock`` is a discrete-event clock whose time
 moves only when its owner says so (``advance``) or when the next scheduled event is run
 (``run_next``): the virtual-clock simulation (``fedlink.sim.virtual``) and tests drive it, so
-hours of model time pass in milliseconds of wall time. A leaf module: it imports nothing of
-fedlink.
+hours of model time pass in milliseconds of wall time. ``sleep_on(clock, s)`` waits on any
+clock from async code. A leaf module: it imports nothing of fedlink.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import heapq
 import itertools
 import threading
@@ -63,6 +65,41 @@ class RealClock:
         timer.daemon = True
         timer.start()
         return timer
+
+
+async def real_sleep(seconds: float) -> None:
+    """Wait ``seconds`` of wall time on the running event loop (the default async sleep of
+    whatever waits in real time: retry backoff, pace steering)."""
+    await asyncio.sleep(max(0.0, seconds))
+
+
+async def sleep_on(clock: Clock, seconds: float) -> None:
+    """Let ``seconds`` of ``clock``'s time pass without blocking the event loop.
+
+    The real clock waits on the event loop's own timer; any other clock wakes the waiter from
+    ``clock.call_at`` (a ``ManualClock``'s owner moves time on, from any thread), so heartbeats
+    and other periodic work run in model time under a manual or virtual clock.
+    """
+    if isinstance(clock, RealClock):
+        await real_sleep(seconds)
+        return
+    loop = asyncio.get_running_loop()
+    woken: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(_resolve, woken)
+
+    pending = clock.call_at(clock.now() + max(0.0, seconds), wake)
+    try:
+        await woken
+    finally:
+        pending.cancel()
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 @dataclass(order=True)

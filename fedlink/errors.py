@@ -22,8 +22,8 @@ Status codes used by the coordinator:
 ``DATA_LOSS``           checksum mismatch between the header and the received bytes
 ``RESOURCE_EXHAUSTED``  payload, chunk or inline update larger than allowed; overload (request
                         rate, concurrent uploads, connected clients), then with a
-                        ``retry-after-ms`` trailing metadata hint that the SDK waits out
-                        before retrying
+                        ``google.rpc.RetryInfo`` in the rich status (``fedlink.wire.status``)
+                        that the SDK waits out before retrying
 ``UNAVAILABLE``         transient: retry
 ======================  ==================================================================
 """
@@ -182,7 +182,8 @@ REMOTE_ERRORS: dict[str, type[RemoteError]] = {
 def remote_error(code: str, detail: str, retry_after_s: float | None = None) -> RemoteError:
     """The ``RemoteError`` for a status code name (``RemoteError`` itself when unknown).
 
-    ``retry_after_s`` (the coordinator's overload hint) is kept on ``RESOURCE_EXHAUSTED``.
+    ``retry_after_s`` (the coordinator's ``RetryInfo`` delay) is kept on ``RESOURCE_EXHAUSTED``,
+    where it also makes the refusal retryable, and on the codes that are retryable anyway.
     """
     cls = REMOTE_ERRORS.get(code)
     if cls is None:
@@ -191,4 +192,7 @@ def remote_error(code: str, detail: str, retry_after_s: float | None = None) -> 
         return err
     if cls is ResourceExhausted:
         return ResourceExhausted(detail, retry_after_s=retry_after_s)
-    return cls(detail)
+    err = cls(detail)
+    if err.retryable and retry_after_s is not None:  # UNAVAILABLE with a RetryInfo delay
+        err.retry_after_s = retry_after_s
+    return err

@@ -21,9 +21,12 @@ class TrainPlan:
     """How much local training one task asks for.
 
     ``local_steps`` > 0 means that many SGD steps; otherwise ``local_epochs`` passes over the
-    local data. ``deadline`` is a ``time.monotonic()`` instant after which the trainer should
-    stop early and report the work it did (``None``: no deadline). ``model_version`` is the
-    version of the global model the task trains from (-1: unknown).
+    local data. ``deadline`` is an instant on the session's clock (``ClientSession(clock=...)``,
+    ``fedlink.clock.RealClock`` by default, whose ``now`` is ``time.monotonic``) after which
+    the trainer should stop early and report the work it did (``None``: no deadline); a
+    trainer compares it with the same clock (``TorchTrainer(clock=...)``: pass it the
+    session's ``clock.now``). ``model_version`` is the version of the global model the task
+    trains from (-1: unknown).
     """
 
     local_steps: int = 0

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -34,6 +33,7 @@ from fedlink.client.retry import Caller
 from fedlink.client.stats import SessionStats
 from fedlink.client.transfer import Transfers
 from fedlink.client.transport import Transport
+from fedlink.clock import RealClock
 from fedlink.errors import NotFound, PermissionDenied, RemoteError, Unauthenticated
 from fedlink.messages import (
     CommitReply,
@@ -61,8 +61,10 @@ class Courier:
     """
 
     def __init__(self, transport: Transport, transfers: Transfers, call: Caller,
-                 stats: SessionStats, outbox: Outbox, config: RunConfig) -> None:
+                 stats: SessionStats, outbox: Outbox, config: RunConfig,
+                 clock: Callable[[], float] | None = None) -> None:
         self.transport = transport
+        self.clock = clock or RealClock().now  # the session's: times the upload
         self.transfers = transfers
         self.call = call
         self.stats = stats
@@ -84,12 +86,12 @@ class Courier:
         that outlasts the retry policy leaves it there. A ``recovered`` update (from an earlier
         process) asks where to resume before it sends anything.
         """
-        sending = time.monotonic()
+        sending = self.clock()
         try:
             if not self._inline(update):
                 await self.transfers.upload(update.client_id, update.upload_id,
                                             update.payload.data, resume=recovered)
-            reply = await self._commit(update, recovered, time.monotonic() - sending)
+            reply = await self._commit(update, recovered, self.clock() - sending)
         except RemoteError as err:
             if not err.retryable:
                 await self._forget(update)

@@ -31,12 +31,11 @@ aborting it (``ETIMEDOUT``) after a few seconds of unacknowledged data.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fedlink.config import from_table, require
+from fedlink.config import check_fields, from_table, require
 
 SRTT_GAIN = 0.25
 """Weight of a new round-trip sample in the smoothed estimate (TCP uses 1/8; calls are rarer)."""
@@ -64,22 +63,21 @@ class LivenessConfig:
     tcp_user_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
+        check_fields(self, "client.liveness")
         for name in ("keepalive_time_s", "min_ping_timeout_s", "max_ping_timeout_s",
                      "rtt_multiple", "widen_factor", "max_deadline_s", "tcp_user_timeout_s"):
-            value = getattr(self, name)
-            require(isinstance(value, numbers.Real) and not isinstance(value, bool)
-                    and math.isfinite(value), f"liveness.{name}",
-                    f"must be a finite number, got {value!r}")
-        require(self.keepalive_time_s > 0, "liveness.keepalive_time_s", "must be > 0")
-        require(self.min_ping_timeout_s > 0, "liveness.min_ping_timeout_s", "must be > 0")
+            require(math.isfinite(getattr(self, name)), f"client.liveness.{name}",
+                    f"must be finite, got {getattr(self, name)!r}")
+        require(self.keepalive_time_s > 0, "client.liveness.keepalive_time_s", "must be > 0")
+        require(self.min_ping_timeout_s > 0, "client.liveness.min_ping_timeout_s", "must be > 0")
         require(self.max_ping_timeout_s >= self.min_ping_timeout_s,
-                "liveness.max_ping_timeout_s", "must be >= min_ping_timeout_s")
-        require(self.rtt_multiple >= 1, "liveness.rtt_multiple", "must be >= 1")
-        require(self.widen_factor >= 1, "liveness.widen_factor", "must be >= 1")
-        require(self.max_deadline_s > 0, "liveness.max_deadline_s", "must be > 0")
+                "client.liveness.max_ping_timeout_s", "must be >= min_ping_timeout_s")
+        require(self.rtt_multiple >= 1, "client.liveness.rtt_multiple", "must be >= 1")
+        require(self.widen_factor >= 1, "client.liveness.widen_factor", "must be >= 1")
+        require(self.max_deadline_s > 0, "client.liveness.max_deadline_s", "must be > 0")
         require(self.tcp_user_timeout_s == 0
                 or self.tcp_user_timeout_s >= self.max_ping_timeout_s,
-                "liveness.tcp_user_timeout_s",
+                "client.liveness.tcp_user_timeout_s",
                 "must be 0 (kernel default) or >= max_ping_timeout_s: the kernel must not "
                 "abort a connection that the ping check still considers alive")
 

@@ -10,10 +10,7 @@ the retrying cost into a session's ``SessionStats``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import numbers
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -31,7 +28,8 @@ from tenacity import (
 from tenacity.stop import stop_base
 
 from fedlink.client.stats import SessionStats
-from fedlink.config import from_table, require
+from fedlink.clock import RealClock, real_sleep
+from fedlink.config import check_fields, from_table, require
 from fedlink.errors import RemoteError
 
 log = logging.getLogger(__name__)
@@ -81,20 +79,12 @@ class RetryPolicy:
     keep_trying: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("initial_backoff_s", "max_backoff_s", "budget_s"):
-            value = getattr(self, name)
-            require(isinstance(value, numbers.Real) and not isinstance(value, bool),
-                    f"retry.{name}", f"must be a number, got {value!r}")
-        require(isinstance(self.max_attempts, numbers.Integral)
-                and not isinstance(self.max_attempts, bool), "retry.max_attempts",
-                f"must be an integer, got {self.max_attempts!r}")
-        require(self.initial_backoff_s > 0, "retry.initial_backoff_s", "must be > 0")
-        require(self.max_backoff_s >= self.initial_backoff_s, "retry.max_backoff_s",
+        check_fields(self, "client.retry")
+        require(self.initial_backoff_s > 0, "client.retry.initial_backoff_s", "must be > 0")
+        require(self.max_backoff_s >= self.initial_backoff_s, "client.retry.max_backoff_s",
                 "must be >= initial_backoff_s")
-        require(self.max_attempts >= 1, "retry.max_attempts", "must be >= 1")
-        require(self.budget_s > 0, "retry.budget_s", "must be > 0")
-        require(isinstance(self.keep_trying, bool), "retry.keep_trying",
-                f"must be true or false, got {self.keep_trying!r}")
+        require(self.max_attempts >= 1, "client.retry.max_attempts", "must be >= 1")
+        require(self.budget_s > 0, "client.retry.budget_s", "must be > 0")
 
     def stop(self) -> stop_base:
         """Tenacity's stop condition for this policy."""
@@ -117,9 +107,12 @@ class RetryPolicy:
         return from_table(cls, table, section)
 
     async def call(self, fn: Callable[[], Awaitable[T]], *, what: str = "call",
-                   sleep: Sleep = asyncio.sleep,
-                   on_retry: Callable[[BaseException], None] | None = None) -> T:
-        """Run ``fn`` until it succeeds, a non-retryable error, or the policy gives up."""
+                   sleep: Sleep = real_sleep,
+                   on_retry: Callable[[BaseException], None] | None = None,
+                   clock: Clock | None = None) -> T:
+        """Run ``fn`` until it succeeds, a non-retryable error, or the policy gives up
+        (``clock`` times the give-up message; real by default)."""
+        now = clock or RealClock().now
 
         def before_sleep(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
@@ -140,7 +133,7 @@ class RetryPolicy:
             # tenacity awaits only coroutine functions; ``fn`` may be a lambda.
             return await fn()
 
-        started = time.monotonic()
+        started = now()
         try:
             return await retrying(attempt)
         except RetryError as exc:  # only without reraise; kept for safety
@@ -150,7 +143,7 @@ class RetryPolicy:
                 stats = retrying.statistics
                 log.warning("giving up on %s after %s attempts over %.1f s (retry policy: %s; "
                             "[client.retry] or --retry-* change it); last error: %s", what,
-                            stats.get("attempt_number", "?"), time.monotonic() - started,
+                            stats.get("attempt_number", "?"), now() - started,
                             self.describe(), exc)
             raise
 
@@ -165,12 +158,12 @@ class Caller:
     injectable so tests neither sleep nor depend on real time.
     """
 
-    def __init__(self, policy: RetryPolicy, stats: SessionStats, sleep: Sleep = asyncio.sleep,
-                 clock: Clock = time.monotonic) -> None:
+    def __init__(self, policy: RetryPolicy, stats: SessionStats, sleep: Sleep = real_sleep,
+                 clock: Clock | None = None) -> None:
         self.policy = policy
         self.stats = stats
         self._sleep = sleep
-        self._clock = clock
+        self._clock = clock or RealClock().now
 
     async def __call__(self, fn: Callable[[], Awaitable[T]], what: str,
                        transfer: bool = False) -> T:
@@ -196,7 +189,7 @@ class Caller:
 
         try:
             return await self.policy.call(attempt, what=what, sleep=backoff,
-                                          on_retry=on_retry)
+                                          on_retry=on_retry, clock=self._clock)
         except RemoteError as exc:
             if exc.retryable and not transfer:  # the last attempt, when the policy gave up
                 self.stats.offline_seconds += self._clock() - attempt_started

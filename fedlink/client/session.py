@@ -19,7 +19,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,10 +37,11 @@ from fedlink.client.instance import (
 from fedlink.client.liveness import LivenessConfig
 from fedlink.client.outbox import PendingUpdate, open_outbox
 from fedlink.client.pipeline import UpdatePipeline
-from fedlink.client.retry import Caller, Clock, RetryPolicy, Sleep
+from fedlink.client.retry import Caller, RetryPolicy, Sleep
 from fedlink.client.stats import SessionStats
 from fedlink.client.transfer import HeldModel, Transfers
 from fedlink.client.transport import Timeouts, TLSOptions, Transport
+from fedlink.clock import Clock, RealClock, sleep_on
 from fedlink.errors import (
     DataLoss,
     NotFound,
@@ -102,14 +103,20 @@ class ClientSession:
     meanwhile. ``inline_training=True`` trains on the event loop's own thread instead: for many
     simulated clients with small models in one process this avoids contention for the GIL
     between the loop and the training threads (about 3x less time per update on 2 cores), at
-    the price of no heartbeats during training. ``sleep`` and ``clock`` serve retries and the
-    time counters in ``stats`` (tests pass fakes).
+    the price of no heartbeats during training.
+
+    ``clock`` (``fedlink.clock``; ``RealClock`` by default) is the session's time: task
+    deadlines (``TrainPlan.deadline`` is an instant on it: give the trainer the same clock),
+    the time counters in ``stats``, and the heartbeat interval. A bare function returning
+    seconds also works (a test's hand-moved fake): then it only reads the time, and waits are
+    real. ``sleep`` waits out retries' backoff and the coordinator's "come back later"
+    (default: on ``clock``); tests pass a fake so that nothing sleeps for real.
     """
 
     def __init__(self, target: str, trainer: Trainer, options: ClientOptions | None = None,
                  pipeline: UpdatePipeline | None = None, executor: Executor | None = None,
-                 sleep: Sleep = asyncio.sleep, inline_training: bool = False,
-                 clock: Clock = time.monotonic) -> None:
+                 sleep: Sleep | None = None, inline_training: bool = False,
+                 clock: Clock | Callable[[], float] | None = None) -> None:
         self.target = target
         self.trainer = trainer
         self.options = options or ClientOptions()
@@ -123,9 +130,12 @@ class ClientSession:
             self.pipeline.attach_state(self.options.outbox_dir)
         self._executor = executor
         self._inline_training = inline_training
-        self._sleep = sleep
-        self._clock = clock
-        self._call = Caller(self.options.retry, self.stats, sleep, clock)
+        clock = RealClock() if clock is None else clock
+        # what waits (heartbeats): the clock itself, or real time beside a bare time function
+        self._timer: Clock = clock if isinstance(clock, Clock) else RealClock()
+        self._clock: Callable[[], float] = clock.now if isinstance(clock, Clock) else clock
+        self._sleep: Sleep = sleep or self._sleep_on_clock
+        self._call = Caller(self.options.retry, self.stats, self._sleep, self._clock)
         self._rng = np.random.default_rng(self.options.seed)
         self._transport: Transport | None = None
         self._courier: Courier | None = None
@@ -147,7 +157,7 @@ class ClientSession:
                     return self.stats
                 transfers = Transfers(transport, self._call, self.stats, config.chunk_bytes)
                 self._courier = Courier(transport, transfers, self._call, self.stats,
-                                        self.outbox, config)
+                                        self.outbox, config, self._clock)
                 await self._courier.recover(self.target, self.options.name, self.client_id)
                 await self._work()
                 await self._leave("run finished")
@@ -183,7 +193,7 @@ class ClientSession:
 
     async def _run_task(self, task: Task) -> None:
         self.stats.tasks += 1
-        started = time.monotonic()
+        started = self._clock()
         try:
             # the task may close before the download (its round flushed meanwhile) as well as
             # before the commit: either way the coordinator refuses, and the client moves on
@@ -192,7 +202,7 @@ class ClientSession:
                                                                  self._held)
             self._held = HeldModel(task.model_version, model, task.model.checksum)
             result = await self._train(task, model, started)
-            time_left = started + task.deadline_s - time.monotonic() if task.deadline_s > 0 \
+            time_left = started + task.deadline_s - self._clock() if task.deadline_s > 0 \
                 else None
             update = self._pending_update(task, result, model, time_left)
             await self.courier.keep(update)
@@ -335,13 +345,16 @@ class ClientSession:
                          deadline=deadline, seed=int(self._rng.integers(2**31)),
                          options=config.trainer_options, model_version=task.model_version)
 
+    async def _sleep_on_clock(self, seconds: float) -> None:
+        await sleep_on(self._timer, seconds)
+
     async def _heartbeat(self, task: Task) -> None:
         """Tell the coordinator every ``heartbeat_interval_s`` that this task's client lives."""
         assert self.config is not None
         while True:
-            # real time, not the injectable ``sleep`` (which serves retries): the coordinator's
-            # liveness check runs on its own clock
-            await asyncio.sleep(self.config.heartbeat_interval_s)
+            # on the session's clock, not the injectable ``sleep`` (which serves retries and
+            # which tests fake): the coordinator's liveness check counts in the same time
+            await sleep_on(self._timer, self.config.heartbeat_interval_s)
             with contextlib.suppress(RemoteError):
                 await self.transport.heartbeat(HeartbeatRequest(self.client_id, task.task_id))
 

@@ -22,6 +22,7 @@ from torch import nn
 
 from fedlink.client.base import TrainPlan, TrainResult, planned_steps, proximal_mu
 from fedlink.client.evaluation import PREFIX, evaluation_due
+from fedlink.clock import RealClock
 from fedlink.data.base import Dataset
 from fedlink.errors import ConfigError
 from fedlink.models.evaluate import generic_scores
@@ -249,7 +250,8 @@ class TorchTrainer:
     ``mu / 2 * ||w - w_global||^2``; subclasses add an algorithm's own local terms by
     overriding ``objective`` and keep per-client state in ``after_task`` (see
     ``examples/custom_algorithm.py``). The reported ``train_loss`` is the plain loss.
-    ``clock`` (default ``time.monotonic``) is what ``plan.deadline`` is compared with.
+    ``clock`` (a function returning seconds; default ``RealClock().now``, the session's
+    default) is what ``plan.deadline`` is compared with: give it the ``ClientSession``'s.
 
     Raises ``ConfigError`` when the dataset is empty, or, for a fedlink ``Dataset`` with the
     cross-entropy loss, when the model does not map its features to ``num_classes`` logits.
@@ -266,7 +268,7 @@ class TorchTrainer:
         keep_local: Sequence[str] = (),
         device: torch.device | str = "cpu",
         seed: int = 0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.model = model.to(device)
         self._params = [p for p in self.model.parameters() if p.requires_grad]
@@ -282,7 +284,7 @@ class TorchTrainer:
         self._local_mask = local_mask(self.spec, keep_local, self.model)
         self._local: np.ndarray | None = None  # this client's kept entries, after a task
         self._seed = seed
-        self._clock = clock
+        self._clock = clock or RealClock().now  # the clock plan.deadline is on
         _warm_up_torch_optim()
 
     def num_examples(self) -> int:

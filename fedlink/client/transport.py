@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 import grpc
 
 from fedlink.client.liveness import LinkEstimate, LivenessConfig, is_no_reply
+from fedlink.clock import RealClock
 from fedlink.errors import ConfigError, RemoteError, remote_error
 from fedlink.messages import (
     CommitReply,
@@ -39,6 +39,7 @@ from fedlink.messages import (
 from fedlink.proto.v1 import coordinator_pb2_grpc as pb_grpc
 from fedlink.wire import from_proto, task_reply_from_proto, to_proto
 from fedlink.wire.options import client_channel_options
+from fedlink.wire.status import retry_delay
 
 log = logging.getLogger(__name__)
 
@@ -56,33 +57,15 @@ class Timeouts:
     long_poll_s: float = 15.0
 
 
-CORE_FAILURE = "Internal error from Core"
-"""What gRPC's client core says (as ``INTERNAL``) when a connection reset breaks a call in
-flight: a network failure, retried like ``UNAVAILABLE``, not a coordinator error."""
-
-
-RETRY_AFTER_KEY = "retry-after-ms"
-"""Trailing metadata the coordinator sets on an overload refusal (milliseconds to wait)."""
-
-
-def retry_after_hint(exc: grpc.aio.AioRpcError) -> float | None:
-    """The coordinator's ``retry-after-ms`` hint in seconds, if the call carried a valid one."""
-    for key, value in exc.trailing_metadata() or ():
-        if key == RETRY_AFTER_KEY:
-            try:
-                ms = float(value)
-            except (TypeError, ValueError):
-                return None
-            return ms / 1000.0 if 0 <= ms < float("inf") else None
-    return None
-
-
 def translate(exc: grpc.aio.AioRpcError) -> RemoteError:
-    """The fedlink error for a failed gRPC call (with the retry-after hint, if any)."""
+    """The fedlink error for a failed gRPC call, with the coordinator's ``RetryInfo`` delay.
+
+    Retryability follows from the status code alone (``fedlink.errors``), plus that delay for
+    ``RESOURCE_EXHAUSTED``; the message text is never read to decide. A connection broken
+    mid-call reaches grpcio (>= 1.85) as ``UNAVAILABLE``.
+    """
     code, detail = exc.code().name, exc.details() or exc.code().name
-    if code == "INTERNAL" and detail == CORE_FAILURE:
-        code = "UNAVAILABLE"
-    return remote_error(code, detail, retry_after_hint(exc))
+    return remote_error(code, detail, retry_delay(exc))
 
 
 @dataclass(frozen=True)
@@ -140,6 +123,9 @@ class Transport:
         self._tls = tls
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._retiring: set[asyncio.Task[None]] = set()
+        # round trips and goodput are network facts: measured in real time whatever clock
+        # the session runs on
+        self._now = RealClock().now
         self._open_channel()
 
     def _open_channel(self) -> None:
@@ -197,13 +183,13 @@ class Transport:
                      round_trip: bool = True) -> Any:
         """Call ``name``; a ``round_trip`` call's duration teaches the link's RTT."""
         method = getattr(self._fit_channel(), name)
-        started = time.monotonic()
+        started = self._now()
         try:
             reply = await method(to_proto(request), timeout=timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise self._failed(exc) from None
         if round_trip:
-            self.link.observe_rtt(time.monotonic() - started)
+            self.link.observe_rtt(self._now() - started)
         self.link.succeeded()
         return reply
 
@@ -251,7 +237,7 @@ class Transport:
         """Stream ``Download``; chunks arrive as they come (an error may cut the stream)."""
         call = self._fit_channel().Download(to_proto(request), timeout=self.timeouts.transfer_s,
                                             metadata=self._metadata)
-        started, received = time.monotonic(), 0
+        started, received = self._now(), 0
         try:
             async for message in call:
                 chunk: DataChunk = from_proto(message)
@@ -261,7 +247,7 @@ class Transport:
             raise self._failed(exc) from None
         finally:
             call.cancel()
-        self.link.observe_transfer(received, time.monotonic() - started)
+        self.link.observe_transfer(received, self._now() - started)
         self.link.succeeded()
 
     async def upload(self, chunks: Iterable[UploadChunk]) -> UploadReply:
@@ -275,13 +261,13 @@ class Transport:
                 sent += len(chunk.data)
                 yield to_proto(chunk)
 
-        started = time.monotonic()
+        started = self._now()
         try:
             reply = await self._fit_channel().Upload(messages(), timeout=self.timeouts.transfer_s,
                                                      metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise self._failed(exc) from None
-        self.link.observe_transfer(sent, time.monotonic() - started)
+        self.link.observe_transfer(sent, self._now() - started)
         self.link.succeeded()
         result: UploadReply = from_proto(reply)
         return result

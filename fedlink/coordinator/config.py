@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,39 +11,10 @@ from typing import Any
 import fedlink.privacy  # noqa: F401  (registers the differential-privacy flush hooks)
 from fedlink.aggregate import ACCUMULATORS, FLUSH_HOOKS, SERVER_OPTIMIZERS, STALENESS_WEIGHTS
 from fedlink.compress import broadcast_codec
-from fedlink.config import from_table, require
+from fedlink.config import check_fields, from_table, require
 from fedlink.coordinator.operations import MetricsConfig, NetcheckConfig
 from fedlink.errors import ConfigError
 from fedlink.registry import Registry
-
-
-def _is_a(value: object, hint: Any) -> bool:
-    if hint is Any:
-        return True
-    if hint is type(None):
-        return value is None
-    origin = typing.get_origin(hint) or hint
-    if origin in (int, float) and isinstance(value, bool):
-        return False
-    if origin is int:
-        return isinstance(value, numbers.Integral)
-    if origin is float:
-        return isinstance(value, numbers.Real)
-    return isinstance(value, origin)
-
-
-def _check_types(config: object, section: str) -> None:
-    """``ConfigError`` naming the field when a value has the wrong type (e.g. ``goal = "3"``)."""
-    hints = typing.get_type_hints(type(config))
-    for f in dataclasses.fields(config):  # type: ignore[arg-type]
-        hint = hints[f.name]
-        options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-        value = getattr(config, f.name)
-        if not any(_is_a(value, option) for option in options):
-            name = f"{section}.{f.name}" if section else f.name
-            expected = " or ".join(getattr(o, "__name__", str(o)) for o in options)
-            raise ConfigError(f"{name}: expected {expected.replace('NoneType', 'nothing')}, "
-                              f"got {type(value).__name__} {value!r}")
 
 
 @dataclass(frozen=True)
@@ -81,17 +49,17 @@ class FlushRule:
     continuous: bool = False
 
     def __post_init__(self) -> None:
-        _check_types(self, "flush")
-        require(self.goal >= 1, "flush.goal", f"must be >= 1, got {self.goal}")
-        require(1 <= self.min_updates <= self.goal, "flush.min_updates",
+        check_fields(self, "coordinator.flush")
+        require(self.goal >= 1, "coordinator.flush.goal", f"must be >= 1, got {self.goal}")
+        require(1 <= self.min_updates <= self.goal, "coordinator.flush.min_updates",
                 f"must be in [1, goal={self.goal}], got {self.min_updates}")
-        require(self.deadline_s is None or self.deadline_s >= 0, "flush.deadline_s",
+        require(self.deadline_s is None or self.deadline_s >= 0, "coordinator.flush.deadline_s",
                 f"must be > 0, or 0 for no deadline, got {self.deadline_s}")
         if self.deadline_s == 0:  # TOML has no null: 0 spells "no deadline"
             object.__setattr__(self, "deadline_s", None)
-        require(self.over_selection >= 1.0, "flush.over_selection",
+        require(self.over_selection >= 1.0, "coordinator.flush.over_selection",
                 f"must be >= 1.0, got {self.over_selection}")
-        require(self.max_staleness >= 0, "flush.max_staleness",
+        require(self.max_staleness >= 0, "coordinator.flush.max_staleness",
                 f"must be >= 0, got {self.max_staleness}")
 
     @property
@@ -184,12 +152,12 @@ class TrainingConfig:
     trainer_options: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check_types(self, "training")
-        require(self.local_steps >= 0, "training.local_steps", "must be >= 0")
-        require(self.local_steps > 0 or self.local_epochs >= 1, "training.local_epochs",
+        check_fields(self, "coordinator.training")
+        require(self.local_steps >= 0, "coordinator.training.local_steps", "must be >= 0")
+        require(self.local_steps > 0 or self.local_epochs >= 1, "coordinator.training.local_epochs",
                 "must be >= 1 when local_steps is 0")
-        require(self.batch_size >= 1, "training.batch_size", "must be >= 1")
-        require(self.learning_rate > 0, "training.learning_rate", "must be > 0")
+        require(self.batch_size >= 1, "coordinator.training.batch_size", "must be >= 1")
+        require(self.learning_rate > 0, "coordinator.training.learning_rate", "must be > 0")
         # Options travel as strings in the protocol; accept TOML numbers and booleans too.
         options = {str(k): str(v) for k, v in self.trainer_options.items()}
         object.__setattr__(self, "trainer_options", options)
@@ -297,51 +265,54 @@ class LimitsConfig:
     connection_age_s: float = 3600.0
 
     def __post_init__(self) -> None:
-        _check_types(self, "limits")
+        check_fields(self, "coordinator.limits")
         require(self.finished_grace_s is None or self.finished_grace_s >= 0,
-                "limits.finished_grace_s", f"must be >= 0, got {self.finished_grace_s}")
-        require(self.stuck_after_s >= 0, "limits.stuck_after_s",
+                "coordinator.limits.finished_grace_s", f"must be >= 0, got {self.finished_grace_s}")
+        require(self.stuck_after_s >= 0, "coordinator.limits.stuck_after_s",
                 f"must be >= 0 (0: never), got {self.stuck_after_s}")
-        require(0 < self.chunk_bytes <= self.max_chunk_bytes, "limits.chunk_bytes",
+        require(0 < self.chunk_bytes <= self.max_chunk_bytes, "coordinator.limits.chunk_bytes",
                 f"must be in (0, max_chunk_bytes={self.max_chunk_bytes}]")
-        require(self.max_chunk_bytes < 4 << 20, "limits.max_chunk_bytes",
+        require(self.max_chunk_bytes < 4 << 20, "coordinator.limits.max_chunk_bytes",
                 "must stay under gRPC's 4 MiB message limit")
-        require(self.max_update_bytes >= 0, "limits.max_update_bytes",
+        require(self.max_update_bytes >= 0, "coordinator.limits.max_update_bytes",
                 "must be >= 0 (0: a multiple of the model's size)")
-        require(self.heartbeat_interval_s > 0, "limits.heartbeat_interval_s", "must be > 0")
-        require(self.long_poll_s >= 0, "limits.long_poll_s", "must be >= 0")
-        require(self.retry_after_s > 0, "limits.retry_after_s", "must be > 0")
+        require(self.heartbeat_interval_s > 0, "coordinator.limits.heartbeat_interval_s",
+                "must be > 0")
+        require(self.long_poll_s >= 0, "coordinator.limits.long_poll_s", "must be >= 0")
+        require(self.retry_after_s > 0, "coordinator.limits.retry_after_s", "must be > 0")
         require(self.liveness_timeout_s is None or self.liveness_timeout_s == 0
                 or self.liveness_timeout_s > self.heartbeat_interval_s,
-                "limits.liveness_timeout_s",
+                "coordinator.limits.liveness_timeout_s",
                 f"must exceed heartbeat_interval_s={self.heartbeat_interval_s}, or be 0 to "
                 f"disable the check, got {self.liveness_timeout_s}")
-        require(self.inline_bytes >= 0, "limits.inline_bytes",
+        require(self.inline_bytes >= 0, "coordinator.limits.inline_bytes",
                 f"must be >= 0 (0: nothing inline), got {self.inline_bytes}")
-        require(self.delta_history >= 0, "limits.delta_history",
+        require(self.delta_history >= 0, "coordinator.limits.delta_history",
                 f"must be >= 0, got {self.delta_history}")
         for name in ("max_clients", "max_uploads_per_client", "requests_per_s"):
-            require(getattr(self, name) >= 0, f"limits.{name}",
+            require(getattr(self, name) >= 0, f"coordinator.limits.{name}",
                     f"must be >= 0 (0 = no limit), got {getattr(self, name)}")
-        require(self.requests_per_s == 0 or self.request_burst >= 1, "limits.request_burst",
+        require(self.requests_per_s == 0 or self.request_burst >= 1,
+                "coordinator.limits.request_burst",
                 f"must be >= 1 when requests_per_s is set, got {self.request_burst}")
-        require(self.max_metadata_entries >= 0, "limits.max_metadata_entries",
+        require(self.max_metadata_entries >= 0, "coordinator.limits.max_metadata_entries",
                 f"must be >= 0, got {self.max_metadata_entries}")
-        require(self.max_string_bytes >= 64, "limits.max_string_bytes",
+        require(self.max_string_bytes >= 64, "coordinator.limits.max_string_bytes",
                 f"must be >= 64, got {self.max_string_bytes}")
         for name in ("max_metadata_bytes", "max_examples_per_update", "upload_idle_s",
                      "max_open_uploads_per_client", "max_upload_bytes_per_client",
                      "max_spool_bytes", "join_per_peer_per_s",
                      "join_per_token_per_s", "max_ids_per_token", "client_ttl_s", "max_task_s",
                      "max_streams_per_connection", "connection_idle_s", "connection_age_s"):
-            require(getattr(self, name) >= 0, f"limits.{name}",
+            require(getattr(self, name) >= 0, f"coordinator.limits.{name}",
                     f"must be >= 0 (0 = no limit), got {getattr(self, name)}")
         for rate, burst in (("join_per_peer_per_s", "join_burst_per_peer"),
                             ("join_per_token_per_s", "join_burst_per_token")):
-            require(getattr(self, rate) == 0 or getattr(self, burst) >= 1, f"limits.{burst}",
+            require(getattr(self, rate) == 0 or getattr(self, burst) >= 1,
+                    f"coordinator.limits.{burst}",
                     f"must be >= 1 when {rate} is set, got {getattr(self, burst)}")
         require(self.client_ttl_s == 0 or self.client_ttl_s > self.heartbeat_interval_s,
-                "limits.client_ttl_s",
+                "coordinator.limits.client_ttl_s",
                 f"must exceed heartbeat_interval_s={self.heartbeat_interval_s}, or be 0")
 
     def update_bytes_for(self, num_parameters: int) -> int:
@@ -394,10 +365,10 @@ class TLSConfig:
     client_ca_file: str = ""
 
     def __post_init__(self) -> None:
-        _check_types(self, "tls")
-        require(bool(self.cert_file) == bool(self.key_file), "tls.key_file",
+        check_fields(self, "coordinator.tls")
+        require(bool(self.cert_file) == bool(self.key_file), "coordinator.tls.key_file",
                 "cert_file and key_file go together: set both or neither")
-        require(not self.client_ca_file or bool(self.cert_file), "tls.client_ca_file",
+        require(not self.client_ca_file or bool(self.cert_file), "coordinator.tls.client_ca_file",
                 "mutual TLS needs the server's cert_file and key_file too")
 
     @property
@@ -420,8 +391,8 @@ class AuthConfig:
     secret_env: str = ""
 
     def __post_init__(self) -> None:
-        _check_types(self, "auth")
-        require(not (self.secret_file and self.secret_env), "auth.secret_env",
+        check_fields(self, "coordinator.auth")
+        require(not (self.secret_file and self.secret_env), "coordinator.auth.secret_env",
                 "set secret_file or secret_env, not both")
 
     @property
@@ -504,11 +475,11 @@ class CoordinatorConfig:
     netcheck: NetcheckConfig = field(default_factory=NetcheckConfig)
 
     def __post_init__(self) -> None:
-        _check_types(self, "")
+        check_fields(self, "coordinator")
         self._check_hooks()
-        require(self.rounds >= 1, "rounds", f"must be >= 1, got {self.rounds}")
-        require(bool(self.run_name), "run_name", "must not be empty")
-        require(not (self.join_token and self.auth.enabled), "join_token",
+        require(self.rounds >= 1, "coordinator.rounds", f"must be >= 1, got {self.rounds}")
+        require(bool(self.run_name), "coordinator.run_name", "must not be empty")
+        require(not (self.join_token and self.auth.enabled), "coordinator.join_token",
                 "per-client tokens ([coordinator.auth]) replace the shared join_token: "
                 "set one or the other")
         for name, registry, options in (
@@ -519,26 +490,26 @@ class CoordinatorConfig:
             try:
                 registry.create(getattr(self, name), **dict(options))
             except ConfigError as exc:
-                raise ConfigError(f"{name}: {exc}") from exc
-        require(math.isfinite(self.norm_bound) and self.norm_bound >= 0, "norm_bound",
+                raise ConfigError(f"coordinator.{name}: {exc}") from exc
+        require(math.isfinite(self.norm_bound) and self.norm_bound >= 0, "coordinator.norm_bound",
                 f"must be >= 0 (0: no bound), got {self.norm_bound}")
         require(math.isfinite(self.norm_bound_multiple) and self.norm_bound_multiple >= 1,
-                "norm_bound_multiple", f"must be >= 1, got {self.norm_bound_multiple}")
+                "coordinator.norm_bound_multiple", f"must be >= 1, got {self.norm_bound_multiple}")
         try:
             broadcast_codec(self.downlink_codec)
         except ConfigError as exc:
-            raise ConfigError(f"downlink_codec: {exc}") from exc
+            raise ConfigError(f"coordinator.downlink_codec: {exc}") from exc
 
     def _check_hooks(self) -> None:
         """Each ``[[coordinator.hooks]]`` table names a registered flush hook that builds."""
         for index, table in enumerate(self.hooks):
             if not isinstance(table, Mapping) or "name" not in table:
-                raise ConfigError(f"hooks[{index}]: must be a table with a 'name'")
+                raise ConfigError(f"coordinator.hooks[{index}]: must be a table with a 'name'")
             options = {k: v for k, v in table.items() if k != "name"}
             try:
                 FLUSH_HOOKS.create(str(table["name"]), **options)
             except ConfigError as exc:
-                raise ConfigError(f"hooks[{index}]: {exc}") from exc
+                raise ConfigError(f"coordinator.hooks[{index}]: {exc}") from exc
 
     @classmethod
     def from_dict(cls, table: Mapping[str, Any]) -> CoordinatorConfig:

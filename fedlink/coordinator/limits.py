@@ -1,8 +1,8 @@
 """Overload protection: per-client request rate, concurrent uploads, and connected clients.
 
 A ``Limiter`` answers every refusal with ``ResourceExhausted`` carrying ``retry_after_s``: the
-servicer sends it as the ``retry-after-ms`` trailing metadata, and the client SDK waits at
-least that long before trying again.
+servicer sends it as a ``google.rpc.RetryInfo`` in the rich status (``fedlink.wire.status``),
+and the client SDK waits at least that long before trying again.
 
 - **Request rate**: one token bucket per client id (``requests_per_s`` refill, ``request_burst``
   capacity); each call takes one token. The hint is the time until the next token.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedlink.config import require
+from fedlink.config import check_fields, require
 
 MAX_PROBE_BYTES = 4 * 1024 * 1024 - 64 * 1024
 """The largest probe payload: below gRPC's default 4 MiB message limit, with room to spare."""
@@ -28,9 +28,10 @@ class MetricsConfig:
     port: int = 9464
 
     def __post_init__(self) -> None:
-        require(isinstance(self.enabled, bool), "metrics.enabled", "must be true or false")
-        require(bool(self.host), "metrics.host", "must not be empty")
-        require(0 <= self.port <= 65535, "metrics.port", f"must be in [0, 65535], got {self.port}")
+        check_fields(self, "coordinator.metrics")
+        require(bool(self.host), "coordinator.metrics.host", "must not be empty")
+        require(0 <= self.port <= 65535, "coordinator.metrics.port",
+                f"must be in [0, 65535], got {self.port}")
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,8 @@ class NetcheckConfig:
     probes_per_minute: int = 240
 
     def __post_init__(self) -> None:
-        require(isinstance(self.enabled, bool), "netcheck.enabled", "must be true or false")
-        require(0 < self.max_bytes <= MAX_PROBE_BYTES, "netcheck.max_bytes",
+        check_fields(self, "coordinator.netcheck")
+        require(0 < self.max_bytes <= MAX_PROBE_BYTES, "coordinator.netcheck.max_bytes",
                 f"must be in [1, {MAX_PROBE_BYTES}], got {self.max_bytes}")
-        require(self.probes_per_minute >= 1, "netcheck.probes_per_minute",
+        require(self.probes_per_minute >= 1, "coordinator.netcheck.probes_per_minute",
                 f"must be >= 1, got {self.probes_per_minute}")

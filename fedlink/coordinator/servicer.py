@@ -20,18 +20,15 @@ from fedlink.errors import RemoteError
 from fedlink.proto.v1 import coordinator_pb2 as pb
 from fedlink.proto.v1 import coordinator_pb2_grpc as pb_grpc
 from fedlink.wire import from_proto, task_reply_to_proto, to_proto
+from fedlink.wire.status import refusal_status
 
 log = logging.getLogger(__name__)
 
-RETRY_AFTER_KEY = "retry-after-ms"
-"""Trailing metadata of an overload refusal: milliseconds the client should wait."""
-
-
 async def _abort(context: grpc.aio.ServicerContext, exc: Exception, call: str) -> NoReturn:
     if isinstance(exc, RemoteError):
-        if exc.retry_after_s is not None:  # overload: tell the client how long to back off
-            context.set_trailing_metadata(
-                ((RETRY_AFTER_KEY, str(max(1, round(exc.retry_after_s * 1000)))),))
+        if exc.retry_after_s is not None:  # overload: RetryInfo tells how long to back off
+            await context.abort_with_status(
+                refusal_status(exc.code, exc.detail, exc.retry_after_s))
         await context.abort(grpc.StatusCode[exc.code], exc.detail)
     log.exception("unexpected error in %s", call, exc_info=exc)
     await context.abort(grpc.StatusCode.INTERNAL,

@@ -2,7 +2,7 @@
 
 Datasets are plain numpy (float32 features, int64 labels); nothing here imports torch.
 
-Two registries map names to plain functions:
+Two registries (``fedlink.registry.Registry``) map names to plain functions:
 
 - a **dataset builder** ``(num_clients, rng, *, option=default, ...) -> CentralData`` makes
   the train pool and the central test set (plus, for naturally partitioned data, one group of
@@ -20,12 +20,13 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar, overload
 
 import numpy as np
 
-from fedlink.data._checks import check_int
+from fedlink.config import check_int
 from fedlink.errors import ConfigError
+from fedlink.registry import Registry
 
 DatasetBuilder = Callable[..., "CentralData"]
 """``(num_clients: int, rng: np.random.Generator, *, <options>) -> CentralData``."""
@@ -33,6 +34,9 @@ DatasetBuilder = Callable[..., "CentralData"]
 Partitioner = Callable[..., list[np.ndarray]]
 """``(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, <params>)
 -> list[np.ndarray]``: one array of train indices per client."""
+
+B = TypeVar("B", bound=DatasetBuilder)
+P = TypeVar("P", bound=Partitioner)
 
 NATURAL = "natural"
 """Partition name meaning "one client per device, as the dataset comes" (``CentralData.groups``)."""
@@ -180,43 +184,6 @@ def _check_compatible(reference: Dataset, others: Sequence[Dataset]) -> None:
             )
 
 
-T = TypeVar("T")
-
-
-class Catalog(Generic[T]):
-    """Name -> registered item, with errors that list the known names.
-
-    Unlike ``fedlink.registry.Registry`` (name -> factory called with options), a catalog hands
-    back the item itself: dataset builders and partitioners are called with data arguments, and
-    their declared options must be known before the call to route and check them.
-    """
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self._items: dict[str, T] = {}
-
-    def add(self, name: str, item: T, replace: bool) -> None:
-        """Register ``item`` as ``name`` (``ConfigError`` on a taken name unless ``replace``)."""
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"{self.kind} name must be a non-empty string, got {name!r}")
-        if name in self._items and not replace:
-            raise ConfigError(f"{self.kind} {name!r} is already registered")
-        self._items[name] = item
-
-    def get(self, name: str) -> T:
-        """The item registered as ``name`` (``ConfigError`` listing the known names)."""
-        try:
-            return self._items[name]
-        except (KeyError, TypeError):
-            raise ConfigError(
-                f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}"
-            ) from None
-
-    def names(self) -> tuple[str, ...]:
-        """Registered names, sorted."""
-        return tuple(sorted(self._items))
-
-
 def keyword_options(function: Callable[..., Any]) -> frozenset[str]:
     """The option names ``function`` accepts: its keyword-only parameters.
 
@@ -233,60 +200,111 @@ def keyword_options(function: Callable[..., Any]) -> frozenset[str]:
 
 @dataclass(frozen=True)
 class DatasetEntry:
-    """A registered dataset: its builder, accepted options, and default partition."""
+    """A registered dataset: its builder, accepted options, and default partition.
+
+    Calling the entry calls the builder, so the entry is what ``DATASETS`` holds.
+    """
 
     name: str
     build: DatasetBuilder
     options: frozenset[str]
     default_partition: str = "iid"
 
+    def __call__(self, num_clients: int, rng: np.random.Generator,
+                 **options: Any) -> CentralData:
+        """``build(num_clients, rng, **options)``."""
+        return self.build(num_clients, rng, **options)
+
 
 @dataclass(frozen=True)
 class PartitionerEntry:
-    """A registered partitioner and the parameters it accepts."""
+    """A registered partitioner and the parameters it accepts (calling it splits)."""
 
     name: str
     split: Partitioner
     options: frozenset[str] = field(default_factory=frozenset)
 
+    def __call__(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator,
+                 **options: Any) -> list[np.ndarray]:
+        """``split(labels, num_clients, rng, **options)``."""
+        return self.split(labels, num_clients, rng, **options)
 
-DATASETS: Catalog[DatasetEntry] = Catalog("dataset")
-PARTITIONERS: Catalog[PartitionerEntry] = Catalog("partitioner")
+
+DATASETS: Registry[CentralData] = Registry("dataset")
+"""Dataset name -> ``DatasetEntry`` (``register_dataset`` adds one)."""
+PARTITIONERS: Registry[list[np.ndarray]] = Registry("partitioner")
+"""Partition name -> ``PartitionerEntry`` (``register_partitioner`` adds one)."""
 
 
-def register_dataset(
-    name: str,
-    builder: DatasetBuilder,
-    *,
-    default_partition: str = "iid",
-    replace: bool = False,
-) -> DatasetBuilder:
-    """Make ``builder`` loadable as ``name``; returns ``builder``.
+@overload
+def register_dataset(name: str, *, default_partition: str = "iid",
+                     replace: bool = False) -> Callable[[B], B]: ...
+
+
+@overload
+def register_dataset(name: str, builder: B, *, default_partition: str = "iid",
+                     replace: bool = False) -> B: ...
+
+
+def register_dataset(name: str, builder: DatasetBuilder | None = None, *,
+                     default_partition: str = "iid", replace: bool = False) -> Any:
+    """Make ``builder`` loadable as ``name``; returns ``builder``. Without ``builder``, a
+    decorator: ``@register_dataset("mine")``.
 
     ``default_partition`` is the partition ``load_federated`` uses when none is asked for
-    (``"natural"`` for data that comes split by device).
+    (``"natural"`` for data that comes split by device). The builder's options are its
+    keyword-only parameters (``**kwargs`` is refused: its names cannot be checked).
     """
-    entry = DatasetEntry(name, builder, keyword_options(builder), default_partition)
-    DATASETS.add(name, entry, replace)
-    return builder
+
+    def add(target: B) -> B:
+        entry = DatasetEntry(name, target, keyword_options(target), default_partition)
+        DATASETS.add(name, entry, replace=replace)
+        return target
+
+    return add if builder is None else add(builder)
 
 
 def get_dataset(name: str) -> DatasetEntry:
-    """The dataset registered as ``name`` (``ConfigError`` listing the known names)."""
-    return DATASETS.get(name)
+    """The dataset registered as ``name``, or the builder an import string names
+    (``ConfigError`` listing the known names)."""
+    item = DATASETS.get(name)
+    if isinstance(item, DatasetEntry):
+        return item
+    return DatasetEntry(name, item, keyword_options(item))
 
 
-def register_partitioner(
-    name: str, partitioner: Partitioner, *, replace: bool = False
-) -> Partitioner:
-    """Make ``partitioner`` usable as ``partition=name``; returns ``partitioner``."""
+@overload
+def register_partitioner(name: str, *, replace: bool = False) -> Callable[[P], P]: ...
+
+
+@overload
+def register_partitioner(name: str, partitioner: P, *, replace: bool = False) -> P: ...
+
+
+def register_partitioner(name: str, partitioner: Partitioner | None = None, *,
+                         replace: bool = False) -> Any:
+    """Make ``partitioner`` usable as ``partition=name``; returns ``partitioner``. Without
+    it, a decorator: ``@register_partitioner("mine")``."""
     if name == NATURAL:
         raise ConfigError(f"partitioner name {NATURAL!r} is reserved for natural partitions")
-    PARTITIONERS.add(name, PartitionerEntry(name, partitioner, keyword_options(partitioner)),
-                     replace)
-    return partitioner
+
+    def add(target: P) -> P:
+        entry = PartitionerEntry(name, target, keyword_options(target))
+        PARTITIONERS.add(name, entry, replace=replace)
+        return target
+
+    return add if partitioner is None else add(partitioner)
+
+
+def partitioner_entry(name: str) -> PartitionerEntry:
+    """The partitioner registered as ``name`` with its declared options (or the function an
+    import string names)."""
+    item = PARTITIONERS.get(name)
+    if isinstance(item, PartitionerEntry):
+        return item
+    return PartitionerEntry(name, item, keyword_options(item))
 
 
 def get_partitioner(name: str) -> Partitioner:
     """The partitioner registered as ``name`` (``ConfigError`` listing the known names)."""
-    return PARTITIONERS.get(name).split
+    return partitioner_entry(name).split

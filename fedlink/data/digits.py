@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from fedlink.data._checks import check_bool, check_fraction, check_int
+from fedlink.config import check_bool, check_fraction, check_int
 from fedlink.data.base import CentralData, Dataset, register_dataset
 
 NUM_FEATURES = 64
@@ -64,6 +64,7 @@ def split_indices(
     return train, test
 
 
+@register_dataset("digits")
 def digits(
     num_clients: int,
     rng: np.random.Generator,
@@ -81,6 +82,3 @@ def digits(
         train=full.subset(train, name="digits/train"),
         test=full.subset(test, name="digits/test"),
     )
-
-
-register_dataset("digits", digits)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
-from fedlink.data._checks import check_int
+from fedlink.config import check_int, check_values
 from fedlink.data.base import (
     NATURAL,
     PARTITIONERS,
@@ -15,8 +15,11 @@ from fedlink.data.base import (
     FederatedData,
     PartitionerEntry,
     get_dataset,
+    partitioner_entry,
 )
 from fedlink.errors import ConfigError
+
+T = TypeVar("T")
 
 
 def load_federated(
@@ -52,6 +55,43 @@ def load_federated(
     return _split(central, count, split_rng, scheme, splitter, split_options, name)
 
 
+def check_options(name: str, partition: str | None, options: Mapping[str, Any],
+                  section: str = "data") -> None:
+    """Check a ``[data]`` table's dataset, partition and options before anything is loaded:
+    both names are registered, every option is declared by the dataset or the partitioner,
+    and every value fits the type its parameter is annotated with. Errors name the key
+    (``data.dataset``, ``data.options.alpha``); ranges are checked where the values are used.
+    """
+    dataset = _named(get_dataset, name, f"{section}.dataset")
+    scheme = dataset.default_partition if partition is None else partition
+    splitter = None if scheme == NATURAL else _named(_partitioner, scheme, f"{section}.partition")
+    data_options, split_options = _named(
+        lambda _: _route(options, dataset.options, splitter.options if splitter else frozenset(),
+                         name, scheme), None, f"{section}.options")
+    check_values(dataset.build, data_options, f"{section}.options")
+    if splitter is not None:
+        check_values(splitter.split, split_options, f"{section}.options")
+
+
+def check_partition_options(partition: str | None, options: Mapping[str, Any],
+                            section: str = "data") -> None:
+    """Check ``partition`` and the options its partitioner declares (the rest go to a user's
+    data loader, which is only known once it is imported)."""
+    if partition in (None, NATURAL):
+        return
+    splitter = _named(_partitioner, partition, f"{section}.partition")
+    check_values(splitter.split, {k: v for k, v in options.items() if k in splitter.options},
+                 f"{section}.options")
+
+
+def _named(lookup: Callable[[Any], T], value: Any, key: str) -> T:
+    """``lookup(value)``, its ``ConfigError`` prefixed with the config key it is about."""
+    try:
+        return lookup(value)
+    except ConfigError as exc:
+        raise ConfigError(f"{key}: {exc}") from exc
+
+
 def partition_central(central: CentralData, num_clients: int, seed: int, partition: str,
                       options: Mapping[str, Any], name: str = "") -> FederatedData:
     """Split data a user's loader built among ``num_clients`` clients with ``partition``
@@ -82,7 +122,7 @@ def _split(central: CentralData, count: int, rng: np.random.Generator, scheme: s
 def _partitioner(scheme: str) -> PartitionerEntry:
     """The registered partitioner ``scheme``; the error also mentions ``"natural"``."""
     try:
-        return PARTITIONERS.get(scheme)
+        return partitioner_entry(scheme)
     except ConfigError:
         known = ", ".join(sorted((*PARTITIONERS.names(), NATURAL)))
         raise ConfigError(f"unknown partition {scheme!r}; known: {known}") from None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedlink.data._checks import check_int, check_positive
+from fedlink.config import check_int, check_positive
 from fedlink.data.base import register_partitioner
 from fedlink.errors import ConfigError
 

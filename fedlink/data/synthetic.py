@@ -26,7 +26,7 @@ import itertools
 
 import numpy as np
 
-from fedlink.data._checks import check_fraction, check_int, check_non_negative
+from fedlink.config import check_fraction, check_int, check_non_negative
 from fedlink.data.base import NATURAL, CentralData, Dataset, register_dataset
 from fedlink.errors import ConfigError
 
@@ -62,6 +62,7 @@ def _hold_out(
     return np.sort(order[n_test:]), np.sort(order[:n_test])
 
 
+@register_dataset("synthetic", default_partition=NATURAL)
 def synthetic(
     num_clients: int,
     rng: np.random.Generator,
@@ -98,6 +99,3 @@ def synthetic(
 def _pooled(xs: list[np.ndarray], ys: list[np.ndarray], name: str) -> Dataset:
     """Concatenate per-device arrays into one ``Dataset``."""
     return Dataset(np.concatenate(xs), np.concatenate(ys), NUM_CLASSES, NUM_FEATURES, name=name)
-
-
-register_dataset("synthetic", synthetic, default_partition=NATURAL)

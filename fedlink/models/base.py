@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from numbers import Integral
 
 import torch
 from torch import nn
 
+from fedlink.config import check_int
 from fedlink.errors import ConfigError
 from fedlink.registry import Registry
 
@@ -30,10 +30,10 @@ def build_model(
     ``torch.random.fork_rng``, so torch's global CPU generator is left as it was (the builders
     run on CPU; move the model afterwards). ``ConfigError`` on an unknown name or option.
     """
-    features = _positive("num_features", num_features)
-    classes = _positive("num_classes", num_classes)
+    features = check_int("num_features", num_features, minimum=1)
+    classes = check_int("num_classes", num_classes, minimum=1)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(_non_negative("seed", seed))
+        torch.manual_seed(check_int("seed", seed, minimum=0))
         return MODELS.create(name, num_features=features, num_classes=classes, **options)
 
 
@@ -48,7 +48,7 @@ def mlp(*, num_features: int, num_classes: int, hidden: Sequence[int] = (64, 64)
     """Fully connected network with ReLU after each ``hidden`` layer (default 64-64)."""
     if isinstance(hidden, str | bytes) or not isinstance(hidden, Sequence):
         raise ConfigError(f"mlp.hidden: must be a list of layer widths, got {hidden!r}")
-    widths = [_positive("mlp.hidden", width) for width in hidden]
+    widths = [check_int("mlp.hidden", width, minimum=1) for width in hidden]
     layers: list[nn.Module] = []
     for fan_in, fan_out in zip([num_features, *widths], widths, strict=False):
         layers += [nn.Linear(fan_in, fan_out), nn.ReLU()]
@@ -67,7 +67,7 @@ def cnn(*, num_features: int, num_classes: int, channels: int = 1,
         raise ConfigError(f"cnn: {num_features} features are not {channels} square channels")
     layers: list[nn.Module] = [nn.Unflatten(1, (channels, side, side))]
     fan_in = channels
-    for width in (_positive("cnn.widths", w) for w in widths):
+    for width in (check_int("cnn.widths", w, minimum=1) for w in widths):
         layers += [nn.Conv2d(fan_in, width, 3, padding=1),
                    nn.BatchNorm2d(width) if batchnorm else nn.Identity(), nn.ReLU(),
                    nn.MaxPool2d(2)]
@@ -76,17 +76,3 @@ def cnn(*, num_features: int, num_classes: int, channels: int = 1,
         raise ConfigError(f"cnn: {len(widths)} poolings shrink the image below one pixel")
     layers += [nn.Flatten(), nn.Linear(fan_in * side * side, num_classes)]
     return nn.Sequential(*layers)
-
-
-def _positive(field: str, value: object) -> int:
-    """``value`` as an int >= 1 (``ConfigError`` otherwise)."""
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
-        raise ConfigError(f"{field}: must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def _non_negative(field: str, value: object) -> int:
-    """``value`` as an int >= 0 (``ConfigError`` otherwise)."""
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
-        raise ConfigError(f"{field}: must be a non-negative integer, got {value!r}")
-    return int(value)

@@ -284,7 +284,7 @@ class _Side(asyncio.Protocol):
         self.transport = transport
         if self.outgoing.bytes_per_s is not None:
             _limit_receive_buffer(transport)
-        self.conn.proxy.sides.add(self)
+        self.conn.proxy.side_opened(self)
         self.conn.side_made(self)
 
     def data_received(self, data: bytes) -> None:
@@ -303,7 +303,7 @@ class _Side(asyncio.Protocol):
             self.incoming.flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.conn.proxy.sides.discard(self)
+        self.conn.proxy.side_closed(self)
         self.conn.side_lost(exc)
 
     def pause_reading(self) -> None:
@@ -478,6 +478,7 @@ class TcpProxy:
         self.dark_until = 0.0  # the link is blacked out until this loop time
         self.connections: set[_Connection] = set()
         self.sides: set[_Side] = set()
+        self._no_sides: asyncio.Event | None = None  # set while no socket is open (start)
         self._tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -513,6 +514,8 @@ class TcpProxy:
         if self._server is not None:
             raise RuntimeError("TcpProxy already started")
         self._loop = asyncio.get_running_loop()
+        self._no_sides = asyncio.Event()
+        self._no_sides.set()
         self._warn_packet_only()
         self._server = await self._loop.create_server(
             self._accept, self.listen_host, self.listen_port)
@@ -542,12 +545,26 @@ class TcpProxy:
         await self._sockets_closed()
         self._settle_stall()
 
+    def side_opened(self, side: _Side) -> None:
+        """A socket of a connection opened."""
+        self.sides.add(side)
+        if self._no_sides is not None:
+            self._no_sides.clear()
+
+    def side_closed(self, side: _Side) -> None:
+        """A socket's ``connection_lost`` ran (its socket is closed)."""
+        self.sides.discard(side)
+        if not self.sides and self._no_sides is not None:
+            self._no_sides.set()
+
     async def _sockets_closed(self, timeout: float = 2.0) -> None:
-        """Let the aborted transports run ``connection_lost`` (which closes their sockets)."""
-        loop = self.loop
-        give_up = loop.time() + timeout
-        while self.sides and loop.time() < give_up:
-            await asyncio.sleep(0)
+        """Wait until the aborted transports have run ``connection_lost`` (which closes their
+        sockets): on the event that the last one sets, bounded by ``timeout`` (an I/O
+        timeout: a transport that never reports its loss must not hang ``stop``)."""
+        if self._no_sides is None or not self.sides:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._no_sides.wait(), timeout)
 
     def _settle_stall(self) -> None:
         """At stop, take back the part of a blackout that had not happened yet."""

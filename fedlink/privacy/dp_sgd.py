@@ -72,6 +72,7 @@ from torch import nn
 
 from fedlink.client.base import TrainPlan, TrainResult, planned_steps, proximal_mu
 from fedlink.client.torch_trainer import LocalData
+from fedlink.clock import RealClock
 from fedlink.data.base import Dataset
 from fedlink.errors import ConfigError, FedlinkError
 from fedlink.params.flat import load_vector, to_vector
@@ -204,7 +205,7 @@ class DPSGDTrainer:
         *,
         device: torch.device | str = "cpu",
         seed: int = 0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         local = LocalData.bind(model, data, device)
         self.model, self.spec, self._params = local.model, local.spec, local.params
@@ -212,7 +213,7 @@ class DPSGDTrainer:
         self._gsm: nn.Module | None = None  # Opacus's wrapper (per_sample), by the first plan
         self._ghost: GhostClipping | None = None  # ghost clipping's hooks, by the first plan
         self._seed = seed
-        self._clock = clock
+        self._clock = clock or RealClock().now  # the clock plan.deadline is on
         self._options: DPSGDOptions | None = None
         self._sigma = 0.0
         self.accountant: Any = None  # Opacus's, created with the first plan's kind

@@ -5,7 +5,8 @@ Sections (every key optional unless noted; unknown keys are an error)::
     [run]          name, seed, output_dir, train_workers, torch_threads, evaluate_train,
                    target_accuracy, tensorboard
     [data]         dataset, clients, partition, options = { alpha = 0.5, ... },
-                   loader ("package.module:attr", your own data)
+                   loader ("package.module:attr", your own data); options are checked
+                   against the dataset's and partitioner's keyword parameters at parse time
     [model]        name, options = { hidden = [64, 64] }, factory ("package.module:attr"),
                    init (a saved model.pt or model.npy to start from)
     [client]       compression, compression_options = { density = 0.01 }, error_feedback,
@@ -37,13 +38,15 @@ from fedlink.client import RetryPolicy, UpdatePipeline
 from fedlink.client.density import DensityPolicy
 from fedlink.client.evaluation import EVERY_OPTION, FRACTION_OPTION
 from fedlink.client.liveness import LivenessConfig
-from fedlink.config import from_table, load_toml, require
+from fedlink.config import check_fields, from_table, load_toml, require
 from fedlink.coordinator import CoordinatorConfig, FlushRule
+from fedlink.data.federated import check_options, check_partition_options
 from fedlink.errors import ConfigError
 from fedlink.netem import Fleet, parse_network
 from fedlink.plug import is_import_string
 from fedlink.privacy import setup as privacy_setup
 from fedlink.sim.partial_work import PartialWorkSection
+from fedlink.sim.trainers import TRAINERS
 from fedlink.sim.virtual.config import VirtualSection
 
 RUN_MODES = ("grpc", "virtual")
@@ -82,21 +85,16 @@ class RunSection:
     ``fedlink.sim.virtual`` (``[virtual]`` section), for populations up to 10^6."""
 
     def __post_init__(self) -> None:
+        check_fields(self, "run")
         require(self.mode in RUN_MODES, "run.mode", f"must be one of {RUN_MODES}, "
                 f"got {self.mode!r}")
         require(bool(self.name) and "/" not in self.name, "run.name",
                 "must be a non-empty name without '/'")
-        require(self.seed >= 0, "run.seed", "must be >= 0")
+        require(self.seed >= 0, "run.seed", f"must be >= 0, got {self.seed}")
         require(self.train_workers >= 0, "run.train_workers", "must be >= 0")
         require(self.torch_threads >= 1, "run.torch_threads", "must be >= 1")
-        require(isinstance(self.evaluate_train, bool), "run.evaluate_train",
-                f"must be true or false, got {self.evaluate_train!r}")
-        require(isinstance(self.target_accuracy, int | float)
-                and not isinstance(self.target_accuracy, bool)
-                and 0.0 <= self.target_accuracy <= 1.0, "run.target_accuracy",
+        require(0.0 <= self.target_accuracy <= 1.0, "run.target_accuracy",
                 f"must be a number in [0, 1] (0: off), got {self.target_accuracy!r}")
-        require(isinstance(self.tensorboard, bool), "run.tensorboard",
-                f"must be true or false, got {self.tensorboard!r}")
 
 
 @dataclass(frozen=True)
@@ -115,9 +113,14 @@ class DataSection:
     loader: str = ""
 
     def __post_init__(self) -> None:
+        check_fields(self, "data")
         require(self.clients >= 1, "data.clients", f"must be >= 1, got {self.clients}")
         require(not self.loader or is_import_string(self.loader), "data.loader",
                 f"must be 'package.module:attr', got {self.loader!r}")
+        if self.loader:
+            check_partition_options(self.partition, self.options)
+        else:  # a typo in [data] options fails here, not when the data is loaded
+            check_options(self.dataset, self.partition, self.options)
 
 
 @dataclass(frozen=True)
@@ -136,12 +139,9 @@ class ModelSection:
     init: str = ""
 
     def __post_init__(self) -> None:
+        check_fields(self, "model")
         require(not self.factory or is_import_string(self.factory), "model.factory",
                 f"must be 'package.module:attr', got {self.factory!r}")
-
-
-TRAINERS = ("dp_sgd", "torch")
-"""Local trainers a simulated client can use (``fedlink.sim.setup`` builds them)."""
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,8 @@ class ClientSection:
     from the coordinator's ``dp_fedavg`` hook, see ``fedlink.privacy.setup``, and
     ``privacy_options`` may repeat them); ``trainer`` is ``"torch"`` (local SGD) or
     ``"dp_sgd"`` (sample-level DP-SGD through Opacus, settings in
-    ``[coordinator.training] trainer_options``) or an import string naming a factory
+    ``[coordinator.training] trainer_options``), a name registered in
+    ``fedlink.sim.trainers.TRAINERS``, or an import string naming a factory
     ``(model, data, *, seed) -> Trainer``.
 
     The ``"torch"`` trainer's ``loss`` (``cross_entropy``, ``mse``, ``bce_with_logits``, ``l1``,
@@ -199,11 +200,10 @@ class ClientSection:
         return from_table(cls, values, section)
 
     def __post_init__(self) -> None:
-        require(self.density_bounds is None or len(self.density_bounds) == 2,
-                "client.density_bounds", "must be [min, max]")
-        require(self.trainer in TRAINERS or is_import_string(self.trainer), "client.trainer",
-                f"must be one of {', '.join(TRAINERS)} or 'package.module:attr', "
-                f"got {self.trainer!r}")
+        check_fields(self, "client")
+        require(self.trainer in TRAINERS, "client.trainer",
+                f"must be one of {', '.join(TRAINERS.names())} (fedlink.sim.trainers) or "
+                f"'package.module:attr', got {self.trainer!r}")
         require(all(isinstance(p, str) and p for p in self.keep_local), "client.keep_local",
                 f"must be a list of non-empty names or patterns, got {self.keep_local!r}")
         self.pipeline()  # unknown codec names and bad options fail at load time
@@ -233,11 +233,10 @@ class EvaluationSection:
     every: int = 1
 
     def __post_init__(self) -> None:
-        require(isinstance(self.fraction, int | float) and not isinstance(self.fraction, bool)
-                and 0.0 <= self.fraction <= 1.0, "coordinator.evaluation.fraction",
+        check_fields(self, "coordinator.evaluation")
+        require(0.0 <= self.fraction <= 1.0, "coordinator.evaluation.fraction",
                 f"must be a number in [0, 1], got {self.fraction!r}")
-        require(isinstance(self.every, int) and not isinstance(self.every, bool)
-                and self.every >= 1, "coordinator.evaluation.every",
+        require(self.every >= 1, "coordinator.evaluation.every",
                 f"must be an integer >= 1, got {self.every!r}")
 
     def task_options(self) -> dict[str, str]:
@@ -266,6 +265,7 @@ class ExperimentConfig:
     because the coordinator only ever sees the callback)."""
 
     def __post_init__(self) -> None:
+        check_fields(self, "")
         require(not self.evaluator or is_import_string(self.evaluator), "coordinator.evaluator",
                 f"must be 'package.module:attr', got {self.evaluator!r}")
 

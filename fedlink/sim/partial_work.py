@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedlink.client import Trainer, TrainPlan, TrainResult
-from fedlink.config import require
+from fedlink.config import check_fields, require
 
 _STREAM = 0x5EED_57A6  # tells this module's seed streams apart from others of the same seed
 
@@ -48,11 +48,9 @@ class PartialWorkSection:
     seed: int = -1
 
     def __post_init__(self) -> None:
-        require(isinstance(self.fraction, int | float) and not isinstance(self.fraction, bool)
-                and 0.0 <= self.fraction <= 1.0, "partial_work.fraction",
+        check_fields(self, "partial_work")
+        require(0.0 <= self.fraction <= 1.0, "partial_work.fraction",
                 f"must be a number in [0, 1], got {self.fraction!r}")
-        require(isinstance(self.seed, int) and not isinstance(self.seed, bool),
-                "partial_work.seed", f"must be an integer, got {self.seed!r}")
 
     @property
     def enabled(self) -> bool:

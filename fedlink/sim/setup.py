@@ -36,27 +36,23 @@ from torch import nn
 
 from fedlink.client import Trainer
 from fedlink.client.lazy import LazyTrainer
-from fedlink.client.torch_trainer import TorchTrainer
 from fedlink.data import CentralData, Dataset, FederatedData, load_federated
-from fedlink.data.base import NATURAL
+from fedlink.data.base import NATURAL, partitioner_entry
 from fedlink.data.federated import partition_central
 from fedlink.data.torch_data import TorchFederatedData
 from fedlink.errors import ConfigError
 from fedlink.metrics import EVENTS_FILENAME
 from fedlink.metrics.distribution import label_distribution
 from fedlink.models import Evaluator, UserEvaluator, build_model
-from fedlink.models.training import build_optimizer
 from fedlink.params import to_vector
 from fedlink.params.flat import load_vector, spec_of
 from fedlink.plug import describe, expect, resolve
-from fedlink.privacy.dp_sgd import DPSGDTrainer
 from fedlink.private import private_dir
 from fedlink.sim.config import ExperimentConfig
+from fedlink.sim.trainers import TRAINERS, TrainerFactory
 
 AnyData = FederatedData | TorchFederatedData
 ModelPlug = nn.Module | Callable[..., nn.Module]
-TrainerFactory = Callable[..., Trainer]
-"""``(model, data, *, seed) -> Trainer``."""
 
 MODEL_FILENAME = "model.pt"
 """The final global model as a torch ``state_dict`` (``torch.load`` it into the model)."""
@@ -83,35 +79,6 @@ class Plugs:
                 if value is not None}
 
 
-def _torch_trainer(config: ExperimentConfig, loss: Any) -> TrainerFactory:
-    """The built-in ``"torch"`` trainer with the loss, the config's optimizer and
-    ``keep_local``."""
-    section = config.client
-    optimizer = build_optimizer(section.optimizer, section.optimizer_options)
-
-    def build(model: nn.Module, data: Any, *, seed: int) -> Trainer:
-        return TorchTrainer(model, data, seed=seed, loss=loss, optimizer=optimizer,
-                            keep_local=section.keep_local)
-
-    return build
-
-
-def _dp_sgd_trainer(config: ExperimentConfig, loss: Any) -> TrainerFactory:
-    """Opacus DP-SGD; it trains with cross-entropy on fedlink ``Dataset``s only."""
-    section = config.client
-    if loss != "cross_entropy" or section.keep_local or section.optimizer != "sgd":
-        raise ConfigError("client.trainer = 'dp_sgd' trains with cross_entropy and its own "
-                          "DP-SGD optimizer, sharing everything: unset loss, optimizer and "
-                          "keep_local")
-    return DPSGDTrainer
-
-
-TRAINERS: dict[str, Callable[[ExperimentConfig, Any], TrainerFactory]] = {
-    "torch": _torch_trainer, "dp_sgd": _dp_sgd_trainer}
-"""``[client] trainer`` name -> builder of its ``(model, data, *, seed)`` factory, given the
-config and the loss."""
-
-
 def load_data(config: ExperimentConfig, plug: Any = None) -> AnyData:
     """The experiment's federated data: the plugged data or loader, ``[data] loader``, or the
     registered ``[data] dataset``, partitioned as ``[data] partition`` says."""
@@ -135,10 +102,8 @@ def load_data(config: ExperimentConfig, plug: Any = None) -> AnyData:
 
 def _split_options(config: ExperimentConfig) -> dict[str, Any]:
     """The ``[data] options`` that a partitioner (rather than the loader) takes."""
-    from fedlink.data import PARTITIONERS
-
     scheme = config.data.partition
-    names = frozenset() if scheme in (None, NATURAL) else PARTITIONERS.get(scheme).options
+    names = frozenset() if scheme in (None, NATURAL) else partitioner_entry(scheme).options
     return {k: v for k, v in config.data.options.items() if k in names}
 
 
@@ -241,8 +206,8 @@ class Experiment:
         if plug is not None:
             return plug  # type: ignore[no-any-return]
         name = self.config.client.trainer
-        if name in TRAINERS:
-            return TRAINERS[name](self.config, self.loss)
+        if TRAINERS.registered(name):
+            return TRAINERS.get(name)(self.config, self.loss)
         return resolve(name, "trainer")  # type: ignore[no-any-return]
 
     def trainer(self, index: int) -> Trainer:

@@ -464,9 +464,9 @@ def test_retry_policy_from_a_config_table() -> None:
 
 @pytest.mark.parametrize(("table", "message"), [
     ({"max_retries": 3}, r"\[client.retry\] has unknown keys \['max_retries'\]"),
-    ({"max_attempts": 2.5}, "retry.max_attempts: must be an integer"),
-    ({"max_attempts": True}, "retry.max_attempts: must be an integer"),
-    ({"budget_s": "60"}, "retry.budget_s: must be a number"),
+    ({"max_attempts": 2.5}, "retry.max_attempts: expected an integer"),
+    ({"max_attempts": True}, "retry.max_attempts: expected an integer"),
+    ({"budget_s": "60"}, "retry.budget_s: expected a number"),
     ({"initial_backoff_s": -1}, "retry.initial_backoff_s: must be > 0"),
 ])
 def test_retry_policy_from_a_bad_table_is_a_config_error(table: dict[str, object],

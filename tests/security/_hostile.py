@@ -19,6 +19,7 @@ from fedlink.messages import CommitRequest, TensorHeader
 from fedlink.proto.v1 import coordinator_pb2 as pb
 from fedlink.proto.v1 import coordinator_pb2_grpc as pb_grpc
 from fedlink.wire import Payload, pack, to_proto
+from fedlink.wire.status import retry_delay
 
 FP32 = get_codec("fp32")
 TIMEOUT = 10.0
@@ -32,6 +33,8 @@ class Answer:
     detail: str = ""
     reply: object = None
     trailing: tuple[tuple[str, str], ...] = ()
+    retry_delay: float | None = None
+    """The ``google.rpc.RetryInfo`` delay of a refusal, in seconds (``None``: none sent)."""
 
 
 async def answer_of(call: object) -> Answer:
@@ -40,7 +43,7 @@ async def answer_of(call: object) -> Answer:
         reply = await call  # type: ignore[misc]
     except grpc.aio.AioRpcError as err:
         trailing = tuple((k, str(v)) for k, v in (err.trailing_metadata() or ()))
-        return Answer(err.code().name, err.details() or "", None, trailing)
+        return Answer(err.code().name, err.details() or "", None, trailing, retry_delay(err))
     return Answer("OK", "", reply)
 
 

@@ -99,6 +99,6 @@ def test_a_client_holds_few_uploads_and_all_together_are_capped(
             full = await raw.upload(other, "o1", b"x" * 7500)  # 5010 + 7500 > 12000
             assert full.code == "RESOURCE_EXHAUSTED", full
             assert "retry later" in full.detail
-            assert dict(full.trailing).get("retry-after-ms")
+            assert full.retry_delay
             assert server.service.uploads.held_bytes() == 5010
     run_async(scenario())

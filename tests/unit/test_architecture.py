@@ -190,3 +190,98 @@ def test_importing_does_not_load_torch(package: str) -> None:
                             timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "", f"import {package} loaded {result.stdout.strip()}"
+
+
+# -- one clock: only fedlink.clock reads the wall clock for model time -----------------------
+
+CLOCK_MODULE = "fedlink.clock"
+WALL_CLOCK = {"time": ("monotonic", "time"), "asyncio": ("sleep",)}
+"""What reads or waits on real time: ``time.monotonic``, ``time.time``, ``asyncio.sleep``."""
+
+COORDINATOR_A = "coordinator: engineer A"
+"""Reason for the coordinator's remaining reads (being moved onto the Clock in parallel)."""
+
+CLOCK_ALLOW_LIST: dict[str, str] = {
+    # module -> why it may read real time (I/O timeouts and wall-clock stamps, not model time)
+    "fedlink.client.session": "outbox records carry a wall-clock creation stamp (time.time)",
+    "fedlink.netem.proxy": "a real TCP link: its blackout schedule sleeps on the event loop",
+    "fedlink.netem.packet_probe": "packet tier: real packets are timed on the host's clock",
+    "fedlink.netem.packet_forwarder": "packet tier: real packets are timed on the host's clock",
+    "fedlink.metrics.events": "event timestamps: wall-clock Unix time in events.jsonl",
+    "fedlink.sim.runner": "a run's wall_seconds; its progress poll goes with typed events",
+    "fedlink.coordinator.admission": COORDINATOR_A,
+    "fedlink.coordinator.auth": COORDINATOR_A,
+    "fedlink.coordinator.engine": COORDINATOR_A,
+    "fedlink.coordinator.limits": COORDINATOR_A,
+    "fedlink.coordinator.probe": COORDINATOR_A,
+    "fedlink.coordinator.registry": COORDINATOR_A,
+    "fedlink.coordinator.server": COORDINATOR_A,
+    "fedlink.coordinator.service": COORDINATOR_A,
+    "fedlink.coordinator.uploads": COORDINATOR_A,
+}
+
+
+def wall_clock_uses(source: str) -> list[tuple[int, str]]:
+    """``(line, what)`` for every use of ``WALL_CLOCK`` in ``source``: ``time.monotonic``
+    through any alias of the module, and ``from time import monotonic`` (any alias)."""
+    tree = ast.parse(source)
+    aliases: dict[str, str] = {}  # local name -> module
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            aliases.update({a.asname or a.name: a.name for a in node.names
+                            if a.name in WALL_CLOCK})
+        elif isinstance(node, ast.ImportFrom) and node.module in WALL_CLOCK:
+            found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names
+                      if a.name in WALL_CLOCK[node.module]]
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+                and node.attr in WALL_CLOCK[aliases[node.value.id]]):
+            found.append((node.lineno, f"{aliases[node.value.id]}.{node.attr}"))
+    return sorted(found)
+
+
+def clock_violations() -> tuple[list[str], set[str]]:
+    """Uses of the wall clock outside ``fedlink.clock`` and the allow-list, and the modules
+    of the allow-list that use it (to find stale entries)."""
+    problems: list[str] = []
+    using: set[str] = set()
+    for path in source_files():
+        module = module_name(path)
+        uses = wall_clock_uses(path.read_text(encoding="utf-8"))
+        if not uses or module == CLOCK_MODULE:
+            continue
+        if module in CLOCK_ALLOW_LIST:
+            using.add(module)
+            continue
+        problems += [f"{module}:{line} uses {what}" for line, what in uses]
+    return problems, using
+
+
+def test_only_the_clock_module_reads_the_wall_clock() -> None:
+    problems, _ = clock_violations()
+    assert not problems, ("read time through fedlink.clock (a Clock passed in, RealClock by "
+                          "default; sleep_on/real_sleep in async code), or add the module to "
+                          "CLOCK_ALLOW_LIST with its reason:\n" + "\n".join(problems))
+
+
+def test_the_clock_allow_list_holds_no_stale_entries() -> None:
+    _, using = clock_violations()
+    stale = sorted(set(CLOCK_ALLOW_LIST) - using)
+    assert not stale, f"no longer read the wall clock; drop them from CLOCK_ALLOW_LIST: {stale}"
+    assert all(reason.strip() for reason in CLOCK_ALLOW_LIST.values())
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    ("import time\nt = time.monotonic()", ["time.monotonic"]),
+    ("import time as t\nstamp = t.time()", ["time.time"]),
+    ("from time import monotonic as now\nx = now()", ["time.monotonic"]),
+    ("import asyncio\nasync def f():\n    await asyncio.sleep(1)", ["asyncio.sleep"]),
+    ("import asyncio\ndef f(sleep=asyncio.sleep): ...", ["asyncio.sleep"]),
+    ("from asyncio import sleep", ["asyncio.sleep"]),
+    ("import time\nt = time.perf_counter()", []),  # durations, not the model's time
+    ("import asyncio\nasync def f(loop):\n    await asyncio.wait_for(f(loop), 1)", []),
+])
+def test_the_wall_clock_checker_sees_every_spelling(source: str, expected: list[str]) -> None:
+    assert [what for _, what in wall_clock_uses(source)] == expected

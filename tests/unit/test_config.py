@@ -128,7 +128,7 @@ def test_invalid_values_are_config_errors_naming_the_field(table: dict[str, Any]
                                                            field: str) -> None:
     with pytest.raises(ConfigError) as err:
         CoordinatorConfig.from_dict(table)
-    assert str(err.value).startswith(f"{field}:"), str(err.value)
+    assert str(err.value).startswith(f"coordinator.{field}:"), str(err.value)
 
 
 def test_nested_value_must_be_a_table() -> None:

@@ -1,7 +1,7 @@
 """Overload limits: request rate, concurrent uploads, connected clients, and the retry-after hint.
 
 The limiter is tested with a fake clock; the wire behaviour (``RESOURCE_EXHAUSTED`` with the
-``retry-after-ms`` trailing metadata, translated by the SDK's transport) on a real loopback
+``google.rpc.RetryInfo`` in the rich status, translated by the SDK's transport) on a real loopback
 coordinator; the retry policy with a fake sleep (nothing sleeps for real).
 """
 
@@ -24,6 +24,7 @@ from fedlink.errors import ConfigError, ResourceExhausted, remote_error
 from fedlink.messages import HeartbeatRequest, JoinRequest, LeaveRequest
 from fedlink.proto.v1 import coordinator_pb2 as pb
 from fedlink.proto.v1 import coordinator_pb2_grpc as pb_grpc
+from fedlink.wire.status import retry_delay
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -112,7 +113,9 @@ def config(**options: object) -> CoordinatorConfig:
 
 
 def hint_ms(exc: grpc.aio.AioRpcError) -> float:
-    return float(dict(exc.trailing_metadata() or ())["retry-after-ms"])
+    delay = retry_delay(exc)  # google.rpc.RetryInfo in the rich status
+    assert delay is not None, exc.trailing_metadata()
+    return delay * 1000
 
 
 def test_rate_limit_on_the_wire_carries_a_hint_the_transport_reads(

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fedlink.config import require
+from fedlink.config import check_fields, require
 from fedlink.sim.virtual.availability import (
     DAY_S,
     AlwaysOnline,
@@ -56,6 +56,7 @@ class VirtualSection:
     residual_memory_mb: float = 1024.0
 
     def __post_init__(self) -> None:
+        check_fields(self, "virtual")
         require(self.step_cost_s >= 0, "virtual.step_cost_s", "must be >= 0")
         require(self.poll_s > 0, "virtual.poll_s", "must be > 0")
         require(self.population >= 0, "virtual.population", "must be >= 0")

@@ -1,0 +1,64 @@
+"""``[client] trainer`` names: a ``Registry`` of builders, one per local-training method.
+
+A builder is ``(config, loss) -> factory``; the factory is ``(model, data, *, seed) ->
+fedlink.client.Trainer`` and builds each client's trainer. Register your own by name::
+
+    from fedlink.sim.trainers import TRAINERS
+
+    @TRAINERS.register("scaffold")
+    def scaffold(config, loss):
+        return lambda model, data, *, seed: ScaffoldTrainer(model, data, seed=seed)
+
+(``[client] trainer = "package.module:attr"`` names a factory directly, no registration.)
+
+This module stays importable without torch, so that a config naming a trainer is checked when
+it is parsed; the built-ins import their torch code when they are built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from fedlink.errors import ConfigError
+from fedlink.registry import Registry
+
+if TYPE_CHECKING:
+    from fedlink.client import Trainer
+    from fedlink.sim.config import ExperimentConfig
+
+TrainerFactory = Callable[..., "Trainer"]
+"""``(model, data, *, seed) -> Trainer``."""
+
+TRAINERS: Registry[TrainerFactory] = Registry("trainer")
+"""Trainer name -> ``(config: ExperimentConfig, loss) -> TrainerFactory``."""
+
+
+@TRAINERS.register("torch")
+def torch_trainer(config: ExperimentConfig, loss: Any) -> TrainerFactory:
+    """The built-in local SGD (``TorchTrainer``) with the loss, the config's optimizer and
+    ``keep_local``."""
+    from fedlink.client.torch_trainer import TorchTrainer  # torch: only when it is built
+    from fedlink.models.training import build_optimizer
+
+    section = config.client
+    optimizer = build_optimizer(section.optimizer, section.optimizer_options)
+
+    def build(model: Any, data: Any, *, seed: int) -> Trainer:
+        return TorchTrainer(model, data, seed=seed, loss=loss, optimizer=optimizer,
+                            keep_local=section.keep_local)
+
+    return build
+
+
+@TRAINERS.register("dp_sgd")
+def dp_sgd_trainer(config: ExperimentConfig, loss: Any) -> TrainerFactory:
+    """Opacus DP-SGD; it trains with cross-entropy on fedlink ``Dataset``s only."""
+    from fedlink.privacy.dp_sgd import DPSGDTrainer  # torch and opacus: only when built
+
+    section = config.client
+    if loss != "cross_entropy" or section.keep_local or section.optimizer != "sgd":
+        raise ConfigError("client.trainer = 'dp_sgd' trains with cross_entropy and its own "
+                          "DP-SGD optimizer, sharing everything: unset loss, optimizer and "
+                          "keep_local")
+    return DPSGDTrainer
