@@ -7,7 +7,6 @@ import math
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from fedlink.sim.config import ExperimentConfig
 from fedlink.sim.virtual.residuals import MB, ResidualStore
