@@ -145,7 +145,7 @@ def test_concurrent_emits_from_threads_give_whole_lines(tmp_path: Path) -> None:
     with EventLog(path) as log:
         def work(n: int) -> None:
             for i in range(per_thread):
-                log.emit("task_issued", client_id=f"c{n}", task_id=i, pad=payload)
+                log.emit("client_joined", client_id=f"c{n}", num_examples=i, name=payload)
 
         workers = [threading.Thread(target=work, args=(n,)) for n in range(threads)]
         for w in workers:
@@ -155,9 +155,9 @@ def test_concurrent_emits_from_threads_give_whole_lines(tmp_path: Path) -> None:
     lines = path.read_text().splitlines()
     assert len(lines) == threads * per_thread
     events = [json.loads(line) for line in lines]
-    assert all(e["pad"] == payload for e in events)
+    assert all(e["name"] == payload for e in events)
     for n in range(threads):
-        mine = [e["task_id"] for e in events if e["client_id"] == f"c{n}"]
+        mine = [e["num_examples"] for e in events if e["client_id"] == f"c{n}"]
         assert mine == list(range(per_thread))
     assert len(log.events) == threads * per_thread
 

@@ -43,7 +43,7 @@ from fedlink.coordinator.records import ReceivedUpdate
 from fedlink.coordinator.service import bounded_examples
 from fedlink.errors import RemoteError
 from fedlink.messages import Finished, Task
-from fedlink.metrics import EventLog
+from fedlink.metrics import EventLog, kinds
 from fedlink.sim.virtual.availability import AlwaysOnline, Availability, finish
 from fedlink.sim.virtual.population import Population
 from fedlink.sim.virtual.timing import DOWN, UP, round_trip_s, transfer_time
@@ -271,9 +271,9 @@ class VirtualLoop:
         self.totals.tasks += 1
 
     def _refused(self, update: ReceivedUpdate, reason: str, code: str = "") -> None:
-        self.events.emit("update_refused", client_id=update.client_id,
-                         task_id=update.task_id, reason=reason, code=code,
-                         bytes_up=update.bytes_up)
+        self.events.emit(kinds.UpdateRefused(client_id=update.client_id,
+                                             task_id=update.task_id, reason=reason, code=code,
+                                             bytes_up=update.bytes_up))
 
     # -- the coordinator's periodic work ----------------------------------------------------
 
@@ -308,12 +308,11 @@ class VirtualLoop:
         metrics = dict(self._evaluate(outcome.model)) if self._evaluate else {}
         self._bytes_down, bytes_down = 0, self._bytes_down
         wall = time.perf_counter()
-        self.events.emit("flush", model_version=outcome.version,
-                         num_updates=outcome.num_updates, total_weight=outcome.total_weight,
-                         round_seconds=outcome.round_seconds, bytes_up=outcome.bytes_up,
-                         bytes_down=bytes_down, updates=list(outcome.task_ids),
-                         model_seconds=self.clock.now(), **dict(outcome.hook_report),
-                         **metrics)
+        self.events.emit(kinds.Flush.build(
+            model_version=outcome.version, num_updates=outcome.num_updates,
+            total_weight=outcome.total_weight, round_seconds=outcome.round_seconds,
+            bytes_up=outcome.bytes_up, bytes_down=bytes_down, updates=list(outcome.task_ids),
+            model_seconds=self.clock.now(), **dict(outcome.hook_report), **metrics))
         if self._on_flush is not None:
             self._on_flush(outcome, wall)
 
