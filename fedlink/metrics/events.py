@@ -53,8 +53,8 @@ from fedlink.metrics.kinds import (
     RESERVED_FIELDS,
     Event,
     Flush,
+    check_fields,
     from_record,
-    make_event,
 )
 from fedlink.private import private_dir, touch_private
 
@@ -88,7 +88,14 @@ def to_jsonable(value: Any) -> Any:
 
     Raises ``TypeError`` for a value with no sensible JSON form.
     """
-    if value is None or isinstance(value, str | bool):
+    kind = type(value)
+    if value is None or kind is str or kind is bool or kind is int:  # the common cases, fast
+        return value
+    if kind is float:
+        return value if math.isfinite(value) else None
+    if kind is dict:
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, str | bool):
         return value
     if isinstance(value, enum.Enum):
         return to_jsonable(value.value)
@@ -191,15 +198,17 @@ class EventLog:
         field is reserved or undeclared, and ``TypeError`` if a value cannot be JSON.
         """
         if isinstance(event, str):
-            event = make_event(event, fields)
+            check_fields(event, fields)
+            kind, body = event, to_jsonable(fields)
         elif fields:
             raise TypeError("emit(event) takes no fields beside a typed event")
-        body = to_jsonable(event.body())
+        else:
+            kind, body = event.kind, to_jsonable(event.body())
         with self._lock:
             if self._closed:
                 raise ValueError("emit on a closed event log")
             record: Record = {"t": self._wall_clock(), "elapsed": self.elapsed(),
-                              "kind": event.kind, **body}
+                              "kind": kind, **body}
             if self._held is not None:
                 self._held.append(record)
             else:

@@ -105,6 +105,11 @@ class Event(Mapping[str, Any]):
 
 
 @functools.cache
+def _names(cls: type[Event]) -> frozenset[str]:
+    return frozenset(cls.declared())
+
+
+@functools.cache
 def _declared(cls: type[Event]) -> tuple[str, ...]:
     base = {f.name for f in dataclasses.fields(Event)}
     return tuple(f.name for f in dataclasses.fields(cls) if f.name not in base)
@@ -331,11 +336,11 @@ EVENT_TYPES: Mapping[str, type[Event]] = {
 E = TypeVar("E", bound=Event)
 
 
-def make_event(kind: str, fields: Mapping[str, Any]) -> Event:
-    """The typed event of ``kind`` with ``fields`` (the ``emit("kind", **fields)`` form).
+def check_fields(kind: str, fields: Mapping[str, Any]) -> type[Event]:
+    """The type of ``kind``, once ``fields`` are valid for it.
 
     Raises ``ValueError`` naming an unknown kind, a reserved field, or a field the kind
-    does not declare (open kinds keep such fields in ``extra``).
+    does not declare (open kinds accept such fields: they go into ``extra``).
     """
     cls = EVENT_TYPES.get(kind)
     if cls is None:
@@ -343,11 +348,20 @@ def make_event(kind: str, fields: Mapping[str, Any]) -> Event:
     clash = RESERVED_FIELDS.intersection(fields)
     if clash:
         raise ValueError(f"reserved event field(s): {', '.join(sorted(clash))}")
+    if not cls.OPEN:
+        unknown = [k for k in fields if k not in _names(cls)]
+        if unknown:
+            raise ValueError(f"a {kind} event has no field(s) {', '.join(sorted(unknown))} "
+                             f"(its fields: {', '.join(cls.declared())})")
+    return cls
+
+
+def make_event(kind: str, fields: Mapping[str, Any]) -> Event:
+    """The typed event of ``kind`` with ``fields`` (the ``emit("kind", **fields)`` form),
+    checked by :func:`check_fields`."""
+    cls = check_fields(kind, fields)
     own = cls.declared()
     extra = {k: v for k, v in fields.items() if k not in own}
-    if extra and not cls.OPEN:
-        raise ValueError(f"a {kind} event has no field(s) {', '.join(sorted(extra))} "
-                         f"(its fields: {', '.join(own)})")
     return cls(**{k: v for k, v in fields.items() if k in own}, extra=extra)
 
 
@@ -356,12 +370,16 @@ def from_record(record: Mapping[str, Any]) -> Event:
     unknown kind becomes :class:`OtherEvent`, an undeclared field goes into ``extra``)."""
     kind = str(record.get("kind"))
     cls = EVENT_TYPES.get(kind)
+    own = _names(cls) if cls is not None else frozenset()
+    fields: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for key, value in record.items():
+        if key in own:
+            fields[key] = value
+        elif key not in RESERVED_FIELDS:
+            extra[key] = value
     t, elapsed = float(record.get("t") or 0.0), float(record.get("elapsed") or 0.0)
-    event_id = record.get("event_id")
-    rest = {k: v for k, v in record.items() if k not in RESERVED_FIELDS}
     if cls is None:
-        return OtherEvent(name=kind, extra=rest, t=t, elapsed=elapsed, event_id=event_id)
-    own = cls.declared()
-    extra = {k: v for k, v in rest.items() if k not in own}
-    return cls(**{k: v for k, v in rest.items() if k in own}, extra=extra, t=t,
-               elapsed=elapsed, event_id=event_id)
+        return OtherEvent(name=kind, extra=extra, t=t, elapsed=elapsed,
+                          event_id=record.get("event_id"))
+    return cls(**fields, extra=extra, t=t, elapsed=elapsed, event_id=record.get("event_id"))
