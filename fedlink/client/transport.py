@@ -39,6 +39,7 @@ from fedlink.messages import (
 from fedlink.proto.v1 import coordinator_pb2_grpc as pb_grpc
 from fedlink.wire import from_proto, task_reply_from_proto, to_proto
 from fedlink.wire.options import client_channel_options
+from fedlink.wire.refusal import refusal_from_call
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def translate(exc: grpc.aio.AioRpcError) -> RemoteError:
     code, detail = exc.code().name, exc.details() or exc.code().name
     if code == "INTERNAL" and detail == CORE_FAILURE:
         code = "UNAVAILABLE"
-    return remote_error(code, detail, retry_after_hint(exc))
+    return remote_error(code, detail, retry_after_hint(exc), reason=refusal_from_call(exc))
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from fedlink.errors import RemoteError
 from fedlink.proto.v1 import coordinator_pb2 as pb
 from fedlink.proto.v1 import coordinator_pb2_grpc as pb_grpc
 from fedlink.wire import from_proto, task_reply_to_proto, to_proto
+from fedlink.wire.refusal import refusal_details, rich_status
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,10 @@ async def _abort(context: grpc.aio.ServicerContext, exc: Exception, call: str) -
         if exc.retry_after_s is not None:  # overload: tell the client how long to back off
             context.set_trailing_metadata(
                 ((RETRY_AFTER_KEY, str(max(1, round(exc.retry_after_s * 1000)))),))
+        else:
+            details = refusal_details(exc, call)
+            if details:  # the refusal's code, beside the status and its text
+                await context.abort_with_status(rich_status(exc.code, exc.detail, details))
         await context.abort(grpc.StatusCode[exc.code], exc.detail)
     log.exception("unexpected error in %s", call, exc_info=exc)
     await context.abort(grpc.StatusCode.INTERNAL,

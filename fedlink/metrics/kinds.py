@@ -22,6 +22,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self, TypeVar
 
+from fedlink.refusals import RefusalCode, refusal_code
+
 TIME_FIELDS = ("t", "elapsed")
 """The fields the log stamps on every event."""
 
@@ -200,6 +202,12 @@ class UpdateRefused(Event):
     retries: int | None = None
     resumed_bytes: int | None = None
     offline_seconds: float | None = None
+
+    @property
+    def refusal(self) -> RefusalCode:
+        """``reason_code`` as a :class:`~fedlink.refusals.RefusalCode` (``NONE`` when the event
+        has none or one this version does not know)."""
+        return refusal_code(self.reason_code)
 
 
 @dataclass(frozen=True, eq=False, kw_only=True, repr=False)

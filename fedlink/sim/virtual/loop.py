@@ -44,6 +44,7 @@ from fedlink.coordinator.service import bounded_examples
 from fedlink.errors import RemoteError
 from fedlink.messages import Finished, Task
 from fedlink.metrics import EventLog, kinds
+from fedlink.refusals import RefusalCode
 from fedlink.sim.virtual.availability import AlwaysOnline, Availability, finish
 from fedlink.sim.virtual.population import Population
 from fedlink.sim.virtual.timing import DOWN, UP, round_trip_s, transfer_time
@@ -255,12 +256,12 @@ class VirtualLoop:
         """The commit reaches the coordinator: the engine accepts or refuses it."""
         self._done(busy)
         if update.steps_completed == 0:
-            self._refused(update, "no local work before the deadline")
+            self._refused(update, "no local work before the deadline", RefusalCode.NO_WORK)
         else:
             try:
                 acceptance = self.engine.submit(update)
             except RemoteError as err:
-                self._refused(update, err.detail, err.code)
+                self._refused(update, err.detail, err.refusal, err.code)
             else:
                 if acceptance.flush is not None:
                     self._flushed(acceptance.flush)
@@ -270,9 +271,11 @@ class VirtualLoop:
         self._busy.pop(busy.index, None)
         self.totals.tasks += 1
 
-    def _refused(self, update: ReceivedUpdate, reason: str, code: str = "") -> None:
+    def _refused(self, update: ReceivedUpdate, reason: str, refusal: RefusalCode,
+                 code: str = "") -> None:
         self.events.emit(kinds.UpdateRefused(client_id=update.client_id,
-                                             task_id=update.task_id, reason=reason, code=code,
+                                             task_id=update.task_id, reason=reason,
+                                             reason_code=refusal.value, code=code,
                                              bytes_up=update.bytes_up))
 
     # -- the coordinator's periodic work ----------------------------------------------------
