@@ -21,8 +21,10 @@ from test_deployables import EDGE, REPO, TORCH_FREE, Spawner, small_config, star
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 CORE_DISTRIBUTIONS = {"fedlink", "grpcio", "grpcio_health_checking", "grpcio_reflection",
-                      "numpy", "protobuf", "tenacity", "typing_extensions"}
-"""What ``pip install fedlink`` brings (typing_extensions comes with grpcio)."""
+                      "grpcio_status", "googleapis_common_protos", "numpy", "protobuf",
+                      "tenacity", "typing_extensions"}
+"""What ``pip install fedlink`` brings (typing_extensions comes with grpcio,
+googleapis_common_protos with grpcio_status: ``google.rpc.RetryInfo``)."""
 CORE_BUDGET_MB = 85
 """Site-packages of the core install without .pyc files: 78 MB measured, numpy (~55 MB with its
 OpenBLAS) and grpcio (~17 MB) being nearly all of it; fedlink itself is under 2 MB."""
