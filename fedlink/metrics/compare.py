@@ -151,7 +151,9 @@ def _refusals(runs: Sequence[RunCurve]) -> str:
     if not reasons:
         return "## Refused updates\n\nNo run refused an update."
     rows = [[reason, *(str(tally.get(reason, 0)) for tally in tallies)] for reason in reasons]
-    return "## Refused updates\n\n" + _table(["Reason", *(run.name for run in runs)], rows)
+    coded = any(run.summary.get("refusals_by_code") for run in runs)
+    return "## Refused updates\n\n" + _table(["Code" if coded else "Reason",
+                                                *(run.name for run in runs)], rows)
 
 
 def _refusal_tally(summary: Mapping[str, Any]) -> dict[str, int]:

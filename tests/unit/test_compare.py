@@ -71,3 +71,14 @@ def test_the_command_prints_the_ratio_last(tmp_path: Path,
 def test_a_folder_that_is_not_a_run_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not a run folder"):
         load_run(tmp_path)
+
+
+def test_a_summary_written_before_refusal_codes_still_compares_by_kind_of_reason(
+        tmp_path: Path) -> None:
+    run_dir = _run(tmp_path, "old", [(2.0, 0.95)], refused=2)
+    summary = (run_dir / "summary.json").read_text()
+    old = summary.replace('"refusals_by_code"', '"written_before_codes"')
+    (run_dir / "summary.json").write_text(old)
+    report = write_comparison([load_run(run_dir)], tmp_path / "cmp", 0.9).read_text()
+    assert "| Reason | old |" in report
+    assert "| too stale: task '...' was for version N | 2 |" in report
