@@ -130,9 +130,10 @@ class EventLog:
 
     With a path, the file is opened for appending (parent folders are created); with
     ``path=None`` the log streams to an anonymous temporary file that goes with the log.
-    Every event is written as one line and flushed before :meth:`emit` returns; in memory
-    the log keeps only a count per kind. ``clock`` (monotonic, for ``elapsed``) and
-    ``wall_clock`` (for ``t``) may be injected, e.g. by a virtual-clock simulation.
+    Every event is written as one line (to a named file: flushed before :meth:`emit`
+    returns); in memory the log keeps only a count per kind. ``clock`` (monotonic, for
+    ``elapsed``) and ``wall_clock`` (for ``t``) may be injected, e.g. by a virtual-clock
+    simulation.
     """
 
     def __init__(
@@ -157,8 +158,10 @@ class EventLog:
             self._file = touch_private(path).open("a", encoding="utf-8", buffering=1)
             self._anonymous: IO[str] | None = None
         else:
+            # Buffered, not flushed per line: only this log reads it (seeking flushes), and
+            # a syscall per event would cost a busy coordinator for nothing.
             self._file = self._anonymous = tempfile.TemporaryFile(  # noqa: SIM115 - kept open
-                "w+", encoding="utf-8")
+                "w+", encoding="utf-8", buffering=1 << 16)
             weakref.finalize(self, self._anonymous.close)
         self._offset = self._file.tell()  # this log's events start here (appending)
 
@@ -351,7 +354,8 @@ class EventLog:
         if self._file is None:
             return
         self._file.write(json.dumps(record, allow_nan=False, separators=(",", ":")) + "\n")
-        self._file.flush()
+        if self._anonymous is None:  # a named file is read by others: each line at once
+            self._file.flush()
 
 
 def _kind_name(kind: str | type[Event]) -> str:
