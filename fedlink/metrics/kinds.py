@@ -81,9 +81,13 @@ class Event(Mapping[str, Any]):
         return record
 
     def __getitem__(self, key: str) -> Any:
-        if key in self.declared():  # declared but unset reads as None, like ``get``
+        if key in _names(type(self)):  # declared but unset reads as None, like ``get``
             return getattr(self, key)
-        return self.to_record()[key]
+        if key == "kind":
+            return self.kind
+        if key in TIME_FIELDS or (key == "event_id" and self.event_id is not None):
+            return getattr(self, key)
+        return self.extra[key]
 
     def get(self, key: str, default: Any = None) -> Any:
         """The field's value; ``default`` when it is missing or unset (None)."""
