@@ -7,9 +7,10 @@ holdings: the float64 accumulator, the payloads of the versions a stale client m
 download (``max_staleness + 1``) and the delta history. Figures, in model sizes:
 ``peak_memory_ratio`` (the peak of traced memory while aggregating the 1,000 updates, above the
 steady state; target < 3), ``retained_ratio`` (what is left after them) with
-``retained_bytes_per_update`` (the in-memory event log's two events per update, about 1 KB:
-no model data accumulates) and ``steady_state_ratio`` (the fixed holdings, for reference: they
-depend on ``max_staleness`` and ``delta_history``, not on the number of updates).
+``retained_bytes_per_update`` (about 1 KB before issue 13, the event log's two events per
+update; near 0 since the log streams to a file: no model data accumulates either) and
+``steady_state_ratio`` (the fixed holdings, for reference: they depend on ``max_staleness``
+and ``delta_history``, not on the number of updates).
 
 **Time to accuracy.** digits, 20 clients (full: 50) with 30% stragglers computing 5x slower,
 ``sync`` (the baseline: every version waits for all clients), ``elastic`` and ``async``

@@ -30,6 +30,11 @@ Status codes used by the coordinator:
 
 from __future__ import annotations
 
+import copy
+from typing import Self
+
+from fedlink.refusals import RefusalCode, code_for_status
+
 
 class FedlinkError(Exception):
     """Base class of every error fedlink raises on purpose."""
@@ -77,6 +82,16 @@ class RemoteError(FedlinkError):
     def __str__(self) -> str:
         return f"{self.code}: {self.detail}"
 
+    @property
+    def refusal(self) -> RefusalCode:
+        """The refusal code of this error when it refuses an update (from its status code:
+        ``INVALID_ARGUMENT`` is an invalid update, ...; ``NONE`` for other codes)."""
+        return code_for_status(self.code)
+
+    def again(self) -> Self:
+        """A fresh error equal to this one (a remembered answer, raised again)."""
+        return copy.copy(self)
+
 
 class InvalidArgument(RemoteError):
     """The request is malformed or its payload is not acceptable."""
@@ -103,13 +118,30 @@ class NotFound(RemoteError):
 
 
 class UpdateRefused(RemoteError):
-    """A well-formed update the coordinator will not use (too stale, task closed, ...)."""
+    """A well-formed update the coordinator will not use (too stale, task closed, ...).
+
+    ``reason`` says why as a :class:`~fedlink.refusals.RefusalCode` (it travels beside the
+    detail: ``docs/protocol.md``); ``NONE`` when the coordinator gave none.
+    """
 
     code = "FAILED_PRECONDITION"
+    reason: RefusalCode = RefusalCode.NONE
+
+    def __init__(self, detail: str, reason: RefusalCode | None = None) -> None:
+        super().__init__(detail)
+        if reason is not None:
+            self.reason = reason
+
+    @property
+    def refusal(self) -> RefusalCode:
+        """Why: ``reason``."""
+        return self.reason
 
 
 class UploadIncomplete(UpdateRefused):
     """A commit arrived before all of its upload's bytes; resume the upload, then commit."""
+
+    reason = RefusalCode.UPLOAD_INCOMPLETE
 
 
 class DataLoss(RemoteError):
@@ -179,11 +211,13 @@ REMOTE_ERRORS: dict[str, type[RemoteError]] = {
 }
 
 
-def remote_error(code: str, detail: str, retry_after_s: float | None = None) -> RemoteError:
+def remote_error(code: str, detail: str, retry_after_s: float | None = None,
+                 reason: RefusalCode | None = None) -> RemoteError:
     """The ``RemoteError`` for a status code name (``RemoteError`` itself when unknown).
 
     ``retry_after_s`` (the coordinator's ``RetryInfo`` delay) is kept on ``RESOURCE_EXHAUSTED``,
-    where it also makes the refusal retryable, and on the codes that are retryable anyway.
+    where it also makes the refusal retryable, and on the codes that are retryable anyway;
+    ``reason`` (a refusal code) on ``FAILED_PRECONDITION``.
     """
     cls = REMOTE_ERRORS.get(code)
     if cls is None:
@@ -192,6 +226,10 @@ def remote_error(code: str, detail: str, retry_after_s: float | None = None) -> 
         return err
     if cls is ResourceExhausted:
         return ResourceExhausted(detail, retry_after_s=retry_after_s)
+    if cls is UpdateRefused:
+        if reason is RefusalCode.UPLOAD_INCOMPLETE:
+            return UploadIncomplete(detail)
+        return UpdateRefused(detail, reason)
     err = cls(detail)
     if err.retryable and retry_after_s is not None:  # UNAVAILABLE with a RetryInfo delay
         err.retry_after_s = retry_after_s

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from fedlink.refusals import RefusalCode, refusal_code
+
 
 @dataclass(frozen=True)
 class TensorHeader:
@@ -184,7 +186,8 @@ class CommitRequest:
 
 @dataclass(frozen=True)
 class CommitReply:
-    """The update was accepted."""
+    """The update was accepted; or, with ``refusal`` set, why it was refused (the reply that
+    rides in a refused commit's status details, ``fedlink.wire.refusal``)."""
 
     upload_id: str
     model_version: int
@@ -192,6 +195,14 @@ class CommitReply:
     accepted_version: int = 0
     flushed_version: int = 0
     """The version this commit's flush made; 0 when it triggered none."""
+    refusal: RefusalCode = RefusalCode.NONE
+    """Why the update was refused; ``NONE`` for an accepted one."""
+    refusal_detail: str = ""
+    """The readable detail of the refusal (the status message)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.refusal, RefusalCode):  # read back from JSON: its value
+            object.__setattr__(self, "refusal", refusal_code(self.refusal))
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from fedlink.messages import (
 from fedlink.proto.v1 import coordinator_pb2_grpc as pb_grpc
 from fedlink.wire import from_proto, task_reply_from_proto, to_proto
 from fedlink.wire.options import client_channel_options
+from fedlink.wire.refusal import refusal_from_call
 from fedlink.wire.status import retry_delay
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ def translate(exc: grpc.aio.AioRpcError) -> RemoteError:
     mid-call reaches grpcio (>= 1.85) as ``UNAVAILABLE``.
     """
     code, detail = exc.code().name, exc.details() or exc.code().name
-    return remote_error(code, detail, retry_delay(exc))
+    return remote_error(code, detail, retry_delay(exc), reason=refusal_from_call(exc))
 
 
 @dataclass(frozen=True)

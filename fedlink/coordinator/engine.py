@@ -57,6 +57,7 @@ from fedlink.coordinator.state import Checkpoint, FlushRecord, NullStore, SavedS
 from fedlink.errors import InvalidArgument, NotFound, PermissionDenied, UpdateRefused
 from fedlink.messages import Finished, Task, TaskReply, Wait
 from fedlink.metrics import EventLog
+from fedlink.refusals import RefusalCode
 from fedlink.wire import Payload
 
 _TASK_ID = re.compile(r"^t\d+-v(\d+)$")
@@ -244,7 +245,7 @@ class RoundEngine:
         payload = self._history.payload(version)
         if payload is None:
             raise UpdateRefused(f"model version {version} is no longer served "
-                                f"(current version is {self._version})")
+                                f"(current version is {self._version})", RefusalCode.MODEL_GONE)
         return payload
 
     def delta_payload(self, record: TaskRecord) -> Payload:
@@ -271,7 +272,8 @@ class RoundEngine:
             if issued and int(issued[1]) < self._version - self.rule.max_staleness:
                 raise UpdateRefused(f"too stale: task {task_id!r} was for version "
                                     f"{issued[1]}, current is {self._version} "
-                                    f"(max_staleness {self.rule.max_staleness})")
+                                    f"(max_staleness {self.rule.max_staleness})",
+                                    RefusalCode.TOO_STALE)
             raise NotFound(f"unknown task id {task_id!r}")
         if record.client_id != client_id:
             raise PermissionDenied(f"task {task_id!r} belongs to another client")
@@ -444,14 +446,15 @@ class RoundEngine:
 
     def _check_open(self, record: TaskRecord) -> None:
         if self.finished:
-            raise UpdateRefused(f"the run is over: {self.finished_reason}")
+            raise UpdateRefused(f"the run is over: {self.finished_reason}", RefusalCode.RUN_OVER)
         if record.done:
-            raise UpdateRefused(f"task {record.task_id!r} already has an accepted update")
+            raise UpdateRefused(f"task {record.task_id!r} already has an accepted update",
+                                RefusalCode.ALREADY_ACCEPTED)
         staleness = self._version - record.version
         if staleness > self.rule.max_staleness:
             raise UpdateRefused(f"too stale: trained on version {record.version}, current is "
                                 f"{self._version} (staleness {staleness} > max_staleness "
-                                f"{self.rule.max_staleness})")
+                                f"{self.rule.max_staleness})", RefusalCode.TOO_STALE)
 
     def _drop(self, record: TaskRecord, update: ReceivedUpdate) -> None:
         """``drop_partial``: refuse a partial update; in rounds it still answers for its place.
@@ -465,7 +468,8 @@ class RoundEngine:
             record.dropped = True
         self._save(record)
         raise UpdateRefused(f"partial work dropped (drop_partial): {update.steps_completed} of "
-                            f"{update.steps_planned} planned steps completed")
+                            f"{update.steps_planned} planned steps completed",
+                            RefusalCode.PARTIAL_DROPPED)
 
     def _weight(self, update: ReceivedUpdate, staleness: int) -> float:
         """``num_examples x staleness_weight(tau) x work_fraction`` (DESIGN.md).
@@ -669,4 +673,4 @@ def _check_work(update: ReceivedUpdate) -> None:
     """Refuse an update whose client planned steps but completed none: it carries nothing."""
     if update.steps_planned > 0 and update.steps_completed == 0:
         raise UpdateRefused(f"no local work: 0 of {update.steps_planned} planned steps "
-                            "completed before the deadline")
+                            "completed before the deadline", RefusalCode.NO_WORK)

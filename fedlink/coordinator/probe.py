@@ -14,10 +14,13 @@ from dataclasses import dataclass
 from fedlink.coordinator.limits import TokenBucket
 from fedlink.coordinator.operations import NetcheckConfig
 from fedlink.errors import ResourceExhausted, UpdateRefused
+from fedlink.refusals import RefusalCode
 
 
 class ProbesOff(UpdateRefused):
     """The coordinator does not answer probes (``FAILED_PRECONDITION``)."""
+
+    reason = RefusalCode.PROBES_OFF
 
 
 @dataclass(frozen=True)

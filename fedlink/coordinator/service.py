@@ -74,6 +74,7 @@ from fedlink.messages import (
     UploadStatusRequest,
 )
 from fedlink.metrics import EventLog
+from fedlink.refusals import RefusalCode
 from fedlink.wire import Payload, iter_chunks, unpack
 
 log = logging.getLogger(__name__)
@@ -294,7 +295,7 @@ class CoordinatorService:
             raise InvalidArgument("offset and max_chunk_bytes must be >= 0")
         record = self.engine.task(request.client_id, request.task_id)
         if not self.engine.is_open(record):
-            raise UpdateRefused(f"task {request.task_id!r} is closed")
+            raise UpdateRefused(f"task {request.task_id!r} is closed", RefusalCode.TASK_CLOSED)
         full = self.engine.payload(record.version)
         payload = self.engine.delta_payload(record) if request.delta else full
         if request.offset > len(payload.data):
@@ -420,7 +421,8 @@ class CoordinatorService:
         except RemoteError as err:
             self.progress.refused()
             self.events.emit("update_refused", client_id=request.client_id,
-                             task_id=request.task_id, reason=err.detail, code=err.code,
+                             task_id=request.task_id, reason=err.detail,
+                             reason_code=err.refusal, code=err.code,
                              bytes_up=request.update.num_bytes,
                              **_reported_counters(request.metrics))
             answer = err
@@ -551,7 +553,7 @@ class CoordinatorService:
     @staticmethod
     def _replay(previous: CommitReply | RemoteError) -> CommitReply:
         if isinstance(previous, RemoteError):
-            raise type(previous)(previous.detail)
+            raise previous.again()  # the same error, its refusal code included
         return previous
 
     def poll(self) -> None:

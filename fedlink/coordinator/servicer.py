@@ -20,15 +20,17 @@ from fedlink.errors import RemoteError
 from fedlink.proto.v1 import coordinator_pb2 as pb
 from fedlink.proto.v1 import coordinator_pb2_grpc as pb_grpc
 from fedlink.wire import from_proto, task_reply_to_proto, to_proto
-from fedlink.wire.status import refusal_status
+from fedlink.wire.refusal import refusal_details
+from fedlink.wire.status import rich_status
 
 log = logging.getLogger(__name__)
 
 async def _abort(context: grpc.aio.ServicerContext, exc: Exception, call: str) -> NoReturn:
     if isinstance(exc, RemoteError):
-        if exc.retry_after_s is not None:  # overload: RetryInfo tells how long to back off
+        details = refusal_details(exc, call)  # the refusal's code, beside status and text
+        if details or exc.retry_after_s is not None:  # overload: RetryInfo says how long
             await context.abort_with_status(
-                refusal_status(exc.code, exc.detail, exc.retry_after_s))
+                rich_status(exc.code, exc.detail, details, exc.retry_after_s))
         await context.abort(grpc.StatusCode[exc.code], exc.detail)
     log.exception("unexpected error in %s", call, exc_info=exc)
     await context.abort(grpc.StatusCode.INTERNAL,

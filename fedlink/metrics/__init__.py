@@ -3,18 +3,19 @@
 Typical use by a run driver::
 
     with EventLog(run_dir / "events.jsonl") as log, RunProgress(rounds) as progress:
-        log.emit("run_started", config=config)
+        log.on_flush(show)  # show(flush) moves the progress bar on each new version
+        log.emit(RunStarted(config=config))
         ...
-        log.emit("flush", model_version=v, num_updates=n, accuracy=acc, loss=loss,
-                 bytes_up=up, bytes_down=down, round_seconds=secs)
-        progress.update(round, acc, total_up, total_down)
-    summary = summarize(read_events(run_dir / "events.jsonl"), config)
+        log.emit(Flush(model_version=v, num_updates=n, accuracy=acc, loss=loss,
+                       bytes_up=up, bytes_down=down, round_seconds=secs))
+    events = read_events(run_dir / "events.jsonl")
+    summary = summarize(events, config)
     write_summary(run_dir / SUMMARY_FILENAME, summary)
-    write_report(run_dir, log.events, summary)
+    write_report(run_dir, events, summary)
     print_summary(summary, run_dir)
 
-The event schema is documented in :mod:`fedlink.metrics.events`, the summary fields in
-:mod:`fedlink.metrics.summary`.
+The event types are in :mod:`fedlink.metrics.kinds`, the log in :mod:`fedlink.metrics.events`,
+the summary fields in :mod:`fedlink.metrics.summary`.
 """
 
 from typing import Any
@@ -31,11 +32,29 @@ from fedlink.metrics.events import (
     TASK_ISSUED,
     UPDATE_ACCEPTED,
     UPDATE_REFUSED,
-    Event,
     EventLog,
+    iter_events,
     read_events,
 )
 from fedlink.metrics.formatting import human_bytes, human_seconds, key_figures
+from fedlink.metrics.kinds import (
+    EVENT_TYPES,
+    ClientExpired,
+    ClientJoined,
+    ClientLeft,
+    ClientNetwork,
+    ClientTimeout,
+    CoordinatorRestored,
+    DownloadFinished,
+    Event,
+    Flush,
+    FlushRefused,
+    RunFinished,
+    RunStarted,
+    TaskIssued,
+    UpdateAccepted,
+    UpdateRefused,
+)
 from fedlink.metrics.report import REPORT_FILENAME, write_report
 from fedlink.metrics.summary import SUMMARY_FILENAME, summarize, write_summary
 
@@ -61,6 +80,7 @@ __all__ = [
     "DOWNLOAD_FINISHED",
     "EVENTS_FILENAME",
     "EVENT_KINDS",
+    "EVENT_TYPES",
     "FLUSH",
     "REPORT_FILENAME",
     "RUN_FINISHED",
@@ -69,11 +89,26 @@ __all__ = [
     "TASK_ISSUED",
     "UPDATE_ACCEPTED",
     "UPDATE_REFUSED",
+    "ClientExpired",
+    "ClientJoined",
+    "ClientLeft",
+    "ClientNetwork",
+    "ClientTimeout",
+    "CoordinatorRestored",
+    "DownloadFinished",
     "Event",
     "EventLog",
+    "Flush",
+    "FlushRefused",
+    "RunFinished",
     "RunProgress",
+    "RunStarted",
+    "TaskIssued",
+    "UpdateAccepted",
+    "UpdateRefused",
     "human_bytes",
     "human_seconds",
+    "iter_events",
     "key_figures",
     "print_summary",
     "read_events",

@@ -146,12 +146,23 @@ def _traffic_row(run: RunCurve) -> list[str]:
 
 
 def _refusals(runs: Sequence[RunCurve]) -> str:
-    tallies = [_reason_kinds(run.summary.get("refusal_reasons") or {}) for run in runs]
+    tallies = [_refusal_tally(run.summary) for run in runs]
     reasons = sorted({reason for tally in tallies for reason in tally})
     if not reasons:
         return "## Refused updates\n\nNo run refused an update."
     rows = [[reason, *(str(tally.get(reason, 0)) for tally in tallies)] for reason in reasons]
-    return "## Refused updates\n\n" + _table(["Reason", *(run.name for run in runs)], rows)
+    coded = any(run.summary.get("refusals_by_code") for run in runs)
+    return "## Refused updates\n\n" + _table(["Code" if coded else "Reason",
+                                                *(run.name for run in runs)], rows)
+
+
+def _refusal_tally(summary: Mapping[str, Any]) -> dict[str, int]:
+    """A run's refusal counts by code; for an older summary without codes, by kind of
+    reason."""
+    by_code = summary.get("refusals_by_code")
+    if by_code:
+        return {str(code): int(entry.get("count", 0)) for code, entry in by_code.items()}
+    return _reason_kinds(summary.get("refusal_reasons") or {})
 
 
 def _reason_kinds(reasons: Mapping[str, int]) -> dict[str, int]:

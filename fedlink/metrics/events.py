@@ -1,50 +1,28 @@
 """The run event log: an append-only JSON-lines record of everything a run does.
 
-Every event is one JSON object on its own line. :class:`EventLog` adds three fields to each:
+Every event is one JSON object on its own line. :class:`EventLog` stamps three fields on each:
 
 ========== ==========================================================================
 ``t``       wall-clock time, Unix seconds (``time.time()`` unless a clock is injected)
 ``elapsed`` seconds since the log was created, from a monotonic clock
-``kind``    the event kind (below)
+``kind``    the event kind
 ========== ==========================================================================
+
+The kinds and their fields are typed: one frozen dataclass per kind in
+:mod:`fedlink.metrics.kinds` (``EVENT_TYPES`` is the table). Writers either pass one
+(``log.emit(TaskIssued(client_id=..., task_id=..., model_version=...))``) or use the
+``log.emit("task_issued", client_id=..., ...)`` form, which builds and checks the same type
+(an unknown kind or field is an error naming it). Readers get the same types back from
+:func:`read_events` and from subscribers (:meth:`EventLog.subscribe`, :meth:`EventLog.on_flush`).
 
 A coordinator with a ``state_dir`` also gives each event that records a change of its durable
 state an ``event_id``, unique within the run: such events are made durable with the change and
 written again by a restarted coordinator if it may not have written them, and
 :func:`read_events` keeps the first of each ``event_id``.
 
-Event kinds and their fields (the schema the framework writes and :mod:`.summary` reads):
-
-``run_started``
-    ``config`` -- the run configuration, as a JSON object.
-``client_joined``
-    ``client_id``, ``name``, ``num_examples``.
-``task_issued``
-    ``client_id``, ``task_id``, ``model_version``.
-``download_finished``
-    ``client_id``, ``task_id``, ``bytes`` -- bytes sent to the client for this task.
-``update_accepted``
-    ``client_id``, ``task_id``, ``base_version``, ``staleness`` (versions behind),
-    ``num_examples``, ``steps_completed``, ``bytes_up`` (encoded update size), ``weight``
-    (aggregation weight).
-``update_refused``
-    ``client_id``, ``task_id``, ``reason`` (human-readable), ``code`` (gRPC status code
-    name, e.g. ``FAILED_PRECONDITION``); optionally ``bytes_up`` when the update was
-    received before it was refused.
-``flush``
-    ``model_version`` (after the flush), ``num_updates``, ``updates`` (the task ids of the
-    updates it folded in), ``accuracy``, ``loss`` (either may
-    be ``null`` when not evaluated), ``bytes_up``, ``bytes_down`` (traffic during the round),
-    ``round_seconds``.
-``client_left``
-    ``client_id``.
-``client_timeout``
-    ``client_id``.
-``run_finished``
-    ``reason``.
-``coordinator_restored``
-    ``model_version``, ``clients``, ``tasks``, ``pending_updates``, ``settled_uploads``,
-    ``unreported_flushes``: what a coordinator restarted on its ``state_dir`` took back.
+The log streams: each event goes to the file as it is written and the log keeps only running
+counts in memory, so a long-running coordinator's memory does not grow with its events. A log
+without a path streams to an anonymous temporary file, so it can be read back the same way.
 
 Values are converted to plain JSON on the way in: numpy scalars and arrays, tuples, sets,
 dataclasses, enums and paths become their JSON equivalents, and non-finite floats become
@@ -58,19 +36,34 @@ import dataclasses
 import enum
 import json
 import math
+import tempfile
 import threading
 import time
+import weakref
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path, PurePath
 from types import TracebackType
-from typing import IO, Any, Final, Self
+from typing import IO, Any, Final, Self, TypeVar, overload
 
 import numpy as np
 
+from fedlink.metrics.kinds import (
+    EVENT_TYPES,
+    RESERVED_FIELDS,
+    Event,
+    Flush,
+    check_fields,
+    from_record,
+)
 from fedlink.private import private_dir, touch_private
 
-Event = dict[str, Any]
-"""One event: a JSON object with at least ``t``, ``elapsed`` and ``kind``."""
+Record = dict[str, Any]
+"""One event as the JSON object written on its line."""
+
+E = TypeVar("E", bound=Event)
+Subscriber = Callable[[Event], None]
+Unsubscribe = Callable[[], None]
 
 RUN_STARTED: Final = "run_started"
 CLIENT_JOINED: Final = "client_joined"
@@ -83,24 +76,11 @@ CLIENT_LEFT: Final = "client_left"
 CLIENT_TIMEOUT: Final = "client_timeout"
 RUN_FINISHED: Final = "run_finished"
 
-EVENT_KINDS: Final = frozenset(
-    {
-        RUN_STARTED,
-        CLIENT_JOINED,
-        TASK_ISSUED,
-        DOWNLOAD_FINISHED,
-        UPDATE_ACCEPTED,
-        UPDATE_REFUSED,
-        FLUSH,
-        CLIENT_LEFT,
-        CLIENT_TIMEOUT,
-        RUN_FINISHED,
-    }
-)
-"""The kinds the framework emits; :meth:`EventLog.emit` accepts others too."""
+EVENT_KINDS: Final = frozenset(EVENT_TYPES)
+"""Every kind the framework emits (the names of ``fedlink.metrics.kinds.EVENT_TYPES``)."""
 
-RESERVED_FIELDS: Final = frozenset({"t", "elapsed", "kind", "event_id"})
-"""Fields the log sets itself; passing them to :meth:`EventLog.emit` is an error."""
+__all__ = ["EVENT_KINDS", "RESERVED_FIELDS", "Event", "EventLog", "Record", "iter_events",
+           "read_events", "to_jsonable"]
 
 
 def to_jsonable(value: Any) -> Any:
@@ -108,7 +88,14 @@ def to_jsonable(value: Any) -> Any:
 
     Raises ``TypeError`` for a value with no sensible JSON form.
     """
-    if value is None or isinstance(value, str | bool):
+    kind = type(value)
+    if value is None or kind is str or kind is bool or kind is int:  # the common cases, fast
+        return value
+    if kind is float:
+        return value if math.isfinite(value) else None
+    if kind is dict:
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, str | bool):
         return value
     if isinstance(value, enum.Enum):
         return to_jsonable(value.value)
@@ -139,12 +126,14 @@ def _scalar(value: int | float | np.generic) -> int | float | bool | str | None:
 
 
 class EventLog:
-    """An append-only, thread-safe event log, in memory and optionally on disk as JSON lines.
+    """An append-only, thread-safe event log streamed to a JSON-lines file.
 
-    ``path=None`` keeps events in memory only. With a path, the file is opened for appending
-    (parent folders are created), and every event is written as one line and flushed before
-    :meth:`emit` returns. ``clock`` (monotonic, for ``elapsed``) and ``wall_clock`` (for
-    ``t``) may be injected, e.g. by a virtual-clock simulation.
+    With a path, the file is opened for appending (parent folders are created); with
+    ``path=None`` the log streams to an anonymous temporary file that goes with the log.
+    Every event is written as one line (to a named file: flushed before :meth:`emit`
+    returns); in memory the log keeps only a count per kind. ``clock`` (monotonic, for
+    ``elapsed``) and ``wall_clock`` (for ``t``) may be injected, e.g. by a virtual-clock
+    simulation.
     """
 
     def __init__(
@@ -158,60 +147,80 @@ class EventLog:
         self._clock = clock
         self._wall_clock = wall_clock
         self._start = clock()
-        self._events: list[Event] = []
         self._lock = threading.Lock()
         self._closed = False
-        self._held: list[Event] | None = None
-        self._subscribers: list[Callable[[Event], None]] = []
-        self._file: IO[str] | None = None
+        self._held: list[Record] | None = None
+        self._subscribers: list[tuple[str | None, Subscriber]] = []
+        self._counts: Counter[str] = Counter()
+        self._file: IO[str] | None
         if path is not None:
             private_dir(path.parent)
             self._file = touch_private(path).open("a", encoding="utf-8", buffering=1)
+            self._anonymous: IO[str] | None = None
+        else:
+            # Buffered, not flushed per line: only this log reads it (seeking flushes), and
+            # a syscall per event would cost a busy coordinator for nothing.
+            self._file = self._anonymous = tempfile.TemporaryFile(  # noqa: SIM115 - kept open
+                "w+", encoding="utf-8", buffering=1 << 16)
+            weakref.finalize(self, self._anonymous.close)
+        self._offset = self._file.tell()  # this log's events start here (appending)
 
     @property
     def path(self) -> Path | None:
-        """The JSON-lines file, or None for an in-memory log."""
+        """The JSON-lines file, or None for a log on an anonymous temporary file."""
         return self._path
 
     @property
     def events(self) -> list[Event]:
-        """A copy of the events emitted through this log, oldest first."""
-        with self._lock:
-            return [dict(e) for e in self._events]
+        """The events written through this log, oldest first (read back from its file)."""
+        return list(self._read())
 
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` has been called."""
         return self._closed
 
+    def count(self, kind: str | type[Event] | None = None) -> int:
+        """How many events (of one kind) this log has written, from its running count."""
+        if kind is None:
+            return sum(self._counts.values())
+        return self._counts[_kind_name(kind)]
+
+    def __len__(self) -> int:
+        return self.count()
+
     def elapsed(self) -> float:
         """Seconds since the log was created, by the log's monotonic clock."""
         return self._clock() - self._start
 
-    def emit(self, kind: str, **fields: Any) -> Event:
-        """Record one event of ``kind`` with ``fields`` and return it as written.
+    def emit(self, event: Event | str, /, **fields: Any) -> Event:
+        """Record one event and return it as written (time fields stamped).
 
-        Raises ``ValueError`` if the log is closed or a field name is reserved, and
-        ``TypeError`` if a value cannot be written as JSON.
+        ``event`` is a typed event, or a kind name with its ``fields`` (checked against the
+        kind's type). Raises ``ValueError`` if the log is closed, the kind is unknown or a
+        field is reserved or undeclared, and ``TypeError`` if a value cannot be JSON.
         """
-        clash = RESERVED_FIELDS.intersection(fields)
-        if clash:
-            raise ValueError(f"reserved event field(s): {', '.join(sorted(clash))}")
-        body = to_jsonable(fields)
+        if isinstance(event, str):
+            check_fields(event, fields)
+            kind, body = event, to_jsonable(fields)
+        elif fields:
+            raise TypeError("emit(event) takes no fields beside a typed event")
+        else:
+            kind, body = event.kind, to_jsonable(event.body())
         with self._lock:
             if self._closed:
                 raise ValueError("emit on a closed event log")
-            event: Event = {"t": self._wall_clock(), "elapsed": self.elapsed(), "kind": kind}
-            event.update(body)
+            record: Record = {"t": self._wall_clock(), "elapsed": self.elapsed(),
+                              "kind": kind, **body}
             if self._held is not None:
-                self._held.append(event)
+                self._held.append(record)
             else:
-                self._record(event)
-        return dict(event)
+                self._record(record)
+        return from_record(record)
 
     @contextlib.contextmanager
-    def captured(self) -> Iterator[list[Event]]:
-        """Capture the events emitted inside instead of writing them; yields their list.
+    def captured(self) -> Iterator[list[Record]]:
+        """Capture the events emitted inside instead of writing them; yields their records.
 
         The caller writes them later with :meth:`write_captured`. The coordinator captures the
         events of a change to its durable state and writes them once the change is durable: a
@@ -230,46 +239,100 @@ class EventLog:
                 with self._lock:
                     self._held = None
 
-    def write_captured(self, events: list[Event]) -> None:
-        """Write and keep events captured by :meth:`captured`, in order."""
+    def write_captured(self, events: list[Record]) -> None:
+        """Write records captured by :meth:`captured`, in order."""
         with self._lock:
-            for event in events:
-                self._record(event)
+            for record in events:
+                self._record(record)
 
-    def replay(self, event: Event) -> None:
+    def replay(self, event: Mapping[str, Any]) -> None:
         """Write an event made by an earlier process as it is (a coordinator's restart)."""
         with self._lock:
             self._record(dict(event))
 
-    def subscribe(self, subscriber: Callable[[Event], None]) -> None:
-        """Call ``subscriber`` with a copy of every event from now on, once it is written.
+    @overload
+    def subscribe(self, kind: Subscriber, /) -> Unsubscribe: ...
 
-        Subscribers (live exporters: Prometheus, TensorBoard) see what the file records, in
-        order, captured events only once they are durable; they run under the log's lock, so
-        they must be quick and must not emit.
+    @overload
+    def subscribe(self, kind: type[E], callback: Callable[[E], None], /) -> Unsubscribe: ...
+
+    @overload
+    def subscribe(self, kind: str, callback: Subscriber, /) -> Unsubscribe: ...
+
+    def subscribe(self, kind: Any, callback: Any = None, /) -> Unsubscribe:
+        """Call ``callback`` with every typed event from now on (of ``kind``: a name or an
+        event type), once it is written; ``subscribe(callback)`` subscribes to every kind.
+
+        Subscribers (the progress bar, live exporters: Prometheus, TensorBoard) see what the
+        file records, in order, captured events only once they are durable; they run under
+        the log's lock, on the writer's thread, so they must be quick and must not emit
+        (hand work to a loop with ``call_soon_threadsafe``). Returns a function that
+        unsubscribes.
         """
+        if callback is None:
+            kind, callback = None, kind
+        name = None if kind is None else _kind_name(kind)
+        if name is not None and name not in EVENT_TYPES:
+            raise ValueError(f"unknown event kind {name!r}")
+        entry = (name, callback)
         with self._lock:
-            self._subscribers.append(subscriber)
+            self._subscribers.append(entry)
 
-    def _record(self, event: Event) -> None:
-        """Write and keep one event, and hand it to subscribers; the caller holds the lock."""
-        self._write(event)
-        self._events.append(event)
-        for subscriber in self._subscribers:
-            subscriber(dict(event))
+        def unsubscribe() -> None:
+            with self._lock:
+                if entry in self._subscribers:
+                    self._subscribers.remove(entry)
 
-    def of_kind(self, kind: str) -> list[Event]:
-        """The events of one kind, oldest first."""
+        return unsubscribe
+
+    def on_flush(self, callback: Callable[[Flush], None]) -> Unsubscribe:
+        """Call ``callback`` with every ``flush`` event (a new model version), once written."""
+        return self.subscribe(Flush, callback)
+
+    def _record(self, record: Record) -> None:
+        """Write one record, count it and hand it to subscribers; the caller holds the lock."""
+        self._write(record)
+        kind = str(record.get("kind"))
+        self._counts[kind] += 1
+        wanted = [cb for name, cb in self._subscribers if name is None or name == kind]
+        if wanted:
+            event = from_record(record)
+            for callback in wanted:
+                callback(event)
+
+    def of_kind(self, kind: str | type[E]) -> list[Any]:
+        """The events of one kind (a name or an event type), oldest first, read back from
+        the file (nothing is kept in memory to copy)."""
+        name = _kind_name(kind)
+        return [e for e in self._read() if e.kind == name]
+
+    def _read(self) -> Iterator[Event]:
+        """This log's events, read back from its file (without dropping repeats)."""
         with self._lock:
-            return [dict(e) for e in self._events if e["kind"] == kind]
+            if self._anonymous is not None:
+                self._anonymous.seek(self._offset)
+                lines = self._anonymous.readlines()
+                self._anonymous.seek(0, 2)
+            elif self._path is not None:
+                with self._path.open(encoding="utf-8") as f:
+                    f.seek(self._offset)
+                    lines = f.readlines()
+            else:
+                lines = []
+        for line in lines:
+            if line.strip():
+                yield from_record(json.loads(line))
 
     def close(self) -> None:
-        """Close the file (if any); further :meth:`emit` calls raise. Idempotent."""
+        """Stop writing (further :meth:`emit` calls raise) and close a named file. Idempotent.
+
+        A log on an anonymous file can still be read until it is garbage collected.
+        """
         with self._lock:
             self._closed = True
-            if self._file is not None:
+            if self._file is not None and self._anonymous is None:
                 self._file.close()
-                self._file = None
+            self._file = None
 
     def __enter__(self) -> Self:
         return self
@@ -283,52 +346,50 @@ class EventLog:
         self.close()
 
     def __repr__(self) -> str:
-        where = str(self._path) if self._path is not None else "memory"
-        return f"EventLog({where}, {len(self._events)} events)"
+        where = str(self._path) if self._path is not None else "anonymous file"
+        return f"EventLog({where}, {self.count()} events)"
 
-    def _write(self, event: Event) -> None:
-        """Append one event as a line and flush it; the caller holds the lock."""
+    def _write(self, record: Record) -> None:
+        """Append one record as a line and flush it; the caller holds the lock."""
         if self._file is None:
             return
-        self._file.write(json.dumps(event, allow_nan=False, separators=(",", ":")) + "\n")
-        self._file.flush()
+        self._file.write(json.dumps(record, allow_nan=False, separators=(",", ":")) + "\n")
+        if self._anonymous is None:  # a named file is read by others: each line at once
+            self._file.flush()
 
 
-def read_events(path: Path) -> list[Event]:
-    """Read a JSON-lines event log back, oldest first.
+def _kind_name(kind: str | type[Event]) -> str:
+    return kind if isinstance(kind, str) else kind.KIND
+
+
+def iter_events(path: Path) -> Iterator[Event]:
+    """The typed events of a JSON-lines event log, oldest first, streamed line by line.
 
     Blank lines are skipped. A torn final line (a process killed mid-write) is ignored; a
     malformed line anywhere else raises ``ValueError`` naming the line. An event whose
     ``event_id`` was already read is skipped: a restarted coordinator writes again the events
     it had made durable but may not have written (see ``fedlink.coordinator.state``).
     """
-    lines = path.read_text(encoding="utf-8").splitlines()
-    events: list[Event] = []
     seen: set[Any] = set()
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError as err:
-            if number == len(lines) and not _ends_with_newline(path):
-                break
-            raise ValueError(f"{path}:{number}: not a JSON event: {err}") from err
-        if not isinstance(event, dict) or "kind" not in event:
-            raise ValueError(f"{path}:{number}: not an event object")
-        if "event_id" in event:
-            if event["event_id"] in seen:
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
                 continue
-            seen.add(event["event_id"])
-        events.append(event)
-    return events
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                if not line.endswith("\n"):
+                    return  # only the last line lacks one: the torn line of a killed writer
+                raise ValueError(f"{path}:{number}: not a JSON event: {err}") from err
+            if not isinstance(record, dict) or "kind" not in record:
+                raise ValueError(f"{path}:{number}: not an event object")
+            if "event_id" in record:
+                if record["event_id"] in seen:
+                    continue
+                seen.add(record["event_id"])
+            yield from_record(record)
 
 
-def _ends_with_newline(path: Path) -> bool:
-    """Whether the file's last byte is a newline (a complete final line)."""
-    with path.open("rb") as f:
-        f.seek(0, 2)
-        if f.tell() == 0:
-            return True
-        f.seek(-1, 2)
-        return f.read(1) == b"\n"
+def read_events(path: Path) -> list[Event]:
+    """Every typed event of a JSON-lines event log, oldest first (see :func:`iter_events`)."""
+    return list(iter_events(path))

@@ -113,7 +113,7 @@ def _markdown(
     """The whole report as Markdown text."""
     parts = [f"# Run report: {_cell(title)}", _summary_section(summary)]
     parts.append(_plots_section(flushes, plots))
-    parts.append(_refusals_section(summary.get("refusal_reasons") or {}))
+    parts.append(_refusals_section(summary))
     network = summary.get("network")
     if network:
         parts.append(_network_section(network.get("profiles") or {}))
@@ -170,8 +170,15 @@ def _plots_section(flushes: list[Event], plots: list[_Series]) -> str:
     return "## Plots\n\n" + "\n\n".join(images)
 
 
-def _refusals_section(reasons: Mapping[str, int]) -> str:
-    """Refused updates by reason, or a note that none were refused."""
+def _refusals_section(summary: Mapping[str, Any]) -> str:
+    """Refused updates, one row per refusal code with an example detail (an older summary
+    without codes: one row per reason), or a note that none were refused."""
+    by_code = summary.get("refusals_by_code")
+    if by_code:
+        rows = [[str(code), str(entry.get("count", 0)), str(entry.get("example") or "")]
+                for code, entry in by_code.items()]
+        return "## Refused updates\n\n" + _table(["Code", "Count", "Example"], rows)
+    reasons = summary.get("refusal_reasons") or {}
     if not reasons:
         return "## Refused updates\n\nNo updates were refused."
     rows = [[reason, str(count)] for reason, count in reasons.items()]

@@ -35,7 +35,13 @@
 ``updates_accepted``     number of ``update_accepted`` events
 ``updates_refused``      number of ``update_refused`` events
 ``refusal_reasons``      ``reason`` -> count over ``update_refused`` events
-``refusal_codes``        ``code`` -> count over ``update_refused`` events
+``refusal_codes``        ``code`` (the gRPC status code name) -> count over ``update_refused``
+                         events
+``refusals_by_code``     ``reason_code`` (a ``fedlink.refusals.RefusalCode`` value: why, in
+                         one word) -> ``{"count": n, "example": reason}``, the ``reason`` of
+                         the first such refusal as an example, most common first; a refusal
+                         without a ``reason_code`` (a run written before codes) counts as the
+                         code its gRPC status implies, else ``none``
 ``mean_staleness``       mean ``staleness`` of accepted updates (None if none accepted)
 ``max_staleness``        largest ``staleness`` of accepted updates (None if none accepted)
 ``clients``              number of distinct ``client_id`` values in ``client_joined`` events
@@ -87,6 +93,7 @@ from fedlink.metrics.events import (
     to_jsonable,
 )
 from fedlink.private import private_dir, touch_private
+from fedlink.refusals import code_for_status
 
 SUMMARY_FILENAME = "summary.json"
 """The conventional file name of a run summary inside a run folder."""
@@ -228,6 +235,7 @@ def _update_figures(events: list[Event]) -> dict[str, Any]:
         "updates_refused": len(refused),
         "refusal_reasons": _tally(refused, "reason"),
         "refusal_codes": _tally(refused, "code"),
+        "refusals_by_code": refusals_by_code(refused),
         "mean_staleness": sum(staleness) / len(staleness) if staleness else None,
         "max_staleness": max(staleness) if staleness else None,
     }
@@ -256,6 +264,26 @@ def _resilience_figures(events: list[Event]) -> dict[str, Any]:
         "offline_seconds": float(sum(float(e.get("offline_seconds") or 0.0)
                                      for e in reports)),
     }
+
+
+def refusals_by_code(refused: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``update_refused`` events grouped by refusal code: count and one example detail each."""
+    counts: Counter[str] = Counter()
+    examples: dict[str, str] = {}
+    for event in refused:
+        code = _refusal_code(event)
+        counts[code] += 1
+        examples.setdefault(code, str(event.get("reason") or ""))
+    return {code: {"count": count, "example": examples[code]}
+            for code, count in counts.most_common()}
+
+
+def _refusal_code(event: Mapping[str, Any]) -> str:
+    """An event's ``reason_code``; for an older run's event, what its status code implies."""
+    code = event.get("reason_code")
+    if code:
+        return str(code)
+    return code_for_status(str(event.get("code") or "")).value
 
 
 def comm_figures(accepted: list[Event]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedlink.client import SessionStats
+from fedlink.metrics.kinds import ClientNetwork
 from fedlink.netem import ClientLink, LinkCounters
 
 
@@ -24,22 +25,22 @@ class ClientOutcome:
         """The link profile's name (``"direct"`` without a ``[network]`` section)."""
         return "direct" if self.link is None else self.link.profile_name
 
-    def as_event(self) -> dict[str, Any]:
-        """Fields of this client's ``client_network`` event."""
+    def as_event(self) -> ClientNetwork:
+        """This client's ``client_network`` event."""
         counters = self.counters.as_dict() if self.counters else {}
-        return {
-            "index": self.index,
-            "profile": self.profile_name,
-            "speed": 1.0 if self.link is None else self.link.speed,
-            "tasks": self.stats.tasks,
-            "accepted": self.stats.accepted,
-            "refused": self.stats.refused,
-            "failed": self.stats.failed,
-            "retries": self.stats.retries,
-            "network_seconds": self.stats.network_seconds,
-            "train_seconds": self.stats.train_seconds,
-            "link": counters,
-        }
+        return ClientNetwork(
+            index=self.index,
+            profile=self.profile_name,
+            speed=1.0 if self.link is None else self.link.speed,
+            tasks=self.stats.tasks,
+            accepted=self.stats.accepted,
+            refused=self.stats.refused,
+            failed=self.stats.failed,
+            retries=self.stats.retries,
+            network_seconds=self.stats.network_seconds,
+            train_seconds=self.stats.train_seconds,
+            link=counters,
+        )
 
 
 _SUMMED = ("bytes_up", "bytes_down", "resets", "blackouts", "stalled_s")

@@ -35,20 +35,20 @@ from fedlink.metrics import (
     write_summary,
 )
 from fedlink.metrics.federated import federated_figures
+from fedlink.metrics.kinds import Flush
 from fedlink.netem import ClientLink
 from fedlink.netem.proxy import TcpProxy
 from fedlink.sim.capacity import for_population
 from fedlink.sim.config import ExperimentConfig
 from fedlink.sim.network import ClientOutcome, network_summary
 from fedlink.sim.stragglers import SlowedTrainer
+from fedlink.sim.watch import FlushWatch
 
 if TYPE_CHECKING:  # the set-up imports torch: loaded when a simulation runs
     import torch
 
-    from fedlink.metrics.console import RunProgress
     from fedlink.sim.setup import Experiment
 
-PROGRESS_POLL_S = 0.2
 SIM_TOKEN_TTL_S = 7 * 24 * 3600.0  # a simulated client's token outlives any simulation
 
 
@@ -104,15 +104,16 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
         started = time.monotonic()
         outcomes, trainers, final = asyncio.run(_simulate(experiment, events, progress))
         for outcome in outcomes:
-            events.emit("client_network", **outcome.as_event())
-        summary = summarize(events.events, {**config.to_dict(), "plugs": plugs.describe()})
+            events.emit(outcome.as_event())
+        recorded = events.events  # read back once from events.jsonl: the log keeps none
+        summary = summarize(recorded, {**config.to_dict(), "plugs": plugs.describe()})
     summary.update(_client_figures(outcomes, time.monotonic() - started))
     summary.update(experiment.data_figures())
-    summary.update(federated_figures(events.events))
+    summary.update(federated_figures(recorded))
     if config.network is not None:
         summary["network"] = network_summary(outcomes)
     write_summary(run_dir / SUMMARY_FILENAME, summary)
-    report = write_report(run_dir, events.events, summary)
+    report = write_report(run_dir, recorded, summary)
     state = experiment.save_model(run_dir, final)
     return SimulationResult(summary, run_dir, report, outcomes, state, trainers)
 
@@ -183,16 +184,24 @@ async def _run_sessions(sessions: list[ClientSession], server: CoordinatorServer
                         target_accuracy: float = 0.0) -> list[SessionStats]:
     from fedlink.metrics.console import RunProgress  # rich: loaded when a run shows progress
 
+    loop = asyncio.get_running_loop()
+    reached = asyncio.Event()
     with RunProgress(rounds, enabled=progress) as bar:
-        watcher = asyncio.create_task(_watch(events, bar, server, target_accuracy))
+        # The flush events tell the bar and the target stop (on the log writer's thread,
+        # hence the hand-over to the loop): nothing polls the log.
+        def tell(_: Flush) -> None:
+            loop.call_soon_threadsafe(reached.set)
+
+        unsubscribe = events.on_flush(FlushWatch(bar, target_accuracy, tell))
+        stopper = asyncio.create_task(_stop_at_target(reached, server, target_accuracy))
         try:
             stats = await asyncio.gather(*(s.run() for s in sessions))
             await server.wait_finished()
         finally:
-            watcher.cancel()
+            unsubscribe()
+            stopper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await watcher
-        _show(events, bar)
+                await stopper
     return list(stats)
 
 
@@ -218,26 +227,12 @@ def _token(config: ExperimentConfig, name: str) -> str:
     return issue_token(secret, name, ttl_s=SIM_TOKEN_TTL_S)
 
 
-async def _watch(events: EventLog, bar: RunProgress, server: CoordinatorServer,
-                 target_accuracy: float) -> None:
-    """Show progress; with a target accuracy, end the run once a flush reaches it."""
-    while True:
-        _show(events, bar)
-        engine = server.service.engine
-        if target_accuracy > 0 and not engine.finished and any(
-                (e.get("accuracy") or 0.0) >= target_accuracy for e in events.of_kind("flush")):
-            server.service.end_run(f"reached the target accuracy {target_accuracy}")
-        await asyncio.sleep(PROGRESS_POLL_S)
-
-
-def _show(events: EventLog, bar: RunProgress) -> None:
-    flushes = events.of_kind("flush")
-    if not flushes:
-        return
-    last = flushes[-1]
-    bytes_up = sum(e.get("bytes_up", 0) for e in flushes)
-    bytes_down = sum(e.get("bytes_down", 0) for e in flushes)
-    bar.update(len(flushes), last.get("accuracy"), bytes_up, bytes_down)
+async def _stop_at_target(reached: asyncio.Event, server: CoordinatorServer,
+                          target_accuracy: float) -> None:
+    """End the run once a flush has reached the target accuracy (told by the flush event)."""
+    await reached.wait()
+    if not server.service.engine.finished:
+        server.service.end_run(f"reached the target accuracy {target_accuracy}")
 
 
 def _client_figures(outcomes: tuple[ClientOutcome, ...], wall: float) -> dict[str, Any]:

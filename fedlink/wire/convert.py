@@ -17,6 +17,7 @@ from google.protobuf.message import Message
 from fedlink import messages as m
 from fedlink.errors import InvalidArgument
 from fedlink.proto.v1 import coordinator_pb2 as pb
+from fedlink.refusals import RefusalCode
 
 _PAIRS: tuple[tuple[type, type[Message]], ...] = (
     (m.TensorHeader, pb.TensorHeader),
@@ -53,6 +54,8 @@ def to_proto(obj: Any) -> Message:
 
 
 def _value_to_proto(value: Any) -> Any:
+    if isinstance(value, RefusalCode):
+        return refusal_to_proto(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return to_proto(value)
     if isinstance(value, Mapping):
@@ -89,7 +92,28 @@ def _value_from_proto(descriptor: FieldDescriptor, value: Any) -> Any:
         return tuple(from_proto(v) if is_message else v for v in value)
     if is_message:
         return from_proto(value)
+    if descriptor.enum_type is pb.RefusalReason.DESCRIPTOR:
+        return refusal_from_proto(value)
     return value
+
+
+_PROTO_PREFIX = "REFUSAL_REASON_"
+
+
+def refusal_to_proto(code: RefusalCode) -> int:
+    """The ``fedlink.v1.RefusalReason`` number of a refusal code (``NONE``: UNSPECIFIED)."""
+    name = "UNSPECIFIED" if code is RefusalCode.NONE else code.name
+    return int(pb.RefusalReason.Value(_PROTO_PREFIX + name))
+
+
+def refusal_from_proto(number: int) -> RefusalCode:
+    """The refusal code of a ``fedlink.v1.RefusalReason`` number; ``NONE`` for UNSPECIFIED
+    and for a number this version does not know (a newer coordinator's reason)."""
+    try:
+        name = pb.RefusalReason.Name(number).removeprefix(_PROTO_PREFIX)
+    except ValueError:
+        return RefusalCode.NONE
+    return RefusalCode.__members__.get(name, RefusalCode.NONE)
 
 
 def task_reply_to_proto(reply: m.TaskReply) -> pb.GetTaskReply:

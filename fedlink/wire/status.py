@@ -11,21 +11,26 @@ trailer; this module is the one place that builds and reads it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 NANOS_PER_SECOND = 1_000_000_000
 
 
-def refusal_status(code: str, detail: str, retry_after_s: float | None) -> grpc.Status:
+def rich_status(code: str, detail: str, details: Sequence[Message] = (),
+                retry_after_s: float | None = None) -> grpc.Status:
     """A ``grpc.Status`` for status code ``code`` (a ``grpc.StatusCode`` name) with ``detail``,
-    and, when ``retry_after_s`` is given, a ``RetryInfo`` saying to wait that long (at least
-    1 ms: a zero delay would read as "retry at once")."""
-    status_code = grpc.StatusCode[code]
-    status = status_pb2.Status(code=status_code.value[0], message=detail)
+    ``details`` packed into its ``google.rpc.Status`` (a refusal's code,
+    ``fedlink.wire.refusal``) and, when ``retry_after_s`` is given, a ``RetryInfo`` saying to
+    wait that long (at least 1 ms: a zero delay would read as "retry at once")."""
+    status = status_pb2.Status(code=grpc.StatusCode[code].value[0], message=detail)
+    for message in details:
+        status.details.add().Pack(message)
     if retry_after_s is not None:
         info = error_details_pb2.RetryInfo()
         info.retry_delay.FromNanoseconds(max(1_000_000, round(retry_after_s * NANOS_PER_SECOND)))

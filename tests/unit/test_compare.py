@@ -34,6 +34,7 @@ def _run(root: Path, name: str, flushes: list[tuple[float, float]], refused: int
         clock.now += 1.0  # refusals after the last flush
         for i in range(refused):
             log.emit("update_refused", client_id="c", task_id=f"r{i}", code="FAILED_PRECONDITION",
+                     reason_code="too_stale",
                      reason=f"too stale: task 'r{i}' was for version {i}", bytes_up=500)
         log.emit("run_finished", reason="done")
         events = log.events
@@ -52,7 +53,7 @@ def test_time_to_target_and_speedup_against_the_first_run(tmp_path: Path) -> Non
 
     report = write_comparison([sync, elastic], tmp_path / "cmp", 0.9).read_text()
     assert "| elastic | 5.00 s | 2 | 0.00 | 6.00x |" in report
-    assert "| too stale: task '...' was for version N | 0 | 2 |" in report
+    assert "| too_stale | 0 | 2 |" in report  # refusals by code
     for plot in ("accuracy_vs_time.png", "accuracy_vs_version.png", "accuracy_vs_bytes.png"):
         assert (tmp_path / "cmp" / plot).stat().st_size > 0
 
@@ -70,3 +71,14 @@ def test_the_command_prints_the_ratio_last(tmp_path: Path,
 def test_a_folder_that_is_not_a_run_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not a run folder"):
         load_run(tmp_path)
+
+
+def test_a_summary_written_before_refusal_codes_still_compares_by_kind_of_reason(
+        tmp_path: Path) -> None:
+    run_dir = _run(tmp_path, "old", [(2.0, 0.95)], refused=2)
+    summary = (run_dir / "summary.json").read_text()
+    old = summary.replace('"refusals_by_code"', '"written_before_codes"')
+    (run_dir / "summary.json").write_text(old)
+    report = write_comparison([load_run(run_dir)], tmp_path / "cmp", 0.9).read_text()
+    assert "| Reason | old |" in report
+    assert "| too stale: task '...' was for version N | 2 |" in report

@@ -31,6 +31,7 @@ from fedlink.messages import (
     UploadChunk,
 )
 from fedlink.metrics import EventLog
+from fedlink.refusals import RefusalCode
 from fedlink.wire import pack
 
 SIZE = 6
@@ -129,14 +130,16 @@ def test_a_refusal_is_remembered_across_a_restart(tmp_path: Path) -> None:
     a = first.join("a")
     task = first.task(a)
     first.deliver(a, task, delta(1), upload_id="up-1")
-    with pytest.raises(UpdateRefused, match="already has an accepted update"):
+    with pytest.raises(UpdateRefused, match="already has an accepted update") as refused:
         first.deliver(a, task, delta(2), upload_id="up-2")
+    assert refused.value.reason is RefusalCode.ALREADY_ACCEPTED
     first.crash()
     second = Coordinator(cfg)
     payload = pack(delta(2), get_codec("fp32"))
-    with pytest.raises(UpdateRefused, match="already has an accepted update"):
+    with pytest.raises(UpdateRefused, match="already has an accepted update") as again:
         run_async(second.service.commit(CommitRequest(
             a, "up-2", task.task_id, 0, 10, 1, 1, payload.header)))
+    assert again.value.reason is RefusalCode.ALREADY_ACCEPTED  # the code is remembered too
 
 
 @pytest.mark.parametrize("optimizer,options", [("fedadam", {"lr": 0.05}),

@@ -13,6 +13,7 @@ from fedlink.coordinator.engine import ReceivedUpdate
 from fedlink.errors import InvalidArgument, NotFound, PermissionDenied, UpdateRefused
 from fedlink.messages import Finished, Task, Wait
 from fedlink.metrics import EventLog
+from fedlink.refusals import RefusalCode
 from fedlink.wire import checksum
 
 DIM = 5
@@ -188,8 +189,9 @@ def test_stale_update_is_refused_and_model_unchanged(fake_clock: FakeClock) -> N
     fast, slow = task_for(engine, "fast"), task_for(engine, "slow")
     engine.submit(update("fast", fast, 1.0))
     model_v1 = engine.model.copy()
-    with pytest.raises(UpdateRefused, match=r"too stale.*max_staleness 0"):
+    with pytest.raises(UpdateRefused, match=r"too stale.*max_staleness 0") as refused:
         engine.submit(update("slow", slow, 100.0))
+    assert refused.value.reason is RefusalCode.TOO_STALE
     assert engine.version == 1
     np.testing.assert_array_equal(engine.model, model_v1)
     assert len(kinds(engine, "update_accepted")) == 1
@@ -201,8 +203,9 @@ def test_update_two_versions_old_is_refused_not_unknown(fake_clock: FakeClock) -
     slow = task_for(engine, "slow")
     for _ in range(3):
         engine.submit(update("fast", task_for(engine, "fast"), 1.0))
-    with pytest.raises(UpdateRefused, match="stale"):
+    with pytest.raises(UpdateRefused, match="stale") as refused:
         engine.submit(update("slow", slow, 100.0))
+    assert refused.value.reason is RefusalCode.TOO_STALE
     np.testing.assert_allclose(engine.model, X0 + 3.0)
 
 
@@ -281,8 +284,9 @@ def test_finishes_after_rounds(fake_clock: FakeClock) -> None:
     assert engine.finished and engine.version == 2
     reply = engine.issue("c")
     assert isinstance(reply, Finished) and "2 rounds" in reply.reason
-    with pytest.raises(UpdateRefused, match="run is over"):
+    with pytest.raises(UpdateRefused, match="run is over") as refused:
         engine.submit(update("b", spare, 1.0))
+    assert refused.value.reason is RefusalCode.RUN_OVER
     np.testing.assert_allclose(engine.model, X0 + 2.0)
     assert engine.poll() is None
 
@@ -463,8 +467,9 @@ def test_continuous_stream_applies_staleness_weights(fake_clock: FakeClock) -> N
 def test_update_with_no_work_done_is_refused_with_a_reason(fake_clock: FakeClock) -> None:
     engine = make_engine(fake_clock, goal=1, deadline_s=None)
     task = task_for(engine, "a")
-    with pytest.raises(UpdateRefused, match="no local work: 0 of 5 planned steps"):
+    with pytest.raises(UpdateRefused, match="no local work: 0 of 5 planned steps") as refused:
         engine.submit(update("a", task, 1.0, done=0, planned=5))
+    assert refused.value.reason is RefusalCode.NO_WORK
     assert engine.version == 0
     engine.submit(update("a", task, 1.0, done=2, planned=5))
     assert engine.version == 1

@@ -61,9 +61,9 @@ def hand_made_run() -> list[dict[str, Any]]:
         ev("flush", 4.0, model_version=1, num_updates=2, accuracy=0.6, loss=1.2,
            bytes_up=2000, bytes_down=8000, round_seconds=3.5),
         ev("update_refused", 5.0, client_id="b", task_id="t3", reason="too stale",
-           code="FAILED_PRECONDITION", bytes_up=500),
+           reason_code="too_stale", code="FAILED_PRECONDITION", bytes_up=500),
         ev("update_refused", 5.1, client_id="a", task_id="t4", reason="too stale",
-           code="FAILED_PRECONDITION"),
+           reason_code="too_stale", code="FAILED_PRECONDITION"),
         ev("download_finished", 5.5, client_id="a", task_id="t5", bytes=300),
         ev("update_accepted", 6.0, client_id="a", task_id="t5", base_version=0, staleness=1,
            num_examples=100, steps_completed=10, bytes_up=250, weight=50.0),
@@ -145,7 +145,7 @@ def test_concurrent_emits_from_threads_give_whole_lines(tmp_path: Path) -> None:
     with EventLog(path) as log:
         def work(n: int) -> None:
             for i in range(per_thread):
-                log.emit("task_issued", client_id=f"c{n}", task_id=i, pad=payload)
+                log.emit("client_joined", client_id=f"c{n}", num_examples=i, name=payload)
 
         workers = [threading.Thread(target=work, args=(n,)) for n in range(threads)]
         for w in workers:
@@ -155,9 +155,9 @@ def test_concurrent_emits_from_threads_give_whole_lines(tmp_path: Path) -> None:
     lines = path.read_text().splitlines()
     assert len(lines) == threads * per_thread
     events = [json.loads(line) for line in lines]
-    assert all(e["pad"] == payload for e in events)
+    assert all(e["name"] == payload for e in events)
     for n in range(threads):
-        mine = [e["task_id"] for e in events if e["client_id"] == f"c{n}"]
+        mine = [e["num_examples"] for e in events if e["client_id"] == f"c{n}"]
         assert mine == list(range(per_thread))
     assert len(log.events) == threads * per_thread
 
@@ -194,6 +194,7 @@ def test_summary_matches_hand_computed_values() -> None:
     assert summary["updates_refused"] == 2
     assert summary["refusal_reasons"] == {"too stale": 2}
     assert summary["refusal_codes"] == {"FAILED_PRECONDITION": 2}
+    assert summary["refusals_by_code"] == {"too_stale": {"count": 2, "example": "too stale"}}
     assert summary["mean_staleness"] == pytest.approx(1 / 3)
     assert summary["max_staleness"] == 1
     assert summary["clients"] == 2
@@ -236,7 +237,7 @@ def test_report_writes_markdown_and_png_plots(tmp_path: Path) -> None:
     for png in ("accuracy_vs_round.png", "accuracy_vs_time.png", "loss_vs_round.png"):
         assert (run_dir / png).read_bytes()[:8] == PNG_MAGIC
         assert f"]({png})" in text
-    assert "| too stale | 2 |" in text
+    assert "| too_stale | 2 | too stale |" in text  # one row per refusal code
     assert "| 1 | 1 | 0.6000 | 1.2000 | 2 | 2.0 kB | 8.0 kB | 3.50 s |" in text
     assert "| 2 | 2 | 0.5500 | 1.4000 | 1 | 750 B | 300 B | 3.00 s |" in text
     assert "| Bytes up | 2.8 kB |" in text
@@ -267,7 +268,7 @@ def test_report_escapes_pipes_in_refusal_reasons(tmp_path: Path) -> None:
     events = [ev("update_refused", 1.0, client_id="a", task_id="t", reason="a|b",
                  code="INVALID_ARGUMENT")]
     text = write_report(tmp_path, events, summarize(events, {})).read_text()
-    assert "| a\\|b | 1 |" in text
+    assert "| invalid_update | 1 | a\\|b |" in text
 
 
 # --- console -----------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from fedlink.coordinator.engine import ReceivedUpdate
 from fedlink.errors import ConfigError, UpdateRefused
 from fedlink.messages import Task, Wait
 from fedlink.metrics import EventLog
+from fedlink.refusals import RefusalCode
 from fedlink.sim import ExperimentConfig
 from fedlink.sim.partial_work import PartialWorkSection, PartialWorkTrainer
 
@@ -89,8 +90,9 @@ def test_drop_partial_refuses_partial_updates_which_still_answer_for_their_place
     tasks = {c: engine.issue(c) for c in ("a", "b", "c")}
     assert all(isinstance(t, Task) for t in tasks.values())
     assert isinstance(engine.issue("d"), Wait)  # cohort full
-    with pytest.raises(UpdateRefused, match="drop_partial"):
+    with pytest.raises(UpdateRefused, match="drop_partial") as refused:
         submit(engine, "a", tasks["a"], 5.0, done=4)  # type: ignore[arg-type]
+    assert refused.value.reason is RefusalCode.PARTIAL_DROPPED
     assert isinstance(engine.issue("d"), Wait)  # the dropped update keeps its place
     assert isinstance(engine.issue("a"), Wait)  # and is not asked again this version
     submit(engine, "b", tasks["b"], 1.0, done=10)  # type: ignore[arg-type]

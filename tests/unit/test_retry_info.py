@@ -17,7 +17,7 @@ from fedlink.coordinator.config import LimitsConfig
 from fedlink.errors import ResourceExhausted, Unavailable
 from fedlink.proto.v1 import coordinator_pb2 as pb
 from fedlink.proto.v1 import coordinator_pb2_grpc as pb_grpc
-from fedlink.wire.status import refusal_status, retry_delay
+from fedlink.wire.status import retry_delay, rich_status
 
 
 def failed(code: str, detail: str, retry_after_s: float | None = None,
@@ -25,12 +25,12 @@ def failed(code: str, detail: str, retry_after_s: float | None = None,
     """A failed call as the client sees it, its rich status built as the coordinator does."""
     trailing = grpc.aio.Metadata()
     if retry_after_s is not None:
-        status = refusal_status(status_code or code, detail, retry_after_s)
+        status = rich_status(status_code or code, detail, retry_after_s=retry_after_s)
         trailing = grpc.aio.Metadata(*status.trailing_metadata)
     return grpc.aio.AioRpcError(grpc.StatusCode[code], grpc.aio.Metadata(), trailing, detail)
 
 
-def test_refusal_status_round_trips_the_delay() -> None:
+def test_rich_status_round_trips_the_delay() -> None:
     assert retry_delay(failed("RESOURCE_EXHAUSTED", "busy", 2.5)) == pytest.approx(2.5)
     assert retry_delay(failed("UNAVAILABLE", "draining", 0.25)) == pytest.approx(0.25)
     assert retry_delay(failed("RESOURCE_EXHAUSTED", "too large")) is None

@@ -57,6 +57,7 @@ from fedlink.errors import ConfigError, RemoteError, Unavailable, remote_error
 from fedlink.messages import CommitReply
 from fedlink.metrics.events import to_jsonable
 from fedlink.private import private_dir, private_file, touch_private
+from fedlink.refusals import refusal_code
 
 log = logging.getLogger(__name__)
 
@@ -433,14 +434,15 @@ def _crash_spec(spec: str) -> tuple[str, int]:
 
 def _answer_json(answer: Answer) -> dict[str, Any]:
     if isinstance(answer, RemoteError):
-        return {"code": answer.code, "detail": answer.detail}
-    return {"accepted": asdict(answer)}
+        return {"code": answer.code, "detail": answer.detail, "reason": answer.refusal.value}
+    return {"accepted": to_jsonable(asdict(answer))}
 
 
 def _answer_from_json(value: Mapping[str, Any]) -> Answer:
     if "accepted" in value:
         return CommitReply(**value["accepted"])
-    return remote_error(str(value["code"]), str(value["detail"]))
+    return remote_error(str(value["code"]), str(value["detail"]),
+                        reason=refusal_code(value.get("reason")))
 
 
 def _flush_json(record: FlushRecord) -> dict[str, Any]:

@@ -1,10 +1,44 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class RefusalReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REFUSAL_REASON_UNSPECIFIED: _ClassVar[RefusalReason]
+    REFUSAL_REASON_TOO_STALE: _ClassVar[RefusalReason]
+    REFUSAL_REASON_TASK_CLOSED: _ClassVar[RefusalReason]
+    REFUSAL_REASON_ALREADY_ACCEPTED: _ClassVar[RefusalReason]
+    REFUSAL_REASON_RUN_OVER: _ClassVar[RefusalReason]
+    REFUSAL_REASON_PARTIAL_DROPPED: _ClassVar[RefusalReason]
+    REFUSAL_REASON_NO_WORK: _ClassVar[RefusalReason]
+    REFUSAL_REASON_MODEL_GONE: _ClassVar[RefusalReason]
+    REFUSAL_REASON_UPLOAD_INCOMPLETE: _ClassVar[RefusalReason]
+    REFUSAL_REASON_PROBES_OFF: _ClassVar[RefusalReason]
+    REFUSAL_REASON_INVALID_UPDATE: _ClassVar[RefusalReason]
+    REFUSAL_REASON_CORRUPT_UPDATE: _ClassVar[RefusalReason]
+    REFUSAL_REASON_TOO_LARGE: _ClassVar[RefusalReason]
+    REFUSAL_REASON_UNKNOWN_TASK: _ClassVar[RefusalReason]
+    REFUSAL_REASON_NOT_PERMITTED: _ClassVar[RefusalReason]
+REFUSAL_REASON_UNSPECIFIED: RefusalReason
+REFUSAL_REASON_TOO_STALE: RefusalReason
+REFUSAL_REASON_TASK_CLOSED: RefusalReason
+REFUSAL_REASON_ALREADY_ACCEPTED: RefusalReason
+REFUSAL_REASON_RUN_OVER: RefusalReason
+REFUSAL_REASON_PARTIAL_DROPPED: RefusalReason
+REFUSAL_REASON_NO_WORK: RefusalReason
+REFUSAL_REASON_MODEL_GONE: RefusalReason
+REFUSAL_REASON_UPLOAD_INCOMPLETE: RefusalReason
+REFUSAL_REASON_PROBES_OFF: RefusalReason
+REFUSAL_REASON_INVALID_UPDATE: RefusalReason
+REFUSAL_REASON_CORRUPT_UPDATE: RefusalReason
+REFUSAL_REASON_TOO_LARGE: RefusalReason
+REFUSAL_REASON_UNKNOWN_TASK: RefusalReason
+REFUSAL_REASON_NOT_PERMITTED: RefusalReason
 
 class TensorHeader(_message.Message):
     __slots__ = ("encoding", "shape", "dtype", "num_bytes", "checksum", "codec_params", "values_checksum")
@@ -264,18 +298,22 @@ class CommitRequest(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., upload_id: _Optional[str] = ..., task_id: _Optional[str] = ..., base_version: _Optional[int] = ..., num_examples: _Optional[int] = ..., steps_completed: _Optional[int] = ..., steps_planned: _Optional[int] = ..., update: _Optional[_Union[TensorHeader, _Mapping]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., update_data: _Optional[bytes] = ...) -> None: ...
 
 class CommitReply(_message.Message):
-    __slots__ = ("upload_id", "model_version", "staleness", "accepted_version", "flushed_version")
+    __slots__ = ("upload_id", "model_version", "staleness", "accepted_version", "flushed_version", "refusal", "refusal_detail")
     UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     STALENESS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_VERSION_FIELD_NUMBER: _ClassVar[int]
     FLUSHED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REFUSAL_FIELD_NUMBER: _ClassVar[int]
+    REFUSAL_DETAIL_FIELD_NUMBER: _ClassVar[int]
     upload_id: str
     model_version: int
     staleness: int
     accepted_version: int
     flushed_version: int
-    def __init__(self, upload_id: _Optional[str] = ..., model_version: _Optional[int] = ..., staleness: _Optional[int] = ..., accepted_version: _Optional[int] = ..., flushed_version: _Optional[int] = ...) -> None: ...
+    refusal: RefusalReason
+    refusal_detail: str
+    def __init__(self, upload_id: _Optional[str] = ..., model_version: _Optional[int] = ..., staleness: _Optional[int] = ..., accepted_version: _Optional[int] = ..., flushed_version: _Optional[int] = ..., refusal: _Optional[_Union[RefusalReason, str]] = ..., refusal_detail: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("client_id", "task_id")

@@ -47,7 +47,8 @@ from fedlink.coordinator.records import ReceivedUpdate
 from fedlink.coordinator.service import bounded_examples
 from fedlink.errors import RemoteError
 from fedlink.messages import Finished, Task
-from fedlink.metrics import EventLog
+from fedlink.metrics import EventLog, kinds
+from fedlink.refusals import RefusalCode
 from fedlink.sim.virtual.availability import AlwaysOnline, Availability, finish
 from fedlink.sim.virtual.population import Population
 from fedlink.sim.virtual.residuals import ResidualStore
@@ -286,12 +287,12 @@ class VirtualLoop:
         """The commit reaches the coordinator: the engine accepts or refuses it."""
         self._done(busy)
         if update.steps_completed == 0:
-            self._refused(update, "no local work before the deadline")
+            self._refused(update, "no local work before the deadline", RefusalCode.NO_WORK)
         else:
             try:
                 acceptance = self.engine.submit(update)
             except RemoteError as err:
-                self._refused(update, err.detail, err.code)
+                self._refused(update, err.detail, err.refusal, err.code)
             else:
                 if acceptance.flush is not None:
                     self._flushed(acceptance.flush)
@@ -301,10 +302,12 @@ class VirtualLoop:
         self._busy.pop(busy.index, None)
         self.totals.tasks += 1
 
-    def _refused(self, update: ReceivedUpdate, reason: str, code: str = "") -> None:
-        self.events.emit("update_refused", client_id=update.client_id,
-                         task_id=update.task_id, reason=reason, code=code,
-                         bytes_up=update.bytes_up)
+    def _refused(self, update: ReceivedUpdate, reason: str, refusal: RefusalCode,
+                 code: str = "") -> None:
+        self.events.emit(kinds.UpdateRefused(client_id=update.client_id,
+                                             task_id=update.task_id, reason=reason,
+                                             reason_code=refusal.value, code=code,
+                                             bytes_up=update.bytes_up))
 
     # -- the coordinator's periodic work ----------------------------------------------------
 
@@ -339,12 +342,11 @@ class VirtualLoop:
         metrics = dict(self._evaluate(outcome.model)) if self._evaluate else {}
         self._bytes_down, bytes_down = 0, self._bytes_down
         wall = time.perf_counter()
-        self.events.emit("flush", model_version=outcome.version,
-                         num_updates=outcome.num_updates, total_weight=outcome.total_weight,
-                         round_seconds=outcome.round_seconds, bytes_up=outcome.bytes_up,
-                         bytes_down=bytes_down, updates=list(outcome.task_ids),
-                         model_seconds=self.clock.now(), **dict(outcome.hook_report),
-                         **metrics)
+        self.events.emit(kinds.Flush.build(
+            model_version=outcome.version, num_updates=outcome.num_updates,
+            total_weight=outcome.total_weight, round_seconds=outcome.round_seconds,
+            bytes_up=outcome.bytes_up, bytes_down=bytes_down, updates=list(outcome.task_ids),
+            model_seconds=self.clock.now(), **dict(outcome.hook_report), **metrics))
         if self._on_flush is not None:
             self._on_flush(outcome, wall)
 

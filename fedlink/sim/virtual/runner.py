@@ -74,11 +74,12 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
         finally:
             training.close()
             residuals.close()
-        summary = summarize(events.events, config.to_dict())
+        recorded = events.events  # read back once from events.jsonl: the log keeps none
+        summary = summarize(recorded, config.to_dict())
     summary.update(virtual_figures(totals, time.perf_counter() - started, loop))
     summary["training_processes"] = training.processes
     write_summary(run_dir / SUMMARY_FILENAME, summary)
-    report = write_report(run_dir, events.events, summary)
+    report = write_report(run_dir, recorded, summary)
     final = loop.engine.model.copy()
     state = experiment.save_model(run_dir, final) if experiment is not None else {}
     np.save(run_dir / VECTOR_FILENAME, final)

@@ -1,0 +1,56 @@
+"""A refusal's code on the wire: a ``CommitReply`` with ``refusal`` set, in the status details.
+
+A refused commit (or a transfer refused for one of ``RefusalCode``'s reasons) still fails with
+its gRPC status code and readable detail; the coordinator adds a ``google.rpc.Status`` in the
+``grpc-status-details-bin`` trailer (the gRPC rich-status convention, ``grpcio-status``) whose
+``details`` hold a ``fedlink.v1.CommitReply`` with ``refusal`` and ``refusal_detail`` set. A
+client that reads it acts on the code; one that does not still has the status and its text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf.message import Message
+from grpc_status import rpc_status
+
+from fedlink.errors import RemoteError, UpdateRefused
+from fedlink.messages import CommitReply
+from fedlink.proto.v1 import coordinator_pb2 as pb
+from fedlink.refusals import RefusalCode
+from fedlink.wire.convert import from_proto, to_proto
+
+
+def refusal_reply(err: RemoteError) -> CommitReply:
+    """The ``CommitReply`` that says why ``err`` refused an update."""
+    return CommitReply(upload_id="", model_version=0, staleness=0, refusal=err.refusal,
+                       refusal_detail=err.detail)
+
+
+def refusal_details(err: RemoteError, call: str) -> list[Message]:
+    """The status details that carry ``err``'s refusal code: for a refused ``Commit``, or an
+    ``UpdateRefused`` of any call; none when the error has no refusal code."""
+    if err.refusal is RefusalCode.NONE:
+        return []
+    if call != "Commit" and not isinstance(err, UpdateRefused):
+        return []
+    return [to_proto(refusal_reply(err))]
+
+
+def refusal_from_call(call: Any) -> RefusalCode | None:
+    """The refusal code a failed call (``grpc.aio.AioRpcError``) carried in its status
+    details, or None: no rich status, one that does not match the call's own code and
+    message (not trusted), or no ``CommitReply`` among its details."""
+    try:
+        status = rpc_status.from_call(call)
+    except (ValueError, TypeError):
+        return None
+    if status is None:
+        return None
+    for detail in status.details:
+        if detail.Is(pb.CommitReply.DESCRIPTOR):
+            reply = pb.CommitReply()
+            detail.Unpack(reply)
+            refusal: RefusalCode = from_proto(reply).refusal
+            return refusal
+    return None
