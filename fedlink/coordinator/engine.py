@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ from fedlink.aggregate import (
 from fedlink.aggregate.adaptive import AdaptiveNormBound
 from fedlink.aggregate.guard import step_problem
 from fedlink.aggregate.robust import l2_norm
+from fedlink.clock import RealClock, TimeSource, reader
 from fedlink.compress import broadcast_codec
 from fedlink.coordinator.client_metrics import event_fields
 from fedlink.coordinator.config import CoordinatorConfig
@@ -125,14 +125,14 @@ class RoundEngine:
         config: CoordinatorConfig,
         initial_model: np.ndarray,
         events: EventLog,
-        clock: Callable[[], float] = time.monotonic,
+        clock: TimeSource | None = None,
         state: StateStore | None = None,
     ) -> None:
         self.config = config
         self._state = state if state is not None else NullStore()
         self.rule = config.flush
         self.events = events
-        self._clock = clock
+        self._clock = reader(clock if clock is not None else RealClock())
         self._model = np.ascontiguousarray(initial_model, dtype=np.float32).reshape(-1)
         self._version = 0
         self._optimizer = SERVER_OPTIMIZERS.create(
@@ -389,6 +389,11 @@ class RoundEngine:
             return 0.0
         return max(0.001, self.rule.deadline_s - self._round_age())
 
+    @property
+    def round_started_at(self) -> float | None:
+        """When this version's round started (``None`` before the run's first task)."""
+        return self._round_started
+
     def round_age_s(self) -> float:
         """Seconds since this version's round started (0 before the run's first task)."""
         return self._round_age()
@@ -536,6 +541,36 @@ class RoundEngine:
                 continue
             released.append(record)
         return released
+
+    def deadline_at(self) -> float | None:
+        """When this version's deadline passes (``None``: no deadline, or no round started).
+
+        Also the instant a dropped partial update that completed the cohort is flushed: now.
+        """
+        if self.finished:
+            return None
+        if self._dropped and self._accumulator.count + self._dropped >= self.rule.goal:
+            return self._clock()
+        if self.rule.deadline_s is None or self._round_started is None:
+            return None
+        return self._round_started + self.rule.deadline_s
+
+    def next_due(self, last_seen: Callable[[str], float | None]) -> float | None:
+        """The earliest instant ``poll`` or ``release_silent`` has something to do, as things
+        stand (``None``: nothing, until the engine changes). O(tasks holding a place)."""
+        due = [t for t in (self.deadline_at(),) if t is not None]
+        if self.finished:
+            return None
+        timeout, max_task_s = self.config.limits.liveness_timeout, self.config.limits.max_task_s
+        for record in self._holding_places():
+            seen = last_seen(record.client_id)
+            if seen is None:
+                due.append(self._clock())
+            elif timeout is not None:
+                due.append(seen + timeout)
+            if max_task_s:
+                due.append(record.issued_at + max_task_s)
+        return min(due, default=None)
 
     def round_state(self) -> RoundState:
         """Where the current round stands (for the coordinator's stuck line)."""

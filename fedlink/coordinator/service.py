@@ -27,12 +27,12 @@ import functools
 import hmac
 import logging
 import math
-import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
+from fedlink.clock import Clock, RealClock
 from fedlink.compress import CODECS
 from fedlink.coordinator.admission import JoinGate
 from fedlink.coordinator.auth import caller_name
@@ -43,6 +43,7 @@ from fedlink.coordinator.limits import Limiter
 from fedlink.coordinator.progress import ProgressLog
 from fedlink.coordinator.registry import ClientRegistry
 from fedlink.coordinator.state import FlushRecord, SavedState, open_store
+from fedlink.coordinator.timers import Alarm, strictly_after
 from fedlink.coordinator.uploads import UploadBounds, UploadSession, UploadStore
 from fedlink.errors import (
     InvalidArgument,
@@ -86,17 +87,19 @@ class CoordinatorService:
     """Implements every call of ``fedlink.v1.Coordinator`` on top of a ``RoundEngine``."""
 
     def __init__(self, config: CoordinatorConfig, initial_model: np.ndarray, events: EventLog,
-                 evaluator: Evaluator | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 evaluator: Evaluator | None = None, clock: Clock | None = None) -> None:
         self.config = config
         self.events = events
-        self._clock = clock
+        self._clock = clock if clock is not None else RealClock()
+        self._alarm = Alarm(self._clock)  # when the next time rule falls due (keep_time)
         self.state = open_store(config.state_dir)
-        self.engine = RoundEngine(config, initial_model, events, clock=clock, state=self.state)
-        self.registry = ClientRegistry(clock=clock)
+        self.engine = RoundEngine(config, initial_model, events, clock=self._clock,
+                                  state=self.state)
+        self.registry = ClientRegistry(clock=self._clock.now)
         self.uploads = UploadStore(*upload_limits(config, self.engine.num_parameters),
                                    config.state_dir, self.state,
-                                   upload_bounds(config, self.engine.num_parameters), clock)
+                                   upload_bounds(config, self.engine.num_parameters),
+                                   self._clock.now)
         # Real time, not ``clock``: a test's frozen clock must not starve the token buckets.
         self.limiter = Limiter(config.limits)
         self.join_gate = JoinGate(config.limits)
@@ -163,6 +166,9 @@ class CoordinatorService:
             finally:
                 self.state.save_events(held)
                 self.state.on_durable(functools.partial(self._write_events, held))
+                # a finished run rings at once: keep_time journals the end and stops
+                self._alarm.arm(self._clock.now() if self.engine.finished
+                                else self._soonest_new_due())
 
     def _write_events(self, held: list[dict[str, Any]]) -> None:
         self.events.write_captured(held)
@@ -270,16 +276,24 @@ class CoordinatorService:
 
     def clients_to_inform(self, silent_after_s: float) -> set[str]:
         """Clients not yet told that the run is over that called within ``silent_after_s``."""
-        now = self._clock()
+        now = self._clock.now()
         return {client_id for client_id in self.registry.ids() - self._told_finished
                 if now - (self.registry.last_seen(client_id) or -math.inf) <= silent_after_s}
 
-    def clients_still_here(self, silent_after_s: float) -> set[str]:
-        """Clients that have not left and called within ``silent_after_s`` (told or not: a
-        client whose ``Finished`` reply was lost asks again)."""
-        now = self._clock()
-        return {client_id for client_id in self.registry.ids()
-                if now - (self.registry.last_seen(client_id) or -math.inf) <= silent_after_s}
+    def all_gone_at(self, silent_after_s: float) -> float | None:
+        """When every client that has not left counts as gone (silent for longer than
+        ``silent_after_s``) if none calls again; ``None``: all are gone already. Told or not:
+        a client whose ``Finished`` reply was lost asks again."""
+        now = self._clock.now()
+        seen = [self.registry.last_seen(client_id) for client_id in self.registry.ids()]
+        here = [t for t in seen if t is not None and now - t <= silent_after_s]
+        return max(here) + silent_after_s if here else None
+
+    @property
+    def changed(self) -> asyncio.Event:
+        """Set at the next change a waiting caller may care about (a place freed, a new
+        version, a client left, the run's end); take it before checking, then wait on it."""
+        return self._changed
 
     async def download(self, request: DownloadRequest) -> AsyncIterator[DataChunk]:
         """Stream a task's model, or with ``request.delta`` its delta, from ``request.offset``.
@@ -475,7 +489,7 @@ class CoordinatorService:
         ttl = self.config.limits.client_ttl_s
         if not ttl:
             return False
-        silent = self.registry.silent_since(self._clock() - ttl)
+        silent = self.registry.silent_since(self._clock.now() - ttl)
         for client_id in silent:
             self._forget_client(client_id)
             self.events.emit("client_expired", client_id=client_id,
@@ -554,8 +568,51 @@ class CoordinatorService:
             raise type(previous)(previous.detail)
         return previous
 
+    async def keep_time(self) -> None:
+        """Apply the time rules each time one falls due, until the run ends (a background
+        task of the server): the alarm rings from ``Clock.call_at``, never from a poll."""
+        self._alarm.start(asyncio.get_running_loop())
+        try:
+            while not self.engine.finished:
+                await self._alarm.wait()
+                self.poll()
+                await self.state.sync()  # what poll changed (or an end_run) is journaled
+        finally:
+            self._alarm.stop()
+
+    def next_due(self) -> float | None:
+        """The earliest instant a time rule (deadline, liveness, expiry, stuck line) has
+        something to do, as things stand; a scan of tasks, clients and uploads."""
+        limits = self.config.limits
+        due = [self.engine.next_due(self.registry.last_seen), self._stuck_due()]
+        oldest_seen = self.registry.oldest_seen()
+        if limits.client_ttl_s and oldest_seen is not None:
+            due.append(oldest_seen + limits.client_ttl_s)
+        due.append(self.uploads.next_expiry())
+        return min((t for t in due if t is not None), default=None)
+
+    def _soonest_new_due(self) -> float | None:
+        """A bound on when a rule can fall due after a change, in O(1): the round's deadline
+        and stuck line exactly, and for the rules counted from a client's last activity
+        (liveness, task age, expiry) the shortest of their periods from now. ``keep_time``
+        computes the exact instant once woken."""
+        limits, now = self.config.limits, self._clock.now()
+        periods = [p for p in (limits.liveness_timeout, limits.max_task_s, limits.client_ttl_s,
+                               limits.upload_idle_s) if p]
+        due = [t for t in (self.engine.deadline_at(), self._stuck_due()) if t is not None]
+        due += [now + p for p in periods]
+        return min(due, default=None)
+
+    def _stuck_due(self) -> float | None:
+        """When the current round is to be reported stuck (``None``: never, or it was)."""
+        started = self.engine.round_started_at
+        if started is None or self.engine.finished or not self.progress.due(
+                self.engine.version, math.inf):
+            return None
+        return started + self.progress.stuck_after_s
+
     def poll(self) -> None:
-        """Apply the deadline rule and the liveness check (called periodically by the server).
+        """Apply the deadline rule and the liveness check (when one falls due, ``keep_time``).
 
         Places released by either are offered at once to clients waiting in ``GetTask``.
         """
@@ -570,6 +627,9 @@ class CoordinatorService:
         if not self.engine.finished and self.progress.due(self.engine.version,
                                                           self.engine.round_age_s()):
             self.progress.stuck(self.engine.round_state())
+        due = self.next_due()
+        if due is not None:  # what was due now was just done: the next wake is after now
+            self._alarm.arm(strictly_after(self._clock.now(), due))
 
     def close(self) -> None:
         """Release open upload spools (their bytes stay on disk for a restart) and the state."""
