@@ -24,7 +24,6 @@ another client out.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -54,12 +53,11 @@ from fedlink.coordinator.history import ModelHistory
 from fedlink.coordinator.progress import RoundState
 from fedlink.coordinator.records import ReceivedUpdate, TaskRecord
 from fedlink.coordinator.state import Checkpoint, FlushRecord, NullStore, SavedState, StateStore
+from fedlink.coordinator.tasks import TaskIds, TaskState
 from fedlink.errors import InvalidArgument, NotFound, PermissionDenied, UpdateRefused
 from fedlink.messages import Finished, Task, TaskReply, Wait
 from fedlink.metrics import EventLog
 from fedlink.wire import Payload
-
-_TASK_ID = re.compile(r"^t\d+-v(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -150,6 +148,7 @@ class RoundEngine:
         self._by_client: dict[str, list[TaskRecord]] = {}
         self._holding: Counter[int] = Counter()
         self._next_task = 1
+        self._ids = TaskIds()
         self._pending_ids: list[str] = []
         # None until the run's first task: the wait for clients to start is not round 1's time
         self._round_started: float | None = None
@@ -207,8 +206,9 @@ class RoundEngine:
         self._tasks, self._by_client, self._holding = {}, {}, Counter()
         for task in tasks:
             self._index(dataclasses.replace(task, issued_at=now))
+        self._ids = TaskIds.restored([(t.task_id, t.version) for t in tasks])
         self._dropped = 0 if self.rule.continuous else sum(
-            1 for t in tasks if t.dropped and t.version == self._version)
+            1 for t in tasks if t.state is TaskState.DROPPED and t.version == self._version)
         self._next_task = next_task
 
     def due_flush(self) -> FlushOutcome | None:
@@ -267,10 +267,12 @@ class RoundEngine:
         if record is None:
             # Tasks too old to ever be accepted are forgotten; say "too stale", not "unknown",
             # so a slow client drops its update instead of failing.
-            issued = _TASK_ID.match(task_id)
-            if issued and int(issued[1]) < self._version - self.rule.max_staleness:
+            issued = self._ids.version_of(task_id)
+            if issued is None and self._ids.predates(task_id):  # forgotten before a restart
+                issued = self._ids.first_version - 1
+            if issued is not None and issued < self._version - self.rule.max_staleness:
                 raise UpdateRefused(f"too stale: task {task_id!r} was for version "
-                                    f"{issued[1]}, current is {self._version} "
+                                    f"{issued}, current is {self._version} "
                                     f"(max_staleness {self.rule.max_staleness})")
             raise NotFound(f"unknown task id {task_id!r}")
         if record.client_id != client_id:
@@ -279,7 +281,7 @@ class RoundEngine:
 
     def is_open(self, record: TaskRecord) -> bool:
         """Whether an update for ``record`` could still be accepted."""
-        return (not record.done and not self.finished
+        return (record.state.deliverable and not self.finished
                 and self._version - record.version <= self.rule.max_staleness)
 
     # -- issuing tasks ---------------------------------------------------------------------
@@ -306,7 +308,7 @@ class RoundEngine:
 
     def _was_asked(self, client_id: str, version: int) -> bool:
         """Whether ``client_id`` got a task for ``version`` that was not released since."""
-        return any(t.version == version and t.holds_issue
+        return any(t.version == version and t.state.asked
                    for t in self._by_client.get(client_id, ()))
 
     def _open_task_of(self, client_id: str) -> TaskRecord | None:
@@ -319,18 +321,14 @@ class RoundEngine:
         """Add ``record`` to ``_tasks`` and its indexes."""
         self._tasks[record.task_id] = record
         self._by_client.setdefault(record.client_id, []).append(record)
-        if not (record.done or record.expired):
+        if record.state.holds_place:
             self._holding[record.version] += 1
 
-    def _mark(self, record: TaskRecord, *, done: bool | None = None,
-              expired: bool | None = None) -> None:
-        """Set ``record``'s flags, keeping the count of places held in step."""
-        held = not (record.done or record.expired)
-        if done is not None:
-            record.done = done
-        if expired is not None:
-            record.expired = expired
-        if held and (record.done or record.expired):
+    def _move(self, record: TaskRecord, to: TaskState) -> None:
+        """Move ``record`` to state ``to``, keeping the count of places held in step."""
+        held = record.state.holds_place
+        record.move(to)
+        if held and not record.state.holds_place:
             self._holding[record.version] -= 1
 
     def free_places(self) -> int:
@@ -347,8 +345,9 @@ class RoundEngine:
         return self.rule.cohort - delivered - in_flight
 
     def _new_task(self, client_id: str) -> TaskRecord:
-        record = TaskRecord(f"t{self._next_task}-v{self._version}", client_id,
+        record = TaskRecord(TaskIds.make(self._next_task, self._version), client_id,
                             self._version, self._clock())
+        self._ids.issued(self._next_task, self._version)
         self._next_task += 1
         if self._round_started is None:
             self._round_started = record.issued_at
@@ -418,6 +417,7 @@ class RoundEngine:
         if self.config.drop_partial and update.steps_completed < update.steps_planned:
             self._drop(record, update)
         staleness, weight = self._fold(record, update)
+        self._move(record, TaskState.DELIVERED)
         self._save(record)
         self._state.save_pending(update)
         self.events.emit("update_accepted", client_id=update.client_id,
@@ -431,11 +431,13 @@ class RoundEngine:
         return Acceptance(self._version, staleness, weight, flush, accepted_version)
 
     def _fold(self, record: TaskRecord, update: ReceivedUpdate) -> tuple[int, float]:
-        """Add ``update`` to the accumulator and tell the hooks; (staleness, weight)."""
+        """Add ``update`` to the accumulator and tell the hooks; (staleness, weight).
+
+        The caller moves the task to ``DELIVERED`` (a replay after a restart finds it there).
+        """
         staleness = self._version - record.version
         weight = self._weight(update, staleness)
         self._accumulator.add(update.delta, weight, update.steps_completed)
-        self._mark(record, done=True)
         self._round_bytes_up += update.bytes_up
         self._pending_ids.append(record.task_id)
         info = UpdateInfo(update.client_id, staleness, weight, update.num_examples,
@@ -450,7 +452,7 @@ class RoundEngine:
     def _check_open(self, record: TaskRecord) -> None:
         if self.finished:
             raise UpdateRefused(f"the run is over: {self.finished_reason}")
-        if record.done:
+        if not record.state.deliverable:
             raise UpdateRefused(f"task {record.task_id!r} already has an accepted update")
         staleness = self._version - record.version
         if staleness > self.rule.max_staleness:
@@ -464,10 +466,11 @@ class RoundEngine:
         The task is closed (the client is not asked again for this version); the flush that
         counts the drop happens at the next ``poll``, since this call raises.
         """
-        self._mark(record, done=True)
         if not self.rule.continuous and record.version == self._version:
             self._dropped += 1
-            record.dropped = True
+            self._move(record, TaskState.DROPPED)
+        else:
+            self._move(record, TaskState.CLOSED)
         self._save(record)
         raise UpdateRefused(f"partial work dropped (drop_partial): {update.steps_completed} of "
                             f"{update.steps_planned} planned steps completed")
@@ -581,7 +584,7 @@ class RoundEngine:
 
     def _holding_places(self) -> list[TaskRecord]:
         """Open tasks that still hold a place in a cohort."""
-        return [r for r in self._tasks.values() if not r.expired and self.is_open(r)]
+        return [r for r in self._tasks.values() if r.state.holds_place and self.is_open(r)]
 
     def _release(self, record: TaskRecord, reason: str, ask_again: bool = True) -> None:
         """Stop ``record`` holding a place; it may still deliver while within staleness.
@@ -589,8 +592,7 @@ class RoundEngine:
         ``ask_again=False``: its client is not offered another task for the same version (it
         held one for too long already).
         """
-        self._mark(record, expired=True)
-        record.holds_issue = not ask_again
+        self._move(record, TaskState.RELEASED if ask_again else TaskState.OVERDUE)
         self._save(record)
         self.events.emit("client_timeout", client_id=record.client_id, task_id=record.task_id,
                          model_version=record.version, reason=reason)
@@ -684,8 +686,8 @@ class RoundEngine:
     def release_client(self, client_id: str) -> None:
         """A client left: its open tasks stop holding places."""
         for record in self._by_client.get(client_id, ()):
-            if not record.done:
-                self._mark(record, done=True, expired=True)
+            if record.state.deliverable:
+                self._move(record, TaskState.CLOSED)
                 self._save(record)
 
     def finish(self, reason: str, durable: bool = True) -> None:

@@ -53,6 +53,7 @@ from fedlink.coordinator.state.checkpoint import (
     saved_versions,
     write_checkpoint,
 )
+from fedlink.coordinator.tasks import TaskState
 from fedlink.errors import ConfigError, RemoteError, Unavailable, remote_error
 from fedlink.messages import CommitReply
 from fedlink.metrics.events import to_jsonable
@@ -64,17 +65,16 @@ Op = Callable[[sqlite3.Connection], Any]  # one journaled write, run on the writ
 
 DB_FILENAME = "state.sqlite"
 CRASH_ENV = "FEDLINK_CRASH_AT"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: a task's state is one column (``TaskState``), not four flags
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS clients (
     client_id TEXT PRIMARY KEY, name TEXT NOT NULL, num_examples INTEGER NOT NULL,
     metadata TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS tasks (
+CREATE TABLE IF NOT EXISTS task_states (
     task_id TEXT PRIMARY KEY, client_id TEXT NOT NULL, version INTEGER NOT NULL,
-    done INTEGER NOT NULL, expired INTEGER NOT NULL, delta_base INTEGER NOT NULL,
-    holds_issue INTEGER NOT NULL, dropped INTEGER NOT NULL);
+    state TEXT NOT NULL, delta_base INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS pending (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, client_id TEXT NOT NULL, task_id TEXT NOT NULL,
     base_version INTEGER NOT NULL, num_examples INTEGER NOT NULL,
@@ -112,6 +112,7 @@ class SqliteStore(StateStore):
             private_file(self.root / f"{DB_FILENAME}{suffix}")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        _migrate_task_flags(self._db)
         self._ops: list[Op] = []  # journaled, not yet handed to the writer
         self._after: list[Callable[[], None]] = []  # to run once those ops are durable
         self._queued = 0  # ops journaled so far, ever
@@ -240,15 +241,15 @@ class SqliteStore(StateStore):
 
     def save_task(self, record: TaskRecord, next_task: int) -> None:
         """Insert or replace the task's row; remember the task counter."""
-        self._run("INSERT OR REPLACE INTO tasks VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                  record.task_id, record.client_id, record.version, record.done,
-                  record.expired, record.delta_base, record.holds_issue, record.dropped)
+        self._run("INSERT OR REPLACE INTO task_states VALUES (?, ?, ?, ?, ?)",
+                  record.task_id, record.client_id, record.version, record.state.value,
+                  record.delta_base)
         self._set_meta("next_task", next_task)
 
     def forget_tasks(self, task_ids: list[str]) -> None:
         """Delete the tasks' rows."""
         rows = [(t,) for t in task_ids]
-        self._queue(lambda db: db.executemany("DELETE FROM tasks WHERE task_id = ?", rows))
+        self._queue(lambda db: db.executemany("DELETE FROM task_states WHERE task_id = ?", rows))
 
     def save_pending(self, update: ReceivedUpdate) -> None:
         """Append the accepted update (its decoded delta as float32 bytes)."""
@@ -375,11 +376,10 @@ class SqliteStore(StateStore):
         return records
 
     def _load_tasks(self) -> list[TaskRecord]:
-        rows = self._db.execute("SELECT task_id, client_id, version, done, expired, delta_base, "
-                                "holds_issue, dropped FROM tasks ORDER BY rowid")
-        return [TaskRecord(tid, cid, v, 0.0, bool(done), bool(exp), base, bool(holds),
-                           bool(dropped))
-                for tid, cid, v, done, exp, base, holds, dropped in rows]
+        rows = self._db.execute("SELECT task_id, client_id, version, state, delta_base "
+                                "FROM task_states ORDER BY rowid")
+        return [TaskRecord(tid, cid, v, 0.0, TaskState(state), base)
+                for tid, cid, v, state, base in rows]
 
     def _load_pending(self) -> list[ReceivedUpdate]:
         rows = self._db.execute("SELECT client_id, task_id, base_version, num_examples, "
@@ -421,6 +421,30 @@ class SqliteStore(StateStore):
             if self._failed is None and self._ops:
                 self.sync_now()
             self._db.close()
+
+
+def _migrate_task_flags(db: sqlite3.Connection) -> None:
+    """Carry a schema-1 ``tasks`` table (four flags a task) over to ``task_states``."""
+    if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'tasks'").fetchone():
+        return
+    rows = db.execute("SELECT task_id, client_id, version, done, expired, delta_base, "
+                      "holds_issue, dropped FROM tasks ORDER BY rowid").fetchall()
+    db.execute("BEGIN IMMEDIATE")  # one transaction: a crash leaves either table whole
+    db.executemany("INSERT OR REPLACE INTO task_states VALUES (?, ?, ?, ?, ?)",
+                   [(tid, cid, v, _flags_state(done, exp, holds, dropped).value, base)
+                    for tid, cid, v, done, exp, base, holds, dropped in rows])
+    db.execute("DROP TABLE tasks")
+    db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (json.dumps(SCHEMA_VERSION),))
+    db.execute("COMMIT")
+
+
+def _flags_state(done: int, expired: int, holds_issue: int, dropped: int) -> TaskState:
+    """The state schema 1's flags meant (every ended task behaves as ``DELIVERED`` does)."""
+    if done:
+        return TaskState.DROPPED if dropped else TaskState.DELIVERED
+    if expired:
+        return TaskState.OVERDUE if holds_issue else TaskState.RELEASED
+    return TaskState.ISSUED
 
 
 def _crash_spec(spec: str) -> tuple[str, int]:
