@@ -21,6 +21,7 @@ from fedlink.coordinator.auth import acting_as, authenticate, load_secret
 from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.edge import EdgeInterceptor, connection_options, insecurity_warnings
 from fedlink.coordinator.handlers import rewrapped
+from fedlink.coordinator.lifecycle import RunLifecycle, StopRule
 from fedlink.coordinator.service import CoordinatorService, Evaluator
 from fedlink.coordinator.servicer import CoordinatorServicer
 from fedlink.coordinator.timers import strictly_after, wait_event_or
@@ -51,13 +52,14 @@ class CoordinatorServer:
     def __init__(self, config: CoordinatorConfig, initial_model: np.ndarray, events: EventLog,
                  evaluator: Evaluator | None = None, address: str = "127.0.0.1:0",
                  interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, stop_rules: Sequence[StopRule] = ()) -> None:
         self.config = config
         self.interceptors = tuple(interceptors)  # e.g. RPC metrics, outermost first
         self.address = address
         self.events = events
         self.clock = clock if clock is not None else RealClock()
-        self.service = CoordinatorService(config, initial_model, events, evaluator, self.clock)
+        self.service = CoordinatorService(config, initial_model, events, evaluator, self.clock,
+                                          stop_rules)
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._background: list[asyncio.Task[None]] = []
@@ -93,20 +95,23 @@ class CoordinatorServer:
         self._server = server
         for status_name in ("", SERVICE_NAME):
             await self._health.set(status_name, health_pb2.HealthCheckResponse.SERVING)
-        self.service.engine.start()
         resumed = {} if self.service.restored_version is None else {
             "resumed_from_version": self.service.restored_version}
-        self.events.emit("run_started", config=self.config.to_dict(), port=self.port,
-                         num_parameters=self.service.engine.num_parameters, **resumed)
+        self.lifecycle.begin(config=self.config.to_dict(), port=self.port,
+                             num_parameters=self.service.engine.num_parameters, **resumed)
         self._background = [asyncio.create_task(self.service.keep_time()),
                             asyncio.create_task(self.service.report_flushes())]
-        self.service.announce_if_finished()  # a restart after the run ended
         log.info("coordinator listening on port %d", self.port)
         return self.port
 
+    @property
+    def lifecycle(self) -> RunLifecycle:
+        """The run's lifecycle: ``lifecycle.end(reason)`` ends the run."""
+        return self.service.lifecycle
+
     async def wait_finished(self) -> None:
         """Return once the run is over and its last flush was reported."""
-        await self.service.finished.wait()
+        await self.lifecycle.finished.wait()
 
     async def drain(self) -> None:
         """After the run: keep answering ``Finished`` until every client has left or gone.
@@ -139,6 +144,7 @@ class CoordinatorServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self.service.close()
+        self.lifecycle.close()
         self._server = None
         log.info("coordinator stopped")
 
@@ -223,7 +229,7 @@ async def serve_until_done(server: CoordinatorServer,
             log.info("signal received: ending the run, telling the clients")
             # the same end as any other (one run_finished), but not durable: a coordinator
             # restarted on the same state_dir goes on with the run
-            server.service.end_run("stopped by signal", durable=False)
+            server.lifecycle.end("stopped by signal", durable=False)
             stop.clear()
             interrupted = asyncio.ensure_future(stop.wait())  # a second signal: stop now
             await asyncio.wait({done, interrupted}, return_when=asyncio.FIRST_COMPLETED)

@@ -27,7 +27,7 @@ import functools
 import hmac
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,7 @@ from fedlink.coordinator.auth import caller_name
 from fedlink.coordinator.config import CoordinatorConfig, LimitsConfig
 from fedlink.coordinator.downloads import DownloadLedger
 from fedlink.coordinator.engine import FlushOutcome, ReceivedUpdate, RoundEngine, TaskRecord
+from fedlink.coordinator.lifecycle import RunLifecycle, StopRule
 from fedlink.coordinator.limits import Limiter
 from fedlink.coordinator.progress import ProgressLog
 from fedlink.coordinator.registry import ClientRegistry
@@ -87,7 +88,8 @@ class CoordinatorService:
     """Implements every call of ``fedlink.v1.Coordinator`` on top of a ``RoundEngine``."""
 
     def __init__(self, config: CoordinatorConfig, initial_model: np.ndarray, events: EventLog,
-                 evaluator: Evaluator | None = None, clock: Clock | None = None) -> None:
+                 evaluator: Evaluator | None = None, clock: Clock | None = None,
+                 stop_rules: Sequence[StopRule] = ()) -> None:
         self.config = config
         self.events = events
         self._clock = clock if clock is not None else RealClock()
@@ -110,8 +112,8 @@ class CoordinatorService:
         self.downloads = DownloadLedger()
         self.progress = ProgressLog(config.limits.stuck_after_s)
         self._told_finished: set[str] = set()
-        self._reported_version = 0
-        self.finished = asyncio.Event()
+        self.lifecycle = RunLifecycle(self.engine, events, self._durably, self._notify,
+                                      stop_rules)
         self.restored_version: int | None = None
         self._restore()
 
@@ -139,8 +141,8 @@ class CoordinatorService:
         for record in saved.unreported:
             self._flushes.put_nowait((_outcome(record, models.get(record.version,
                                                                   self.engine.model)), 0))
-        self._reported_version = (saved.unreported[0].version - 1 if saved.unreported
-                                  else self.engine.version)
+        self.lifecycle.resume(saved.unreported[0].version - 1 if saved.unreported
+                              else self.engine.version)
         log.info("restored from %s: version %d, %d clients, %d tasks, %d pending updates",
                  self.config.state_dir, self.engine.version, len(saved.clients),
                  len(saved.tasks), len(saved.pending))
@@ -236,7 +238,7 @@ class CoordinatorService:
             await self.state.sync()
         if isinstance(reply, Task):
             reply = self._with_inline_payload(request.client_id, reply)
-        self._check_finished_without_flush()
+        self.lifecycle.check()  # a flush hook may have ended the run
         if isinstance(reply, Finished):
             self._told_finished.add(request.client_id)
         return reply
@@ -654,53 +656,23 @@ class CoordinatorService:
         """
         while True:
             outcome, bytes_down = await self._flushes.get()
+            if not self.lifecycle.reports(outcome.version):  # made after the run's last
+                with self._durably():
+                    self.state.mark_reported(outcome.version)
+                continue
             metrics = await self._evaluate(outcome.model)
+            fields = {"model_version": outcome.version, "num_updates": outcome.num_updates,
+                      "total_weight": outcome.total_weight,
+                      "round_seconds": outcome.round_seconds, "bytes_up": outcome.bytes_up,
+                      "bytes_down": bytes_down, "updates": list(outcome.task_ids),
+                      **dict(outcome.hook_report), **metrics}
             with self._durably():
-                self.events.emit("flush", model_version=outcome.version,
-                                 num_updates=outcome.num_updates,
-                                 total_weight=outcome.total_weight,
-                                 round_seconds=outcome.round_seconds, bytes_up=outcome.bytes_up,
-                                 bytes_down=bytes_down, updates=list(outcome.task_ids),
-                                 **dict(outcome.hook_report), **metrics)
+                self.events.emit("flush", **fields)
                 self.state.mark_reported(outcome.version)
             await self.state.sync()
             self.progress.flushed(outcome.version, outcome.num_updates, outcome.round_seconds,
                                   metrics)
-            self._reported_version = outcome.version
-            if outcome.finished:
-                self._announce_finish()
-            else:  # the run may have been ended after this flush was made
-                self._check_finished_without_flush()
-
-    def _announce_finish(self) -> None:
-        """Log ``run_finished`` once and wake whoever waits for the end of the run."""
-        if self.finished.is_set():
-            return
-        self.events.emit("run_finished", reason=self.engine.finished_reason,
-                         model_version=self.engine.version)
-        self.finished.set()
-        self._notify()
-
-    def end_run(self, reason: str, durable: bool = True) -> None:
-        """End the run now (a target reached, an operator's stop): no more tasks or updates.
-
-        Waiting clients hear ``Finished`` at once; ``run_finished`` is logged once, after the
-        last flush made so far has been reported. ``durable=False`` (a signal's stop) ends it
-        for this process only: a coordinator restarted on the same ``state_dir`` goes on.
-        """
-        with self._durably():
-            self.engine.finish(reason, durable=durable)
-        self._notify()
-        self._check_finished_without_flush()
-
-    def announce_if_finished(self) -> None:
-        """Announce the end of a run that ended before this process made a flush (a restart)."""
-        self._check_finished_without_flush()
-
-    def _check_finished_without_flush(self) -> None:
-        """A run can end between flushes (a hook's stop reason); announce it then."""
-        if self.engine.finished and self._reported_version == self.engine.version:
-            self._announce_finish()
+            self.lifecycle.flush_reported(outcome.version, fields, outcome.model)
 
     async def _evaluate(self, model: np.ndarray) -> dict[str, Any]:
         if self._evaluator is None:

@@ -25,6 +25,7 @@ import numpy as np
 from fedlink.client import ClientOptions, ClientSession, SessionStats, Trainer
 from fedlink.coordinator import CoordinatorServer
 from fedlink.coordinator.auth import issue_token, load_secret
+from fedlink.coordinator.lifecycle import target_accuracy
 from fedlink.errors import ConfigError
 from fedlink.metrics import (
     EVENTS_FILENAME,
@@ -152,8 +153,10 @@ async def _simulate(experiment: Experiment, events: EventLog, progress: bool,
                                                    for t in trainers)
     workers = len(trainers) if threaded and config.run.train_workers == 0 else \
         max(1, config.run.train_workers)
+    target = config.run.target_accuracy
     server = CoordinatorServer(config.coordinator, experiment.initial_vector(), events,
-                               evaluator=experiment.evaluator())
+                               evaluator=experiment.evaluator(),
+                               stop_rules=(target_accuracy(target),) if target > 0 else ())
     with ThreadPoolExecutor(workers, thread_name_prefix="train") as pool:
         async with server, contextlib.AsyncExitStack() as stack:
             upstream = f"127.0.0.1:{server.port}"
@@ -163,10 +166,10 @@ async def _simulate(experiment: Experiment, events: EventLog, progress: bool,
                          pool, inline=not threaded)
                 for i, (trainer, proxy) in enumerate(zip(trainers, proxies, strict=True))]
             stats = await _run_sessions(sessions, server, events, config.coordinator.rounds,
-                                        progress, config.run.target_accuracy)
+                                        progress)
     outcomes = tuple(ClientOutcome(i, link, proxy.counters if proxy else None, s)
                      for i, (link, proxy, s) in enumerate(zip(links, proxies, stats, strict=True)))
-    return outcomes, tuple(trainers), server.service.engine.model.copy()
+    return outcomes, tuple(trainers), server.lifecycle.final_model.copy()
 
 
 async def _open_link(stack: contextlib.AsyncExitStack, link: ClientLink | None,
@@ -177,12 +180,11 @@ async def _open_link(stack: contextlib.AsyncExitStack, link: ClientLink | None,
 
 
 async def _run_sessions(sessions: list[ClientSession], server: CoordinatorServer,
-                        events: EventLog, rounds: int, progress: bool,
-                        target_accuracy: float = 0.0) -> list[SessionStats]:
+                        events: EventLog, rounds: int, progress: bool) -> list[SessionStats]:
     from fedlink.metrics.console import RunProgress  # rich: loaded when a run shows progress
 
     with RunProgress(rounds, enabled=progress) as bar:
-        watcher = asyncio.create_task(_watch(events, bar, server, target_accuracy))
+        watcher = asyncio.create_task(_watch(events, bar))
         try:
             stats = await asyncio.gather(*(s.run() for s in sessions))
             await server.wait_finished()
@@ -216,15 +218,11 @@ def _token(config: ExperimentConfig, name: str) -> str:
     return issue_token(secret, name, ttl_s=SIM_TOKEN_TTL_S)
 
 
-async def _watch(events: EventLog, bar: RunProgress, server: CoordinatorServer,
-                 target_accuracy: float) -> None:
-    """Show progress; with a target accuracy, end the run once a flush reaches it."""
+async def _watch(events: EventLog, bar: RunProgress) -> None:
+    """Show progress (the target accuracy is the coordinator's stop rule: it ends the run on
+    the flush that reached it)."""
     while True:
         _show(events, bar)
-        engine = server.service.engine
-        if target_accuracy > 0 and not engine.finished and any(
-                (e.get("accuracy") or 0.0) >= target_accuracy for e in events.of_kind("flush")):
-            server.service.end_run(f"reached the target accuracy {target_accuracy}")
         await asyncio.sleep(PROGRESS_POLL_S)
 
 

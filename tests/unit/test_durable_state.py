@@ -216,7 +216,7 @@ def test_a_finished_run_stays_finished_but_a_signal_stop_does_not(tmp_path: Path
 
 
 async def _end(service: CoordinatorService) -> None:
-    service.end_run("enough")
+    service.lifecycle.end("enough")
 
 
 def test_a_state_dir_of_another_model_is_refused(tmp_path: Path) -> None:
