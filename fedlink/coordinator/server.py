@@ -20,6 +20,7 @@ from fedlink.clock import Clock, RealClock
 from fedlink.coordinator.auth import acting_as, authenticate, load_secret
 from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.edge import EdgeInterceptor, connection_options, insecurity_warnings
+from fedlink.coordinator.faults import NO_FAULTS, FaultPlan
 from fedlink.coordinator.handlers import rewrapped
 from fedlink.coordinator.lifecycle import RunLifecycle, StopRule
 from fedlink.coordinator.service import CoordinatorService, Evaluator
@@ -52,14 +53,15 @@ class CoordinatorServer:
     def __init__(self, config: CoordinatorConfig, initial_model: np.ndarray, events: EventLog,
                  evaluator: Evaluator | None = None, address: str = "127.0.0.1:0",
                  interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
-                 clock: Clock | None = None, stop_rules: Sequence[StopRule] = ()) -> None:
+                 clock: Clock | None = None, stop_rules: Sequence[StopRule] = (),
+                 faults: FaultPlan = NO_FAULTS) -> None:
         self.config = config
         self.interceptors = tuple(interceptors)  # e.g. RPC metrics, outermost first
         self.address = address
         self.events = events
         self.clock = clock if clock is not None else RealClock()
         self.service = CoordinatorService(config, initial_model, events, evaluator, self.clock,
-                                          stop_rules)
+                                          stop_rules, faults)
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._background: list[asyncio.Task[None]] = []

@@ -39,6 +39,7 @@ from fedlink.coordinator.auth import caller_name
 from fedlink.coordinator.config import CoordinatorConfig, LimitsConfig
 from fedlink.coordinator.downloads import DownloadLedger
 from fedlink.coordinator.engine import FlushOutcome, ReceivedUpdate, RoundEngine, TaskRecord
+from fedlink.coordinator.faults import NO_FAULTS, FaultPlan
 from fedlink.coordinator.lifecycle import RunLifecycle, StopRule
 from fedlink.coordinator.limits import Limiter
 from fedlink.coordinator.progress import ProgressLog
@@ -89,12 +90,13 @@ class CoordinatorService:
 
     def __init__(self, config: CoordinatorConfig, initial_model: np.ndarray, events: EventLog,
                  evaluator: Evaluator | None = None, clock: Clock | None = None,
-                 stop_rules: Sequence[StopRule] = ()) -> None:
+                 stop_rules: Sequence[StopRule] = (), faults: FaultPlan = NO_FAULTS) -> None:
         self.config = config
+        self._faults = faults
         self.events = events
         self._clock = clock if clock is not None else RealClock()
         self._alarm = Alarm(self._clock)  # when the next time rule falls due (keep_time)
-        self.state = open_store(config.state_dir)
+        self.state = open_store(config.state_dir, faults)
         self.engine = RoundEngine(config, initial_model, events, clock=self._clock,
                                   state=self.state)
         self.registry = ClientRegistry(clock=self._clock.now)
@@ -406,7 +408,7 @@ class CoordinatorService:
             return self._replay(previous)
         session = self.uploads.get(request.client_id, request.upload_id)
         with self._durably():
-            self.state.crash_point("commit.before_accept")
+            self._faults.reached("commit.before_accept")
             answer = self._settle(request, session)
         await self.state.sync()
         if isinstance(answer, RemoteError):

@@ -15,9 +15,8 @@ however many clients are calling, and the event loop never waits on a disk.
 Times are not restored: a restarted coordinator counts clients as seen, tasks as issued and the
 round as started at its own start, so a restart never makes a live client look dead.
 
-For fault-injection tests, ``FEDLINK_CRASH_AT=NAME[:N]`` in the environment makes the process
-kill itself with SIGKILL the ``N``-th time (default 1) it passes the crash point ``NAME``
-(``StateStore.crash_point``). It is read once, when the store opens; nothing else reads it.
+The store tells its ``FaultPlan`` (``fedlink.coordinator.faults``, a no-op unless a test passes
+one) when it passes the named moments of a batch and a flush.
 """
 
 from __future__ import annotations
@@ -26,8 +25,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import signal
 import sqlite3
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from fedlink.coordinator.faults import NO_FAULTS, FaultPlan
 from fedlink.coordinator.records import ClientRecord, ReceivedUpdate, TaskRecord
 from fedlink.coordinator.state.base import (
     STATE_STORES,
@@ -64,7 +62,6 @@ log = logging.getLogger(__name__)
 Op = Callable[[sqlite3.Connection], Any]  # one journaled write, run on the writer thread
 
 DB_FILENAME = "state.sqlite"
-CRASH_ENV = "FEDLINK_CRASH_AT"
 SCHEMA_VERSION = 2  # 2: a task's state is one column (``TaskState``), not four flags
 
 _SCHEMA = """
@@ -100,8 +97,9 @@ class SqliteStore(StateStore):
 
     durable = True
 
-    def __init__(self, state_dir: str | Path) -> None:
+    def __init__(self, state_dir: str | Path, faults: FaultPlan = NO_FAULTS) -> None:
         self.root = Path(state_dir)
+        self._faults = faults
         self.checkpoints = self.root / "checkpoints"
         private_dir(self.root)
         private_dir(self.checkpoints)
@@ -122,7 +120,6 @@ class SqliteStore(StateStore):
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedlink-state")
         self._event_ids = self._last_event_id()
         self._written = self._dropped = 0  # event ids in the event log / out of the outbox
-        self._crash_name, self._crash_left = _crash_spec(os.environ.get(CRASH_ENV, ""))
 
     # -- group commit -------------------------------------------------------------------------
 
@@ -193,13 +190,13 @@ class SqliteStore(StateStore):
         try:
             for op in ops:
                 op(self._db)
-            self.crash_point("batch.before_commit")
+            self._faults.reached("batch.before_commit")
             self._db.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(sqlite3.Error):
                 self._db.execute("ROLLBACK")
             raise
-        self.crash_point("batch.after_commit")
+        self._faults.reached("batch.after_commit")
 
     def _check_failed(self) -> None:
         if self._failed is not None:
@@ -280,9 +277,9 @@ class SqliteStore(StateStore):
         frozen = Checkpoint(checkpoint.version, model, checkpoint.engine_state)
 
         def write(db: sqlite3.Connection) -> None:
-            self.crash_point("flush.before_checkpoint")
+            self._faults.reached("flush.before_checkpoint")
             write_checkpoint(self.checkpoints, frozen)
-            self.crash_point("flush.after_checkpoint")
+            self._faults.reached("flush.after_checkpoint")
 
         self._queue(write)
         self._set_meta("version", checkpoint.version)
@@ -402,16 +399,7 @@ class SqliteStore(StateStore):
         rows = self._db.execute("SELECT record FROM flushes WHERE reported = 0 ORDER BY version")
         return [_flush_from_json(json.loads(record)) for (record,) in rows]
 
-    # -- tests and shutdown -------------------------------------------------------------------
-
-    def crash_point(self, name: str) -> None:
-        """SIGKILL this process here when ``FEDLINK_CRASH_AT`` names this point (tests)."""
-        if name != self._crash_name:
-            return
-        self._crash_left -= 1
-        if self._crash_left == 0:
-            log.warning("crash point %s reached: killing the process (%s)", name, CRASH_ENV)
-            os.kill(os.getpid(), signal.SIGKILL)
+    # -- shutdown -----------------------------------------------------------------------------
 
     def close(self) -> None:
         """Commit what is journaled (a graceful stop loses nothing), then close (idempotent)."""
@@ -445,14 +433,6 @@ def _flags_state(done: int, expired: int, holds_issue: int, dropped: int) -> Tas
     if expired:
         return TaskState.OVERDUE if holds_issue else TaskState.RELEASED
     return TaskState.ISSUED
-
-
-def _crash_spec(spec: str) -> tuple[str, int]:
-    """``NAME[:N]`` -> (name, N); ("", 0) for none."""
-    if not spec:
-        return "", 0
-    name, _, count = spec.partition(":")
-    return name, int(count or 1)
 
 
 def _answer_json(answer: Answer) -> dict[str, Any]:
