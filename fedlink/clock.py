@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeAlias, runtime_checkable
 
 Callback = Callable[[], None]
 
@@ -178,3 +178,12 @@ class ManualClock:
 
 VirtualClock = ManualClock
 """The simulation's name for the discrete-event clock."""
+
+TimeSource: TypeAlias = "Clock | Callable[[], float]"
+"""What a part that only reads the time accepts: a ``Clock``, or a function returning seconds
+(the ``now`` of a clock, or a test's hand-moved fake)."""
+
+
+def reader(source: TimeSource) -> Callable[[], float]:
+    """The function that reads ``source``'s time."""
+    return source.now if isinstance(source, Clock) else source

@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from fedlink.coordinator import CoordinatorServer, serve_until_done
+from fedlink.coordinator.faults import NO_FAULTS, FaultPlan
 from fedlink.coordinator.state import holds_state
 from fedlink.metrics import (
     EVENTS_FILENAME,
@@ -23,13 +24,13 @@ from fedlink.sim.config import ExperimentConfig
 
 async def serve(config_path: Path, address: str, output_dir: Path | None,
                 state_dir: Path | None = None, metrics_port: int | None = None,
-                metrics_host: str | None = None) -> int:
+                metrics_host: str | None = None, faults: FaultPlan = NO_FAULTS) -> int:
     """Serve the run described by ``config_path`` until it ends or a signal stops it.
 
     With a ``state_dir`` (the argument, else ``[coordinator] state_dir``) that holds a run,
     the run resumes: its event log is appended to, and the summary covers the whole run.
     ``metrics_port`` and ``metrics_host`` (else ``[coordinator.metrics]``) serve Prometheus
-    metrics; either turns them on.
+    metrics; either turns them on. ``faults``: a fault-injection test's plan (none by default).
     """
     # The set-up imports what the config's model and data need (torch for the built-in
     # models), so it is loaded only once there is a config to serve.
@@ -55,7 +56,8 @@ async def serve(config_path: Path, address: str, output_dir: Path | None,
 
     with EventLog(run_dir / EVENTS_FILENAME) as events, contextlib.ExitStack() as stack:
         server = CoordinatorServer(config.coordinator, experiment.initial_vector(), events,
-                                   evaluator=experiment.evaluator(), address=address)
+                                   evaluator=experiment.evaluator(), address=address,
+                                   faults=faults)
         if config.coordinator.metrics.enabled:
             _serve_metrics(server, stack)
         if config.run.tensorboard:

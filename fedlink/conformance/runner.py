@@ -136,7 +136,7 @@ async def _run_client(argv: Sequence[str], server: CoordinatorServer,
             process.kill()
         await process.wait()
     output = await reading
-    finished = server.service.finished.is_set()
+    finished = server.lifecycle.finished.is_set()
     return (process.returncode if finished else None), output
 
 

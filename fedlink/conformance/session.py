@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from fedlink.clock import ManualClock
 from fedlink.compress import get_codec
 from fedlink.conformance.golden import VECTOR
 from fedlink.coordinator import CoordinatorConfig, FlushRule, LimitsConfig
@@ -67,7 +68,7 @@ def _service(inline: bool) -> CoordinatorService:
                           chunk_bytes=1024 if inline else STREAM_CHUNK_BYTES, long_poll_s=0.0)
     config = CoordinatorConfig(run_name="golden", rounds=1,
                                flush=FlushRule(goal=1, deadline_s=None), limits=limits)
-    return CoordinatorService(config, VECTOR, EventLog(None), clock=lambda: 0.0)
+    return CoordinatorService(config, VECTOR, EventLog(None), clock=ManualClock())
 
 
 async def _session(inline: bool) -> list[dict[str, Any]]:

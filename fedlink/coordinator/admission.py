@@ -22,7 +22,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
 from fedlink.coordinator.config import LimitsConfig
-from fedlink.coordinator.limits import TokenBucket
+from fedlink.coordinator.limits import Limiter, TokenBucket
+from fedlink.coordinator.registry import ClientRegistry
 from fedlink.errors import ResourceExhausted
 
 MAX_TRACKED = 65_536
@@ -107,3 +108,17 @@ class JoinGate:
         if wait > 0:
             raise ResourceExhausted(f"{what} exceed {rate:g}/s; retry in {wait:.3f}s",
                                     retry_after_s=wait)
+
+
+class CallerCheck:
+    """Admission of a registered caller on every call but ``Join``: known (and marked seen),
+    then within its request rate. Shared by the coordinator's pieces."""
+
+    def __init__(self, registry: ClientRegistry, limiter: Limiter) -> None:
+        self.registry = registry
+        self.limiter = limiter
+
+    def admit(self, client_id: str) -> None:
+        """``Unauthenticated`` for an unknown id; ``ResourceExhausted`` over its rate."""
+        self.registry.touch(client_id)
+        self.limiter.admit(client_id)

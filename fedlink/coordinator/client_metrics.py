@@ -75,3 +75,13 @@ def _finite(value: object) -> float | None:
         return None
     number = float(value)
     return number if math.isfinite(number) else None
+
+
+REPORTED_COUNTERS = ("retries", "offline_seconds", "resumed_bytes")
+"""The resilience counters a refused update and ``Leave`` carry into their events."""
+
+
+def reported_counters(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The resilience counters among a client's ``metrics`` (finite, >= 0; others ignored)."""
+    return {name: float(metrics[name]) for name in REPORTED_COUNTERS
+            if name in metrics and math.isfinite(metrics[name]) and metrics[name] >= 0}

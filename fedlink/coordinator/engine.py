@@ -24,8 +24,6 @@ another client out.
 from __future__ import annotations
 
 import dataclasses
-import re
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -47,6 +45,7 @@ from fedlink.aggregate import (
 from fedlink.aggregate.adaptive import AdaptiveNormBound
 from fedlink.aggregate.guard import step_problem
 from fedlink.aggregate.robust import l2_norm
+from fedlink.clock import RealClock, TimeSource, reader
 from fedlink.compress import broadcast_codec
 from fedlink.coordinator.client_metrics import event_fields
 from fedlink.coordinator.config import CoordinatorConfig
@@ -54,13 +53,12 @@ from fedlink.coordinator.history import ModelHistory
 from fedlink.coordinator.progress import RoundState
 from fedlink.coordinator.records import ReceivedUpdate, TaskRecord
 from fedlink.coordinator.state import Checkpoint, FlushRecord, NullStore, SavedState, StateStore
+from fedlink.coordinator.tasks import TaskIds, TaskState
 from fedlink.errors import InvalidArgument, NotFound, PermissionDenied, UpdateRefused
 from fedlink.messages import Finished, Task, TaskReply, Wait
 from fedlink.metrics import EventLog
 from fedlink.refusals import RefusalCode
 from fedlink.wire import Payload
-
-_TASK_ID = re.compile(r"^t\d+-v(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -126,14 +124,14 @@ class RoundEngine:
         config: CoordinatorConfig,
         initial_model: np.ndarray,
         events: EventLog,
-        clock: Callable[[], float] = time.monotonic,
+        clock: TimeSource | None = None,
         state: StateStore | None = None,
     ) -> None:
         self.config = config
         self._state = state if state is not None else NullStore()
         self.rule = config.flush
         self.events = events
-        self._clock = clock
+        self._clock = reader(clock if clock is not None else RealClock())
         self._model = np.ascontiguousarray(initial_model, dtype=np.float32).reshape(-1)
         self._version = 0
         self._optimizer = SERVER_OPTIMIZERS.create(
@@ -151,6 +149,7 @@ class RoundEngine:
         self._by_client: dict[str, list[TaskRecord]] = {}
         self._holding: Counter[int] = Counter()
         self._next_task = 1
+        self._ids = TaskIds()
         self._pending_ids: list[str] = []
         # None until the run's first task: the wait for clients to start is not round 1's time
         self._round_started: float | None = None
@@ -208,8 +207,9 @@ class RoundEngine:
         self._tasks, self._by_client, self._holding = {}, {}, Counter()
         for task in tasks:
             self._index(dataclasses.replace(task, issued_at=now))
+        self._ids = TaskIds.restored([(t.task_id, t.version) for t in tasks])
         self._dropped = 0 if self.rule.continuous else sum(
-            1 for t in tasks if t.dropped and t.version == self._version)
+            1 for t in tasks if t.state is TaskState.DROPPED and t.version == self._version)
         self._next_task = next_task
 
     def due_flush(self) -> FlushOutcome | None:
@@ -268,10 +268,12 @@ class RoundEngine:
         if record is None:
             # Tasks too old to ever be accepted are forgotten; say "too stale", not "unknown",
             # so a slow client drops its update instead of failing.
-            issued = _TASK_ID.match(task_id)
-            if issued and int(issued[1]) < self._version - self.rule.max_staleness:
+            issued = self._ids.version_of(task_id)
+            if issued is None and self._ids.predates(task_id):  # forgotten before a restart
+                issued = self._ids.first_version - 1
+            if issued is not None and issued < self._version - self.rule.max_staleness:
                 raise UpdateRefused(f"too stale: task {task_id!r} was for version "
-                                    f"{issued[1]}, current is {self._version} "
+                                    f"{issued}, current is {self._version} "
                                     f"(max_staleness {self.rule.max_staleness})",
                                     RefusalCode.TOO_STALE)
             raise NotFound(f"unknown task id {task_id!r}")
@@ -281,7 +283,7 @@ class RoundEngine:
 
     def is_open(self, record: TaskRecord) -> bool:
         """Whether an update for ``record`` could still be accepted."""
-        return (not record.done and not self.finished
+        return (record.state.deliverable and not self.finished
                 and self._version - record.version <= self.rule.max_staleness)
 
     # -- issuing tasks ---------------------------------------------------------------------
@@ -308,7 +310,7 @@ class RoundEngine:
 
     def _was_asked(self, client_id: str, version: int) -> bool:
         """Whether ``client_id`` got a task for ``version`` that was not released since."""
-        return any(t.version == version and t.holds_issue
+        return any(t.version == version and t.state.asked
                    for t in self._by_client.get(client_id, ()))
 
     def _open_task_of(self, client_id: str) -> TaskRecord | None:
@@ -321,18 +323,14 @@ class RoundEngine:
         """Add ``record`` to ``_tasks`` and its indexes."""
         self._tasks[record.task_id] = record
         self._by_client.setdefault(record.client_id, []).append(record)
-        if not (record.done or record.expired):
+        if record.state.holds_place:
             self._holding[record.version] += 1
 
-    def _mark(self, record: TaskRecord, *, done: bool | None = None,
-              expired: bool | None = None) -> None:
-        """Set ``record``'s flags, keeping the count of places held in step."""
-        held = not (record.done or record.expired)
-        if done is not None:
-            record.done = done
-        if expired is not None:
-            record.expired = expired
-        if held and (record.done or record.expired):
+    def _move(self, record: TaskRecord, to: TaskState) -> None:
+        """Move ``record`` to state ``to``, keeping the count of places held in step."""
+        held = record.state.holds_place
+        record.move(to)
+        if held and not record.state.holds_place:
             self._holding[record.version] -= 1
 
     def free_places(self) -> int:
@@ -349,8 +347,9 @@ class RoundEngine:
         return self.rule.cohort - delivered - in_flight
 
     def _new_task(self, client_id: str) -> TaskRecord:
-        record = TaskRecord(f"t{self._next_task}-v{self._version}", client_id,
+        record = TaskRecord(TaskIds.make(self._next_task, self._version), client_id,
                             self._version, self._clock())
+        self._ids.issued(self._next_task, self._version)
         self._next_task += 1
         if self._round_started is None:
             self._round_started = record.issued_at
@@ -391,6 +390,11 @@ class RoundEngine:
             return 0.0
         return max(0.001, self.rule.deadline_s - self._round_age())
 
+    @property
+    def round_started_at(self) -> float | None:
+        """When this version's round started (``None`` before the run's first task)."""
+        return self._round_started
+
     def round_age_s(self) -> float:
         """Seconds since this version's round started (0 before the run's first task)."""
         return self._round_age()
@@ -415,6 +419,7 @@ class RoundEngine:
         if self.config.drop_partial and update.steps_completed < update.steps_planned:
             self._drop(record, update)
         staleness, weight = self._fold(record, update)
+        self._move(record, TaskState.DELIVERED)
         self._save(record)
         self._state.save_pending(update)
         self.events.emit("update_accepted", client_id=update.client_id,
@@ -428,11 +433,13 @@ class RoundEngine:
         return Acceptance(self._version, staleness, weight, flush, accepted_version)
 
     def _fold(self, record: TaskRecord, update: ReceivedUpdate) -> tuple[int, float]:
-        """Add ``update`` to the accumulator and tell the hooks; (staleness, weight)."""
+        """Add ``update`` to the accumulator and tell the hooks; (staleness, weight).
+
+        The caller moves the task to ``DELIVERED`` (a replay after a restart finds it there).
+        """
         staleness = self._version - record.version
         weight = self._weight(update, staleness)
         self._accumulator.add(update.delta, weight, update.steps_completed)
-        self._mark(record, done=True)
         self._round_bytes_up += update.bytes_up
         self._pending_ids.append(record.task_id)
         info = UpdateInfo(update.client_id, staleness, weight, update.num_examples,
@@ -447,7 +454,7 @@ class RoundEngine:
     def _check_open(self, record: TaskRecord) -> None:
         if self.finished:
             raise UpdateRefused(f"the run is over: {self.finished_reason}", RefusalCode.RUN_OVER)
-        if record.done:
+        if not record.state.deliverable:
             raise UpdateRefused(f"task {record.task_id!r} already has an accepted update",
                                 RefusalCode.ALREADY_ACCEPTED)
         staleness = self._version - record.version
@@ -462,10 +469,11 @@ class RoundEngine:
         The task is closed (the client is not asked again for this version); the flush that
         counts the drop happens at the next ``poll``, since this call raises.
         """
-        self._mark(record, done=True)
         if not self.rule.continuous and record.version == self._version:
             self._dropped += 1
-            record.dropped = True
+            self._move(record, TaskState.DROPPED)
+        else:
+            self._move(record, TaskState.CLOSED)
         self._save(record)
         raise UpdateRefused(f"partial work dropped (drop_partial): {update.steps_completed} of "
                             f"{update.steps_planned} planned steps completed",
@@ -541,6 +549,36 @@ class RoundEngine:
             released.append(record)
         return released
 
+    def deadline_at(self) -> float | None:
+        """When this version's deadline passes (``None``: no deadline, or no round started).
+
+        Also the instant a dropped partial update that completed the cohort is flushed: now.
+        """
+        if self.finished:
+            return None
+        if self._dropped and self._accumulator.count + self._dropped >= self.rule.goal:
+            return self._clock()
+        if self.rule.deadline_s is None or self._round_started is None:
+            return None
+        return self._round_started + self.rule.deadline_s
+
+    def next_due(self, last_seen: Callable[[str], float | None]) -> float | None:
+        """The earliest instant ``poll`` or ``release_silent`` has something to do, as things
+        stand (``None``: nothing, until the engine changes). O(tasks holding a place)."""
+        due = [t for t in (self.deadline_at(),) if t is not None]
+        if self.finished:
+            return None
+        timeout, max_task_s = self.config.limits.liveness_timeout, self.config.limits.max_task_s
+        for record in self._holding_places():
+            seen = last_seen(record.client_id)
+            if seen is None:
+                due.append(self._clock())
+            elif timeout is not None:
+                due.append(seen + timeout)
+            if max_task_s:
+                due.append(record.issued_at + max_task_s)
+        return min(due, default=None)
+
     def round_state(self) -> RoundState:
         """Where the current round stands (for the coordinator's stuck line)."""
         waiting = sorted({r.client_id for r in self._holding_places()
@@ -550,7 +588,7 @@ class RoundEngine:
 
     def _holding_places(self) -> list[TaskRecord]:
         """Open tasks that still hold a place in a cohort."""
-        return [r for r in self._tasks.values() if not r.expired and self.is_open(r)]
+        return [r for r in self._tasks.values() if r.state.holds_place and self.is_open(r)]
 
     def _release(self, record: TaskRecord, reason: str, ask_again: bool = True) -> None:
         """Stop ``record`` holding a place; it may still deliver while within staleness.
@@ -558,8 +596,7 @@ class RoundEngine:
         ``ask_again=False``: its client is not offered another task for the same version (it
         held one for too long already).
         """
-        self._mark(record, expired=True)
-        record.holds_issue = not ask_again
+        self._move(record, TaskState.RELEASED if ask_again else TaskState.OVERDUE)
         self._save(record)
         self.events.emit("client_timeout", client_id=record.client_id, task_id=record.task_id,
                          model_version=record.version, reason=reason)
@@ -653,8 +690,8 @@ class RoundEngine:
     def release_client(self, client_id: str) -> None:
         """A client left: its open tasks stop holding places."""
         for record in self._by_client.get(client_id, ()):
-            if not record.done:
-                self._mark(record, done=True, expired=True)
+            if record.state.deliverable:
+                self._move(record, TaskState.CLOSED)
                 self._save(record)
 
     def finish(self, reason: str, durable: bool = True) -> None:

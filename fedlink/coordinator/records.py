@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fedlink.coordinator.tasks import TaskState, checked_move
+
 
 @dataclass
 class ClientRecord:
@@ -32,22 +34,21 @@ class ClientRecord:
 
 @dataclass
 class TaskRecord:
-    """One task issued to one client, for one model version.
-
-    ``holds_issue``: the task counts as "this client was asked for this version" (cleared when
-    the task is released, so the client may be asked again). ``dropped``: its update was refused
-    by ``drop_partial`` but still answers for its place in the cohort.
-    """
+    """One task issued to one client, for one model version (``version``: data, never read
+    back from ``task_id``). ``state`` moves only through ``move`` (``fedlink.coordinator.tasks``
+    holds the legal moves). ``delta_base``: the version the offered delta starts from (-1:
+    none)."""
 
     task_id: str
     client_id: str
     version: int
     issued_at: float
-    done: bool = False
-    expired: bool = False
+    state: TaskState = TaskState.ISSUED
     delta_base: int = -1
-    holds_issue: bool = True
-    dropped: bool = False
+
+    def move(self, to: TaskState) -> None:
+        """Go to state ``to`` (``IllegalTransition`` when the state machine does not go there)."""
+        self.state = checked_move(self.task_id, self.state, to)
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import itertools
 import re
 import secrets
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
+from fedlink.clock import RealClock
 from fedlink.coordinator.auth import check_caller
 from fedlink.coordinator.records import ClientRecord
 from fedlink.errors import InvalidArgument, Unauthenticated
@@ -27,11 +27,11 @@ class ClientRegistry:
     is never handed to someone else.
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
         self._clients: dict[str, ClientRecord] = {}
         self._by_instance: dict[tuple[str, str], str] = {}  # (name, instance key) -> id
         self._ids = itertools.count(1)
-        self._clock = clock
+        self._clock = clock if clock is not None else RealClock().now
 
     def __len__(self) -> int:
         return len(self._clients)
@@ -110,6 +110,10 @@ class ClientRegistry:
     def silent_since(self, before: float) -> list[str]:
         """Ids of the clients whose last call was before ``before`` (candidates for expiry)."""
         return [cid for cid, record in self._clients.items() if record.last_seen < before]
+
+    def oldest_seen(self) -> float | None:
+        """The earliest ``last_seen`` of any client (``None``: no client); O(clients)."""
+        return min((record.last_seen for record in self._clients.values()), default=None)
 
     def declared_examples(self, client_id: str) -> int:
         """The dataset size ``client_id`` declared at ``Join`` (0: none, or unknown id)."""

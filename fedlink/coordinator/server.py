@@ -16,12 +16,16 @@ import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from fedlink.clock import Clock, RealClock
 from fedlink.coordinator.auth import acting_as, authenticate, load_secret
 from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.edge import EdgeInterceptor, connection_options, insecurity_warnings
+from fedlink.coordinator.faults import NO_FAULTS, FaultPlan
 from fedlink.coordinator.handlers import rewrapped
+from fedlink.coordinator.lifecycle import RunLifecycle, StopRule
 from fedlink.coordinator.service import CoordinatorService, Evaluator
 from fedlink.coordinator.servicer import CoordinatorServicer
+from fedlink.coordinator.timers import strictly_after, wait_event_or
 from fedlink.coordinator.tls import load_server_material
 from fedlink.errors import Unauthenticated
 from fedlink.metrics import EventLog
@@ -34,7 +38,6 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Coordinator"].full_name
 DRAIN_CAP = 3  # graces a finished coordinator waits for clients that keep calling, at most
-POLL_INTERVAL_S = 0.05
 
 
 class CoordinatorServer:
@@ -49,12 +52,16 @@ class CoordinatorServer:
 
     def __init__(self, config: CoordinatorConfig, initial_model: np.ndarray, events: EventLog,
                  evaluator: Evaluator | None = None, address: str = "127.0.0.1:0",
-                 interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> None:
+                 interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+                 clock: Clock | None = None, stop_rules: Sequence[StopRule] = (),
+                 faults: FaultPlan = NO_FAULTS) -> None:
         self.config = config
         self.interceptors = tuple(interceptors)  # e.g. RPC metrics, outermost first
         self.address = address
         self.events = events
-        self.service = CoordinatorService(config, initial_model, events, evaluator)
+        self.clock = clock if clock is not None else RealClock()
+        self.service = CoordinatorService(config, initial_model, events, evaluator, self.clock,
+                                          stop_rules, faults)
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._background: list[asyncio.Task[None]] = []
@@ -90,27 +97,23 @@ class CoordinatorServer:
         self._server = server
         for status_name in ("", SERVICE_NAME):
             await self._health.set(status_name, health_pb2.HealthCheckResponse.SERVING)
-        self.service.engine.start()
         resumed = {} if self.service.restored_version is None else {
             "resumed_from_version": self.service.restored_version}
-        self.events.emit("run_started", config=self.config.to_dict(), port=self.port,
-                         num_parameters=self.service.engine.num_parameters, **resumed)
-        self._background = [asyncio.create_task(self._poll_deadlines()),
+        self.lifecycle.begin(config=self.config.to_dict(), port=self.port,
+                             num_parameters=self.service.engine.num_parameters, **resumed)
+        self._background = [asyncio.create_task(self.service.keep_time()),
                             asyncio.create_task(self.service.report_flushes())]
-        self.service.announce_if_finished()  # a restart after the run ended
         log.info("coordinator listening on port %d", self.port)
         return self.port
 
-    async def _poll_deadlines(self) -> None:
-        """Apply the deadline and liveness rules every ``POLL_INTERVAL_S``."""
-        while not self.service.engine.finished:
-            self.service.poll()
-            await self.service.state.sync()  # what poll changed (or an end_run) is journaled
-            await asyncio.sleep(POLL_INTERVAL_S)
+    @property
+    def lifecycle(self) -> RunLifecycle:
+        """The run's lifecycle: ``lifecycle.end(reason)`` ends the run."""
+        return self.service.lifecycle
 
     async def wait_finished(self) -> None:
         """Return once the run is over and its last flush was reported."""
-        await self.service.finished.wait()
+        await self.lifecycle.finished.wait()
 
     async def drain(self) -> None:
         """After the run: keep answering ``Finished`` until every client has left or gone.
@@ -122,10 +125,15 @@ class CoordinatorServer:
         is waited for, up to ``DRAIN_CAP`` graces in all.
         """
         grace = self.config.limits.finished_grace
-        give_up_at = time.monotonic() + DRAIN_CAP * grace
-        while (self.service.clients_still_here(silent_after_s=grace)
-               and time.monotonic() < give_up_at):
-            await asyncio.sleep(POLL_INTERVAL_S)
+        give_up_at = self.clock.now() + DRAIN_CAP * grace
+        while True:
+            changed = self.service.changed  # set by a Leave (or any change) after this
+            now = self.clock.now()
+            gone_at = self.service.all_gone_at(silent_after_s=grace)
+            if gone_at is None or now >= give_up_at:
+                return
+            await wait_event_or(self.clock, changed,
+                                strictly_after(now, min(gone_at, give_up_at)))
 
     async def stop(self, grace_s: float = 2.0) -> None:
         """Stop accepting calls, let running ones finish for ``grace_s``, then stop."""
@@ -138,6 +146,7 @@ class CoordinatorServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self.service.close()
+        self.lifecycle.close()
         self._server = None
         log.info("coordinator stopped")
 
@@ -222,7 +231,7 @@ async def serve_until_done(server: CoordinatorServer,
             log.info("signal received: ending the run, telling the clients")
             # the same end as any other (one run_finished), but not durable: a coordinator
             # restarted on the same state_dir goes on with the run
-            server.service.end_run("stopped by signal", durable=False)
+            server.lifecycle.end("stopped by signal", durable=False)
             stop.clear()
             interrupted = asyncio.ensure_future(stop.wait())  # a second signal: stop now
             await asyncio.wait({done, interrupted}, return_when=asyncio.FIRST_COMPLETED)

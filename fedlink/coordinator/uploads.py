@@ -21,11 +21,11 @@ A chunk that is refused (a gap, a cap) creates nothing.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedlink.clock import RealClock
 from fedlink.coordinator.spool import Spool, check_name, storage_for
 from fedlink.coordinator.state import NullStore, SettledUpload, StateStore
 from fedlink.errors import (
@@ -92,12 +92,12 @@ class UploadStore:
     def __init__(self, max_update_bytes: int, max_chunk_bytes: int,
                  state_dir: str | Path = "", state: StateStore | None = None,
                  bounds: UploadBounds | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] | None = None) -> None:
         self._state = state if state is not None else NullStore()
         self.max_update_bytes = max_update_bytes
         self.max_chunk_bytes = max_chunk_bytes
         self.bounds = bounds if bounds is not None else UploadBounds()
-        self._clock = clock
+        self._clock = clock if clock is not None else RealClock().now
         self._storage = storage_for(state_dir)
         self._sessions: dict[str, UploadSession] = {}
         self._answers: dict[str, CommitReply | RemoteError] = {}
@@ -205,6 +205,12 @@ class UploadStore:
         for upload_id in stale:
             self._drop(upload_id)
         return stale
+
+    def next_expiry(self) -> float | None:
+        """When the first open upload becomes idle for ``bounds.idle_s`` (``None``: never)."""
+        if not self.bounds.idle_s or not self._sessions:
+            return None
+        return min(s.last_write for s in self._sessions.values()) + self.bounds.idle_s
 
     def drop_client(self, client_id: str) -> list[str]:
         """Drop every open upload of ``client_id`` (it left or expired); returns their ids."""

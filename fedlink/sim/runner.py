@@ -25,6 +25,7 @@ import numpy as np
 from fedlink.client import ClientOptions, ClientSession, SessionStats, Trainer
 from fedlink.coordinator import CoordinatorServer
 from fedlink.coordinator.auth import issue_token, load_secret
+from fedlink.coordinator.lifecycle import target_accuracy
 from fedlink.errors import ConfigError
 from fedlink.metrics import (
     EVENTS_FILENAME,
@@ -35,7 +36,6 @@ from fedlink.metrics import (
     write_summary,
 )
 from fedlink.metrics.federated import federated_figures
-from fedlink.metrics.kinds import Flush
 from fedlink.netem import ClientLink
 from fedlink.netem.proxy import TcpProxy
 from fedlink.sim.capacity import for_population
@@ -154,9 +154,11 @@ async def _simulate(experiment: Experiment, events: EventLog, progress: bool,
                                                    for t in trainers)
     workers = len(trainers) if threaded and config.run.train_workers == 0 else \
         max(1, config.run.train_workers)
+    target = config.run.target_accuracy
     server = CoordinatorServer(for_population(config.coordinator, len(trainers)),
                                experiment.initial_vector(), events,
-                               evaluator=experiment.evaluator())
+                               evaluator=experiment.evaluator(),
+                               stop_rules=(target_accuracy(target),) if target > 0 else ())
     with ThreadPoolExecutor(workers, thread_name_prefix="train") as pool:
         async with server, contextlib.AsyncExitStack() as stack:
             upstream = f"127.0.0.1:{server.port}"
@@ -166,10 +168,10 @@ async def _simulate(experiment: Experiment, events: EventLog, progress: bool,
                          pool, inline=not threaded)
                 for i, (trainer, proxy) in enumerate(zip(trainers, proxies, strict=True))]
             stats = await _run_sessions(sessions, server, events, config.coordinator.rounds,
-                                        progress, config.run.target_accuracy)
+                                        progress)
     outcomes = tuple(ClientOutcome(i, link, proxy.counters if proxy else None, s)
                      for i, (link, proxy, s) in enumerate(zip(links, proxies, stats, strict=True)))
-    return outcomes, tuple(trainers), server.service.engine.model.copy()
+    return outcomes, tuple(trainers), server.lifecycle.final_model.copy()
 
 
 async def _open_link(stack: contextlib.AsyncExitStack, link: ClientLink | None,
@@ -180,28 +182,18 @@ async def _open_link(stack: contextlib.AsyncExitStack, link: ClientLink | None,
 
 
 async def _run_sessions(sessions: list[ClientSession], server: CoordinatorServer,
-                        events: EventLog, rounds: int, progress: bool,
-                        target_accuracy: float = 0.0) -> list[SessionStats]:
+                        events: EventLog, rounds: int, progress: bool) -> list[SessionStats]:
     from fedlink.metrics.console import RunProgress  # rich: loaded when a run shows progress
 
-    loop = asyncio.get_running_loop()
-    reached = asyncio.Event()
     with RunProgress(rounds, enabled=progress) as bar:
-        # The flush events tell the bar and the target stop (on the log writer's thread,
-        # hence the hand-over to the loop): nothing polls the log.
-        def tell(_: Flush) -> None:
-            loop.call_soon_threadsafe(reached.set)
-
-        unsubscribe = events.on_flush(FlushWatch(bar, target_accuracy, tell))
-        stopper = asyncio.create_task(_stop_at_target(reached, server, target_accuracy))
+        # the flush events move the bar (the target accuracy is the coordinator's stop rule:
+        # it ends the run on the flush that reached it); nothing polls the log
+        unsubscribe = events.on_flush(FlushWatch(bar))
         try:
             stats = await asyncio.gather(*(s.run() for s in sessions))
             await server.wait_finished()
         finally:
             unsubscribe()
-            stopper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await stopper
     return list(stats)
 
 
@@ -227,12 +219,6 @@ def _token(config: ExperimentConfig, name: str) -> str:
     return issue_token(secret, name, ttl_s=SIM_TOKEN_TTL_S)
 
 
-async def _stop_at_target(reached: asyncio.Event, server: CoordinatorServer,
-                          target_accuracy: float) -> None:
-    """End the run once a flush has reached the target accuracy (told by the flush event)."""
-    await reached.wait()
-    if not server.service.engine.finished:
-        server.service.end_run(f"reached the target accuracy {target_accuracy}")
 
 
 def _client_figures(outcomes: tuple[ClientOutcome, ...], wall: float) -> dict[str, Any]:

@@ -9,7 +9,8 @@ client-specific vector ``d_c`` to the model it got. The test kills the coordinat
 - 14 times without a crash point: half at a random moment, 1-5 s after it starts listening
   (uploads in flight, tasks being issued, flushes), half as soon as an upload is seen
   streaming (its spool file grows), so kills mid-upload are arranged, not hoped for;
-- 6 times at named crash points the coordinator passes (``FEDLINK_CRASH_AT``): in the middle of
+- 6 times at named moments the coordinator passes (a ``FaultPlan`` the helper
+  ``_serve_with_faults.py`` builds from ``--crash-at``): in the middle of
   a flush (before and after its checkpoint is written, before its batch commits), between a
   commit's journal and its events, and while a commit is being accepted.
 
@@ -55,7 +56,7 @@ pytestmark = pytest.mark.timeout(600)
 CLIENTS = 4
 ROUNDS = 24  # enough that every kill lands while the run is still going
 RANDOM_KILLS = 14
-CRASH_POINTS = [  # (FEDLINK_CRASH_AT, what it is in the middle of)
+CRASH_POINTS = [  # (--crash-at MOMENT[:N], what it is in the middle of)
     ("flush.before_checkpoint", "a flush, before its checkpoint is written"),
     ("flush.after_checkpoint", "a flush, its checkpoint written, its batch not committed"),
     ("batch.before_commit:3", "a batch (journal written, not committed)"),
@@ -65,6 +66,7 @@ CRASH_POINTS = [  # (FEDLINK_CRASH_AT, what it is in the middle of)
 ]
 UP_KBPS = 400.0  # a ~66 KB update takes ~1.3 s: kills often land mid-upload
 SERVE_STARTUP_S = 60.0
+SERVE_WITH_FAULTS = Path(__file__).with_name("_serve_with_faults.py")
 
 CONFIG = f"""
 [run]
@@ -153,13 +155,11 @@ class CoordinatorProcess:
 
     def start(self, crash_at: str = "") -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        env.pop("FEDLINK_CRASH_AT", None)
-        if crash_at:
-            env["FEDLINK_CRASH_AT"] = crash_at
+        faults = ["--crash-at", crash_at] if crash_at else []
         with self.log.open("ab") as log:
             log.write(f"--- start (crash_at={crash_at!r})\n".encode())
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", "fedlink", "-v", "serve", "--config", str(self.config),
+                [sys.executable, str(SERVE_WITH_FAULTS), *faults, "--config", str(self.config),
                  "--port", str(self.port), "--state-dir", str(self.state_dir),
                  "--output-dir", str(self.output_dir)],
                 stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -89,7 +89,7 @@ def test_metrics_scraped_during_a_run_agree_with_the_summary(
     holder: dict[str, CoordinatorServer] = {}
 
     async def watch(port: int, server: CoordinatorServer) -> None:
-        while not server.service.finished.is_set():
+        while not server.lifecycle.finished.is_set():
             families = await asyncio.to_thread(scrape, port)
             if (value(families, "fedlink_model_version") >= 1
                     and value(families, "fedlink_run_finished") == 0):

@@ -22,7 +22,7 @@ from conftest import CoordinatorFactory, run_async, wait_until
 
 from fedlink.compress import get_codec
 from fedlink.coordinator import CoordinatorConfig, CoordinatorServer, FlushRule, LimitsConfig
-from fedlink.coordinator.service import CoordinatorService
+from fedlink.coordinator.transfers import Transfers
 from fedlink.proto.v1 import coordinator_pb2 as pb
 from fedlink.proto.v1 import coordinator_pb2_grpc as pb_grpc
 from fedlink.wire import pack, to_proto
@@ -129,17 +129,17 @@ def hold_the_cut_streams_own_sync(monkeypatch: pytest.MonkeyPatch) -> asyncio.Ev
     saw ``UploadStatus`` answer 0 in 3 of 4 tries); holding it makes that case certain.
     """
     release = asyncio.Event()
-    original = CoordinatorService._make_durable
+    original = Transfers.make_durable
     calls = 0
 
-    async def held(service: CoordinatorService, client_id: str, upload_id: str) -> None:
+    async def held(transfers: Transfers, client_id: str, upload_id: str) -> None:
         nonlocal calls
         calls += 1
         if calls == 1:  # the first caller is the stream's own ``finally``
             await release.wait()
-        await original(service, client_id, upload_id)
+        await original(transfers, client_id, upload_id)
 
-    monkeypatch.setattr(CoordinatorService, "_make_durable", held)
+    monkeypatch.setattr(Transfers, "make_durable", held)
     return release
 
 

@@ -198,8 +198,8 @@ CLOCK_MODULE = "fedlink.clock"
 WALL_CLOCK = {"time": ("monotonic", "time"), "asyncio": ("sleep",)}
 """What reads or waits on real time: ``time.monotonic``, ``time.time``, ``asyncio.sleep``."""
 
-COORDINATOR_A = "coordinator: engineer A"
-"""Reason for the coordinator's remaining reads (being moved onto the Clock in parallel)."""
+RATE_BUCKETS = "token buckets limit request rates in real time, whatever clock the run keeps"
+TOKEN_EXPIRY = "bearer tokens carry absolute expiry instants (seconds since the epoch)"
 
 CLOCK_ALLOW_LIST: dict[str, str] = {
     # module -> why it may read real time (I/O timeouts and wall-clock stamps, not model time)
@@ -209,15 +209,11 @@ CLOCK_ALLOW_LIST: dict[str, str] = {
     "fedlink.netem.packet_forwarder": "packet tier: real packets are timed on the host's clock",
     "fedlink.metrics.events": "event timestamps: wall-clock Unix time in events.jsonl",
     "fedlink.sim.runner": "a run's wall_seconds; its progress poll goes with typed events",
-    "fedlink.coordinator.admission": COORDINATOR_A,
-    "fedlink.coordinator.auth": COORDINATOR_A,
-    "fedlink.coordinator.engine": COORDINATOR_A,
-    "fedlink.coordinator.limits": COORDINATOR_A,
-    "fedlink.coordinator.probe": COORDINATOR_A,
-    "fedlink.coordinator.registry": COORDINATOR_A,
-    "fedlink.coordinator.server": COORDINATOR_A,
-    "fedlink.coordinator.service": COORDINATOR_A,
-    "fedlink.coordinator.uploads": COORDINATOR_A,
+    "fedlink.coordinator.admission": RATE_BUCKETS,
+    "fedlink.coordinator.limits": RATE_BUCKETS,
+    "fedlink.coordinator.probe": RATE_BUCKETS,
+    "fedlink.coordinator.auth": TOKEN_EXPIRY,
+    "fedlink.coordinator.server": TOKEN_EXPIRY,
 }
 
 

@@ -14,6 +14,7 @@ from conftest import run_async
 
 from fedlink.compress import get_codec
 from fedlink.coordinator import CoordinatorConfig, CoordinatorService, FlushRule
+from fedlink.coordinator.faults import NO_FAULTS, FaultPlan
 from fedlink.coordinator.state import SqliteStore
 from fedlink.coordinator.state.base import Checkpoint
 from fedlink.coordinator.state.checkpoint import (
@@ -47,9 +48,10 @@ def config(state_dir: Path | str, **fields: Any) -> CoordinatorConfig:
 class Coordinator:
     """One coordinator process, driven through its call handlers (no gRPC needed here)."""
 
-    def __init__(self, cfg: CoordinatorConfig) -> None:
+    def __init__(self, cfg: CoordinatorConfig, faults: FaultPlan = NO_FAULTS) -> None:
         self.events = EventLog(None)
-        self.service = CoordinatorService(cfg, np.zeros(SIZE, np.float32), self.events)
+        self.service = CoordinatorService(cfg, np.zeros(SIZE, np.float32), self.events,
+                                          faults=faults)
 
     def join(self, name: str) -> str:
         return run_async(self.service.join(JoinRequest(name, num_examples=10))).client_id
@@ -219,7 +221,7 @@ def test_a_finished_run_stays_finished_but_a_signal_stop_does_not(tmp_path: Path
 
 
 async def _end(service: CoordinatorService) -> None:
-    service.end_run("enough")
+    service.lifecycle.end("enough")
 
 
 def test_a_state_dir_of_another_model_is_refused(tmp_path: Path) -> None:
@@ -252,22 +254,28 @@ class Killed(BaseException):
     """Stands in for SIGKILL at a crash point: nothing after it runs."""
 
 
+class KillBeforeCommit(FaultPlan):
+    """Dies (``Killed``) at every batch commit once armed."""
+
+    armed = False
+
+    def reached(self, moment: str) -> None:
+        if self.armed and moment == "batch.before_commit":
+            raise Killed
+
+
 def test_an_upload_whose_commit_was_not_durable_can_be_committed_after_a_restart(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path) -> None:
     cfg = config(tmp_path)
-    first = Coordinator(cfg)
+    faults = KillBeforeCommit()
+    first = Coordinator(cfg, faults)
     a = first.join("a")
     task = first.task(a)
 
-    def crash_point(self: SqliteStore, name: str) -> None:
-        if name == "batch.before_commit":
-            raise Killed
-
-    monkeypatch.setattr(SqliteStore, "crash_point", crash_point)
+    faults.armed = True
     with pytest.raises(Killed):
         first.deliver(a, task, delta(1), upload_id="up-1")  # folded in, never durable
     first.crash()
-    monkeypatch.undo()
 
     second = Coordinator(cfg)
     assert second.service.engine._accumulator.count == 0

@@ -25,7 +25,7 @@ CLIENTS = 7
 
 
 def _scanned_free(engine: RoundEngine) -> int:
-    in_flight = sum(1 for t in engine._tasks.values() if not t.expired and engine.is_open(t))
+    in_flight = sum(1 for t in engine._tasks.values() if t.state.holds_place and engine.is_open(t))
     delivered = 0 if engine.rule.continuous else engine._accumulator.count + engine._dropped
     return max(0, engine.rule.cohort - delivered - in_flight)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fedlink.coordinator.faults import NO_FAULTS, FaultPlan
 from fedlink.coordinator.state.base import (
     STATE_STORES,
     Checkpoint,
@@ -26,11 +27,12 @@ def holds_state(state_dir: str) -> bool:
     return bool(state_dir) and (Path(state_dir) / DB_FILENAME).is_file()
 
 
-def open_store(state_dir: str) -> StateStore:
-    """The store for ``state_dir``: SQLite in that folder, or nothing kept when it is empty."""
+def open_store(state_dir: str, faults: FaultPlan = NO_FAULTS) -> StateStore:
+    """The store for ``state_dir``: SQLite in that folder (telling ``faults`` its moments), or
+    nothing kept when it is empty."""
     if not state_dir:
         return STATE_STORES.create("memory")
-    return STATE_STORES.create("sqlite", state_dir=state_dir)
+    return STATE_STORES.create("sqlite", state_dir=state_dir, faults=faults)
 
 
 __all__ = [

@@ -185,9 +185,6 @@ class StateStore(ABC):
         """
         action()
 
-    def crash_point(self, name: str) -> None:  # noqa: B027 (only stores for tests kill here)
-        """A named moment at which a fault-injection test may kill the process."""
-
     def close(self) -> None:  # noqa: B027 (nothing to release by default)
         """Release files and connections."""
 

@@ -15,9 +15,8 @@ however many clients are calling, and the event loop never waits on a disk.
 Times are not restored: a restarted coordinator counts clients as seen, tasks as issued and the
 round as started at its own start, so a restart never makes a live client look dead.
 
-For fault-injection tests, ``FEDLINK_CRASH_AT=NAME[:N]`` in the environment makes the process
-kill itself with SIGKILL the ``N``-th time (default 1) it passes the crash point ``NAME``
-(``StateStore.crash_point``). It is read once, when the store opens; nothing else reads it.
+The store tells its ``FaultPlan`` (``fedlink.coordinator.faults``, a no-op unless a test passes
+one) when it passes the named moments of a batch and a flush.
 """
 
 from __future__ import annotations
@@ -26,8 +25,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import signal
 import sqlite3
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from fedlink.coordinator.faults import NO_FAULTS, FaultPlan
 from fedlink.coordinator.records import ClientRecord, ReceivedUpdate, TaskRecord
 from fedlink.coordinator.state.base import (
     STATE_STORES,
@@ -53,6 +51,7 @@ from fedlink.coordinator.state.checkpoint import (
     saved_versions,
     write_checkpoint,
 )
+from fedlink.coordinator.tasks import TaskState
 from fedlink.errors import ConfigError, RemoteError, Unavailable, remote_error
 from fedlink.messages import CommitReply
 from fedlink.metrics.events import to_jsonable
@@ -64,18 +63,16 @@ log = logging.getLogger(__name__)
 Op = Callable[[sqlite3.Connection], Any]  # one journaled write, run on the writer thread
 
 DB_FILENAME = "state.sqlite"
-CRASH_ENV = "FEDLINK_CRASH_AT"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: a task's state is one column (``TaskState``), not four flags
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS clients (
     client_id TEXT PRIMARY KEY, name TEXT NOT NULL, num_examples INTEGER NOT NULL,
     metadata TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS tasks (
+CREATE TABLE IF NOT EXISTS task_states (
     task_id TEXT PRIMARY KEY, client_id TEXT NOT NULL, version INTEGER NOT NULL,
-    done INTEGER NOT NULL, expired INTEGER NOT NULL, delta_base INTEGER NOT NULL,
-    holds_issue INTEGER NOT NULL, dropped INTEGER NOT NULL);
+    state TEXT NOT NULL, delta_base INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS pending (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, client_id TEXT NOT NULL, task_id TEXT NOT NULL,
     base_version INTEGER NOT NULL, num_examples INTEGER NOT NULL,
@@ -101,8 +98,9 @@ class SqliteStore(StateStore):
 
     durable = True
 
-    def __init__(self, state_dir: str | Path) -> None:
+    def __init__(self, state_dir: str | Path, faults: FaultPlan = NO_FAULTS) -> None:
         self.root = Path(state_dir)
+        self._faults = faults
         self.checkpoints = self.root / "checkpoints"
         private_dir(self.root)
         private_dir(self.checkpoints)
@@ -113,6 +111,7 @@ class SqliteStore(StateStore):
             private_file(self.root / f"{DB_FILENAME}{suffix}")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        _migrate_task_flags(self._db)
         self._ops: list[Op] = []  # journaled, not yet handed to the writer
         self._after: list[Callable[[], None]] = []  # to run once those ops are durable
         self._queued = 0  # ops journaled so far, ever
@@ -122,7 +121,6 @@ class SqliteStore(StateStore):
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedlink-state")
         self._event_ids = self._last_event_id()
         self._written = self._dropped = 0  # event ids in the event log / out of the outbox
-        self._crash_name, self._crash_left = _crash_spec(os.environ.get(CRASH_ENV, ""))
 
     # -- group commit -------------------------------------------------------------------------
 
@@ -193,13 +191,13 @@ class SqliteStore(StateStore):
         try:
             for op in ops:
                 op(self._db)
-            self.crash_point("batch.before_commit")
+            self._faults.reached("batch.before_commit")
             self._db.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(sqlite3.Error):
                 self._db.execute("ROLLBACK")
             raise
-        self.crash_point("batch.after_commit")
+        self._faults.reached("batch.after_commit")
 
     def _check_failed(self) -> None:
         if self._failed is not None:
@@ -241,15 +239,15 @@ class SqliteStore(StateStore):
 
     def save_task(self, record: TaskRecord, next_task: int) -> None:
         """Insert or replace the task's row; remember the task counter."""
-        self._run("INSERT OR REPLACE INTO tasks VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                  record.task_id, record.client_id, record.version, record.done,
-                  record.expired, record.delta_base, record.holds_issue, record.dropped)
+        self._run("INSERT OR REPLACE INTO task_states VALUES (?, ?, ?, ?, ?)",
+                  record.task_id, record.client_id, record.version, record.state.value,
+                  record.delta_base)
         self._set_meta("next_task", next_task)
 
     def forget_tasks(self, task_ids: list[str]) -> None:
         """Delete the tasks' rows."""
         rows = [(t,) for t in task_ids]
-        self._queue(lambda db: db.executemany("DELETE FROM tasks WHERE task_id = ?", rows))
+        self._queue(lambda db: db.executemany("DELETE FROM task_states WHERE task_id = ?", rows))
 
     def save_pending(self, update: ReceivedUpdate) -> None:
         """Append the accepted update (its decoded delta as float32 bytes)."""
@@ -280,9 +278,9 @@ class SqliteStore(StateStore):
         frozen = Checkpoint(checkpoint.version, model, checkpoint.engine_state)
 
         def write(db: sqlite3.Connection) -> None:
-            self.crash_point("flush.before_checkpoint")
+            self._faults.reached("flush.before_checkpoint")
             write_checkpoint(self.checkpoints, frozen)
-            self.crash_point("flush.after_checkpoint")
+            self._faults.reached("flush.after_checkpoint")
 
         self._queue(write)
         self._set_meta("version", checkpoint.version)
@@ -376,11 +374,10 @@ class SqliteStore(StateStore):
         return records
 
     def _load_tasks(self) -> list[TaskRecord]:
-        rows = self._db.execute("SELECT task_id, client_id, version, done, expired, delta_base, "
-                                "holds_issue, dropped FROM tasks ORDER BY rowid")
-        return [TaskRecord(tid, cid, v, 0.0, bool(done), bool(exp), base, bool(holds),
-                           bool(dropped))
-                for tid, cid, v, done, exp, base, holds, dropped in rows]
+        rows = self._db.execute("SELECT task_id, client_id, version, state, delta_base "
+                                "FROM task_states ORDER BY rowid")
+        return [TaskRecord(tid, cid, v, 0.0, TaskState(state), base)
+                for tid, cid, v, state, base in rows]
 
     def _load_pending(self) -> list[ReceivedUpdate]:
         rows = self._db.execute("SELECT client_id, task_id, base_version, num_examples, "
@@ -403,16 +400,7 @@ class SqliteStore(StateStore):
         rows = self._db.execute("SELECT record FROM flushes WHERE reported = 0 ORDER BY version")
         return [_flush_from_json(json.loads(record)) for (record,) in rows]
 
-    # -- tests and shutdown -------------------------------------------------------------------
-
-    def crash_point(self, name: str) -> None:
-        """SIGKILL this process here when ``FEDLINK_CRASH_AT`` names this point (tests)."""
-        if name != self._crash_name:
-            return
-        self._crash_left -= 1
-        if self._crash_left == 0:
-            log.warning("crash point %s reached: killing the process (%s)", name, CRASH_ENV)
-            os.kill(os.getpid(), signal.SIGKILL)
+    # -- shutdown -----------------------------------------------------------------------------
 
     def close(self) -> None:
         """Commit what is journaled (a graceful stop loses nothing), then close (idempotent)."""
@@ -424,12 +412,28 @@ class SqliteStore(StateStore):
             self._db.close()
 
 
-def _crash_spec(spec: str) -> tuple[str, int]:
-    """``NAME[:N]`` -> (name, N); ("", 0) for none."""
-    if not spec:
-        return "", 0
-    name, _, count = spec.partition(":")
-    return name, int(count or 1)
+def _migrate_task_flags(db: sqlite3.Connection) -> None:
+    """Carry a schema-1 ``tasks`` table (four flags a task) over to ``task_states``."""
+    if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'tasks'").fetchone():
+        return
+    rows = db.execute("SELECT task_id, client_id, version, done, expired, delta_base, "
+                      "holds_issue, dropped FROM tasks ORDER BY rowid").fetchall()
+    db.execute("BEGIN IMMEDIATE")  # one transaction: a crash leaves either table whole
+    db.executemany("INSERT OR REPLACE INTO task_states VALUES (?, ?, ?, ?, ?)",
+                   [(tid, cid, v, _flags_state(done, exp, holds, dropped).value, base)
+                    for tid, cid, v, done, exp, base, holds, dropped in rows])
+    db.execute("DROP TABLE tasks")
+    db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (json.dumps(SCHEMA_VERSION),))
+    db.execute("COMMIT")
+
+
+def _flags_state(done: int, expired: int, holds_issue: int, dropped: int) -> TaskState:
+    """The state schema 1's flags meant (every ended task behaves as ``DELIVERED`` does)."""
+    if done:
+        return TaskState.DROPPED if dropped else TaskState.DELIVERED
+    if expired:
+        return TaskState.OVERDUE if holds_issue else TaskState.RELEASED
+    return TaskState.ISSUED
 
 
 def _answer_json(answer: Answer) -> dict[str, Any]:

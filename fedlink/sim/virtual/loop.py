@@ -41,10 +41,10 @@ from fedlink.client import Trainer, TrainPlan, TrainResult
 from fedlink.client.base import planned_steps
 from fedlink.client.pipeline import UpdatePipeline
 from fedlink.clock import ManualClock
+from fedlink.coordinator.commits import bounded_examples
 from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.engine import FlushOutcome, RoundEngine
 from fedlink.coordinator.records import ReceivedUpdate
-from fedlink.coordinator.service import bounded_examples
 from fedlink.errors import RemoteError
 from fedlink.messages import Finished, Task
 from fedlink.metrics import EventLog, kinds

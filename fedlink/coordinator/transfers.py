@@ -1,0 +1,180 @@
+"""Transfers: a task's model (or delta) down, an update up, and what the coordinator holds.
+
+Durability of uploads: chunks are appended to the upload's spool as they arrive and made
+durable once per ``Upload`` call, when the stream ends *or breaks* (a ``finally``), before the
+reply reports them; ``UploadStatus`` reports only durable bytes. A payload that fits
+``inline_limit`` travels inside ``GetTask``'s reply (down) or ``Commit`` (up) instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+
+from fedlink.coordinator.admission import CallerCheck
+from fedlink.coordinator.config import LimitsConfig
+from fedlink.coordinator.downloads import DownloadLedger
+from fedlink.coordinator.engine import RoundEngine
+from fedlink.coordinator.records import TaskRecord
+from fedlink.coordinator.uploads import UploadStore
+from fedlink.coordinator.validation import RequestChecks
+from fedlink.errors import InvalidArgument, ResourceExhausted, UpdateRefused
+from fedlink.messages import (
+    CommitRequest,
+    DataChunk,
+    DownloadRequest,
+    Task,
+    UploadChunk,
+    UploadReply,
+    UploadStatusRequest,
+)
+from fedlink.metrics import EventLog
+from fedlink.refusals import RefusalCode
+from fedlink.wire import Payload, iter_chunks
+
+
+class Transfers:
+    """``Download``, ``Upload`` and ``UploadStatus``, and the inline payloads.
+
+    ``on_downloaded(bytes)`` is told the bytes a client confirmed it has (its ``Commit``
+    shows it): the flush reporter counts them into the round's ``bytes_down``.
+    """
+
+    def __init__(self, limits: LimitsConfig, engine: RoundEngine, uploads: UploadStore,
+                 downloads: DownloadLedger, callers: CallerCheck, checks: RequestChecks,
+                 events: EventLog, on_downloaded: Callable[[int], None]) -> None:
+        self.limits = limits
+        self.engine = engine
+        self.uploads = uploads
+        self.downloads = downloads
+        self._callers = callers
+        self._checks = checks
+        self._events = events
+        self._on_downloaded = on_downloaded
+
+    # -- down -----------------------------------------------------------------------------
+
+    async def download(self, request: DownloadRequest) -> AsyncIterator[DataChunk]:
+        """Stream a task's model, or with ``request.delta`` its delta, from ``request.offset``.
+
+        Every chunk sent counts as a sign of life of the client (a slow download is not a
+        dead client). The bytes count as downloaded once the client shows it has them
+        (``fedlink.coordinator.downloads``): ``download_finished`` comes with its ``Commit``.
+        """
+        self._callers.admit(request.client_id)
+        self._checks.download(request)
+        record = self.engine.task(request.client_id, request.task_id)
+        if not self.engine.is_open(record):
+            raise UpdateRefused(f"task {request.task_id!r} is closed", RefusalCode.TASK_CLOSED)
+        full = self.engine.payload(record.version)
+        payload = self.engine.delta_payload(record) if request.delta else full
+        if request.offset > len(payload.data):
+            raise InvalidArgument(f"offset {request.offset} is past the end of the "
+                                  f"{len(payload.data)}-byte {_what(request)}")
+        chunk_bytes = min(request.max_chunk_bytes or self.limits.chunk_bytes,
+                          self.limits.max_chunk_bytes)
+        self._offer(record, full, payload, delta=request.delta)
+        kind = _what(request)
+        self.downloads.streaming(record.client_id, record.task_id, kind, request.offset)
+        for offset, piece in iter_chunks(payload.data, chunk_bytes, request.offset):
+            yield DataChunk(offset, piece)
+            self._callers.registry.touch(request.client_id)
+        self.downloads.streamed(record.client_id, record.task_id, kind)
+
+    def with_inline_payload(self, client_id: str, task: Task) -> Task:
+        """``task`` carrying its delta, else its model, when that fits ``inline_limit``."""
+        limit = self.limits.inline_limit
+        record = self.engine.task(client_id, task.task_id)
+        full = self.engine.payload(record.version)
+        if task.has_delta:
+            delta = self.engine.delta_payload(record)
+            if len(delta.data) <= limit:
+                self._offer(record, full, delta, delta=True, inline=True)
+                return dataclasses.replace(task, delta_data=delta.data)
+        if len(full.data) <= limit:
+            self._offer(record, full, full, delta=False, inline=True)
+            return dataclasses.replace(task, model_data=full.data)
+        return task
+
+    def downloads_confirmed(self, client_id: str, task_id: str) -> None:
+        """The client has its task's payloads (it commits): log ``download_finished``, once."""
+        for fields in self.downloads.confirm(client_id, task_id):
+            self._on_downloaded(fields["bytes"])
+            self._events.emit("download_finished", **fields)
+
+    def _offer(self, record: TaskRecord, full: Payload, payload: Payload, delta: bool,
+               inline: bool = False) -> None:
+        """Note that ``payload`` (the task's model ``full``, or a delta) goes to the client."""
+        self.downloads.offer(record.client_id, record.task_id, "delta" if delta else "model",
+                             len(payload.data),
+                             len(full.data) - len(payload.data) if delta else 0,
+                             record.delta_base if delta else None, inline)
+
+    # -- up -------------------------------------------------------------------------------
+
+    async def upload(self, chunks: AsyncIterator[UploadChunk]) -> UploadReply:
+        """Receive chunks of one upload; answer with the durable bytes held.
+
+        What arrived is made durable once, when the stream ends, fails or is cut by the
+        network (so ``UploadStatus`` after a reconnect reports it), not once per chunk.
+        """
+        written: tuple[str, str] | None = None  # (client_id, upload_id) once a chunk landed
+        with contextlib.ExitStack() as slot:
+            try:
+                async for chunk in chunks:
+                    if written is None:  # the stream's first chunk names the caller
+                        self._callers.admit(chunk.client_id)
+                        slot.enter_context(self._callers.limiter.upload_slot(
+                            chunk.client_id, chunk.upload_id))
+                    else:
+                        self._callers.registry.touch(chunk.client_id)
+                        if chunk.client_id != written[0] or chunk.upload_id != written[1]:
+                            raise InvalidArgument("one Upload stream must carry a single "
+                                                  "client_id and upload_id")
+                    if chunk.offset < 0:
+                        raise InvalidArgument(f"offset must be >= 0, got {chunk.offset}")
+                    self.uploads.write(chunk.client_id, chunk.upload_id, chunk.offset,
+                                       chunk.data)
+                    written = (chunk.client_id, chunk.upload_id)
+            finally:
+                if written is not None:
+                    await self.make_durable(*written)
+        if written is None:
+            raise InvalidArgument("Upload stream carried no chunk")
+        return UploadReply(written[1], self.uploads.status(*written))
+
+    async def make_durable(self, client_id: str, upload_id: str) -> None:
+        """fsync what the upload received, off the event loop (nothing to do in memory)."""
+        if self.uploads.needs_sync(upload_id):
+            await asyncio.to_thread(self.uploads.sync, client_id, upload_id)
+
+    async def upload_status(self, request: UploadStatusRequest) -> UploadReply:
+        """How many bytes of an upload the coordinator holds.
+
+        Bytes received but not yet durable (a stream that was just cut, whose ``finally`` may
+        not have run or finished its fsync yet) are made durable first, so the answer covers
+        everything the coordinator received.
+        """
+        self._callers.admit(request.client_id)
+        await self.make_durable(request.client_id, request.upload_id)
+        held = self.uploads.status(request.client_id, request.upload_id)
+        return UploadReply(request.upload_id, held)
+
+    def take_inline_update(self, request: CommitRequest) -> None:
+        """Hold an update that came inside its ``Commit`` as if it had been uploaded.
+
+        A repeat of an answered commit writes nothing: it gets the remembered answer.
+        """
+        limit = self.limits.inline_limit
+        if len(request.update_data) > limit:
+            raise ResourceExhausted(f"inline update of {len(request.update_data)} bytes "
+                                    f"exceeds this coordinator's inline limit of {limit} "
+                                    "bytes (RunConfig.inline_bytes); upload it, then commit")
+        if self.uploads.answer(request.client_id, request.upload_id) is None:
+            self.uploads.write(request.client_id, request.upload_id, 0, request.update_data)
+
+
+def _what(request: DownloadRequest) -> str:
+    return "delta" if request.delta else "model"
