@@ -22,8 +22,12 @@ demo: $(STAMP)
 	$(PY) -m fedlink compare runs/demo-sync-fedavg runs/demo-elastic --target 0.9 \
 	  --output runs/demo-comparison
 
+# Many tests wait on wall time (10 s round trips, blackouts, long polls), not on the CPU: six
+# workers on two cores; --dist loadgroup keeps each xdist_group (files sharing an expensive
+# module fixture, the packet tier) on one worker. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 6
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
 
 proto: $(STAMP)
 	$(PY) -m fedlink.proto.regen

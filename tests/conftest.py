@@ -13,8 +13,17 @@ fixture::
 
 from __future__ import annotations
 
-import asyncio
 import os
+
+# The suite runs several pytest workers, each starting coordinator and client processes, on a
+# machine with few cores: one math thread per process (numpy's BLAS, torch's OpenMP) instead of
+# one per core, else their spinning threads oversubscribe the cores and every test slows down.
+# Set before numpy or torch is imported; inherited by the processes the tests start.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import asyncio
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine

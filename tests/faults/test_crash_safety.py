@@ -65,7 +65,7 @@ CRASH_POINTS = [  # (--crash-at MOMENT[:N], what it is in the middle of)
     ("flush.after_checkpoint:2", "the second flush of a process"),
 ]
 UP_KBPS = 400.0  # a ~66 KB update takes ~1.3 s: kills often land mid-upload
-SERVE_STARTUP_S = 60.0
+SERVE_STARTUP_S = 180.0  # a bound on waiting, not a timing: a loaded machine imports slowly
 SERVE_WITH_FAULTS = Path(__file__).with_name("_serve_with_faults.py")
 
 CONFIG = f"""

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from test_deployables import EDGE, REPO, TORCH_FREE, Spawner, small_config, start_serve
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+# one xdist worker for the file: the core-wheel venv (a module fixture) is built once
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.xdist_group("core-install")]
 
 CORE_DISTRIBUTIONS = {"fedlink", "grpcio", "grpcio_health_checking", "grpcio_reflection",
                       "grpcio_status", "googleapis_common_protos", "numpy", "protobuf",

@@ -33,7 +33,7 @@ def load_example() -> ModuleType:
     return module
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(420)
 def test_keeping_partial_work_with_mu_beats_dropping_stragglers(tmp_path: Path) -> None:
     example = load_example()
     logging.getLogger("fedlink.client.session").setLevel(logging.ERROR)

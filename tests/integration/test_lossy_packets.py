@@ -23,7 +23,10 @@ from fedlink.netem.packet import PacketLink, packet_tier_available
 from fedlink.netem.profile import LinkProfile
 
 AVAILABLE, REASON = packet_tier_available()
-pytestmark = [pytest.mark.skipif(not AVAILABLE, reason=REASON), pytest.mark.timeout(420)]
+# the packet tier's xdist group: a link's start cleans up stale links, which would race with
+# test_netem_packet's check of what cleanup_stale removes
+pytestmark = [pytest.mark.skipif(not AVAILABLE, reason=REASON), pytest.mark.timeout(420),
+              pytest.mark.xdist_group("packet-tier")]
 
 DIM = 300_000  # 1.2 MB of float32
 CLIENTS, ROUNDS = 5, 5

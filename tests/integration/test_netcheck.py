@@ -42,7 +42,9 @@ def test_netcheck_measures_the_profile_within_15_percent(name: str) -> None:
     # measurement (stalls have their own test below)
     result = run_async(_through(name, 1, ALLOWED, SHORT), timeout=100)
 
-    assert result.rtt_ms == pytest.approx(2 * profile.latency_ms, rel=0.15)
+    # never below the link's round trip; above it only by the host's scheduling, so loosely
+    # (a latency applied twice still fails); accuracy: benchmarks/netcheck_accuracy.py
+    assert 0.85 <= result.rtt_ms / (2 * profile.latency_ms) <= 1.5, result.rtt_ms
     assert result.up.kbps == pytest.approx(profile.up_kbps, rel=0.15)
     assert result.down.kbps == pytest.approx(profile.down_kbps, rel=0.15)
     assert result.model_bytes == 4 * MODEL.size

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import psutil
 import pytest
-from conftest import CoordinatorFactory, TowardTrainer, run_async
+from conftest import CoordinatorFactory, TowardTrainer, run_async, wait_until
 
 from fedlink.cli import build_parser
 from fedlink.cli.netem import profile_from_args
@@ -441,8 +441,8 @@ def test_stop_leaves_no_task_socket_or_listener() -> None:
                 reader, writer = await dial(address)
                 writer.write(b"u" * 200_000)
                 writers.append((reader, writer))
-            await asyncio.sleep(0.3)
-            assert proxy.active_connections == 3 and _proxy_tasks()
+            await wait_until(lambda: proxy.active_connections == 3, what="3 proxied connections")
+            assert _proxy_tasks()
             await proxy.stop()
             assert _proxy_tasks() == []
             assert proxy.active_connections == 0 and not proxy.sides
@@ -451,9 +451,10 @@ def test_stop_leaves_no_task_socket_or_listener() -> None:
             for reader, writer in writers:  # every client connection was closed
                 await asyncio.wait_for(read_until_closed(reader), 2)
                 writer.close()
-            await asyncio.sleep(0.05)
-            own = [c for c in _open_sockets_on(port) if c.status != psutil.CONN_TIME_WAIT]
-            assert own == []
+
+            def own() -> list[object]:  # the proxy's own sockets, once the kernel settles
+                return [c for c in _open_sockets_on(port) if c.status != psutil.CONN_TIME_WAIT]
+            await wait_until(lambda: own() == [], what=f"no socket left on {port}")
 
     run_async(main())
 
