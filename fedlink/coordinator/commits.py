@@ -25,7 +25,7 @@ from fedlink.coordinator.uploads import UploadSession, UploadStore
 from fedlink.coordinator.validation import RequestChecks, check_counts
 from fedlink.errors import InvalidArgument, RemoteError, UploadIncomplete
 from fedlink.messages import CommitReply, CommitRequest
-from fedlink.metrics import EventLog
+from fedlink.metrics import EventLog, kinds
 from fedlink.wire import unpack
 
 log = logging.getLogger(__name__)
@@ -87,11 +87,11 @@ class Commits:
             return err
         except RemoteError as err:
             self._progress.refused()
-            self._events.emit("update_refused", client_id=request.client_id,
-                              task_id=request.task_id, reason=err.detail,
-                              reason_code=err.refusal, code=err.code,
-                              bytes_up=request.update.num_bytes,
-                              **reported_counters(request.metrics))
+            self._events.emit(kinds.UpdateRefused.build(client_id=request.client_id,
+                                                        task_id=request.task_id, reason=err.detail,
+                                                        reason_code=err.refusal, code=err.code,
+                                                        bytes_up=request.update.num_bytes,
+                                                        **reported_counters(request.metrics)))
             answer = err
         self.uploads.settle(request.client_id, request.upload_id, answer)
         return answer

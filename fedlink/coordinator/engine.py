@@ -56,7 +56,7 @@ from fedlink.coordinator.state import Checkpoint, FlushRecord, NullStore, SavedS
 from fedlink.coordinator.tasks import TaskIds, TaskState
 from fedlink.errors import InvalidArgument, NotFound, PermissionDenied, UpdateRefused
 from fedlink.messages import Finished, Task, TaskReply, Wait
-from fedlink.metrics import EventLog
+from fedlink.metrics import EventLog, kinds
 from fedlink.refusals import RefusalCode
 from fedlink.wire import Payload
 
@@ -355,8 +355,8 @@ class RoundEngine:
             self._round_started = record.issued_at
         self._index(record)
         self._save(record)
-        self.events.emit("task_issued", client_id=client_id, task_id=record.task_id,
-                         model_version=record.version)
+        self.events.emit(kinds.TaskIssued.build(client_id=client_id, task_id=record.task_id,
+                                                model_version=record.version))
         return record
 
     def _task_message(self, record: TaskRecord, held_version: int) -> Task:
@@ -422,11 +422,11 @@ class RoundEngine:
         self._move(record, TaskState.DELIVERED)
         self._save(record)
         self._state.save_pending(update)
-        self.events.emit("update_accepted", client_id=update.client_id,
-                         task_id=update.task_id, base_version=record.version,
-                         staleness=staleness, num_examples=update.num_examples,
-                         steps_completed=update.steps_completed, bytes_up=update.bytes_up,
-                         weight=weight, **event_fields(update.metrics))
+        self.events.emit(kinds.UpdateAccepted.build(
+            client_id=update.client_id, task_id=update.task_id, base_version=record.version,
+            staleness=staleness, num_examples=update.num_examples,
+            steps_completed=update.steps_completed, bytes_up=update.bytes_up, weight=weight,
+            **event_fields(update.metrics)))
         answered = self._accumulator.count + self._dropped
         accepted_version = self._version
         flush = self._flush() if answered >= self.rule.goal else None
@@ -598,8 +598,9 @@ class RoundEngine:
         """
         self._move(record, TaskState.RELEASED if ask_again else TaskState.OVERDUE)
         self._save(record)
-        self.events.emit("client_timeout", client_id=record.client_id, task_id=record.task_id,
-                         model_version=record.version, reason=reason)
+        self.events.emit(kinds.ClientTimeout.build(
+            client_id=record.client_id, task_id=record.task_id, model_version=record.version,
+            reason=reason))
 
     def _flush(self) -> FlushOutcome:
         now = self._clock()
@@ -640,8 +641,8 @@ class RoundEngine:
         if not problem:
             return new
         self._optimizer.load_state_dict(before)
-        self.events.emit("flush_refused", model_version=info.version,
-                         num_updates=info.num_updates, reason=problem)
+        self.events.emit(kinds.FlushRefused.build(model_version=info.version,
+                                                  num_updates=info.num_updates, reason=problem))
         return self._model
 
     def _kept_versions(self) -> int:

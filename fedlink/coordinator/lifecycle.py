@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from fedlink.coordinator.engine import RoundEngine
-from fedlink.metrics import EventLog
+from fedlink.metrics import EventLog, kinds
 
 StopRule = Callable[[Mapping[str, Any]], str]
 """A ``flush`` event's fields -> why the run should end on that flush ("" to go on)."""
@@ -94,7 +94,7 @@ class RunLifecycle:
         """Serving: the first round's clock starts (``RoundEngine.start``); emit
         ``run_started`` (with ``run_started`` as its fields)."""
         self._engine.start()
-        self._events.emit("run_started", **run_started)
+        self._events.emit(kinds.RunStarted.build(**run_started))
         self._enter(Phase.RUNNING)
         self.check()  # a restart of a run that had ended
 
@@ -149,8 +149,8 @@ class RunLifecycle:
             return
         if self.phase is Phase.STARTING:  # ended before this process served a call
             self._enter(Phase.FINISHING)
-        self._events.emit("run_finished", reason=self._engine.finished_reason,
-                          model_version=version)
+        self._events.emit(kinds.RunFinished.build(reason=self._engine.finished_reason,
+                                                  model_version=version))
         self.finished.set()
         self._wake()
 

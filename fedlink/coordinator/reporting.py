@@ -19,7 +19,7 @@ from fedlink.coordinator.journal import Journal
 from fedlink.coordinator.lifecycle import RunLifecycle
 from fedlink.coordinator.progress import ProgressLog
 from fedlink.coordinator.state import FlushRecord
-from fedlink.metrics import EventLog
+from fedlink.metrics import EventLog, kinds
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class FlushReporter:
                       "bytes_down": bytes_down, "updates": list(outcome.task_ids),
                       **dict(outcome.hook_report), **metrics}
             with self._journal.durably():
-                self._events.emit("flush", **fields)
+                self._events.emit(kinds.Flush.build(**fields))
                 self._journal.state.mark_reported(outcome.version)
             await self._journal.state.sync()
             self._progress.flushed(outcome.version, outcome.num_updates,

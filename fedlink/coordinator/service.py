@@ -70,7 +70,7 @@ from fedlink.messages import (
     UploadReply,
     UploadStatusRequest,
 )
-from fedlink.metrics import EventLog
+from fedlink.metrics import EventLog, kinds
 
 log = logging.getLogger(__name__)
 
@@ -146,11 +146,10 @@ class CoordinatorService:
         log.info("restored from %s: version %d, %d clients, %d tasks, %d pending updates",
                  self.config.state_dir, self.engine.version, len(saved.clients),
                  len(saved.tasks), len(saved.pending))
-        self.events.emit("coordinator_restored", model_version=self.engine.version,
-                         clients=len(saved.clients), tasks=len(saved.tasks),
-                         pending_updates=len(saved.pending),
-                         settled_uploads=len(saved.settled),
-                         unreported_flushes=len(saved.unreported))
+        self.events.emit(kinds.CoordinatorRestored.build(
+            model_version=self.engine.version, clients=len(saved.clients),
+            tasks=len(saved.tasks), pending_updates=len(saved.pending),
+            settled_uploads=len(saved.settled), unreported_flushes=len(saved.unreported)))
         outcome = self.engine.due_flush()
         if outcome is not None:
             self.reporter.made(outcome)
@@ -175,8 +174,8 @@ class CoordinatorService:
             record = self.registry.join(name, request.num_examples, request.metadata,
                                         request.instance_key)
             self.state.save_client(record)
-            self.events.emit("client_joined", client_id=record.client_id, name=record.name,
-                             num_examples=record.num_examples)
+            self.events.emit(kinds.ClientJoined.build(client_id=record.client_id, name=record.name,
+                                                      num_examples=record.num_examples))
         await self.state.sync()
         return JoinReply(record.client_id, self.run_config())
 
@@ -275,8 +274,9 @@ class CoordinatorService:
         with self._journal.durably():
             self.registry.touch(request.client_id)
             self._forget_client(request.client_id)
-            self.events.emit("client_left", client_id=request.client_id,
-                             reason=request.reason, **reported_counters(request.metrics))
+            self.events.emit(kinds.ClientLeft.build(client_id=request.client_id,
+                                                    reason=request.reason,
+                                                    **reported_counters(request.metrics)))
         self._signal.notify()
         await self.state.sync()
         return LeaveReply()

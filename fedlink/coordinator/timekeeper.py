@@ -20,7 +20,7 @@ from fedlink.coordinator.progress import ProgressLog
 from fedlink.coordinator.registry import ClientRegistry
 from fedlink.coordinator.timers import Alarm, strictly_after
 from fedlink.coordinator.uploads import UploadStore
-from fedlink.metrics import EventLog
+from fedlink.metrics import EventLog, kinds
 
 
 class TimeKeeper:
@@ -127,6 +127,7 @@ class TimeKeeper:
         silent = self.registry.silent_since(self._clock.now() - ttl)
         for client_id in silent:
             self._forget(client_id)
-            self._events.emit("client_expired", client_id=client_id,
-                              reason=f"silent for more than {ttl:g} s (limits.client_ttl_s)")
+            self._events.emit(kinds.ClientExpired.build(
+                client_id=client_id,
+                reason=f"silent for more than {ttl:g} s (limits.client_ttl_s)"))
         return bool(silent)

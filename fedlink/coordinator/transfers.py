@@ -30,7 +30,7 @@ from fedlink.messages import (
     UploadReply,
     UploadStatusRequest,
 )
-from fedlink.metrics import EventLog
+from fedlink.metrics import EventLog, kinds
 from fedlink.refusals import RefusalCode
 from fedlink.wire import Payload, iter_chunks
 
@@ -102,7 +102,7 @@ class Transfers:
         """The client has its task's payloads (it commits): log ``download_finished``, once."""
         for fields in self.downloads.confirm(client_id, task_id):
             self._on_downloaded(fields["bytes"])
-            self._events.emit("download_finished", **fields)
+            self._events.emit(kinds.DownloadFinished.build(**fields))
 
     def _offer(self, record: TaskRecord, full: Payload, payload: Payload, delta: bool,
                inline: bool = False) -> None:

@@ -23,23 +23,34 @@ from fedlink.sim.watch import FlushWatch
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _emitted_kinds() -> set[str]:
-    """Every kind that fedlink's code emits by name (``emit("kind", ...)``)."""
-    kinds = set()
+def _emit_calls() -> tuple[set[str], set[str]]:
+    """(kinds fedlink's code emits by name, ``emit("kind", ...)``; event classes it emits,
+    ``emit(kinds.X(...))`` or ``emit(kinds.X.build(...))``)."""
+    by_name, by_type = set(), set()
     for path in (ROOT / "fedlink").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr == "emit" and node.args
-                    and isinstance(node.args[0], ast.Constant)
-                    and isinstance(node.args[0].value, str)):
-                kinds.add(node.args[0].value)
-    return kinds
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "emit" and node.args):
+                continue
+            first = node.args[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                by_name.add(first.value)
+            elif isinstance(first, ast.Call):
+                built = first.func
+                if isinstance(built, ast.Attribute) and built.attr == "build":
+                    built = built.value
+                name = built.attr if isinstance(built, ast.Attribute) else \
+                    built.id if isinstance(built, ast.Name) else ""
+                if name[:1].isupper():  # a class: kinds.X(...) (not a method making one)
+                    by_type.add(name)
+    return by_name, by_type
 
 
-def test_every_kind_the_framework_emits_is_in_the_table() -> None:
-    emitted = _emitted_kinds()
-    assert emitted, "the scan found the coordinator's emit calls"
-    assert emitted <= set(EVENT_TYPES)
+def test_every_writer_emits_a_typed_event_of_the_table() -> None:
+    by_name, by_type = _emit_calls()
+    assert by_name == set(), "writers pass typed events, not kind names"
+    classes = {cls.__name__ for cls in EVENT_TYPES.values()}
+    assert {"TaskIssued", "UpdateAccepted", "Flush", "RunFinished"} <= by_type <= classes
     assert {"coordinator_restored", "client_network", "client_expired",
             "flush_refused"} <= set(EVENT_TYPES)
 
