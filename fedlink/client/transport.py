@@ -18,7 +18,7 @@ import grpc
 
 from fedlink.client.liveness import LinkEstimate, LivenessConfig, is_no_reply
 from fedlink.clock import RealClock
-from fedlink.errors import ConfigError, RemoteError, remote_error
+from fedlink.errors import ConfigError, Internal, RemoteError, Unavailable, remote_error
 from fedlink.messages import (
     CommitReply,
     CommitRequest,
@@ -63,10 +63,24 @@ def translate(exc: grpc.aio.AioRpcError) -> RemoteError:
 
     Retryability follows from the status code alone (``fedlink.errors``), plus that delay for
     ``RESOURCE_EXHAUSTED``; the message text is never read to decide. A connection broken
-    mid-call reaches grpcio (>= 1.85) as ``UNAVAILABLE``.
+    mid-call reaches grpcio (>= 1.85) as ``UNAVAILABLE``, except under a streaming transfer
+    (see ``transfer_failure``).
     """
     code, detail = exc.code().name, exc.details() or exc.code().name
     return remote_error(code, detail, retry_delay(exc), reason=refusal_from_call(exc))
+
+
+def transfer_failure(err: RemoteError) -> RemoteError:
+    """``err`` as a failed ``Upload``/``Download`` stream reports it: ``INTERNAL`` is retryable.
+
+    When a connection resets under a client stream, gRPC's core ends the call ``INTERNAL``
+    (seen here on links resetting every megabyte), not ``UNAVAILABLE``. A transfer resumes at
+    the offset the coordinator holds, so retrying one costs at most a resend; the coordinator's
+    own internal error on a transfer is retried within the same bounded budget.
+    """
+    if isinstance(err, Internal):
+        return Unavailable(err.detail)
+    return err
 
 
 @dataclass(frozen=True)
@@ -245,7 +259,7 @@ class Transport:
                 received += len(chunk.data)
                 yield chunk
         except grpc.aio.AioRpcError as exc:
-            raise self._failed(exc) from None
+            raise transfer_failure(self._failed(exc)) from None
         finally:
             call.cancel()
         self.link.observe_transfer(received, self._now() - started)
@@ -267,7 +281,7 @@ class Transport:
             reply = await self._fit_channel().Upload(messages(), timeout=self.timeouts.transfer_s,
                                                      metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
-            raise self._failed(exc) from None
+            raise transfer_failure(self._failed(exc)) from None
         self.link.observe_transfer(sent, self._now() - started)
         self.link.succeeded()
         result: UploadReply = from_proto(reply)

@@ -39,7 +39,10 @@ def calling_from(peer: str) -> Iterator[None]:
     try:
         yield
     finally:
-        _PEER.reset(reset)
+        # A streaming handler cut short is closed by whichever task finalises its generator,
+        # in another context: there is nothing of this call's to restore there.
+        with contextlib.suppress(ValueError):
+            _PEER.reset(reset)
 
 
 def peer_host(peer: str) -> str:

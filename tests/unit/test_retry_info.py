@@ -11,7 +11,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from fedlink.client.retry import is_retryable
-from fedlink.client.transport import translate
+from fedlink.client.transport import transfer_failure, translate
 from fedlink.coordinator import CoordinatorConfig, FlushRule
 from fedlink.coordinator.config import LimitsConfig
 from fedlink.errors import ResourceExhausted, Unavailable
@@ -53,9 +53,12 @@ def test_retryability_follows_the_code_and_retry_info() -> None:
     assert isinstance(down, Unavailable) and is_retryable(down)
     assert down.retry_after_s is None
     assert translate(failed("UNAVAILABLE", "draining", 3.0)).retry_after_s == pytest.approx(3.0)
-    # INTERNAL is the coordinator's own failure whatever its text says: not retried
+    # INTERNAL on a short call is not retried, whatever its text says; under a streaming
+    # transfer (resumable at the coordinator's offset) it is: a reset link ends one so
     for text in ("Internal error from Core", "internal error in Commit"):
         assert not is_retryable(translate(failed("INTERNAL", text)))
+        assert is_retryable(transfer_failure(translate(failed("INTERNAL", text))))
+    assert transfer_failure(too_large) is too_large
 
 
 def test_an_overloaded_coordinator_answers_with_retry_info_any_grpc_client_reads(
