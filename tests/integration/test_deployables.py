@@ -208,7 +208,7 @@ def fleet_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetRun]:
                             "--config", str(config), "--with-coordinator",
                             "--output-dir", str(tmp_path / "runs"), "--grace", "3",
                             "--timeout", "60", "--tail", "3"])
-        code = launcher.finish(timeout_s=90)
+        code = launcher.finish(timeout_s=240)
         yield FleetRun(code, launcher.output, tmp_path / "runs" / "small-mlp")
     finally:
         spawner.close()
@@ -243,7 +243,7 @@ def test_launcher_forwards_sigint_to_its_clients(spawn: Spawner, tmp_path: Path)
         for name in ("fleet-0", "fleet-1"):  # past their imports, retrying the dead address
             launcher.wait_for(re.compile(rf"^\[{name}\] .*retrying", re.MULTILINE), STARTUP_S)
         launcher.popen.send_signal(signal.SIGINT)
-        code = launcher.finish(timeout_s=30)
+        code = launcher.finish(timeout_s=120)
     assert code == 128 + signal.SIGINT, launcher.output
     assert "forwarding to children" in launcher.output
     assert "still running" not in launcher.output  # every client exited on the SIGINT
@@ -311,10 +311,10 @@ def test_edge_clients_finish_a_logreg_run_without_torch(spawn: Spawner, tmp_path
                     "--name", f"edge-{i}", "--max-tasks", "2", *args])
              for i, args in enumerate(data_args)]
     for edge in edges:
-        assert edge.finish(timeout_s=60) == 0, edge.output
+        assert edge.finish(timeout_s=180) == 0, edge.output
         assert "torch-free exit 0" in edge.output
         assert "tasks 2, accepted 2, refused 0" in edge.output
-    assert serve.finish(timeout_s=30) == 0, serve.output
+    assert serve.finish(timeout_s=120) == 0, serve.output
     summary = json.loads((tmp_path / "runs/small-logreg/summary.json").read_text())
     assert summary["rounds"] == 2
     assert summary["updates_accepted"] == 4
@@ -389,10 +389,10 @@ def test_edge_client_finishes_a_run_over_mutual_tls(spawn: Spawner, tmp_path: Pa
     edge = spawn([sys.executable, "-c", TORCH_FREE, str(EDGE), "--server", address,
                   "--name", "edge-tls", "--index", "0", "--of", "1", "--max-tasks", "2",
                   *tls_flags(certs)])
-    assert edge.finish(timeout_s=60) == 0, edge.output + serve.output
+    assert edge.finish(timeout_s=180) == 0, edge.output + serve.output
     assert "torch-free exit 0" in edge.output
     assert "tasks 2, accepted 2, refused 0" in edge.output
-    assert serve.finish(timeout_s=30) == 0, serve.output
+    assert serve.finish(timeout_s=120) == 0, serve.output
     run_dir = tmp_path / "runs/small-logreg"
     assert [e["name"] for e in read_events(run_dir)
             if e["kind"] == "client_joined"] == ["edge-tls"]
@@ -419,7 +419,7 @@ def test_fleet_with_coordinator_runs_over_mutual_tls(spawn: Spawner, tmp_path: P
                       "--with-coordinator", "--output-dir", str(tmp_path / "runs"),
                       "--grace", "3", "--timeout", "50", "--startup-timeout", "30",
                       "--tail", "3", *tls_flags(certs)])
-    code = launcher.finish(timeout_s=80)
+    code = launcher.finish(timeout_s=240)
     run = FleetRun(code, launcher.output, tmp_path / "runs/small-logreg")
     assert code == 0, launcher.output
     assert re.search(r"coordinator SERVING on 127\.0\.0\.1:\d+ \(TLS\)", launcher.output)
@@ -462,7 +462,7 @@ def test_serve_stops_cleanly_on_a_signal(spawn: Spawner, tmp_path: Path, signum:
     serve, _ = start_serve(spawn, config, tmp_path / "runs")
     serve.popen.send_signal(signum)
     # it exits by itself, cleanly (how fast is the host's business: no wall-clock bound here)
-    assert serve.finish(timeout_s=60) == 0, serve.output
+    assert serve.finish(timeout_s=180) == 0, serve.output
     finished = [e for e in read_events(tmp_path / "runs/small-mlp")
                 if e["kind"] == "run_finished"]
     assert [e["reason"] for e in finished] == ["stopped by signal"]
