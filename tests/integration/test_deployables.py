@@ -45,8 +45,9 @@ FEDLINK = [sys.executable, "-m", "fedlink"]
 LISTENING = re.compile(r"listening on ([\d.]+):(\d+)")
 STARTUP_S = 120.0  # a bound on waiting for evidence, not a timing: a loaded machine is slow
 
-# one xdist worker for the file: its module fixtures (a fleet run, certificates) are built once
-pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("deployables")]
+pytestmark = pytest.mark.timeout(300)
+# the tests of the one fleet run (a module fixture) share an xdist worker, so it runs once
+shares_the_fleet_run = pytest.mark.xdist_group("deployables-fleet-run")
 
 
 def small_config(model: str, clients: int = 2) -> str:
@@ -214,6 +215,7 @@ def fleet_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetRun]:
         spawner.close()
 
 
+@shares_the_fleet_run
 def test_serve_and_fleet_complete_a_run(fleet_run: FleetRun) -> None:
     codes = fleet_run.exit_codes()
     assert "SERVING" in fleet_run.output
@@ -227,6 +229,7 @@ def test_serve_and_fleet_complete_a_run(fleet_run: FleetRun) -> None:
     assert (fleet_run.run_dir / "report.md").is_file()
 
 
+@shares_the_fleet_run
 def test_every_fleet_client_hears_that_the_run_finished(fleet_run: FleetRun) -> None:
     assert fleet_run.code == 0, fleet_run.output
     assert set(fleet_run.exit_codes().values()) == {0}
