@@ -23,7 +23,7 @@ demo: $(STAMP)
 	  --output runs/demo-comparison
 
 # Many tests wait on wall time (10 s round trips, blackouts, long polls), not on the CPU: six
-# workers on two cores; --dist loadgroup keeps each xdist_group (files sharing an expensive
+# workers on two cores; --dist loadgroup keeps each xdist_group (tests sharing an expensive
 # module fixture, the packet tier) on one worker. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 6
 test: $(STAMP)

@@ -29,7 +29,6 @@ from fedlink.messages import JoinRequest
 
 pytestmark = [
     pytest.mark.timeout(240),
-    pytest.mark.xdist_group("tls"),  # one xdist worker: the certificates are made once
     pytest.mark.skipif(shutil.which("openssl") is None,
                        reason="the openssl command line tool is needed to make certificates"),
 ]

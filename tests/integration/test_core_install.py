@@ -86,12 +86,12 @@ def test_the_edge_client_trains_from_the_core_install_without_torch(
         edge = device([str(core_python), "-c", TORCH_FREE, str(EDGE), "--server", address,
                        "--data", str(tmp_path / "local.npz"), "--max-tasks", "2"],
                       cwd=tmp_path)
-        assert edge.finish(timeout_s=120) == 0, edge.output + serve.output
+        assert edge.finish(timeout_s=240) == 0, edge.output + serve.output
     finally:
         device.close()
     assert "torch-free exit 0" in edge.output
     assert "tasks 2, accepted 2, refused 0" in edge.output
-    assert serve.finish(timeout_s=60) == 0, serve.output
+    assert serve.finish(timeout_s=180) == 0, serve.output
     where = subprocess.run([str(core_python), "-c", "import fedlink; print(fedlink.__file__)"],
                            capture_output=True, text=True, cwd=tmp_path,
                            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})

@@ -45,8 +45,9 @@ FEDLINK = [sys.executable, "-m", "fedlink"]
 LISTENING = re.compile(r"listening on ([\d.]+):(\d+)")
 STARTUP_S = 120.0  # a bound on waiting for evidence, not a timing: a loaded machine is slow
 
-# one xdist worker for the file: its module fixtures (a fleet run, certificates) are built once
-pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("deployables")]
+pytestmark = pytest.mark.timeout(300)
+# the tests of the one fleet run (a module fixture) share an xdist worker, so it runs once
+shares_the_fleet_run = pytest.mark.xdist_group("deployables-fleet-run")
 
 
 def small_config(model: str, clients: int = 2) -> str:
@@ -208,12 +209,13 @@ def fleet_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetRun]:
                             "--config", str(config), "--with-coordinator",
                             "--output-dir", str(tmp_path / "runs"), "--grace", "3",
                             "--timeout", "60", "--tail", "3"])
-        code = launcher.finish(timeout_s=90)
+        code = launcher.finish(timeout_s=240)
         yield FleetRun(code, launcher.output, tmp_path / "runs" / "small-mlp")
     finally:
         spawner.close()
 
 
+@shares_the_fleet_run
 def test_serve_and_fleet_complete_a_run(fleet_run: FleetRun) -> None:
     codes = fleet_run.exit_codes()
     assert "SERVING" in fleet_run.output
@@ -227,6 +229,7 @@ def test_serve_and_fleet_complete_a_run(fleet_run: FleetRun) -> None:
     assert (fleet_run.run_dir / "report.md").is_file()
 
 
+@shares_the_fleet_run
 def test_every_fleet_client_hears_that_the_run_finished(fleet_run: FleetRun) -> None:
     assert fleet_run.code == 0, fleet_run.output
     assert set(fleet_run.exit_codes().values()) == {0}
@@ -243,7 +246,7 @@ def test_launcher_forwards_sigint_to_its_clients(spawn: Spawner, tmp_path: Path)
         for name in ("fleet-0", "fleet-1"):  # past their imports, retrying the dead address
             launcher.wait_for(re.compile(rf"^\[{name}\] .*retrying", re.MULTILINE), STARTUP_S)
         launcher.popen.send_signal(signal.SIGINT)
-        code = launcher.finish(timeout_s=30)
+        code = launcher.finish(timeout_s=120)
     assert code == 128 + signal.SIGINT, launcher.output
     assert "forwarding to children" in launcher.output
     assert "still running" not in launcher.output  # every client exited on the SIGINT
@@ -311,10 +314,10 @@ def test_edge_clients_finish_a_logreg_run_without_torch(spawn: Spawner, tmp_path
                     "--name", f"edge-{i}", "--max-tasks", "2", *args])
              for i, args in enumerate(data_args)]
     for edge in edges:
-        assert edge.finish(timeout_s=60) == 0, edge.output
+        assert edge.finish(timeout_s=180) == 0, edge.output
         assert "torch-free exit 0" in edge.output
         assert "tasks 2, accepted 2, refused 0" in edge.output
-    assert serve.finish(timeout_s=30) == 0, serve.output
+    assert serve.finish(timeout_s=120) == 0, serve.output
     summary = json.loads((tmp_path / "runs/small-logreg/summary.json").read_text())
     assert summary["rounds"] == 2
     assert summary["updates_accepted"] == 4
@@ -389,10 +392,10 @@ def test_edge_client_finishes_a_run_over_mutual_tls(spawn: Spawner, tmp_path: Pa
     edge = spawn([sys.executable, "-c", TORCH_FREE, str(EDGE), "--server", address,
                   "--name", "edge-tls", "--index", "0", "--of", "1", "--max-tasks", "2",
                   *tls_flags(certs)])
-    assert edge.finish(timeout_s=60) == 0, edge.output + serve.output
+    assert edge.finish(timeout_s=180) == 0, edge.output + serve.output
     assert "torch-free exit 0" in edge.output
     assert "tasks 2, accepted 2, refused 0" in edge.output
-    assert serve.finish(timeout_s=30) == 0, serve.output
+    assert serve.finish(timeout_s=120) == 0, serve.output
     run_dir = tmp_path / "runs/small-logreg"
     assert [e["name"] for e in read_events(run_dir)
             if e["kind"] == "client_joined"] == ["edge-tls"]
@@ -419,7 +422,7 @@ def test_fleet_with_coordinator_runs_over_mutual_tls(spawn: Spawner, tmp_path: P
                       "--with-coordinator", "--output-dir", str(tmp_path / "runs"),
                       "--grace", "3", "--timeout", "50", "--startup-timeout", "30",
                       "--tail", "3", *tls_flags(certs)])
-    code = launcher.finish(timeout_s=80)
+    code = launcher.finish(timeout_s=240)
     run = FleetRun(code, launcher.output, tmp_path / "runs/small-logreg")
     assert code == 0, launcher.output
     assert re.search(r"coordinator SERVING on 127\.0\.0\.1:\d+ \(TLS\)", launcher.output)
@@ -462,7 +465,7 @@ def test_serve_stops_cleanly_on_a_signal(spawn: Spawner, tmp_path: Path, signum:
     serve, _ = start_serve(spawn, config, tmp_path / "runs")
     serve.popen.send_signal(signum)
     # it exits by itself, cleanly (how fast is the host's business: no wall-clock bound here)
-    assert serve.finish(timeout_s=60) == 0, serve.output
+    assert serve.finish(timeout_s=180) == 0, serve.output
     finished = [e for e in read_events(tmp_path / "runs/small-mlp")
                 if e["kind"] == "run_finished"]
     assert [e["reason"] for e in finished] == ["stopped by signal"]

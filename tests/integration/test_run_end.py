@@ -28,7 +28,7 @@ from fedlink.coordinator import CoordinatorConfig, FlushRule
 from fedlink.netem.profile import LinkProfile
 from fedlink.netem.proxy import TcpProxy
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(480)
 
 CLIENTS = 3
 BLACKOUT_S = 15.0
@@ -163,12 +163,12 @@ def test_clients_in_a_blackout_at_the_last_flush_exit_0_saying_the_run_finished(
     blackout_started = time.time()
     proxies.blackout(0, BLACKOUT_S)
     proxies.blackout(1, BLACKOUT_S)
-    codes = [client.finish(timeout_s=120) for client in clients]
+    codes = [client.finish(timeout_s=240) for client in clients]
     assert codes == [0] * CLIENTS, "\n".join(c.output for c in clients)
     for client in clients:
         assert len(re.findall(r"run finished: completed 1 rounds", client.output)) == 1, \
             client.output
-    assert serve.finish(timeout_s=60) == 0, serve.output
+    assert serve.finish(timeout_s=180) == 0, serve.output
     events = events_of(run_dir)
     (finished,) = [e for e in events if e["kind"] == "run_finished"]
     # the last flush came while c0 and c1 were blacked out
@@ -187,12 +187,12 @@ def test_sigterm_tells_every_connected_client_once_and_finishes_the_run_once(
     wait_for_events(run_dir, lambda ev: any(e["kind"] == "flush" for e in ev), 120,
                     "the first flush")
     serve.popen.send_signal(signal.SIGTERM)
-    codes = [client.finish(timeout_s=90) for client in clients]
+    codes = [client.finish(timeout_s=240) for client in clients]
     assert codes == [0] * CLIENTS, "\n".join(c.output for c in clients)
     for client in clients:
         assert len(re.findall(r"run finished: stopped by signal", client.output)) == 1, \
             client.output
-    assert serve.finish(timeout_s=60) == 0, serve.output
+    assert serve.finish(timeout_s=180) == 0, serve.output
     events = events_of(run_dir)
     finished = [e for e in events if e["kind"] == "run_finished"]
     assert [e["reason"] for e in finished] == ["stopped by signal"]
