@@ -12,13 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from google.protobuf.message import Message
-from grpc_status import rpc_status
 
 from fedlink.errors import RemoteError, UpdateRefused
 from fedlink.messages import CommitReply
 from fedlink.proto.v1 import coordinator_pb2 as pb
 from fedlink.refusals import RefusalCode
 from fedlink.wire.convert import from_proto, to_proto
+from fedlink.wire.status import status_detail
 
 
 def refusal_reply(err: RemoteError) -> CommitReply:
@@ -39,18 +39,10 @@ def refusal_details(err: RemoteError, call: str) -> list[Message]:
 
 def refusal_from_call(call: Any) -> RefusalCode | None:
     """The refusal code a failed call (``grpc.aio.AioRpcError``) carried in its status
-    details, or None: no rich status, one that does not match the call's own code and
-    message (not trusted), or no ``CommitReply`` among its details."""
-    try:
-        status = rpc_status.from_call(call)
-    except (ValueError, TypeError):
+    details, or None: no trusted rich status, or no ``CommitReply`` among its details
+    (``fedlink.wire.status.status_detail``)."""
+    reply = status_detail(call, pb.CommitReply)
+    if reply is None:
         return None
-    if status is None:
-        return None
-    for detail in status.details:
-        if detail.Is(pb.CommitReply.DESCRIPTOR):
-            reply = pb.CommitReply()
-            detail.Unpack(reply)
-            refusal: RefusalCode = from_proto(reply).refusal
-            return refusal
-    return None
+    refusal: RefusalCode = from_proto(reply).refusal
+    return refusal

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import Message
@@ -20,6 +20,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 NANOS_PER_SECOND = 1_000_000_000
+M = TypeVar("M", bound=Message)
 
 
 def rich_status(code: str, detail: str, details: Sequence[Message] = (),
@@ -38,10 +39,10 @@ def rich_status(code: str, detail: str, details: Sequence[Message] = (),
     return rpc_status.to_status(status)
 
 
-def retry_delay(call: Any) -> float | None:
-    """The ``RetryInfo.retry_delay`` in seconds that a failed call (``grpc.aio.AioRpcError``
-    or a ``grpc.Call``) carried, or ``None``: no rich status, one whose code or message does
-    not match the call's own (so it is not trusted), or no usable ``RetryInfo``."""
+def status_detail(call: Any, message_type: type[M]) -> M | None:
+    """The first ``message_type`` among the rich-status details of a failed call
+    (``grpc.aio.AioRpcError`` or a ``grpc.Call``), or ``None``: no rich status, one whose code
+    or message does not match the call's own (so it is not trusted), or no such detail."""
     try:
         status = rpc_status.from_call(call)
     except (ValueError, TypeError):
@@ -49,9 +50,18 @@ def retry_delay(call: Any) -> float | None:
     if status is None:
         return None
     for detail in status.details:
-        if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
-            info = error_details_pb2.RetryInfo()
-            detail.Unpack(info)
-            seconds = info.retry_delay.ToNanoseconds() / NANOS_PER_SECOND
-            return seconds if 0 <= seconds < math.inf else None
+        if detail.Is(message_type.DESCRIPTOR):
+            message = message_type()
+            detail.Unpack(message)
+            return message
     return None
+
+
+def retry_delay(call: Any) -> float | None:
+    """The ``RetryInfo.retry_delay`` in seconds that a failed call carried (``None``: none
+    that is trusted and usable, see ``status_detail``)."""
+    info = status_detail(call, error_details_pb2.RetryInfo)
+    if info is None:
+        return None
+    seconds = info.retry_delay.ToNanoseconds() / NANOS_PER_SECOND
+    return seconds if 0 <= seconds < math.inf else None
