@@ -48,7 +48,8 @@ class Cancellable(Protocol):
 
 
 class RealClock:
-    """Wall time: ``time.monotonic``, ``time.sleep`` and a timer thread per ``call_at``."""
+    """Wall time: ``time.monotonic``, ``time.sleep``, and ``call_at`` on the calling thread's
+    event loop (a timer thread where none runs)."""
 
     def now(self) -> float:
         """``time.monotonic()``."""
@@ -60,8 +61,21 @@ class RealClock:
             time.sleep(seconds)
 
     def call_at(self, when: float, callback: Callback) -> Cancellable:
-        """A daemon ``threading.Timer`` that fires at ``when`` (at once when it is past)."""
-        timer = threading.Timer(max(0.0, when - self.now()), callback)
+        """Run ``callback`` at ``when`` (at once when it is past).
+
+        From inside a running event loop the loop's own timer carries it (its time is
+        ``time.monotonic`` too): a coordinator re-arms its alarm on every change, and a thread
+        per wake-up would cost a thread start each time. Elsewhere a daemon
+        ``threading.Timer`` does.
+        """
+        delay = max(0.0, when - self.now())
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not None:
+            return loop.call_later(delay, callback)
+        timer = threading.Timer(delay, callback)
         timer.daemon = True
         timer.start()
         return timer
