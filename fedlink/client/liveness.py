@@ -139,6 +139,19 @@ class LinkEstimate:
         wanted = self.widen * max(cfg.min_ping_timeout_s, learned)
         return min(max(wanted, cfg.min_ping_timeout_s), cfg.max_ping_timeout_s)
 
+    def channel_ping_timeout_s(self) -> float:
+        """The ping-ack timeout a new channel is opened with: ``ping_timeout_s`` rounded up to
+        ``min_ping_timeout_s`` times a power of two (at most ``max_ping_timeout_s``).
+
+        gRPC shares one connection among channels to one target whose options are identical,
+        and opens one per distinct option set. Rounded, clients that learned similar links ask
+        for the same options: thousands of in-process simulated clients whose round trips
+        grew with the event loop's load stay on a few connections instead of one each.
+        """
+        cfg = self.config
+        steps = math.ceil(math.log2(self.ping_timeout_s() / cfg.min_ping_timeout_s) - 1e-9)
+        return min(cfg.min_ping_timeout_s * 2.0 ** max(0, steps), cfg.max_ping_timeout_s)
+
     def unary_deadline_s(self, floor_s: float) -> float:
         """The deadline of a short call, at least ``floor_s`` (the configured one)."""
         learned = self.config.rtt_multiple * (self.srtt_s or 0.0)

@@ -145,7 +145,7 @@ class Transport:
 
     def _open_channel(self) -> None:
         cfg = self.link.config
-        self.ping_timeout_s = self.link.ping_timeout_s()
+        self.ping_timeout_s = self.link.channel_ping_timeout_s()
         options = client_channel_options(
             ping_timeout_ms=round(self.ping_timeout_s * 1000),
             keepalive_time_ms=round(cfg.keepalive_time_s * 1000),

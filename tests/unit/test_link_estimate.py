@@ -61,3 +61,25 @@ def test_bounds_are_checked_at_the_edge() -> None:
         LivenessConfig(max_ping_timeout_s=60.0, tcp_user_timeout_s=30.0)
     with pytest.raises(ConfigError, match="unknown keys"):
         LivenessConfig.from_dict({"ping": 1})
+
+
+def test_a_channel_gets_the_timeout_rounded_up_to_a_power_of_two_step() -> None:
+    cfg = LivenessConfig(min_ping_timeout_s=5.0, max_ping_timeout_s=120.0, rtt_multiple=4.0)
+    link = LinkEstimate(cfg)
+    assert link.channel_ping_timeout_s() == 5.0  # nothing learned: the minimum
+    link.observe_rtt(1.6)  # asks for 6.4 s
+    assert link.ping_timeout_s() == pytest.approx(6.4)
+    assert link.channel_ping_timeout_s() == 10.0
+    other = LinkEstimate(cfg)
+    other.observe_rtt(2.4)  # asks for 9.6 s: a similar link, the same channel options
+    assert other.channel_ping_timeout_s() == link.channel_ping_timeout_s()
+    link.observe_rtt(100.0)
+    assert link.channel_ping_timeout_s() == 120.0  # capped at the maximum, not 160
+
+
+def test_the_rounded_timeout_never_undercuts_what_the_link_asks_for() -> None:
+    cfg = LivenessConfig()
+    for rtt in (0.01, 0.3, 1.25, 1.26, 2.5, 7.0, 19.9, 29.0):
+        link = LinkEstimate(cfg)
+        link.observe_rtt(rtt)
+        assert link.ping_timeout_s() <= link.channel_ping_timeout_s() <= cfg.max_ping_timeout_s
