@@ -26,7 +26,7 @@ from fedlink.client import ClientOptions, ClientSession, SessionStats, Trainer
 from fedlink.coordinator import CoordinatorServer
 from fedlink.coordinator.auth import issue_token, load_secret
 from fedlink.coordinator.lifecycle import target_accuracy
-from fedlink.errors import ConfigError
+from fedlink.errors import ConfigError, FedlinkError, RemoteError
 from fedlink.metrics import (
     EVENTS_FILENAME,
     SUMMARY_FILENAME,
@@ -50,6 +50,27 @@ if TYPE_CHECKING:  # the set-up imports torch: loaded when a simulation runs
     from fedlink.sim.setup import Experiment
 
 SIM_TOKEN_TTL_S = 7 * 24 * 3600.0  # a simulated client's token outlives any simulation
+
+
+CEILING_HINT_CLIENTS = 1000
+"""From this many in-process clients a retry-exhausted call is blamed on the population (below
+it, on the emulated links: blackouts longer than a retry budget)."""
+
+
+class PopulationCeiling(FedlinkError):
+    """A real-gRPC simulation's client gave up on a call its retry policy retries (a missed
+    deadline, a cancelled or unavailable call): in one process on loopback that is the event
+    loop saturating under the population, the mode's ceiling (a few thousand clients on two
+    cores), not a network fault."""
+
+    def __init__(self, clients: int, cause: RemoteError) -> None:
+        super().__init__(
+            f"real-gRPC simulation of {clients:,} clients: a client gave up ({cause}). The "
+            "coordinator and every client session share one event loop in this mode, and "
+            f"{clients:,} of them saturate it (its ceiling is a few thousand clients on two "
+            'cores; README, "A million clients on one machine"): use [run] mode = "virtual" for '
+            "populations of this size")
+        self.cause = cause
 
 
 @dataclass(frozen=True)
@@ -192,6 +213,10 @@ async def _run_sessions(sessions: list[ClientSession], server: CoordinatorServer
         try:
             stats = await asyncio.gather(*(s.run() for s in sessions))
             await server.wait_finished()
+        except RemoteError as exc:
+            if not exc.retryable or len(sessions) < CEILING_HINT_CLIENTS:
+                raise
+            raise PopulationCeiling(len(sessions), exc) from exc
         finally:
             unsubscribe()
     return list(stats)

@@ -165,7 +165,7 @@ class Experiment:
             if not callable(plug):
                 raise ConfigError(f"model factory {describe(plug)} is not callable")
             with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(self.config.run.seed)
+                torch.default_generator.manual_seed(self.config.run.seed)
                 return expect(plug(**options), nn.Module, f"model factory {describe(plug)}")
         if not isinstance(self.data, FederatedData):
             raise ConfigError(f"built-in model {self.config.model.name!r} is sized from a "
