@@ -24,7 +24,6 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import math
-import tomllib
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -46,6 +45,8 @@ _NAMES: dict[Any, str] = {
 
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Parse a TOML file (``ConfigError`` naming the file on a missing file or bad syntax)."""
+    import tomllib  # deferred: a device configured in code never parses TOML
+
     path = Path(path)
     try:
         with path.open("rb") as fh:

@@ -14,14 +14,17 @@ from fedlink.errors import ConfigError
 
 class LazyTrainer:
     """Defers ``build()`` (which loads the client's share and builds its trainer) to the first
-    ``train`` or ``num_examples`` call; thread-safe, built at most once.
+    ``train`` (or ``num_examples``) call; thread-safe, built at most once.
 
     For simulations of many clients over large data: a client that is never sampled never
-    loads its share.
+    loads its share. ``num_examples``, when known without loading (a file loader's labels
+    give it), is what ``num_examples()`` answers before the build, so that joining the run
+    (which reports it) does not load the share.
     """
 
-    def __init__(self, build: Callable[[], Trainer]) -> None:
+    def __init__(self, build: Callable[[], Trainer], num_examples: int | None = None) -> None:
         self._build = build
+        self._num_examples = num_examples
         self._trainer: Trainer | None = None
         self._lock = threading.Lock()
 
@@ -41,7 +44,9 @@ class LazyTrainer:
             return self._trainer
 
     def num_examples(self) -> int:
-        """The real trainer's number of examples (building it if needed)."""
+        """The real trainer's number of examples (building it if needed and not given)."""
+        if self._trainer is None and self._num_examples is not None:
+            return self._num_examples
         return self._get().num_examples()
 
     def train(self, params: np.ndarray, plan: TrainPlan) -> TrainResult:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import fedlink.privacy  # noqa: F401  (registers the differential-privacy flush hooks)
+import fedlink.privacy.hooks  # noqa: F401  (registers the differential-privacy flush hooks)
 from fedlink.aggregate import ACCUMULATORS, FLUSH_HOOKS, SERVER_OPTIMIZERS, STALENESS_WEIGHTS
 from fedlink.compress import broadcast_codec
 from fedlink.config import check_fields, from_table, require

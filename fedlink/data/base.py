@@ -49,6 +49,22 @@ def _frozen_view(array: np.ndarray) -> np.ndarray:
     return view
 
 
+def check_labels(labels: np.ndarray, count: int, num_classes: int,
+                 name: str) -> tuple[np.ndarray, int]:
+    """``labels`` as contiguous int64 and ``num_classes`` checked, or ``ConfigError`` unless
+    they are ``count`` integers in ``[0, num_classes)``."""
+    y = np.asarray(labels)
+    if y.ndim != 1 or len(y) != count:
+        raise ConfigError(f"dataset {name!r}: y must be 1-D with {count} labels, got shape "
+                          f"{y.shape}")
+    if y.size and not np.issubdtype(y.dtype, np.integer):
+        raise ConfigError(f"dataset {name!r}: labels must be integers, got {y.dtype}")
+    classes = check_int("num_classes", num_classes, minimum=1)
+    if y.size and (y.min() < 0 or y.max() >= classes):
+        raise ConfigError(f"dataset {name!r}: labels must lie in [0, {classes})")
+    return np.ascontiguousarray(y, dtype=np.int64), classes
+
+
 @dataclass(frozen=True, eq=False)
 class Dataset:
     """Labelled examples: ``x`` (n, num_features) float32 and ``y`` (n,) int64 in
@@ -66,24 +82,14 @@ class Dataset:
 
     def __post_init__(self) -> None:
         x = np.ascontiguousarray(self.x, dtype=np.float32)
-        y = np.asarray(self.y)
         if x.ndim != 2:
             raise ConfigError(f"dataset {self.name!r}: x must be 2-D, got shape {x.shape}")
-        if y.ndim != 1 or len(y) != len(x):
-            raise ConfigError(
-                f"dataset {self.name!r}: y must be 1-D with {len(x)} labels, got shape {y.shape}"
-            )
-        if y.size and not np.issubdtype(y.dtype, np.integer):
-            raise ConfigError(f"dataset {self.name!r}: labels must be integers, got {y.dtype}")
-        classes = check_int("num_classes", self.num_classes, minimum=1)
+        y, classes = check_labels(self.y, len(x), self.num_classes, self.name)
         if self.num_features != x.shape[1]:
             raise ConfigError(
                 f"dataset {self.name!r}: num_features={self.num_features} but x has "
                 f"{x.shape[1]} columns"
             )
-        if y.size and (y.min() < 0 or y.max() >= classes):
-            raise ConfigError(f"dataset {self.name!r}: labels must lie in [0, {classes})")
-        y = np.ascontiguousarray(y, dtype=np.int64)
         object.__setattr__(self, "x", _frozen_view(x))
         object.__setattr__(self, "y", _frozen_view(y))
         object.__setattr__(self, "num_classes", classes)

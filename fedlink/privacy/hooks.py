@@ -29,9 +29,10 @@ sensitivities, and ``fedlink.privacy.setup`` refuses them with this hook. In ``"
 clients add the noise in shares (``N(0, (z S)^2 / n)`` each) and the hook adds none; with
 uniform weights the aggregate carries the same total noise as in ``"central"`` mode.
 
-Import ``fedlink.privacy`` (``fedlink.sim`` and the ``fedlink`` command do) before building a
-``CoordinatorConfig`` that names the hook: importing it registers ``dp_fedavg`` and ``dp_sgd``
-in ``FLUSH_HOOKS``, without importing torch.
+Importing this module registers ``dp_fedavg`` and ``dp_sgd`` in ``FLUSH_HOOKS``, without
+importing torch; ``fedlink.coordinator`` imports it, so a ``CoordinatorConfig`` can always name
+them (``import fedlink.privacy`` alone does not: a device that imports the package for its
+privacy stage does not pay for the coordinator's half).
 
 **Accounting.** Each flush is one Poisson-subsampled Gaussian mechanism with sampling rate
 ``q`` (``sample_rate``, or ``cohort / population``) and noise multiplier ``z``; epsilon at

@@ -39,6 +39,7 @@ from fedlink.client.lazy import LazyTrainer
 from fedlink.data import CentralData, Dataset, FederatedData, load_federated
 from fedlink.data.base import NATURAL, partitioner_entry
 from fedlink.data.federated import partition_central
+from fedlink.data.lazy import LazyDataset
 from fedlink.data.torch_data import TorchFederatedData
 from fedlink.errors import ConfigError
 from fedlink.metrics import EVENTS_FILENAME
@@ -226,17 +227,31 @@ class Experiment:
                                   f"(num_examples() and train(params, plan))")
             return trainer
 
-        if isinstance(self.data, TorchFederatedData) and self.data.is_lazy(index):
-            return LazyTrainer(build)
+        if self.data_is_lazy(index):
+            return LazyTrainer(build, self._known_examples(index))
         return build()
+
+    def _known_examples(self, index: int) -> int | None:
+        """Client ``index``'s example count when it is known without reading its data: a
+        built-in trainer over a fedlink ``Dataset`` trains on all of it."""
+        built_in = self.plugs.trainer is None and self.config.client.trainer in TRAINERS
+        if built_in and isinstance(self.data, FederatedData):
+            return len(self.data.clients[index])
+        return None
+
+    def data_is_lazy(self, index: int) -> bool:
+        """Whether client ``index``'s data is read when it first trains (a torch loader's
+        callable entry, or a file loader's ``LazyDataset`` not read yet)."""
+        if isinstance(self.data, TorchFederatedData):
+            return self.data.is_lazy(index)
+        client = self.data.clients[index]
+        return isinstance(client, LazyDataset) and not client.loaded
 
     def client_examples(self, index: int) -> int:
         """Client ``index``'s example count; for a built-in trainer over fedlink ``Dataset``s,
         read from its data without building the trainer (a plugged trainer is asked)."""
-        built_in = self.plugs.trainer is None and self.config.client.trainer in TRAINERS
-        if built_in and isinstance(self.data, FederatedData):
-            return len(self.data.clients[index])
-        return self.trainer(index).num_examples()
+        known = self._known_examples(index)
+        return known if known is not None else self.trainer(index).num_examples()
 
     def data_figures(self) -> dict[str, Any]:
         """Summary entries describing the partition: the clients x classes label counts
