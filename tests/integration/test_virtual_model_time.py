@@ -12,6 +12,8 @@ import pytest
 
 from fedlink.sim.config import ExperimentConfig
 
+pytestmark = pytest.mark.xdist_group("virtual-model-time")
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ROUNDS = 3
 
