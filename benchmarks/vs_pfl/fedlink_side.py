@@ -29,6 +29,14 @@ class DigitsUsers:
         self._size = size
         self._train = train
         self._module = module
+        self._last: tuple[int, np.ndarray] = (-1, np.zeros(0, np.int64))
+
+    def _rows(self, index: int) -> np.ndarray:
+        """User ``index``'s examples (the loop asks their count, then for the trainer: the
+        last user's are kept, as pfl makes each user's data once)."""
+        if self._last[0] != index:
+            self._last = (index, task.user_indices(index, len(self._train)))
+        return self._last[1]
 
     @property
     def size(self) -> int:
@@ -45,14 +53,14 @@ class DigitsUsers:
 
     def num_examples(self, index: int) -> int:
         """User ``index``'s example count."""
-        return len(task.user_indices(index, len(self._train)))
+        return len(self._rows(index))
 
     def trainer(self, index: int) -> Any:
         """A ``TorchTrainer`` over user ``index``'s examples, made now."""
         from fedlink.client.torch_trainer import TorchTrainer
         from fedlink.data.base import Dataset
 
-        rows = task.user_indices(index, len(self._train))
+        rows = self._rows(index)
         data = Dataset(self._train.x[rows], self._train.y[rows], task.CLASSES, task.FEATURES)
         return TorchTrainer(self._module, data, seed=index)
 
