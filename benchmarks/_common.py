@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 
-def parse_args(description: str) -> argparse.Namespace:
-    """Every benchmark's flags: ``--quick`` (about a minute) and ``--json FILE``."""
+def parse_args(description: str,
+               add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+               ) -> argparse.Namespace:
+    """Every benchmark's flags: ``--quick`` (about a minute) and ``--json FILE``, and those
+    ``add_arguments`` adds for one benchmark."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help="a small version (about a minute)")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE",
                         help="write the named figures as one flat JSON object")
+    if add_arguments is not None:
+        add_arguments(parser)
     return parser.parse_args()
 
 

@@ -24,12 +24,22 @@ that process), of ``examples/population_1m.toml`` at the population asked for. F
   ``grpc_quick_*``) ran to its end (1) or not (0), with ``grpc_10k_wall_s`` and
   ``grpc_10k_rss_mb``.
 
-Not measured here (see the README): ``vs_pfl_ratio`` (pfl-research is not installed).
+- ``vs_pfl_ratio``: pfl-research (``pfl``) on the same task in the same run (``vs_pfl/task.py``:
+  100,000 lazily made users of digits samples, cohort 1,000, 10 rounds, an MLP 64-64-10, one
+  local epoch, clean links; ``--quick``: 10,000 users, cohort 100, 3 rounds), fedlink's
+  virtual-mode wall (``fedlink_virtual_wall_s``) over pfl's (``pfl_wall_s``), each from
+  building the model to the end of the last round, with both final test accuracies. pfl runs
+  in a python that has it: ``--pfl-python PATH`` or ``FEDLINK_PFL_PYTHON``, else this one if
+  it can import pfl; without one the figure is absent and ``vs_pfl_skipped`` says why.
+  ``--vs-pfl-only`` runs just this comparison.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -43,6 +53,7 @@ from _common import parse_args, report
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "population_1m.toml"
+RUN_PFL = Path(__file__).resolve().parent / "vs_pfl" / "run_pfl.py"
 
 
 def _population_run(population: int, rounds: int, workdir: Path) -> dict[str, float]:
@@ -150,8 +161,76 @@ def _parallel(rounds: int, workdir: Path) -> dict[str, float]:
             "parallel_max_model_difference": same}
 
 
+def _pfl_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pfl-python", default=None, metavar="PATH",
+                        help="a python with pfl-research installed (default: "
+                             "$FEDLINK_PFL_PYTHON, else this one if it has pfl)")
+    parser.add_argument("--vs-pfl-only", action="store_true",
+                        help="run only the comparison with pfl-research")
+
+
+def _pfl_python(given: str | None) -> tuple[str | None, str]:
+    """The python to run pfl with, or None and why there is none."""
+    python = given or os.environ.get("FEDLINK_PFL_PYTHON")
+    if not python:
+        if importlib.util.find_spec("pfl") is None:
+            return None, ("pfl (pfl-research) is not installed in this python; give one that "
+                          "has it with --pfl-python PATH or FEDLINK_PFL_PYTHON")
+        python = sys.executable
+    check = subprocess.run([python, "-c", "import pfl.model.pytorch"], capture_output=True,
+                           text=True, check=False)
+    if check.returncode:
+        why = (check.stderr.strip().splitlines() or ["no output"])[-1]
+        return None, f"{python} cannot import pfl's PyTorch backend ({why})"
+    return python, ""
+
+
+def _vs_pfl(quick: bool, python: str, workdir: Path) -> dict[str, Any]:
+    """pfl and fedlink's virtual mode on the same task, one after the other in this run."""
+    import numpy as np
+    from vs_pfl import task
+    from vs_pfl.fedlink_side import run_fedlink
+
+    from fedlink.data.digits import digits
+
+    users, cohort, rounds = (10_000, 100, 3) if quick else (100_000, 1_000, 10)
+    data = digits(1, np.random.default_rng(task.SEED))
+    arrays, out = workdir / "digits.npz", workdir / "pfl.json"
+    np.savez(arrays, x_train=data.train.x, y_train=data.train.y, x_test=data.test.x,
+             y_test=data.test.y)
+    started = time.perf_counter()
+    done = subprocess.run([python, str(RUN_PFL), str(arrays), str(users), str(cohort),
+                           str(rounds), str(out)], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, check=False)
+    process_s = time.perf_counter() - started
+    if done.returncode:
+        print(done.stderr[-2000:], file=sys.stderr)
+        return {"vs_pfl_skipped": f"the pfl run failed (exit {done.returncode})"}
+    pfl = json.loads(out.read_text())
+    fedlink = run_fedlink(users, cohort, rounds, data.train, data.test, workdir)
+    return {"vs_pfl_users": users, "vs_pfl_cohort": cohort, "vs_pfl_rounds": rounds,
+            "pfl_wall_s": pfl["wall_s"], "pfl_process_s": process_s,
+            "pfl_accuracy": pfl["accuracy"], "fedlink_virtual_wall_s": fedlink["wall_s"],
+            "fedlink_virtual_loop_s": fedlink["loop_wall_s"],
+            "fedlink_virtual_accuracy": fedlink["accuracy"],
+            "vs_pfl_ratio": fedlink["wall_s"] / pfl["wall_s"]}
+
+
+def _pfl_figures(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """The comparison's figures, or why it was not run."""
+    python, why = _pfl_python(args.pfl_python)
+    if python is None:
+        print(f"vs_pfl_ratio not measured: {why}", file=sys.stderr)
+        return {"vs_pfl_skipped": why}
+    return _vs_pfl(args.quick, python, workdir)
+
+
 def main() -> None:
-    args = parse_args(__doc__.splitlines()[0])
+    args = parse_args(__doc__.splitlines()[0], _pfl_arguments)
+    if args.vs_pfl_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            report(_pfl_figures(args, Path(tmp)), args.json)
+        return
     large, rounds = (100_000, 5) if args.quick else (1_000_000, 20)
     name = "population_quick" if args.quick else "population_1m"
     figures: dict[str, Any] = {}
@@ -175,6 +254,7 @@ def main() -> None:
         figures.update({f"speedup_{k}": v for k, v in speed.items() if k != "speedup"})
         figures["speedup_clients"] = clients
         figures["virtual_vs_grpc_speedup"] = speed.get("speedup")
+        figures.update(_pfl_figures(args, workdir))
     report(figures, args.json)
 
 

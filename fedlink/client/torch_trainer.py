@@ -28,7 +28,7 @@ from fedlink.errors import ConfigError
 from fedlink.models.evaluate import generic_scores
 from fedlink.models.training import LossFn, OptimizerFactory, build_loss
 from fedlink.params import ParamSpec
-from fedlink.params.flat import load_vector, spec_of, to_vector
+from fedlink.params.flat import BoundVector, spec_of
 
 TorchData = Dataset | torch.utils.data.Dataset | torch.utils.data.DataLoader
 """What a ``TorchTrainer`` trains on: fedlink's numpy ``Dataset``, a torch ``Dataset`` (batched
@@ -84,6 +84,12 @@ def _check_fits(model: nn.Module, x: torch.Tensor, num_classes: int) -> None:
             f"the model maps {x.shape[1]} features to shape {tuple(out.shape)[1:]}, "
             f"expected {num_classes} class logits"
         )
+
+
+def _on_device(model: nn.Module, device: torch.device | str) -> bool:
+    """Whether every parameter and buffer of ``model`` is on ``device`` already."""
+    where = torch.device(device)
+    return all(t.device == where for t in itertools.chain(model.parameters(), model.buffers()))
 
 
 @dataclass(frozen=True)
@@ -270,11 +276,14 @@ class TorchTrainer:
         seed: int = 0,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        self.model = model.to(device)
+        # .to() walks every submodule even when nothing moves; a simulation builds a trainer
+        # per task on a model already there
+        self.model = model if _on_device(model, device) else model.to(device)
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         if not self._params:
             raise ConfigError("the model has no trainable parameters")
-        self.spec = spec_of(self.model)
+        self._vector = BoundVector(self.model)
+        self.spec = self._vector.spec
         self._data = _bind_data(data, self._params[0].dtype, device)
         if isinstance(self._data, _TensorBatches) and loss == "cross_entropy":
             assert isinstance(data, Dataset)
@@ -309,13 +318,13 @@ class TorchTrainer:
         started = time.perf_counter()
         sized = dataclasses.replace(plan, batch_size=self._data.batch_size(plan))
         steps_planned = planned_steps(sized, self.num_examples())
-        load_vector(self.model, self.personalize(params), self.spec)
+        self._vector.load(self.personalize(params))
         loss_sum, steps = self._run(plan, steps_planned)
         metrics = {"train_seconds": time.perf_counter() - started}
         if steps:
             metrics["train_loss"] = loss_sum / steps
         metrics.update({f"{PREFIX}{key}": value for key, value in scores.items()})
-        trained = to_vector(self.model)
+        trained = self._vector.read()
         if self._local_mask.any():
             self._local = trained[self._local_mask].copy()
             trained[self._local_mask] = self.spec.check(params)[self._local_mask]
@@ -329,7 +338,7 @@ class TorchTrainer:
         Federated evaluation (``fedlink.client.evaluation``) calls it on the global model a
         task brings, before training on it.
         """
-        load_vector(self.model, self.personalize(params), self.spec)
+        self._vector.load(self.personalize(params))
         self.model.eval()
         scores = generic_scores(self.model, self._data.in_order(EVAL_BATCH), self._loss)
         return {**scores, "examples": float(self.num_examples())}

@@ -194,7 +194,9 @@ class UpdateAccepted(Event):
 @dataclass(frozen=True, eq=False, kw_only=True, repr=False)
 class UpdateRefused(Event):
     """An update was refused: ``reason_code`` (a ``fedlink.refusals.RefusalCode`` value) says
-    why in one word, ``reason`` in a sentence; ``code`` is the gRPC status code name."""
+    why in one word, ``reason`` in a sentence; ``code`` is the gRPC status code name.
+    ``train_seconds`` and ``network_seconds``, like an accepted update's, are what the task
+    cost (a virtual-clock run reports them in model seconds)."""
 
     KIND: ClassVar[str] = "update_refused"
     client_id: str | None = None
@@ -206,6 +208,8 @@ class UpdateRefused(Event):
     retries: int | None = None
     resumed_bytes: int | None = None
     offline_seconds: float | None = None
+    train_seconds: float | None = None
+    network_seconds: float | None = None
 
     @property
     def refusal(self) -> RefusalCode:

@@ -16,6 +16,7 @@ from fedlink.metrics.distribution import draw_label_distribution, label_section
 from fedlink.metrics.events import FLUSH, UPDATE_ACCEPTED, Event
 from fedlink.metrics.federated import draw_federated
 from fedlink.metrics.formatting import fmt_metric, human_bytes, human_seconds, key_figures
+from fedlink.metrics.model_time import draw_model_time
 from fedlink.metrics.summary import comm_figures, of_kind, start_elapsed
 from fedlink.private import private_dir, touch_private
 
@@ -55,7 +56,8 @@ def write_report(run_dir: Path, events: list[Event], summary: Mapping[str, Any])
     # Like the other plots, only for a run that trained (a report of nothing stays quick).
     labels = label_section(draw_label_distribution(run_dir, summary.get("label_distribution")
                                                    or {})) if flushes else ""
-    extra = [part for part in (draw_federated(run_dir, events, summary), labels) if part]
+    extra = [part for part in (draw_federated(run_dir, events, summary), labels,
+                               _model_time_section(run_dir, summary)) if part]
     touch_private(path).write_text(text + "".join(f"\n{part}\n" for part in extra),
                                    encoding="utf-8")
     return path
@@ -243,6 +245,54 @@ def _round_row(number: int, flush: Event) -> list[str]:
         human_bytes(flush.get("bytes_down") or 0),
         human_seconds(flush.get("round_seconds")),
     ]
+
+
+def _model_time_section(run_dir: Path, summary: Mapping[str, Any]) -> str:
+    """A virtual-clock run's model time against its wall time, with plots, and where the
+    fleet's time went per round and per link profile; for a run on real time, why there is
+    none."""
+    model_s = summary.get("model_seconds")
+    if model_s is None:
+        return ("## Model time\n\nNone: this run ran on real time, so every time in this "
+                "report is wall-clock time. A virtual-clock run (`[run] mode = \"virtual\"`) "
+                "reports the time a real fleet would take beside the simulation's wall time.")
+    parts = ["## Model time", _model_time_intro(float(model_s), summary)]
+    parts.extend(f"![{title}]({name})" for title, name in draw_model_time(run_dir, summary))
+    rounds = summary.get("time_by_round") or []
+    if rounds:
+        parts.append("Per round (model time summed over its tasks):\n\n" + _table(
+            ["Round", "Tasks", "Communication", "Compute", "Comm share"],
+            [[str(r["round"]), *_time_cells(r)] for r in rounds]))
+    profiles = summary.get("time_by_profile") or {}
+    if profiles:
+        parts.append("Per link profile (model time summed over its clients' tasks):\n\n"
+                     + _table(
+            ["Profile", "Tasks", "Communication", "Compute", "Comm share"],
+            [[str(name), *_time_cells(row)] for name, row in profiles.items()]))
+    return "\n\n".join(parts)
+
+
+def _model_time_intro(model_s: float, summary: Mapping[str, Any]) -> str:
+    """Model time, wall time and the communication share, in two sentences."""
+    wall = summary.get("simulation_seconds")
+    speed = f" (model time is {model_s / wall:.3g}x the wall time)" if wall else ""
+    text = (f"The run lasted {human_seconds(model_s)} of model time (what the fleet on its "
+            f"modelled links and devices would take), simulated in {human_seconds(wall)} of "
+            f"wall time{speed}.")
+    share = summary.get("communication_share")
+    if share is not None:
+        text += (f" Communication (downloads, uploads, commits and their round trips) took "
+                 f"{_share(share)} of the clients' busy model time, training the rest; time "
+                 "paused offline is in neither. A round is the model version its tasks trained "
+                 "on, plus one; tasks still running at the end fall in the round after the "
+                 "last flush.")
+    return text
+
+
+def _time_cells(row: Mapping[str, Any]) -> list[str]:
+    """Tasks, communication and compute model time, and the share, of a time row."""
+    return [str(row.get("tasks", 0)), human_seconds(row.get("network_s")),
+            human_seconds(row.get("compute_s")), _share(row.get("comm_share"))]
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

@@ -65,6 +65,10 @@
                          flush hook's report: ``epsilon``, ``delta``, ``noise_multiplier``,
                          ``sample_rate``, ``steps``, ``accountant``, ``clip_norm``, ``mode``,
                          ...); None for a run without differential privacy or without flushes
+``accuracy_by_time``     only for a run with model time (virtual clock: its flushes carry
+                         ``model_seconds``): per flush, ``model_version``, ``accuracy``,
+                         ``model_seconds`` and ``simulation_seconds`` (wall time), see
+                         ``fedlink.metrics.model_time``
 ``config``               the configuration passed in, as plain JSON data
 ======================== ===================================================================
 """
@@ -92,6 +96,7 @@ from fedlink.metrics.events import (
     Event,
     to_jsonable,
 )
+from fedlink.metrics.model_time import model_time_figures
 from fedlink.private import private_dir, touch_private
 from fedlink.refusals import code_for_status
 
@@ -110,6 +115,7 @@ def summarize(events: list[Event], config: Mapping[str, Any]) -> dict[str, Any]:
     summary.update(_resilience_figures(events))
     summary.update(comm_figures(of_kind(events, UPDATE_ACCEPTED)))
     summary["privacy"] = _privacy_record(flushes)
+    summary.update(model_time_figures(events, flushes))
     summary["wall_seconds"] = wall_seconds(events)
     summary["startup_seconds"] = max(0.0, first_task_elapsed(events) - start_elapsed(events))
     summary["config"] = to_jsonable(config)

@@ -146,3 +146,38 @@ def load_vector(module: nn.Module, vector: np.ndarray, spec: ParamSpec | None = 
             part = source[offset : offset + numel].view(tensor.shape)
             # An averaged counter is fractional; round it rather than truncate.
             tensor.copy_(part if tensor.is_floating_point() else part.round())
+
+
+class BoundVector:
+    """A module's vector tensors, found and checked once: ``load`` and ``read`` as
+    ``load_vector`` and ``to_vector`` do, without walking the module each time.
+
+    For a trainer that loads and reads the same module once per task (a simulation builds one
+    per task): the module's tensors must stay the same objects (in-place updates, as
+    optimizers make, are fine).
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        named = _named_tensors(module)
+        self.spec = _spec(named)
+        self._tensors = [tensor for _, tensor in named]
+
+    def load(self, vector: np.ndarray) -> None:
+        """Write ``vector`` into the tensors (``ConfigError`` when its length is wrong)."""
+        flat = self.spec.check(vector)
+        if not flat.flags.writeable:
+            flat = flat.copy()  # torch.from_numpy refuses read-only memory
+        source = torch.from_numpy(flat)
+        with torch.no_grad():
+            for tensor, offset, numel in zip(self._tensors, self.spec.offsets, self.spec.numels,
+                                             strict=True):
+                part = source[offset : offset + numel].view(tensor.shape)
+                tensor.copy_(part if tensor.is_floating_point() else part.round())
+
+    def read(self) -> np.ndarray:
+        """The tensors as a new float32 vector."""
+        if not self._tensors:
+            return np.zeros(0, dtype=np.float32)
+        with torch.no_grad():
+            return torch.cat([_as_float32(name, t) for name, t in
+                              zip(self.spec.names, self._tensors, strict=True)]).numpy()

@@ -32,7 +32,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -79,6 +79,8 @@ class _Busy:
     started: float
     trainer: Trainer | None = None
     seen: float = 0.0
+    network_s: float = 0.0
+    compute_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -92,9 +94,20 @@ class _Training:
     num_examples: int
 
 
+def _row() -> dict[str, float]:
+    """An empty row of ``LoopTotals.per_profile`` / ``per_round``."""
+    return {"tasks": 0, "network_s": 0.0, "compute_s": 0.0}
+
+
 @dataclass
 class LoopTotals:
-    """What the loop measured: model seconds per phase and the simulation's wall time."""
+    """What the loop measured: model seconds per phase and the simulation's wall time.
+
+    ``per_profile`` (by link profile name) and ``per_round`` (by the model version a task
+    trained on) split ``network_s`` and ``compute_s`` among the tasks, each entry
+    ``{"tasks", "network_s", "compute_s"}``: both add up to the totals, tasks lost or still in
+    flight at the end included.
+    """
 
     network_s: float = 0.0
     compute_s: float = 0.0
@@ -104,6 +117,7 @@ class LoopTotals:
     wall_s: float = 0.0
     model_s: float = 0.0
     per_profile: dict[str, dict[str, float]] = field(default_factory=dict)
+    per_round: dict[int, dict[str, float]] = field(default_factory=dict)
 
 
 class VirtualLoop:
@@ -201,12 +215,13 @@ class VirtualLoop:
             return False
         busy = _Busy(index, reply, now, seen=now)
         self._busy[index] = busy
+        self._charge(busy, tasks=1)
         profile = self.population.profile(index)
         rtt = round_trip_s(profile, self._timing) if profile is not None else 0.0
         header = self.engine.payload(reply.model_version).header
         self._bytes_down += header.num_bytes
         down = transfer_time(profile, header.num_bytes, DOWN, self._timing)
-        self._count_network(index, rtt + down.seconds, down)
+        self._count_network(busy, rtt + down.seconds, down)
         done = finish(self.availability, index, now, rtt + down.seconds)
         self.clock.call_at(done, lambda: self._train(busy))
         return True
@@ -237,8 +252,7 @@ class VirtualLoop:
             learning_rate=plan.learning_rate, seed=plan.seed, options=plan.options))
         # model time follows the plan, known now; the result is needed only when it ends
         compute = fits * step_s
-        self.totals.compute_s += compute
-        self._share(index)["compute_s"] += compute
+        self._charge(busy, compute_s=compute)
         work = _Training(model, result, steps, fits, examples)
         trained = finish(self.availability, index, self.clock.now(), compute)
         self.clock.call_at(trained, lambda: self._trained(busy, work))
@@ -279,13 +293,16 @@ class VirtualLoop:
         commit = round_trip_s(profile, self._timing) if profile is not None else 0.0
         inline = 0 < update.bytes_up <= self.config.limits.inline_limit
         seconds = up.seconds if inline else up.seconds + commit
-        self._count_network(index, seconds, up)
+        self._count_network(busy, seconds, up)
         arrives = finish(self.availability, index, self.clock.now(), seconds)
         self.clock.call_at(arrives, lambda: self._arrive(busy, update))
 
     def _arrive(self, busy: _Busy, update: ReceivedUpdate) -> None:
-        """The commit reaches the coordinator: the engine accepts or refuses it."""
+        """The commit reaches the coordinator: the engine accepts or refuses it, with the
+        task's model time reported as a real client reports its own (``train_seconds``,
+        ``network_seconds``, ``offline_seconds``)."""
         self._done(busy)
+        update = replace(update, metrics={**update.metrics, **self._task_times(busy)})
         if update.steps_completed == 0:
             self._refused(update, "no local work before the deadline", RefusalCode.NO_WORK)
         else:
@@ -298,16 +315,24 @@ class VirtualLoop:
                     self._flushed(acceptance.flush)
         self._fill()
 
+    def _task_times(self, busy: _Busy) -> dict[str, float]:
+        """The task's model seconds on the network, training, and paused offline."""
+        waited = self.clock.now() - busy.started - busy.network_s - busy.compute_s
+        return {"train_seconds": busy.compute_s, "network_seconds": busy.network_s,
+                "offline_seconds": max(0.0, waited)}
+
     def _done(self, busy: _Busy) -> None:
         self._busy.pop(busy.index, None)
         self.totals.tasks += 1
 
     def _refused(self, update: ReceivedUpdate, reason: str, refusal: RefusalCode,
                  code: str = "") -> None:
-        self.events.emit(kinds.UpdateRefused(client_id=update.client_id,
-                                             task_id=update.task_id, reason=reason,
-                                             reason_code=refusal.value, code=code,
-                                             bytes_up=update.bytes_up))
+        self.events.emit(kinds.UpdateRefused(
+            client_id=update.client_id, task_id=update.task_id, reason=reason,
+            reason_code=refusal.value, code=code, bytes_up=update.bytes_up,
+            train_seconds=update.metrics.get("train_seconds"),
+            network_seconds=update.metrics.get("network_seconds"),
+            offline_seconds=update.metrics.get("offline_seconds")))
 
     # -- the coordinator's periodic work ----------------------------------------------------
 
@@ -365,15 +390,24 @@ class VirtualLoop:
             self.residuals.put(index, pipeline.feedback.residual)
         return encoded, dict(pipeline.privacy_metrics)
 
-    def _count_network(self, index: int, seconds: float, transfer: Any) -> None:
-        self.totals.network_s += seconds
+    def _count_network(self, busy: _Busy, seconds: float, transfer: Any) -> None:
         self.totals.resent_bytes += transfer.resent_bytes
         self.totals.resets += transfer.resets
-        self._share(index)["network_s"] += seconds
+        self._charge(busy, network_s=seconds)
 
-    def _share(self, index: int) -> dict[str, float]:
-        name = self._profile_name(index)
-        return self.totals.per_profile.setdefault(name, {"network_s": 0.0, "compute_s": 0.0})
+    def _charge(self, busy: _Busy, tasks: int = 0, network_s: float = 0.0,
+                compute_s: float = 0.0) -> None:
+        """Count a task's model seconds for it, the totals, its link profile and its round."""
+        self.totals.network_s += network_s
+        self.totals.compute_s += compute_s
+        busy.network_s += network_s
+        busy.compute_s += compute_s
+        rows = (self.totals.per_profile.setdefault(self._profile_name(busy.index), _row()),
+                self.totals.per_round.setdefault(busy.task.model_version, _row()))
+        for row in rows:
+            row["tasks"] += tasks
+            row["network_s"] += network_s
+            row["compute_s"] += compute_s
 
     @property
     def kept_state_clients(self) -> int:

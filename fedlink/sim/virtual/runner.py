@@ -4,7 +4,8 @@ Writes the usual run folder (``events.jsonl``, ``summary.json``, ``report.md``, 
 and prints one progress line per flush in model time. Each event's ``elapsed`` is model
 seconds (the event log runs on the virtual clock); ``flush`` events also carry
 ``model_seconds``, and the summary holds ``model_seconds``, ``simulation_seconds`` (wall) and
-the communication/compute shares per link profile.
+the communication/compute shares per round and per link profile (``time_by_round``,
+``time_by_profile``: see ``fedlink.metrics.model_time``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from fedlink.metrics import (
     write_report,
     write_summary,
 )
+from fedlink.metrics.model_time import time_shares
 from fedlink.private import private_dir
 from fedlink.sim.virtual.availability import TraceAvailability
 from fedlink.sim.virtual.loop import Evaluate, LoopTotals, VirtualLoop
@@ -147,5 +149,5 @@ def virtual_figures(totals: LoopTotals, wall_s: float, loop: VirtualLoop) -> dic
         "residuals_in_memory": loop.residuals.in_memory,
         "residuals_on_disk": loop.residuals.on_disk,
         "residual_spill_bytes": loop.residuals.spilled_bytes,
-        "time_by_profile": totals.per_profile,
+        **time_shares(totals.per_round, totals.per_profile),
     }

@@ -1,0 +1,109 @@
+"""pfl-research's side of ``vs_pfl_ratio``: the ``task`` of this folder with pfl's simulator.
+
+Run by ``benchmarks/sim_scale.py`` with a python where ``pfl`` (and its PyTorch backend) is
+installed, not fedlink's::
+
+    PYTHON benchmarks/vs_pfl/run_pfl.py DATA.npz USERS COHORT ROUNDS OUT.json
+
+``DATA.npz`` holds the digits arrays (``x_train``, ``y_train``, ``x_test``, ``y_test``) the
+fedlink side uses. Users' data is lazy (``FederatedDataset`` with a per-user make-data
+function, users drawn at random), FedAvg weighted by data points, central accuracy on the test
+set after every round. Writes ``{"wall_s", "accuracy", "rounds"}``: ``wall_s`` runs from
+building the model to the end of the last round (imports and loading the arrays excluded, as
+on the fedlink side).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import task  # this folder's: the same users as the fedlink side
+from pfl.aggregate.simulate import SimulatedBackend
+from pfl.aggregate.weighting import WeightByDatapoints
+from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
+from pfl.callback.central_evaluation import CentralEvaluationCallback
+from pfl.data.dataset import Dataset
+from pfl.data.federated_dataset import FederatedDataset
+from pfl.data.sampling import get_user_sampler
+from pfl.hyperparam import NNEvalHyperParams, NNTrainHyperParams
+from pfl.metrics import Weighted
+from pfl.model.pytorch import PyTorchModel
+
+
+class DigitsMLP(nn.Module):
+    """The task's MLP, with the ``loss`` and ``metrics`` methods pfl's PyTorch model calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        widths = [task.FEATURES, *task.HIDDEN]
+        layers: list[nn.Module] = []
+        for fan_in, fan_out in itertools.pairwise(widths):
+            layers += [nn.Linear(fan_in, fan_out), nn.ReLU()]
+        self.net = nn.Sequential(*layers, nn.Linear(widths[-1], task.CLASSES))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor, eval: bool = False) -> torch.Tensor:
+        self.train(not eval)
+        return nn.functional.cross_entropy(self(x), y)
+
+    @torch.no_grad()
+    def metrics(self, x: torch.Tensor, y: torch.Tensor, eval: bool = True) -> dict[str, Any]:
+        self.train(not eval)
+        logits = self(x)
+        return {"loss": Weighted(float(nn.functional.cross_entropy(logits, y,
+                                                                   reduction="sum")), len(y)),
+                "accuracy": Weighted(float((logits.argmax(1) == y).sum()), len(y))}
+
+
+def main() -> None:
+    data_path, users, cohort, rounds, out = sys.argv[1:6]
+    torch.set_num_threads(1)
+    arrays = np.load(data_path)
+    x_train = torch.from_numpy(arrays["x_train"])
+    y_train = torch.from_numpy(arrays["y_train"])
+    test = Dataset((torch.from_numpy(arrays["x_test"]), torch.from_numpy(arrays["y_test"])))
+
+    def make_user(user: int) -> Dataset:
+        rows = torch.from_numpy(task.user_indices(user, len(y_train)))
+        return Dataset((x_train[rows], y_train[rows]), user_id=str(user))
+
+    started = time.perf_counter()
+    torch.manual_seed(task.SEED)
+    module = DigitsMLP()
+    model = PyTorchModel(model=module, local_optimizer_create=torch.optim.SGD,
+                         central_optimizer=torch.optim.SGD(module.parameters(), lr=1.0))
+    training = FederatedDataset(make_user, get_user_sampler("random", list(range(int(users)))))
+    backend = SimulatedBackend(training_data=training, val_data=None,
+                               postprocessors=[WeightByDatapoints()])
+    evaluation = CentralEvaluationCallback(test, NNEvalHyperParams(local_batch_size=None),
+                                           frequency=1)
+    params = NNAlgorithmParams(central_num_iterations=int(rounds), evaluation_frequency=1,
+                               train_cohort_size=int(cohort), val_cohort_size=0)
+    train = NNTrainHyperParams(local_learning_rate=task.LEARNING_RATE, local_num_epochs=1,
+                               local_batch_size=task.BATCH_SIZE)
+    FederatedAveraging().run(algorithm_params=params, backend=backend, model=model,
+                             model_train_params=train,
+                             model_eval_params=NNEvalHyperParams(local_batch_size=None),
+                             callbacks=[evaluation])
+    wall = time.perf_counter() - started
+    with torch.no_grad():  # the central model is the module pfl trained in place
+        guesses = module(torch.from_numpy(arrays["x_test"])).argmax(1).numpy()
+    accuracy = float(np.mean(guesses == arrays["y_test"]))
+    Path(out).write_text(json.dumps({"wall_s": wall, "accuracy": accuracy,
+                                     "rounds": int(rounds)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""A virtual-clock run's report: accuracy against model time and wall time, and where the
+fleet's model time went (communication vs compute), per round and per link profile."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fedlink.sim.config import ExperimentConfig
+
+pytestmark = pytest.mark.xdist_group("virtual-model-time")
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+ROUNDS = 3
+
+
+def _virtual_run(tmp_path: Path) -> Path:
+    """Synchronous FedAvg over 40 lazy clients on two link profiles, always online."""
+    from fedlink.sim import run_simulation
+
+    config = ExperimentConfig.from_dict({
+        "run": {"name": "model-time", "seed": 3, "mode": "virtual"},
+        "coordinator": {"rounds": ROUNDS, "flush": {"goal": 8, "deadline_s": 0},
+                        "training": {"local_steps": 4}},
+        "virtual": {"population": 40, "step_cost_s": 2.0},
+        "network": {"fleet": {"3g": 0.5, "edge-2g": 0.5}},
+    })
+    return run_simulation(config, tmp_path, progress=False).run_dir
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _virtual_run(tmp_path_factory.mktemp("virtual"))
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def _task_model_seconds(events: list[dict[str, Any]]) -> dict[int, float]:
+    """Per base model version, the model time the accepted tasks took, issue to commit
+    (every client is always online, so that is all network and compute)."""
+    issued = {e["task_id"]: e["elapsed"] for e in events if e["kind"] == "task_issued"}
+    spent: dict[int, float] = defaultdict(float)
+    for event in events:
+        if event["kind"] == "update_accepted":
+            spent[event["base_version"]] += event["elapsed"] - issued[event["task_id"]]
+    return dict(spent)
+
+
+def test_shares_per_round_and_per_profile_add_up_to_the_tasks_model_time(run_dir: Path) -> None:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    events = _events(run_dir)
+    rounds, profiles = summary["time_by_round"], summary["time_by_profile"]
+    assert [r["round"] for r in rounds] == list(range(1, ROUNDS + 1))  # synchronous: no leftovers
+    assert set(profiles) == {"3g", "edge-2g"}
+    spent = _task_model_seconds(events)
+    for row in rounds:
+        assert row["network_s"] + row["compute_s"] == pytest.approx(spent[row["model_version"]])
+        assert row["compute_s"] == pytest.approx(row["tasks"] * 4 * 2.0)  # steps x step cost
+        assert row["comm_share"] == pytest.approx(
+            row["network_s"] / (row["network_s"] + row["compute_s"]))
+        assert 0 < row["comm_share"] < 1
+    for table in (rounds, list(profiles.values())):
+        assert sum(r["network_s"] for r in table) == pytest.approx(
+            summary["client_network_seconds"])
+        assert sum(r["compute_s"] for r in table) == pytest.approx(
+            summary["client_train_seconds"])
+        assert sum(r["tasks"] for r in table) == summary["tasks_issued"]
+    # each accepted update reports its own task's model time, as a real client reports its own
+    accepted = [e for e in events if e["kind"] == "update_accepted"]
+    assert sum(e["train_seconds"] + e["network_seconds"] for e in accepted) == pytest.approx(
+        sum(spent.values()))
+    assert summary["comm_share"] == pytest.approx(summary["communication_share"])
+
+
+def test_accuracy_is_carried_against_model_time_and_wall_time(run_dir: Path) -> None:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    curve = summary["accuracy_by_time"]
+    assert curve["model_version"] == list(range(1, ROUNDS + 1))
+    assert all(a is not None for a in curve["accuracy"])
+    assert curve["model_seconds"] == sorted(curve["model_seconds"])
+    assert curve["model_seconds"][-1] <= summary["model_seconds"]
+    assert curve["simulation_seconds"] == sorted(curve["simulation_seconds"])
+    assert curve["simulation_seconds"][-1] <= summary["simulation_seconds"]
+
+
+def test_report_shows_model_time_plots_and_share_tables(run_dir: Path) -> None:
+    text = (run_dir / "report.md").read_text()
+    assert "## Model time" in text
+    for png in ("accuracy_vs_model_time.png", "accuracy_vs_simulation_time.png",
+                "comm_vs_compute.png"):
+        assert (run_dir / png).read_bytes()[:8] == PNG_MAGIC
+        assert f"]({png})" in text
+    assert "Per round (model time" in text and "Per link profile (model time" in text
+    assert "| edge-2g |" in text and "| 3g |" in text
