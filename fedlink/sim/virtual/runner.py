@@ -9,6 +9,7 @@ the communication/compute shares per link profile.
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from pathlib import Path
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
 
 VECTOR_FILENAME = "model.npy"
 
+log = logging.getLogger(__name__)
+
 
 def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
                 progress: bool = True) -> SimulationResult:
@@ -53,6 +56,9 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
     from fedlink.sim.runner import SimulationResult
 
     started = time.perf_counter()
+    if config.coordinator.evaluation.enabled:  # said, not silently dropped
+        log.warning("virtual mode does not model evaluation tasks: [coordinator.evaluation] "
+                    "is ignored; the real-gRPC mode (no [run] mode = \"virtual\") runs them")
     population, initial, evaluate, experiment = _build(config)
     run_dir = private_dir(Path(output_dir or config.run.output_dir) / config.run.name)
     (run_dir / EVENTS_FILENAME).unlink(missing_ok=True)
