@@ -83,6 +83,7 @@ class EvaluationDesk:
         self._capable: set[str] = set()
         self._latest: dict[str, TaskRecord] = {}  # client id -> its latest evaluation task
         self._by_id: dict[str, TaskRecord] = {}  # the same records, by task id
+        self._drawn: dict[str, int] = {}  # client id -> the last version its coin was drawn for
         self._next = 1
 
     # -- who evaluates ---------------------------------------------------------------------
@@ -97,6 +98,7 @@ class EvaluationDesk:
     def forget_client(self, client_id: str) -> None:
         """The client left or expired: its open evaluation task closes."""
         self._capable.discard(client_id)
+        self._drawn.pop(client_id, None)
         record = self._latest.pop(client_id, None)
         if record is not None:
             del self._by_id[record.task_id]
@@ -106,11 +108,10 @@ class EvaluationDesk:
     def due(self, client_id: str) -> bool:
         """Whether ``client_id`` is to evaluate the current version and was not asked yet."""
         version = self.engine.version
-        if self.engine.finished or client_id not in self._capable:
+        if (self.engine.finished or client_id not in self._capable
+                or self._drawn.get(client_id, -1) >= version):  # once per client and version
             return False
-        latest = self._latest.get(client_id)
-        if latest is not None and latest.version >= version:
-            return False
+        self._drawn[client_id] = version
         return asked(self.config, self._seed, self._name_of(client_id), version)
 
     # -- issuing ---------------------------------------------------------------------------
