@@ -50,6 +50,7 @@ from fedlink.messages import Finished, Task
 from fedlink.metrics import EventLog, kinds
 from fedlink.refusals import RefusalCode
 from fedlink.sim.virtual.availability import AlwaysOnline, Availability, finish
+from fedlink.sim.virtual.evaluations import VirtualEvaluations, VirtualWorld
 from fedlink.sim.virtual.population import Population
 from fedlink.sim.virtual.residuals import ResidualStore
 from fedlink.sim.virtual.timing import DOWN, UP, round_trip_s, transfer_time
@@ -138,6 +139,9 @@ class VirtualLoop:
             [options.seed, 0x714E])
         self.totals = LoopTotals()
         self._bytes_down = 0  # since the last flush, as the servicer counts it
+        self._evaluations = VirtualEvaluations(config, VirtualWorld(
+            self.engine, population, clock, self.availability, events, self._timing,
+            options.step_cost_s, self._count_network, self._count_download))
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -146,6 +150,8 @@ class VirtualLoop:
         started = time.perf_counter()
         self.engine.start()
         self.clock.call_at(self.clock.now(), self._fill)
+        self.clock.call_at(self.clock.now(),
+                           lambda: self._evaluations.published(self.engine.version))
         self.clock.call_later(self.options.poll_s, self._poll)
         while not self.engine.finished and self.clock.run_next():
             if self.clock.now() > self.options.max_model_s:
@@ -349,6 +355,7 @@ class VirtualLoop:
             model_seconds=self.clock.now(), **dict(outcome.hook_report), **metrics))
         if self._on_flush is not None:
             self._on_flush(outcome, wall)
+        self._evaluations.published(outcome.version)
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -364,6 +371,10 @@ class VirtualLoop:
         if pipeline.feedback is not None:
             self.residuals.put(index, pipeline.feedback.residual)
         return encoded, dict(pipeline.privacy_metrics)
+
+    def _count_download(self, num_bytes: int) -> None:
+        """A download outside a training task (an evaluation's): in the next flush's count."""
+        self._bytes_down += num_bytes
 
     def _count_network(self, index: int, seconds: float, transfer: Any) -> None:
         self.totals.network_s += seconds

@@ -9,7 +9,6 @@ the communication/compute shares per link profile.
 
 from __future__ import annotations
 
-import logging
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from fedlink.metrics import (
     write_report,
     write_summary,
 )
+from fedlink.metrics.federated import federated_figures
 from fedlink.private import private_dir
 from fedlink.sim.virtual.availability import TraceAvailability
 from fedlink.sim.virtual.loop import Evaluate, LoopTotals, VirtualLoop
@@ -47,8 +47,6 @@ if TYPE_CHECKING:
 
 VECTOR_FILENAME = "model.npy"
 
-log = logging.getLogger(__name__)
-
 
 def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
                 progress: bool = True) -> SimulationResult:
@@ -56,9 +54,6 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
     from fedlink.sim.runner import SimulationResult
 
     started = time.perf_counter()
-    if config.coordinator.evaluation.enabled:  # said, not silently dropped
-        log.warning("virtual mode does not model evaluation tasks: [coordinator.evaluation] "
-                    "is ignored; the real-gRPC mode (no [run] mode = \"virtual\") runs them")
     population, initial, evaluate, experiment = _build(config)
     run_dir = private_dir(Path(output_dir or config.run.output_dir) / config.run.name)
     (run_dir / EVENTS_FILENAME).unlink(missing_ok=True)
@@ -82,6 +77,7 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
             residuals.close()
         recorded = events.events  # read back once from events.jsonl: the log keeps none
         summary = summarize(recorded, config.to_dict())
+        summary.update(federated_figures(recorded))
     summary.update(virtual_figures(totals, time.perf_counter() - started, loop))
     summary["training_processes"] = training.processes
     write_summary(run_dir / SUMMARY_FILENAME, summary)
