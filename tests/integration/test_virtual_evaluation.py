@@ -69,7 +69,18 @@ def test_virtual_evaluation_tasks_reach_beyond_the_cohort_and_are_reported(
     assert _without_wall_time(_reports(again.run_dir)) == _without_wall_time(reports)
 
 
-def test_no_evaluation_tasks_when_off(tmp_path: Path) -> None:
-    result = run_simulation(_config("virtual-no-eval", fraction=0.0), tmp_path,
-                            progress=False)
-    assert _reports(result.run_dir) == [] and "federated_evaluation" not in result.summary
+def _accepted(run_dir: Path) -> list[tuple[Any, ...]]:
+    return [(e["client_id"], e["task_id"], e["base_version"], e["elapsed"])
+            for e in read_events(run_dir / "events.jsonl") if e["kind"] == "update_accepted"]
+
+
+def test_evaluation_tasks_leave_training_as_it_was(tmp_path: Path) -> None:
+    """They take no place and draw on their own random streams: the same updates arrive at
+    the same model times, and the run ends at the same model."""
+    off = run_simulation(_config("virtual-no-eval", fraction=0.0), tmp_path, progress=False)
+    assert _reports(off.run_dir) == [] and "federated_evaluation" not in off.summary
+    on = run_simulation(_config("virtual-with-eval"), tmp_path, progress=False)
+    assert _reports(on.run_dir)
+    assert _accepted(on.run_dir) == _accepted(off.run_dir)
+    np.testing.assert_array_equal(np.load(on.run_dir / "model.npy"),
+                                  np.load(off.run_dir / "model.npy"))

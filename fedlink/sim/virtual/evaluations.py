@@ -47,9 +47,11 @@ _STREAM = 0xE7A1  # this module's generator stream, apart from selection and tim
 class VirtualWorld:
     """What the evaluations share with the loop: its engine, clients, clock and counters.
 
-    ``count_network(index, seconds, transfer)`` and ``count_download(bytes)`` add to the
-    loop's totals and to the next flush's ``bytes_down``, as the real coordinator counts an
-    evaluation task's download.
+    ``deterministic``: no random timing (jitter, resets), as the loop's option says; else
+    evaluations draw their timing from a generator of their own, so that turning them on
+    leaves the training tasks' timing as it was. ``count_network(index, seconds, transfer)``
+    and ``count_download(bytes)`` add to the loop's totals and to the next flush's
+    ``bytes_down``, as the real coordinator counts an evaluation task's download.
     """
 
     engine: RoundEngine
@@ -57,7 +59,7 @@ class VirtualWorld:
     clock: ManualClock
     availability: Availability
     events: EventLog
-    timing: np.random.Generator | None
+    deterministic: bool
     step_cost_s: float
     count_network: Callable[[int, float, Any], None]
     count_download: Callable[[int], None]
@@ -72,6 +74,8 @@ class VirtualEvaluations:
         self._batch = config.training.batch_size
         self._max_examples = config.limits.max_examples_per_update
         self.world = world
+        self._timing = None if world.deterministic else np.random.default_rng(
+            [self._seed & (2**63 - 1), _STREAM])
         self._next = 1
 
     def published(self, version: int) -> None:
@@ -92,9 +96,9 @@ class VirtualEvaluations:
         world.events.emit(kinds.EvaluationIssued.build(client_id=f"sim-{index}",
                                                        task_id=task_id, model_version=version))
         profile = world.population.profile(index)
-        check_in, report = (round_trip_s(profile, world.timing) if profile is not None else 0.0
+        check_in, report = (round_trip_s(profile, self._timing) if profile is not None else 0.0
                             for _ in range(2))
-        down = transfer_time(profile, header.num_bytes, DOWN, world.timing)
+        down = transfer_time(profile, header.num_bytes, DOWN, self._timing)
         world.count_download(header.num_bytes)
         world.count_network(index, check_in + down.seconds + report, down)
         task = Task(task_id, version, 0, 0, 0.0, header, kind=TaskKind.EVALUATE)

@@ -134,14 +134,14 @@ class VirtualLoop:
         self._rngs: dict[int, np.random.Generator] = {}
         self.residuals = residuals or ResidualStore(math.inf)
         self._waiting: set[int] = set()  # told to wait: they ask again after retry_after_s
+        self._evaluations = VirtualEvaluations(config, VirtualWorld(
+            self.engine, population, clock, self.availability, events, options.deterministic,
+            options.step_cost_s, self._count_network, self._count_download))
         self._select = np.random.default_rng([options.seed, 0x5E1EC7])
         self._timing = None if options.deterministic else np.random.default_rng(
             [options.seed, 0x714E])
         self.totals = LoopTotals()
         self._bytes_down = 0  # since the last flush, as the servicer counts it
-        self._evaluations = VirtualEvaluations(config, VirtualWorld(
-            self.engine, population, clock, self.availability, events, self._timing,
-            options.step_cost_s, self._count_network, self._count_download))
 
     # -- the run ----------------------------------------------------------------------------
 
