@@ -14,8 +14,8 @@ curve (``fedlink.metrics.federated``).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Mapping
+from typing import Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -38,8 +38,22 @@ class Evaluates(Protocol):
 
 
 def evaluator_of(trainer: Trainer) -> Evaluates | None:
-    """``trainer`` when it has an ``evaluate`` method (``Evaluates``), else ``None``."""
-    return trainer if isinstance(trainer, Evaluates) and callable(trainer.evaluate) else None
+    """``trainer`` when it has an ``evaluate`` method (``Evaluates``), else ``None``.
+
+    Read with ``getattr``: a wrapping trainer (``wrapped_evaluate``) answers ``evaluate`` with
+    ``AttributeError`` when what it wraps cannot evaluate.
+    """
+    return cast(Evaluates, trainer) if callable(getattr(trainer, "evaluate", None)) else None
+
+
+def wrapped_evaluate(inner: Trainer) -> Callable[[np.ndarray], Mapping[str, float]]:
+    """For the ``evaluate`` property of a trainer that wraps ``inner``: ``inner``'s
+    ``evaluate``, or ``AttributeError`` when it has none, so that the wrapper evaluates (and
+    its session advertises the capability) exactly when what it wraps can."""
+    evaluator = evaluator_of(inner)
+    if evaluator is None:
+        raise AttributeError(f"{type(inner).__name__} has no evaluate method")
+    return evaluator.evaluate
 
 
 def capabilities(trainer: Trainer) -> tuple[str, ...]:

@@ -4,11 +4,12 @@ when that client trains, not when the run starts (torch-free)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from fedlink.client.base import Trainer, TrainPlan, TrainResult
+from fedlink.client.evaluation import wrapped_evaluate
 from fedlink.errors import ConfigError
 
 
@@ -17,11 +18,14 @@ class LazyTrainer:
     ``train`` or ``num_examples`` call; thread-safe, built at most once.
 
     For simulations of many clients over large data: a client that is never sampled never
-    loads its share.
+    loads its share. ``evaluates``: whether the trainer ``build`` makes has an ``evaluate``
+    method (federated evaluation, ``fedlink.client.evaluation``); said up front, because
+    finding out would load the data at ``Join``.
     """
 
-    def __init__(self, build: Callable[[], Trainer]) -> None:
+    def __init__(self, build: Callable[[], Trainer], evaluates: bool = False) -> None:
         self._build = build
+        self._evaluates = evaluates
         self._trainer: Trainer | None = None
         self._lock = threading.Lock()
 
@@ -47,3 +51,11 @@ class LazyTrainer:
     def train(self, params: np.ndarray, plan: TrainPlan) -> TrainResult:
         """Build the real trainer if needed, then train with it."""
         return self._get().train(params, plan)
+
+    @property
+    def evaluate(self) -> Callable[[np.ndarray], Mapping[str, float]]:
+        """Build the real trainer when first called, then evaluate with it (``AttributeError``
+        unless built with ``evaluates``: then this trainer does not evaluate)."""
+        if not self._evaluates:
+            raise AttributeError("LazyTrainer built without evaluates=True")
+        return lambda params: wrapped_evaluate(self._get())(params)

@@ -227,7 +227,9 @@ class Experiment:
             return trainer
 
         if isinstance(self.data, TorchFederatedData) and self.data.is_lazy(index):
-            return LazyTrainer(build)
+            # only the built-in torch trainer is known to evaluate without building it
+            builtin_torch = self.plugs.trainer is None and self.config.client.trainer == "torch"
+            return LazyTrainer(build, evaluates=builtin_torch)
         return build()
 
     def client_examples(self, index: int) -> int:

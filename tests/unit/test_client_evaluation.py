@@ -63,3 +63,29 @@ def test_a_trainer_without_evaluate_declines_with_a_log_line(
         asyncio.run(session._run_evaluation(TASK))
     assert "declining evaluation task e3-v4: the trainer has no evaluate method" in caplog.text
     assert waited == [3.0] and session.stats.evaluations == 0
+
+
+def test_wrapping_trainers_evaluate_exactly_when_what_they_wrap_does() -> None:
+    from fedlink.client.lazy import LazyTrainer
+    from fedlink.clock import ManualClock
+    from fedlink.sim.partial_work import PartialWorkTrainer
+    from fedlink.sim.stragglers import SlowedTrainer
+
+    plain = TowardTrainer(np.zeros(2, np.float32))
+    scoring = Scoring({"loss": 1.5})
+    for wrap in (lambda t: SlowedTrainer(t, 2.0, ManualClock()),
+                 lambda t: PartialWorkTrainer(t, 0.5, np.random.default_rng(0))):
+        assert capabilities(wrap(plain)) == ()
+        wrapped = evaluator_of(wrap(scoring))
+        assert wrapped is not None and wrapped.evaluate(np.zeros(2, np.float32)) == {"loss": 1.5}
+    built: list[int] = []
+
+    def build() -> Scoring:
+        built.append(1)
+        return scoring
+
+    assert capabilities(LazyTrainer(build)) == ()  # it cannot know without loading the data
+    lazy = LazyTrainer(build, evaluates=True)
+    assert capabilities(lazy) == (EVALUATE_CAPABILITY,) and built == []  # data not loaded
+    assert evaluator_of(lazy).evaluate(np.zeros(2, np.float32)) == {"loss": 1.5}  # type: ignore[union-attr]
+    assert built == [1]
