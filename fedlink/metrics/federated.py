@@ -3,15 +3,15 @@
 Clients given evaluation tasks (``fedlink.coordinator.evaluations``) score the global model of
 a version on their own data and report it; each report is one ``evaluation_reported`` event
 (``num_examples``, ``loss``, ``accuracy``). ``federated_figures`` weights them by examples per
-model version, next to the central test-set curve of ``flush`` events, and keeps the
-per-client accuracies of the last evaluated version: their spread is a fairness question a
-mean hides. ``draw_federated`` plots both. Runs written before evaluation tasks existed
+model version (with the tasks issued for it, ``evaluation_issued``), next to the central
+test-set curve of ``flush`` events, and keeps the per-client accuracies of the last evaluated
+version: their spread is a fairness question a mean hides. ``draw_federated`` plots both. Runs written before evaluation tasks existed
 (``fed_eval_*`` metrics riding on ``update_accepted``) still read.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,10 @@ def federated_figures(events: list[Event]) -> dict[str, Any]:
         "last_client_accuracies": sorted(float(r["accuracy"]) for r in last
                                          if "accuracy" in r),
     }
+    issued = Counter(int(e["model_version"]) for e in events
+                     if e.get("kind") == "evaluation_issued")
+    if issued:  # tasks handed out per version: how many never reported (expired, too late)
+        curve["issued"] = [issued[version] for version in versions]
     return {"federated_evaluation": curve, "final_federated_accuracy": curve["accuracy"][-1],
             "final_federated_loss": curve["loss"][-1]}
 

@@ -89,6 +89,11 @@ def test_clients_outside_the_cohort_evaluate_and_the_curve_is_example_weighted(
         weighted_differs |= accuracy != pytest.approx(float(accuracies.mean()))
     assert weighted_differs
     assert sorted(curve["last_client_accuracies"]) == curve["last_client_accuracies"]
+    issued = [e for e in events if e["kind"] == "evaluation_issued"]
+    assert curve["issued"] == [sum(1 for e in issued if e["model_version"] == version)
+                               for version in curve["versions"]]
+    assert all(n >= reports for n, reports in zip(curve["issued"], curve["clients"],
+                                                  strict=True))
     # each client scored the global model of the version it was asked about
     for trainer in scoring:
         assert trainer.scored and all(p.shape == (DIM,) for p in trainer.scored)
