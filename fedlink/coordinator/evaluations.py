@@ -18,23 +18,24 @@ logged as one ``evaluation_reported`` event, which ``fedlink.metrics.federated``
 examples. Its states are ``EVALUATING -> EVALUATED | CLOSED`` (``fedlink.coordinator.tasks``).
 
 Memory is O(clients): a client holds at most one evaluation task at a time, and only its latest
-is kept (a lost acknowledgement is retried before the client asks for its next task). The desk
-is not durable: a restarted coordinator has forgotten its evaluation tasks (their reports are
-refused ``NOT_FOUND``, counted nowhere) and which clients can evaluate until they join again.
+is kept (a lost acknowledgement is retried before the client asks for its next task). What a
+client can do survives a restart with its registration (``CAPABILITIES_KEY`` in the metadata the
+registry keeps); the evaluation tasks themselves are not durable: a restarted coordinator has
+forgotten them (their reports are refused ``NOT_FOUND``, counted nowhere).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 
 from fedlink.coordinator.commits import bounded_examples
 from fedlink.coordinator.config import CoordinatorConfig, EvaluationConfig
 from fedlink.coordinator.engine import RoundEngine
-from fedlink.coordinator.records import TaskRecord
+from fedlink.coordinator.records import ClientRecord, TaskRecord
 from fedlink.coordinator.tasks import TaskState
 from fedlink.errors import InvalidArgument, NotFound, PermissionDenied, UpdateRefused
 from fedlink.messages import (
@@ -49,6 +50,18 @@ from fedlink.refusals import RefusalCode
 
 ID_PREFIX = "e"
 """Evaluation task ids are ``e<number>-v<version>``; training tasks' start with ``t``."""
+
+CAPABILITIES_KEY = "\x00capabilities"
+"""The entry of a client's registered metadata that keeps its ``JoinRequest.capabilities`` (a
+NUL-led name like the state store's instance key: durable with the client's row, no schema
+change)."""
+
+
+def with_capabilities(metadata: Mapping[str, str],
+                      capabilities: Iterable[str]) -> dict[str, str]:
+    """``metadata`` to register, keeping ``capabilities`` (what the client says in its own
+    metadata under ``CAPABILITIES_KEY`` is replaced: only the capabilities field counts)."""
+    return {**metadata, CAPABILITIES_KEY: ",".join(sorted(set(capabilities)))}
 
 
 def asked(config: EvaluationConfig, seed: int, name: str, version: int) -> bool:
@@ -94,6 +107,12 @@ class EvaluationDesk:
             self._capable.add(client_id)
         else:
             self._capable.discard(client_id)
+
+    def restore(self, clients: Iterable[ClientRecord]) -> None:
+        """After a restart: what the registered ``clients`` can do (``CAPABILITIES_KEY``)."""
+        for record in clients:
+            self.joined(record.client_id,
+                        record.metadata.get(CAPABILITIES_KEY, "").split(","))
 
     def forget_client(self, client_id: str) -> None:
         """The client left or expired: its open evaluation task closes."""

@@ -38,7 +38,7 @@ from fedlink.coordinator.commits import Commits
 from fedlink.coordinator.config import CoordinatorConfig, LimitsConfig
 from fedlink.coordinator.downloads import DownloadLedger
 from fedlink.coordinator.engine import RoundEngine
-from fedlink.coordinator.evaluations import EvaluationDesk
+from fedlink.coordinator.evaluations import EvaluationDesk, with_capabilities
 from fedlink.coordinator.faults import NO_FAULTS, FaultPlan
 from fedlink.coordinator.journal import Journal
 from fedlink.coordinator.lifecycle import RunLifecycle, StopRule
@@ -143,6 +143,7 @@ class CoordinatorService:
         """Restore engine, registry and uploads from ``saved``; queue its unreported flushes."""
         self.engine.restore(saved)
         self.registry.restore(saved.clients)
+        self.evaluations.restore(saved.clients)
         self.uploads.restore(saved.settled)
         self.restored_version = self.engine.version
         models = {c.version: c.model for c in saved.checkpoints}
@@ -179,7 +180,9 @@ class CoordinatorService:
         self.join_gate.admit(caller_name(), self.registry.live_ids_of)
         self.limiter.check_join(len(self.registry))
         with self._journal.durably():
-            record = self.registry.join(name, request.num_examples, request.metadata,
+            record = self.registry.join(name, request.num_examples,
+                                        with_capabilities(request.metadata,
+                                                          request.capabilities),
                                         request.instance_key)
             self.state.save_client(record)
             self.evaluations.joined(record.client_id, request.capabilities)

@@ -3,9 +3,11 @@ who is asked, when, what a task is, how it expires, and a report counted once.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
-from conftest import FakeClock
+from conftest import FakeClock, run_async
 
 from fedlink.coordinator import CoordinatorConfig, FlushRule, LimitsConfig
 from fedlink.coordinator.config import EvaluationConfig
@@ -152,3 +154,28 @@ def test_a_task_whose_model_is_gone_is_replaced(fake_clock: FakeClock) -> None:
     assert (second.model_version, second.task_id != first.task_id) == (1, True)
     _, first_open = evaluations.lookup("ca", second.task_id)
     assert first_open
+
+
+def test_what_a_client_can_do_survives_a_restart(tmp_path: Path) -> None:
+    from fedlink.coordinator import CoordinatorService
+    from fedlink.messages import GetTaskRequest, JoinRequest
+
+    config = CoordinatorConfig(rounds=2, flush=FlushRule(goal=1, deadline_s=None),
+                               evaluation=EvaluationConfig(fraction=1.0),
+                               state_dir=str(tmp_path))
+
+    def service() -> CoordinatorService:
+        return CoordinatorService(config, np.zeros(DIM, np.float32), EventLog(None))
+
+    first = service()
+    capable = run_async(first.join(JoinRequest(
+        "capable", num_examples=5, capabilities=(EVALUATE_CAPABILITY,),
+        metadata={"\x00capabilities": "ignored"}))).client_id
+    spoofing = run_async(first.join(JoinRequest(
+        "spoofing", num_examples=5, metadata={"\x00capabilities": EVALUATE_CAPABILITY})))
+    first.state.close()  # a crash: what is durable stays
+    second = service()
+    for client_id, kind in ((capable, TaskKind.EVALUATE), (spoofing.client_id, TaskKind.TRAIN)):
+        reply = run_async(second.get_task(GetTaskRequest(client_id)))
+        assert isinstance(reply, Task) and reply.kind is kind
+    second.close()
