@@ -5,8 +5,9 @@ a version on their own data and report it; each report is one ``evaluation_repor
 (``num_examples``, ``loss``, ``accuracy``). ``federated_figures`` weights them by examples per
 model version (with the tasks issued for it, ``evaluation_issued``), next to the central
 test-set curve of ``flush`` events, and keeps the per-client accuracies of the last evaluated
-version: their spread is a fairness question a mean hides. ``draw_federated`` plots both. Runs written before evaluation tasks existed
-(``fed_eval_*`` metrics riding on ``update_accepted``) still read.
+version: their spread is a fairness question a mean hides. ``draw_federated`` plots both.
+Runs written before evaluation tasks existed (``fed_eval_*`` metrics riding on
+``update_accepted``) still read.
 """
 
 from __future__ import annotations
