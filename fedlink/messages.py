@@ -7,6 +7,7 @@ SDK) works with these.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -65,6 +66,22 @@ class JoinRequest:
     num_examples: int = 0
     metadata: Mapping[str, str] = field(default_factory=dict)
     instance_key: str = ""
+    capabilities: tuple[str, ...] = ()
+    """What the client can do beyond training (``EVALUATE_CAPABILITY``: it runs evaluation
+    tasks); the coordinator sends only task kinds a client advertised."""
+
+
+EVALUATE_CAPABILITY = "evaluate"
+"""``JoinRequest.capabilities`` entry of a client that runs ``TaskKind.EVALUATE`` tasks."""
+
+
+class TaskKind(enum.IntEnum):
+    """What a task asks of its client (``fedlink.v1.TaskKind``)."""
+
+    TRAIN = 0
+    """Train from the model and commit an update (all a client before 0.3 knows)."""
+    EVALUATE = 1
+    """Score the model on the local data and report it (``EvaluationReport``); no update."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +115,7 @@ class Task:
     options: Mapping[str, str] = field(default_factory=dict)
     model_data: bytes = b""
     delta_data: bytes = b""
+    kind: TaskKind = TaskKind.TRAIN
 
     @property
     def has_delta(self) -> bool:
@@ -219,6 +237,26 @@ class HeartbeatReply:
 
     model_version: int
     task_open: bool
+
+
+@dataclass(frozen=True)
+class EvaluationReport:
+    """The result of an evaluation task: ``metrics`` of ``model_version`` on
+    ``num_examples`` of the client's examples."""
+
+    client_id: str
+    task_id: str
+    model_version: int
+    num_examples: int
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EvaluationAck:
+    """The report was accepted; ``duplicate``: it had been already (this one counted nothing)."""
+
+    task_id: str
+    duplicate: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,39 +1,75 @@
-"""Federated evaluation on the client: which tasks ask a client to score the global model on its
-own data (torch-free; the torch trainer does the scoring).
+"""Federated evaluation on the client: an evaluation task scores the global model on the local
+data and reports it, with no update (torch-free; the trainer does the scoring).
 
-``[coordinator.evaluation] fraction, every`` reach every client as two task options (through
-``[coordinator.training] trainer_options``): on model versions that are a multiple of
-``every``, a client evaluates the global model it received, on its local data, before training,
-with probability ``fraction`` (a coin seeded by the client's seed and the version, so the same
-run picks the same clients). It reports ``fed_eval_loss``, ``fed_eval_accuracy`` (when the task
-is classification) and ``fed_eval_examples`` with its update; ``fedlink.metrics.federated``
-weights them by examples into the run's federated curve and per-client distribution.
+The coordinator sends evaluation tasks (``TaskKind.EVALUATE``; who and when:
+``fedlink.coordinator.evaluations``) only to a client that advertised the ``evaluate``
+capability at ``Join``, and a session advertises it only when its trainer can evaluate: it has
+an ``evaluate(params) -> {metric: value}`` method (``Evaluates``; the ``Trainer`` protocol
+itself is unchanged, so a trainer without the method is still a trainer, one that never
+evaluates). ``TorchTrainer.evaluate`` reports ``loss``, ``accuracy`` (classification) and
+``examples``, the number of examples scored, which weights the scores in the run's federated
+curve (``fedlink.metrics.federated``).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Mapping
+from typing import Protocol, cast, runtime_checkable
+
 import numpy as np
 
-from fedlink.client.base import TrainPlan
+from fedlink.client.base import Trainer
 from fedlink.errors import ConfigError
+from fedlink.messages import EVALUATE_CAPABILITY, EvaluationReport, Task
 
-EVERY_OPTION = "fedlink_eval_every"
-FRACTION_OPTION = "fedlink_eval_fraction"
-PREFIX = "fed_eval_"
-"""The metrics a client reports: ``fed_eval_loss``, ``fed_eval_accuracy``, ``fed_eval_examples``."""
+EXAMPLES_KEY = "examples"
+"""The score that says how many examples the others were measured on (the report's weight)."""
 
 
-def evaluation_due(plan: TrainPlan, client_seed: int) -> bool:
-    """Whether this task asks the client to evaluate the global model first."""
-    raw_fraction = plan.options.get(FRACTION_OPTION)
-    if raw_fraction is None or plan.model_version < 0:
-        return False
-    try:
-        fraction = float(raw_fraction)
-        every = int(plan.options.get(EVERY_OPTION, "1"))
-    except ValueError as exc:
-        raise ConfigError(f"federated evaluation options: {exc}") from exc
-    if fraction <= 0 or every < 1 or plan.model_version % every:
-        return False
-    coin = np.random.default_rng([client_seed & (2**63 - 1), plan.model_version]).random()
-    return bool(coin < fraction)
+@runtime_checkable
+class Evaluates(Protocol):
+    """A trainer that can also score a model on its local data."""
+
+    def evaluate(self, params: np.ndarray) -> Mapping[str, float]:
+        """Scores of the model ``params`` (not modified) on the local data, e.g. ``loss``,
+        ``accuracy``, and ``examples`` (how many were scored; default: all of them)."""
+        ...
+
+
+def evaluator_of(trainer: Trainer) -> Evaluates | None:
+    """``trainer`` when it has an ``evaluate`` method (``Evaluates``), else ``None``.
+
+    Read with ``getattr``: a wrapping trainer (``wrapped_evaluate``) answers ``evaluate`` with
+    ``AttributeError`` when what it wraps cannot evaluate.
+    """
+    return cast(Evaluates, trainer) if callable(getattr(trainer, "evaluate", None)) else None
+
+
+def wrapped_evaluate(inner: Trainer) -> Callable[[np.ndarray], Mapping[str, float]]:
+    """For the ``evaluate`` property of a trainer that wraps ``inner``: ``inner``'s
+    ``evaluate``, or ``AttributeError`` when it has none, so that the wrapper evaluates (and
+    its session advertises the capability) exactly when what it wraps can."""
+    evaluator = evaluator_of(inner)
+    if evaluator is None:
+        raise AttributeError(f"{type(inner).__name__} has no evaluate method")
+    return evaluator.evaluate
+
+
+def capabilities(trainer: Trainer) -> tuple[str, ...]:
+    """What a session with ``trainer`` advertises at ``Join``."""
+    return (EVALUATE_CAPABILITY,) if evaluator_of(trainer) is not None else ()
+
+
+def evaluation_report(client_id: str, task: Task, trainer: Trainer,
+                      scores: Mapping[str, float]) -> EvaluationReport:
+    """The report of ``task`` from the trainer's ``scores`` (``ConfigError`` when a score is
+    not a finite number: the coordinator would refuse it)."""
+    values = {str(key): float(value) for key, value in scores.items()}
+    bad = sorted(key for key, value in values.items() if not math.isfinite(value))
+    if bad:
+        raise ConfigError(f"the trainer's evaluate returned non-finite scores {bad}")
+    examples = int(values.pop(EXAMPLES_KEY, trainer.num_examples()))
+    return EvaluationReport(client_id=client_id, task_id=task.task_id,
+                            model_version=task.model_version, num_examples=examples,
+                            metrics=values)

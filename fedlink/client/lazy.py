@@ -4,11 +4,12 @@ when that client trains, not when the run starts (torch-free)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from fedlink.client.base import Trainer, TrainPlan, TrainResult
+from fedlink.client.evaluation import wrapped_evaluate
 from fedlink.errors import ConfigError
 
 
@@ -19,12 +20,16 @@ class LazyTrainer:
     For simulations of many clients over large data: a client that is never sampled never
     loads its share. ``num_examples``, when known without loading (a file loader's labels
     give it), is what ``num_examples()`` answers before the build, so that joining the run
-    (which reports it) does not load the share.
+    (which reports it) does not load the share. ``evaluates``: whether the trainer ``build``
+    makes has an ``evaluate`` method (federated evaluation, ``fedlink.client.evaluation``);
+    said up front, because finding out would load the data at ``Join``.
     """
 
-    def __init__(self, build: Callable[[], Trainer], num_examples: int | None = None) -> None:
+    def __init__(self, build: Callable[[], Trainer], num_examples: int | None = None,
+                 evaluates: bool = False) -> None:
         self._build = build
         self._num_examples = num_examples
+        self._evaluates = evaluates
         self._trainer: Trainer | None = None
         self._lock = threading.Lock()
 
@@ -52,3 +57,11 @@ class LazyTrainer:
     def train(self, params: np.ndarray, plan: TrainPlan) -> TrainResult:
         """Build the real trainer if needed, then train with it."""
         return self._get().train(params, plan)
+
+    @property
+    def evaluate(self) -> Callable[[np.ndarray], Mapping[str, float]]:
+        """Build the real trainer when first called, then evaluate with it (``AttributeError``
+        unless built with ``evaluates``: then this trainer does not evaluate)."""
+        if not self._evaluates:
+            raise AttributeError("LazyTrainer built without evaluates=True")
+        return lambda params: wrapped_evaluate(self._get())(params)

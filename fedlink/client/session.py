@@ -19,15 +19,17 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
 from fedlink.client.base import Trainer, TrainPlan, TrainResult
 from fedlink.client.delivery import Courier
+from fedlink.client.evaluation import capabilities, evaluation_report, evaluator_of
 from fedlink.client.instance import (
     finished_before,
     forget_finished,
@@ -43,6 +45,7 @@ from fedlink.client.transfer import HeldModel, Transfers
 from fedlink.client.transport import Timeouts, TLSOptions, Transport
 from fedlink.clock import Clock, RealClock, sleep_on
 from fedlink.errors import (
+    ConfigError,
     DataLoss,
     NotFound,
     PermissionDenied,
@@ -51,6 +54,7 @@ from fedlink.errors import (
     UpdateRefused,
 )
 from fedlink.messages import (
+    EvaluationReport,
     Finished,
     GetTaskRequest,
     HeartbeatRequest,
@@ -58,9 +62,12 @@ from fedlink.messages import (
     LeaveRequest,
     RunConfig,
     Task,
+    TaskKind,
     TaskReply,
     Wait,
 )
+
+R = TypeVar("R")
 
 __all__ = ["ClientOptions", "ClientSession", "SessionStats", "run_client"]
 
@@ -185,7 +192,10 @@ class ClientSession:
         # backoff must not look like a dead client to the coordinator's liveness check
         beating = asyncio.create_task(self._heartbeat(task))
         try:
-            await self._run_task(task)
+            if task.kind is TaskKind.EVALUATE:
+                await self._run_evaluation(task)
+            else:
+                await self._run_task(task)
         finally:
             beating.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -216,6 +226,46 @@ class ClientSession:
         except RemoteError as err:
             if not self._lost(task.task_id, err):
                 raise
+
+    async def _run_evaluation(self, task: Task) -> None:
+        """Download the task's model (as for training), score it, report; no update."""
+        evaluator = evaluator_of(self.trainer)
+        if evaluator is None:  # never advertised: a coordinator's mistake
+            log.warning("%s: declining evaluation task %s: the trainer has no evaluate method",
+                        self.client_id, task.task_id)
+            assert self.config is not None  # the task stays open there: do not ask at once
+            await self._sleep(self.config.heartbeat_interval_s)
+            return
+        try:
+            with self._network_clock():
+                model = await self.courier.transfers.fetch_model(self.client_id, task,
+                                                                 self._held)
+            self._held = HeldModel(task.model_version, model, task.model.checksum)
+            report = self._scored(task, await self._off_loop(evaluator.evaluate, model))
+            if report is None:
+                return
+            with self._network_clock():
+                await self._call(lambda: self.transport.report_evaluation(report),
+                                 "ReportEvaluation")
+            self.stats.evaluations += 1
+        except RemoteError as err:
+            if not self._lost(task.task_id, err):
+                raise
+
+    def _scored(self, task: Task, scores: Mapping[str, float]) -> EvaluationReport | None:
+        """The report of the trainer's ``scores``; ``None`` (logged) when there is none to
+        send: no local examples, or a score that is not a finite number."""
+        try:
+            report = evaluation_report(self.client_id, task, self.trainer, scores)
+        except ConfigError as err:
+            log.warning("%s: not reporting evaluation task %s: %s", self.client_id,
+                        task.task_id, err)
+            return None
+        if report.num_examples < 1:
+            log.info("%s: no local examples to evaluate task %s on", self.client_id,
+                     task.task_id)
+            return None
+        return report
 
     def _lost(self, task_id: str, err: RemoteError) -> bool:
         """Count a task lost to ``err``; ``False`` when ``err`` must stop the session."""
@@ -281,7 +331,7 @@ class ClientSession:
             lambda: self.transport.join(JoinRequest(
                 client_name=self.options.name, token=self.options.token,
                 num_examples=self.trainer.num_examples(), metadata={"sdk": "fedlink"},
-                instance_key=self.instance_key)),
+                instance_key=self.instance_key, capabilities=capabilities(self.trainer))),
             "Join")
         self.client_id = reply.client_id
         if self.config is None:  # a running run: an earlier "run over" no longer holds
@@ -328,13 +378,15 @@ class ClientSession:
     async def _train(self, task: Task, model: np.ndarray, started: float) -> TrainResult:
         """Train off the event loop (unless inline), so that heartbeats go on meanwhile."""
         plan = self._plan(task, started)
-        if self._inline_training:
-            result = self.trainer.train(model, plan)
-        else:
-            loop = asyncio.get_running_loop()
-            result = await loop.run_in_executor(self._executor, self.trainer.train, model, plan)
+        result = await self._off_loop(self.trainer.train, model, plan)
         self.stats.train_seconds += float(result.metrics.get("train_seconds", 0.0))
         return result
+
+    async def _off_loop(self, work: Callable[..., R], *args: object) -> R:
+        """``work(*args)`` on the executor, or on the loop's thread with ``inline_training``."""
+        if self._inline_training:
+            return work(*args)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, work, *args)
 
     def _plan(self, task: Task, started: float) -> TrainPlan:
         config = self.config

@@ -33,10 +33,12 @@ class SessionStats:
     held model) saved against full downloads; ``network_seconds`` the time spent downloading,
     uploading and committing; ``network_reported`` how much of it commits have reported to the
     coordinator. ``finished``: the coordinator's reason when it said the run is
-    over (empty until then).
+    over (empty until then). ``evaluations`` counts evaluation tasks whose report the
+    coordinator accepted (they are not in ``tasks``, which counts training tasks).
     """
 
     tasks: int = 0
+    evaluations: int = 0
     accepted: int = 0
     refused: int = 0
     failed: int = 0

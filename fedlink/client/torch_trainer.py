@@ -21,7 +21,6 @@ import torch
 from torch import nn
 
 from fedlink.client.base import TrainPlan, TrainResult, planned_steps, proximal_mu
-from fedlink.client.evaluation import PREFIX, evaluation_due
 from fedlink.clock import RealClock
 from fedlink.data.base import Dataset
 from fedlink.errors import ConfigError
@@ -314,7 +313,6 @@ class TorchTrainer:
         completed. ``metrics`` holds ``train_seconds`` and, when at least one step ran,
         ``train_loss`` (the mean minibatch loss over the steps).
         """
-        scores = self.evaluate(params) if evaluation_due(plan, self._seed) else {}
         started = time.perf_counter()
         sized = dataclasses.replace(plan, batch_size=self._data.batch_size(plan))
         steps_planned = planned_steps(sized, self.num_examples())
@@ -323,7 +321,6 @@ class TorchTrainer:
         metrics = {"train_seconds": time.perf_counter() - started}
         if steps:
             metrics["train_loss"] = loss_sum / steps
-        metrics.update({f"{PREFIX}{key}": value for key, value in scores.items()})
         trained = self._vector.read()
         if self._local_mask.any():
             self._local = trained[self._local_mask].copy()
@@ -335,8 +332,8 @@ class TorchTrainer:
         """``loss``, ``accuracy`` (classification) and ``examples`` of the model ``params``
         (with this client's ``keep_local`` entries) on the local data, in eval mode.
 
-        Federated evaluation (``fedlink.client.evaluation``) calls it on the global model a
-        task brings, before training on it.
+        Federated evaluation (``fedlink.client.evaluation``) calls it on the global model of
+        an evaluation task.
         """
         self._vector.load(self.personalize(params))
         self.model.eval()

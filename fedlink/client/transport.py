@@ -24,6 +24,8 @@ from fedlink.messages import (
     CommitRequest,
     DataChunk,
     DownloadRequest,
+    EvaluationAck,
+    EvaluationReport,
     GetTaskRequest,
     HeartbeatReply,
     HeartbeatRequest,
@@ -234,6 +236,12 @@ class Transport:
         """Call ``Commit``."""
         reply: CommitReply = from_proto(await self._unary("Commit", request,
                                                           self.unary_deadline_s))
+        return reply
+
+    async def report_evaluation(self, request: EvaluationReport) -> EvaluationAck:
+        """Call ``ReportEvaluation``."""
+        reply: EvaluationAck = from_proto(await self._unary("ReportEvaluation", request,
+                                                            self.unary_deadline_s))
         return reply
 
     async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatReply:

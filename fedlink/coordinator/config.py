@@ -163,6 +163,34 @@ class TrainingConfig:
         object.__setattr__(self, "trainer_options", options)
 
 
+@dataclass(frozen=True)
+class EvaluationConfig:
+    """``[coordinator.evaluation]``: federated evaluation of the global model on clients' data.
+
+    On versions that are multiples of ``every``, each joined client that advertised the
+    ``evaluate`` capability is picked with probability ``fraction`` (a coin seeded by the
+    run's ``seed``, the client's name and the version: the same run picks the same clients)
+    and gets one evaluation task for that version at its next ``GetTask``, ahead of any
+    training task (``fedlink.coordinator.evaluations``). ``fraction = 0`` (the default): off.
+    """
+
+    fraction: float = 0.0
+    every: int = 1
+
+    def __post_init__(self) -> None:
+        check_fields(self, "coordinator.evaluation")
+        require(isinstance(self.fraction, int | float) and 0.0 <= self.fraction <= 1.0,
+                "coordinator.evaluation.fraction",
+                f"must be a number in [0, 1], got {self.fraction!r}")
+        require(isinstance(self.every, int) and self.every >= 1, "coordinator.evaluation.every",
+                f"must be an integer >= 1, got {self.every!r}")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any client is ever asked to evaluate."""
+        return self.fraction > 0
+
+
 REDACTED = "<redacted>"
 """What ``CoordinatorConfig.to_dict`` writes in place of a secret."""
 
@@ -447,6 +475,7 @@ class CoordinatorConfig:
 
     ``metrics`` and ``netcheck``: the Prometheus endpoint and the ``Probe`` call that
     ``fedlink netcheck`` uses, both off by default (``fedlink.coordinator.operations``).
+    ``evaluation``: federated evaluation tasks (``EvaluationConfig``), off by default.
     """
 
     run_name: str = "fedlink-run"
@@ -473,6 +502,7 @@ class CoordinatorConfig:
     downlink_codec: str = "fp32"
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     netcheck: NetcheckConfig = field(default_factory=NetcheckConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
 
     def __post_init__(self) -> None:
         check_fields(self, "coordinator")
@@ -515,7 +545,8 @@ class CoordinatorConfig:
     def from_dict(cls, table: Mapping[str, Any]) -> CoordinatorConfig:
         """Build from a ``[coordinator]``-style table with ``flush``/``training``/``limits``."""
         nested = {"training": TrainingConfig, "limits": LimitsConfig, "tls": TLSConfig,
-                  "auth": AuthConfig, "metrics": MetricsConfig, "netcheck": NetcheckConfig}
+                  "auth": AuthConfig, "metrics": MetricsConfig, "netcheck": NetcheckConfig,
+                  "evaluation": EvaluationConfig}
         values = dict(table)
         for key, sub in nested.items():
             if key in values:

@@ -262,6 +262,11 @@ class RoundEngine:
                            "download the full model")
         return delta
 
+    def delta_between(self, held_version: int, version: int) -> Payload | None:
+        """The delta payload from ``held_version`` to ``version`` when both are still kept
+        (``None`` otherwise, or for ``held_version < 0``: nothing held)."""
+        return self._history.delta(held_version, version) if held_version >= 0 else None
+
     def task(self, client_id: str, task_id: str) -> TaskRecord:
         """The task ``task_id``, which must belong to ``client_id``."""
         record = self._tasks.get(task_id)

@@ -115,6 +115,11 @@ class ClientRegistry:
         """The earliest ``last_seen`` of any client (``None``: no client); O(clients)."""
         return min((record.last_seen for record in self._clients.values()), default=None)
 
+    def name_of(self, client_id: str) -> str:
+        """The name ``client_id`` registered under ("" for an unknown id)."""
+        record = self._clients.get(client_id)
+        return "" if record is None else record.name
+
     def declared_examples(self, client_id: str) -> int:
         """The dataset size ``client_id`` declared at ``Join`` (0: none, or unknown id)."""
         record = self._clients.get(client_id)

@@ -6,6 +6,7 @@ is here, as the short list of handlers below, each composing the coordinator's p
 - ``validation`` bounds every client-chosen field at the edge (``RequestChecks``);
 - ``transfers`` streams models down and updates up, spools and inline payloads;
 - ``commits`` turns a complete upload into an accepted or refused update, idempotently;
+- ``evaluations`` hands out evaluation tasks ahead of training ones and takes their reports;
 - ``reporting`` evaluates each new version and logs its ``flush`` event;
 - ``lifecycle`` owns the run's phases and its end; ``timekeeper`` applies the time rules.
 
@@ -37,6 +38,7 @@ from fedlink.coordinator.commits import Commits
 from fedlink.coordinator.config import CoordinatorConfig, LimitsConfig
 from fedlink.coordinator.downloads import DownloadLedger
 from fedlink.coordinator.engine import RoundEngine
+from fedlink.coordinator.evaluations import EvaluationDesk, with_capabilities
 from fedlink.coordinator.faults import NO_FAULTS, FaultPlan
 from fedlink.coordinator.journal import Journal
 from fedlink.coordinator.lifecycle import RunLifecycle, StopRule
@@ -55,6 +57,8 @@ from fedlink.messages import (
     CommitRequest,
     DataChunk,
     DownloadRequest,
+    EvaluationAck,
+    EvaluationReport,
     Finished,
     GetTaskRequest,
     HeartbeatReply,
@@ -104,10 +108,13 @@ class CoordinatorService:
                                       self._signal.notify, stop_rules)
         self._callers = CallerCheck(self.registry, self.limiter)
         self.checks = RequestChecks(config.limits)
+        self.evaluations = EvaluationDesk(config, self.engine, events, self.registry.name_of,
+                                          self.registry.declared_examples, clock.now)
         self.reporter = FlushReporter(self._journal, events, self.progress, self.lifecycle,
                                       evaluator, self._signal.notify)
         self.transfers = Transfers(config.limits, self.engine, self.uploads, self.downloads,
-                                   self._callers, self.checks, events, self.reporter.downloaded)
+                                   self._callers, self.checks, events, self.reporter.downloaded,
+                                   self.evaluations.lookup)
         self.commits = Commits(config.limits, self.engine, self.uploads, self._callers,
                                self.checks, self.transfers, self._journal, events,
                                self.progress, faults, self.reporter.made, self._signal.notify)
@@ -136,6 +143,7 @@ class CoordinatorService:
         """Restore engine, registry and uploads from ``saved``; queue its unreported flushes."""
         self.engine.restore(saved)
         self.registry.restore(saved.clients)
+        self.evaluations.restore(saved.clients)
         self.uploads.restore(saved.settled)
         self.restored_version = self.engine.version
         models = {c.version: c.model for c in saved.checkpoints}
@@ -166,14 +174,18 @@ class CoordinatorService:
         name = caller_name() or request.client_name
         known = self.registry.rejoin(name, request.instance_key)
         if known is not None:  # a repeated Join (its reply lost): the same client
+            self.evaluations.joined(known.client_id, request.capabilities)
             await self.state.sync()  # its first Join's record may still be on its way
             return JoinReply(known.client_id, self.run_config())
         self.join_gate.admit(caller_name(), self.registry.live_ids_of)
         self.limiter.check_join(len(self.registry))
         with self._journal.durably():
-            record = self.registry.join(name, request.num_examples, request.metadata,
+            record = self.registry.join(name, request.num_examples,
+                                        with_capabilities(request.metadata,
+                                                          request.capabilities),
                                         request.instance_key)
             self.state.save_client(record)
+            self.evaluations.joined(record.client_id, request.capabilities)
             self.events.emit(kinds.ClientJoined.build(client_id=record.client_id, name=record.name,
                                                       num_examples=record.num_examples))
         await self.state.sync()
@@ -232,8 +244,10 @@ class CoordinatorService:
                 return self._issue(client_id, held_version)
 
     def _issue(self, client_id: str, held_version: int) -> TaskReply:
+        """An evaluation task when one is due (it takes no place), else the engine's answer."""
         with self._journal.durably():
-            return self.engine.issue(client_id, held_version)
+            evaluation = self.evaluations.offer(client_id, held_version)
+            return evaluation or self.engine.issue(client_id, held_version)
 
     def download(self, request: DownloadRequest) -> AsyncIterator[DataChunk]:
         """Stream a task's model or delta (``Transfers.download``)."""
@@ -251,6 +265,17 @@ class CoordinatorService:
         """Turn a complete upload into an accepted update (``Commits.commit``)."""
         return await self.commits.commit(request)
 
+    async def report_evaluation(self, request: EvaluationReport) -> EvaluationAck:
+        """Take an evaluation task's report, once (``EvaluationDesk.report``)."""
+        self._callers.admit(request.client_id)
+        self.checks.evaluation(request)
+        with self._journal.durably():
+            ack = self.evaluations.report(request)
+            if not ack.duplicate:  # it scored the model: it has the bytes it was sent
+                self.transfers.downloads_confirmed(request.client_id, request.task_id)
+        await self.state.sync()
+        return ack
+
     async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatReply:
         """Note that the client is alive; say whether its task is still open."""
         self._callers.admit(request.client_id)
@@ -258,8 +283,7 @@ class CoordinatorService:
         task_open = False
         if request.task_id:
             try:
-                task_open = self.engine.is_open(self.engine.task(request.client_id,
-                                                                 request.task_id))
+                _, task_open = self.evaluations.lookup(request.client_id, request.task_id)
             except UpdateRefused:  # forgotten because too stale: closed
                 task_open = False
         return HeartbeatReply(self.engine.version, task_open)  # changes nothing: no sync
@@ -287,6 +311,7 @@ class CoordinatorService:
         self.state.forget_client(client_id)
         self.limiter.forget(client_id)
         self.engine.release_client(client_id)
+        self.evaluations.forget_client(client_id)
         self.uploads.drop_client(client_id)
         self.downloads.forget_client(client_id)
 

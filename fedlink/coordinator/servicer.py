@@ -70,6 +70,11 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         """See ``CoordinatorService.commit``."""
         return await self._unary(context, "Commit", self.service.commit, request)
 
+    async def ReportEvaluation(self, request: pb.EvaluationReport, context: Any) -> Message:
+        """See ``CoordinatorService.report_evaluation``."""
+        return await self._unary(context, "ReportEvaluation", self.service.report_evaluation,
+                                 request)
+
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> Message:
         """See ``CoordinatorService.heartbeat``."""
         return await self._unary(context, "Heartbeat", self.service.heartbeat, request)

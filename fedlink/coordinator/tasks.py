@@ -7,10 +7,14 @@
       │                   ▼
       └──────────► DELIVERED │ DROPPED │ CLOSED
 
+    EVALUATING ──► EVALUATED │ CLOSED       (evaluation tasks: ``fedlink.coordinator.evaluations``)
+
 An ``ISSUED`` task holds a place in its version's cohort. ``RELEASED`` and ``OVERDUE`` tasks
 hold none but may still deliver while within ``max_staleness``; a ``RELEASED`` task's client
 may be asked again for the same version, an ``OVERDUE`` one's (not delivered ``max_task_s``
-after it was issued) may not. The three ends: ``DELIVERED`` (its update was accepted),
+after it was issued) may not. An evaluation task (``EVALUATING``) holds no place and delivers
+no update: it ends ``EVALUATED`` when its report is accepted, or ``CLOSED`` when it expired or
+its client left. The training tasks' three ends: ``DELIVERED`` (its update was accepted),
 ``DROPPED`` (``drop_partial`` refused its partial update, which still answers for its place
 in the round) and ``CLOSED`` (its client left, or a dropped update that answers for nothing).
 
@@ -34,6 +38,8 @@ class TaskState(enum.Enum):
     DELIVERED = "delivered"
     DROPPED = "dropped"
     CLOSED = "closed"
+    EVALUATING = "evaluating"
+    EVALUATED = "evaluated"
 
     @property
     def holds_place(self) -> bool:
@@ -52,6 +58,12 @@ class TaskState(enum.Enum):
         again, and it keeps the task it was given (the engine hands back an open task)."""
         return self is not TaskState.RELEASED
 
+    @property
+    def evaluation(self) -> bool:
+        """Whether the state is one of an evaluation task's (which holds no place and
+        delivers no update)."""
+        return self in (TaskState.EVALUATING, TaskState.EVALUATED)
+
 
 _DELIVERABLE = frozenset({TaskState.ISSUED, TaskState.RELEASED, TaskState.OVERDUE})
 _ENDS = frozenset({TaskState.DELIVERED, TaskState.DROPPED, TaskState.CLOSED})
@@ -63,6 +75,8 @@ TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
     TaskState.DELIVERED: frozenset(),
     TaskState.DROPPED: frozenset(),
     TaskState.CLOSED: frozenset(),
+    TaskState.EVALUATING: frozenset({TaskState.EVALUATED, TaskState.CLOSED}),
+    TaskState.EVALUATED: frozenset(),
 }
 """Every legal move; anything else is a bug in the engine (``IllegalTransition``)."""
 

@@ -34,19 +34,26 @@ from fedlink.metrics import EventLog, kinds
 from fedlink.refusals import RefusalCode
 from fedlink.wire import Payload, iter_chunks
 
+TaskLookup = Callable[[str, str], tuple[TaskRecord, bool]]
+"""``lookup(client_id, task_id) -> (record, open)``: any task a client may download for."""
+
 
 class Transfers:
     """``Download``, ``Upload`` and ``UploadStatus``, and the inline payloads.
 
-    ``on_downloaded(bytes)`` is told the bytes a client confirmed it has (its ``Commit``
-    shows it): the flush reporter counts them into the round's ``bytes_down``.
+    ``on_downloaded(bytes)`` is told the bytes a client confirmed it has (its ``Commit``, or
+    an evaluation task's report, shows it): the flush reporter counts them into the round's
+    ``bytes_down``. ``lookup`` finds the task a download is for (default: the engine's
+    training tasks; the service adds evaluation tasks, ``fedlink.coordinator.evaluations``).
     """
 
     def __init__(self, limits: LimitsConfig, engine: RoundEngine, uploads: UploadStore,
                  downloads: DownloadLedger, callers: CallerCheck, checks: RequestChecks,
-                 events: EventLog, on_downloaded: Callable[[int], None]) -> None:
+                 events: EventLog, on_downloaded: Callable[[int], None],
+                 lookup: TaskLookup | None = None) -> None:
         self.limits = limits
         self.engine = engine
+        self._lookup = lookup or self._training_task
         self.uploads = uploads
         self.downloads = downloads
         self._callers = callers
@@ -65,8 +72,8 @@ class Transfers:
         """
         self._callers.admit(request.client_id)
         self._checks.download(request)
-        record = self.engine.task(request.client_id, request.task_id)
-        if not self.engine.is_open(record):
+        record, task_open = self._lookup(request.client_id, request.task_id)
+        if not task_open:
             raise UpdateRefused(f"task {request.task_id!r} is closed", RefusalCode.TASK_CLOSED)
         full = self.engine.payload(record.version)
         payload = self.engine.delta_payload(record) if request.delta else full
@@ -86,7 +93,7 @@ class Transfers:
     def with_inline_payload(self, client_id: str, task: Task) -> Task:
         """``task`` carrying its delta, else its model, when that fits ``inline_limit``."""
         limit = self.limits.inline_limit
-        record = self.engine.task(client_id, task.task_id)
+        record, _ = self._lookup(client_id, task.task_id)
         full = self.engine.payload(record.version)
         if task.has_delta:
             delta = self.engine.delta_payload(record)
@@ -97,6 +104,10 @@ class Transfers:
             self._offer(record, full, full, delta=False, inline=True)
             return dataclasses.replace(task, model_data=full.data)
         return task
+
+    def _training_task(self, client_id: str, task_id: str) -> tuple[TaskRecord, bool]:
+        record = self.engine.task(client_id, task_id)
+        return record, self.engine.is_open(record)
 
     def downloads_confirmed(self, client_id: str, task_id: str) -> None:
         """The client has its task's payloads (it commits): log ``download_finished``, once."""

@@ -9,7 +9,7 @@ at most ``MAX_SHAPE_DIMS`` dimensions).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fedlink.coordinator.config import LimitsConfig
@@ -17,6 +17,7 @@ from fedlink.errors import InvalidArgument
 from fedlink.messages import (
     CommitRequest,
     DownloadRequest,
+    EvaluationReport,
     HeartbeatRequest,
     JoinRequest,
     LeaveRequest,
@@ -39,6 +40,7 @@ class RequestChecks:
         self.strings(client_name=request.client_name, token=request.token)
         self.mapping("metadata", request.metadata)
         self.strings(instance_key=request.instance_key)
+        self.sequence("capabilities", request.capabilities)
 
     def download(self, request: DownloadRequest) -> None:
         """``Download``: the task id, offsets not negative."""
@@ -51,6 +53,12 @@ class RequestChecks:
         self.strings(upload_id=request.upload_id, task_id=request.task_id)
         self.mapping("metrics", request.metrics)
         self.header(request.update)
+
+    def evaluation(self, request: EvaluationReport) -> None:
+        """``ReportEvaluation``: the task id and the metrics (their values:
+        ``fedlink.coordinator.evaluations``), like a commit's."""
+        self.strings(task_id=request.task_id)
+        self.mapping("metrics", request.metrics)
 
     def heartbeat(self, request: HeartbeatRequest) -> None:
         """``Heartbeat``: the task id."""
@@ -78,6 +86,14 @@ class RequestChecks:
         if len(header.shape) > MAX_SHAPE_DIMS:
             raise InvalidArgument(f"shape has {len(header.shape)} dimensions; the limit is "
                                   f"{MAX_SHAPE_DIMS}")
+
+    def sequence(self, name: str, values: Sequence[str]) -> None:
+        """A repeated string field: at most ``max_metadata_entries`` entries, each bounded."""
+        limit = self.limits.max_metadata_entries
+        if len(values) > limit:
+            raise InvalidArgument(f"{name} has {len(values)} entries; the limit is {limit}")
+        for value in values:
+            self.strings(**{f"{name} entry": value})
 
     def mapping(self, name: str, mapping: Mapping[str, Any]) -> None:
         """``InvalidArgument`` for a map with too many entries, or too long keys or values."""

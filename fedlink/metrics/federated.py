@@ -1,16 +1,18 @@
 """Federated evaluation in the summary and the report: the global model scored on clients' data.
 
-Clients asked to evaluate (``fedlink.client.evaluation``) report ``fed_eval_loss``,
-``fed_eval_accuracy`` and ``fed_eval_examples`` with their update; they reach the log under
-``client_metrics`` of ``update_accepted`` events. ``federated_figures`` weights them by examples
-per model version (the version the clients trained from), next to the central test-set curve of
-``flush`` events, and keeps the per-client accuracies of the last evaluated version: their
-spread is a fairness question a mean hides. ``draw_federated`` plots both.
+Clients given evaluation tasks (``fedlink.coordinator.evaluations``) score the global model of
+a version on their own data and report it; each report is one ``evaluation_reported`` event
+(``num_examples``, ``loss``, ``accuracy``). ``federated_figures`` weights them by examples per
+model version (with the tasks issued for it, ``evaluation_issued``), next to the central
+test-set curve of ``flush`` events, and keeps the per-client accuracies of the last evaluated
+version: their spread is a fairness question a mean hides. ``draw_federated`` plots both.
+Runs written before evaluation tasks existed (``fed_eval_*`` metrics riding on
+``update_accepted``) still read.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -19,21 +21,37 @@ from fedlink.metrics.events import Event
 
 CURVES_PLOT = "federated_vs_central.png"
 SPREAD_PLOT = "client_accuracy.png"
+_OLD_PREFIX = "fed_eval_"  # how runs before evaluation tasks reported, with their updates
+
+
+def _row(event: Event) -> tuple[int, dict[str, float]] | None:
+    """``(version, {"examples", "loss", "accuracy"})`` of one evaluation, or ``None``."""
+    if event.get("kind") == "evaluation_reported" and event.get("num_examples"):
+        scores = {"examples": float(event["num_examples"])}
+        scores.update({k: float(event[k]) for k in ("loss", "accuracy")
+                       if event.get(k) is not None})
+        return int(event["model_version"]), scores
+    metrics = event.get("client_metrics") or {}
+    if event.get("kind") == "update_accepted" and metrics.get(f"{_OLD_PREFIX}examples"):
+        return int(event["base_version"]), {k.removeprefix(_OLD_PREFIX): float(v)
+                                            for k, v in metrics.items()
+                                            if k.startswith(_OLD_PREFIX)}
+    return None
 
 
 def _evaluations(events: Iterable[Event]) -> dict[int, list[Mapping[str, float]]]:
-    """Each version's client evaluations (``client_metrics`` with ``fed_eval_examples``)."""
+    """Each version's client evaluations, in version order."""
     by_version: dict[int, list[Mapping[str, float]]] = defaultdict(list)
     for event in events:
-        metrics = event.get("client_metrics") or {}
-        if event.get("kind") == "update_accepted" and metrics.get("fed_eval_examples"):
-            by_version[int(event["base_version"])].append(metrics)
+        row = _row(event)
+        if row is not None:
+            by_version[row[0]].append(row[1])
     return dict(sorted(by_version.items()))
 
 
 def _weighted(rows: list[Mapping[str, float]], key: str) -> float | None:
     """The example-weighted mean of ``key`` over the rows that have it."""
-    pairs = [(float(r[key]), float(r["fed_eval_examples"])) for r in rows if key in r]
+    pairs = [(float(r[key]), float(r["examples"])) for r in rows if key in r]
     total = sum(w for _, w in pairs)
     return sum(v * w for v, w in pairs) / total if total else None
 
@@ -47,14 +65,17 @@ def federated_figures(events: list[Event]) -> dict[str, Any]:
     last = by_version[versions[-1]]
     curve: dict[str, Any] = {
         "versions": versions,
-        "accuracy": [_weighted(rows, "fed_eval_accuracy") for rows in by_version.values()],
-        "loss": [_weighted(rows, "fed_eval_loss") for rows in by_version.values()],
+        "accuracy": [_weighted(rows, "accuracy") for rows in by_version.values()],
+        "loss": [_weighted(rows, "loss") for rows in by_version.values()],
         "clients": [len(rows) for rows in by_version.values()],
-        "examples": [int(sum(r["fed_eval_examples"] for r in rows))
-                     for rows in by_version.values()],
-        "last_client_accuracies": sorted(float(r["fed_eval_accuracy"]) for r in last
-                                         if "fed_eval_accuracy" in r),
+        "examples": [int(sum(r["examples"] for r in rows)) for rows in by_version.values()],
+        "last_client_accuracies": sorted(float(r["accuracy"]) for r in last
+                                         if "accuracy" in r),
     }
+    issued = Counter(int(e["model_version"]) for e in events
+                     if e.get("kind") == "evaluation_issued")
+    if issued:  # tasks handed out per version: how many never reported (expired, too late)
+        curve["issued"] = [issued[version] for version in versions]
     return {"federated_evaluation": curve, "final_federated_accuracy": curve["accuracy"][-1],
             "final_federated_loss": curve["loss"][-1]}
 
@@ -93,7 +114,7 @@ def draw_federated(run_dir: Path, events: list[Event], summary: Mapping[str, Any
     fig.savefig(run_dir / SPREAD_PLOT, format="png", dpi=100)
     worst, best = (spread[0], spread[-1]) if spread else (float("nan"), float("nan"))
     return (f"## Federated evaluation\n\nThe global model scored on the data of the clients "
-            f"asked to evaluate it, weighted by examples; at version {curve['versions'][-1]} "
+            f"given evaluation tasks, weighted by examples; at version {curve['versions'][-1]} "
             f"{len(spread)} clients ranged from {worst:.3f} to {best:.3f}.\n\n"
             f"![Central and federated accuracy]({CURVES_PLOT})\n\n"
             f"![Per-client accuracy]({SPREAD_PLOT})")

@@ -320,6 +320,33 @@ class ClientNetwork(Event):
 
 
 @dataclass(frozen=True, eq=False, kw_only=True, repr=False)
+class EvaluationIssued(Event):
+    """A client was given an evaluation task on ``model_version``
+    (``fedlink.coordinator.evaluations``)."""
+
+    KIND: ClassVar[str] = "evaluation_issued"
+    client_id: str | None = None
+    task_id: str | None = None
+    model_version: int | None = None
+
+
+@dataclass(frozen=True, eq=False, kw_only=True, repr=False)
+class EvaluationReported(Event):
+    """A client scored the global model of ``model_version`` on ``num_examples`` of its own
+    examples (the weight ``fedlink.metrics.federated`` gives it): ``loss``, ``accuracy``
+    (classification) and every score it reported in ``metrics``. One per evaluation task."""
+
+    KIND: ClassVar[str] = "evaluation_reported"
+    client_id: str | None = None
+    task_id: str | None = None
+    model_version: int | None = None
+    num_examples: int | None = None
+    loss: float | None = None
+    accuracy: float | None = None
+    metrics: Mapping[str, float] | None = None
+
+
+@dataclass(frozen=True, eq=False, kw_only=True, repr=False)
 class OtherEvent(Event):
     """An event of a kind this version does not know, read from a file (never written)."""
 
@@ -345,7 +372,7 @@ EVENT_TYPES: Mapping[str, type[Event]] = {
     cls.KIND: cls for cls in (
         RunStarted, ClientJoined, TaskIssued, DownloadFinished, UpdateAccepted, UpdateRefused,
         Flush, FlushRefused, ClientLeft, ClientExpired, ClientTimeout, RunFinished,
-        CoordinatorRestored, ClientNetwork)
+        CoordinatorRestored, ClientNetwork, EvaluationIssued, EvaluationReported)
 }
 """Every event kind the framework writes, by name."""
 

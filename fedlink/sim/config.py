@@ -18,7 +18,8 @@ Sections (every key optional unless noted; unknown keys are an error)::
                             max_staleness, continuous
     [coordinator.training]  local_steps, local_epochs, batch_size, learning_rate
     [coordinator.limits]    chunk_bytes, long_poll_s, ...
-    [coordinator.evaluation] fraction, every: federated evaluation (fedlink.client.evaluation)
+    [coordinator.evaluation] fraction, every: federated evaluation tasks
+                   (fedlink.coordinator.evaluations)
     [network]      preset | profile | fleet, speed, profiles (see fedlink.netem.fleet)
     [partial_work] fraction, seed: stragglers doing part of each task (fedlink.sim.partial_work)
 
@@ -36,7 +37,6 @@ from typing import Any
 
 from fedlink.client import RetryPolicy, UpdatePipeline
 from fedlink.client.density import DensityPolicy
-from fedlink.client.evaluation import EVERY_OPTION, FRACTION_OPTION
 from fedlink.client.liveness import LivenessConfig
 from fedlink.config import check_fields, from_table, load_toml, require
 from fedlink.coordinator import CoordinatorConfig, FlushRule
@@ -218,35 +218,6 @@ class ClientSection:
 
 
 @dataclass(frozen=True)
-class EvaluationSection:
-    """``[coordinator.evaluation]``: federated evaluation of the global model on clients' data.
-
-    On versions that are multiples of ``every``, each client training on that version first
-    scores it on its own data with probability ``fraction`` (0, the default: off) and reports
-    the result with its update (``fedlink.client.evaluation``); the summary and the report
-    carry the example-weighted federated curve beside the central one, and the distribution
-    of per-client accuracy. Travels to clients as two ``[coordinator.training]
-    trainer_options``.
-    """
-
-    fraction: float = 0.0
-    every: int = 1
-
-    def __post_init__(self) -> None:
-        check_fields(self, "coordinator.evaluation")
-        require(0.0 <= self.fraction <= 1.0, "coordinator.evaluation.fraction",
-                f"must be a number in [0, 1], got {self.fraction!r}")
-        require(self.every >= 1, "coordinator.evaluation.every",
-                f"must be an integer >= 1, got {self.every!r}")
-
-    def task_options(self) -> dict[str, str]:
-        """The options that ask clients to evaluate (none when off)."""
-        if not self.fraction:
-            return {}
-        return {FRACTION_OPTION: str(float(self.fraction)), EVERY_OPTION: str(self.every)}
-
-
-@dataclass(frozen=True)
 class ExperimentConfig:
     """A whole experiment: run, data, model, client pipeline and coordinator."""
 
@@ -257,7 +228,6 @@ class ExperimentConfig:
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
     network: Fleet | None = None
     partial_work: PartialWorkSection = field(default_factory=PartialWorkSection)
-    evaluation: EvaluationSection = field(default_factory=EvaluationSection)
     virtual: VirtualSection = field(default_factory=VirtualSection)
     evaluator: str = ""
     """``[coordinator] evaluator = "package.module:attr"``: your ``evaluate(model, test) ->
@@ -285,13 +255,6 @@ class ExperimentConfig:
         values["client"] = ClientSection.from_table(table.get("client", {}))
         coordinator = dict(table.get("coordinator", {}))
         values["evaluator"] = coordinator.pop("evaluator", "")
-        values["evaluation"] = from_table(EvaluationSection, coordinator.pop("evaluation", {}),
-                                          "coordinator.evaluation")
-        if values["evaluation"].fraction:
-            training = dict(coordinator.get("training", {}))
-            training["trainer_options"] = {**dict(training.get("trainer_options", {})),
-                                           **values["evaluation"].task_options()}
-            coordinator["training"] = training
         coordinator.setdefault("run_name", values["run"].name)
         coordinator.setdefault("seed", values["run"].seed)
         goal = FlushRule.from_table(coordinator.get("flush", {}), "coordinator.flush").goal

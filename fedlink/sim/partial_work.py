@@ -27,11 +27,13 @@ stragglers doing the same amounts of work.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from fedlink.client import Trainer, TrainPlan, TrainResult
+from fedlink.client.evaluation import wrapped_evaluate
 from fedlink.config import check_fields, require
 
 _STREAM = 0x5EED_57A6  # tells this module's seed streams apart from others of the same seed
@@ -102,3 +104,9 @@ class PartialWorkTrainer:
         result = self.trainer.train(params, short)
         planned = round(result.steps_planned * full / work)
         return dataclasses.replace(result, steps_planned=max(planned, result.steps_completed))
+
+    @property
+    def evaluate(self) -> Callable[[np.ndarray], Mapping[str, float]]:
+        """The wrapped trainer's ``evaluate``, in full: straggling is about training
+        (``AttributeError`` when it has none: ``fedlink.client.evaluation.wrapped_evaluate``)."""
+        return wrapped_evaluate(self.trainer)

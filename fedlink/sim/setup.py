@@ -228,7 +228,9 @@ class Experiment:
             return trainer
 
         if self.data_is_lazy(index):
-            return LazyTrainer(build, self._known_examples(index))
+            # only the built-in torch trainer is known to evaluate without building it
+            builtin_torch = self.plugs.trainer is None and self.config.client.trainer == "torch"
+            return LazyTrainer(build, self._known_examples(index), evaluates=builtin_torch)
         return build()
 
     def _known_examples(self, index: int) -> int | None:

@@ -11,9 +11,12 @@ the sleep is not checked against the task deadline.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 import numpy as np
 
 from fedlink.client import Trainer, TrainPlan, TrainResult
+from fedlink.client.evaluation import wrapped_evaluate
 from fedlink.clock import Clock, RealClock
 from fedlink.errors import ConfigError
 
@@ -38,3 +41,17 @@ class SlowedTrainer:
         result = self.trainer.train(params, plan)
         self.clock.sleep((self.speed - 1.0) * (self.clock.now() - started))
         return result
+
+    @property
+    def evaluate(self) -> Callable[[np.ndarray], Mapping[str, float]]:
+        """The wrapped trainer's ``evaluate``, slowed down like ``train`` (``AttributeError``
+        when it has none: ``fedlink.client.evaluation.wrapped_evaluate``)."""
+        score = wrapped_evaluate(self.trainer)
+
+        def slowed(params: np.ndarray) -> Mapping[str, float]:
+            started = self.clock.now()
+            scores = score(params)
+            self.clock.sleep((self.speed - 1.0) * (self.clock.now() - started))
+            return scores
+
+        return slowed

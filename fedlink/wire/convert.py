@@ -39,6 +39,8 @@ _PAIRS: tuple[tuple[type, type[Message]], ...] = (
     (m.HeartbeatReply, pb.HeartbeatReply),
     (m.LeaveRequest, pb.LeaveRequest),
     (m.LeaveReply, pb.LeaveReply),
+    (m.EvaluationReport, pb.EvaluationReport),
+    (m.EvaluationAck, pb.EvaluationAck),
 )
 PROTO_OF: dict[type, type[Message]] = dict(_PAIRS)
 DOMAIN_OF: dict[type[Message], type] = {proto: dom for dom, proto in _PAIRS}
@@ -94,7 +96,18 @@ def _value_from_proto(descriptor: FieldDescriptor, value: Any) -> Any:
         return from_proto(value)
     if descriptor.enum_type is pb.RefusalReason.DESCRIPTOR:
         return refusal_from_proto(value)
+    if descriptor.enum_type is pb.TaskKind.DESCRIPTOR:
+        return task_kind_from_proto(value)
     return value
+
+
+def task_kind_from_proto(number: int) -> m.TaskKind:
+    """The task kind of a ``fedlink.v1.TaskKind`` number (``InvalidArgument`` for a kind this
+    version does not know: a coordinator sends only the kinds its client advertised)."""
+    try:
+        return m.TaskKind(number)
+    except ValueError:
+        raise InvalidArgument(f"unknown task kind {number}") from None
 
 
 _PROTO_PREFIX = "REFUSAL_REASON_"

@@ -32,6 +32,7 @@ from fedlink import __version__
 from fedlink.coordinator.config import (
     AuthConfig,
     CoordinatorConfig,
+    EvaluationConfig,
     FlushRule,
     LimitsConfig,
     TLSConfig,
@@ -503,7 +504,7 @@ def test_example_server_config_loads_and_lists_every_option() -> None:
     text = path.read_text()
     tables = {"flush": FlushRule, "training": TrainingConfig, "limits": LimitsConfig,
               "tls": TLSConfig, "auth": AuthConfig, "metrics": MetricsConfig,
-              "netcheck": NetcheckConfig}
+              "netcheck": NetcheckConfig, "evaluation": EvaluationConfig}
     for table, section in tables.items():
         assert f"[coordinator.{table}]" in text
         for field in dataclasses.fields(section):

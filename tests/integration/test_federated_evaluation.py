@@ -1,4 +1,5 @@
-"""Federated evaluation: ``[coordinator.evaluation] fraction, every`` over real gRPC."""
+"""Federated evaluation: ``[coordinator.evaluation] fraction, every`` over real gRPC, through
+``run_simulation`` (who is asked and when: ``tests/unit/test_evaluation_desk.py``)."""
 
 from __future__ import annotations
 
@@ -7,24 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedlink.client import TrainPlan
-from fedlink.client.evaluation import EVERY_OPTION, FRACTION_OPTION, evaluation_due
 from fedlink.errors import ConfigError
 from fedlink.metrics import read_events
 from fedlink.sim import ExperimentConfig, run_simulation
-
-
-def test_a_seeded_fraction_of_clients_evaluates_every_nth_version() -> None:
-    options = {FRACTION_OPTION: "0.3", EVERY_OPTION: "2"}
-    due = {(seed, version): evaluation_due(TrainPlan(options=options, model_version=version),
-                                           seed)
-           for seed in range(400) for version in range(4)}
-    assert not any(d for (_, version), d in due.items() if version % 2)
-    share = np.mean([d for (_, version), d in due.items() if version % 2 == 0])
-    assert 0.22 < share < 0.38
-    again = evaluation_due(TrainPlan(options=options, model_version=2), 7)
-    assert again == due[(7, 2)]
-    assert not evaluation_due(TrainPlan(model_version=2), 7)  # not asked
 
 
 def test_bad_evaluation_settings_fail_at_load() -> None:
@@ -55,11 +41,11 @@ def test_federated_curve_is_example_weighted_and_reported(tmp_path: Path) -> Non
     events = read_events(result.run_dir / "events.jsonl")
     for version, accuracy, clients in zip(curve["versions"], curve["accuracy"],
                                           curve["clients"], strict=True):
-        rows = [e["client_metrics"] for e in events if e["kind"] == "update_accepted"
-                and e["base_version"] == version and "client_metrics" in e]
+        rows = [e for e in events if e["kind"] == "evaluation_reported"
+                and e["model_version"] == version]
         assert 1 <= clients == len(rows) <= 6
-        examples = np.array([r["fed_eval_examples"] for r in rows])
-        expected = np.dot(examples, [r["fed_eval_accuracy"] for r in rows]) / examples.sum()
+        examples = np.array([r["num_examples"] for r in rows])
+        expected = np.dot(examples, [r["accuracy"] for r in rows]) / examples.sum()
         assert accuracy == pytest.approx(expected)
     assert curve["accuracy"][1] > curve["accuracy"][0]  # the model learned between them
     assert len(curve["last_client_accuracies"]) == curve["clients"][-1]

@@ -10,7 +10,7 @@ import fedlink.coordinator
 
 COORDINATOR_DIR = Path(fedlink.coordinator.__file__).parent
 PIECES = ("validation", "transfers", "commits", "reporting", "lifecycle", "timekeeper",
-          "journal", "changes", "admission", "timers", "tasks", "faults")
+          "journal", "changes", "admission", "timers", "tasks", "faults", "evaluations")
 ABOVE = ("fedlink.coordinator.service", "fedlink.coordinator.server",
          "fedlink.coordinator.servicer")
 

@@ -43,9 +43,11 @@ def test_only_the_written_moves_are_legal() -> None:
             else:
                 with pytest.raises(IllegalTransition, match=f"{start.value} to {to.value}"):
                     record.move(to)
-    ended = [s for s in TaskState if not s.deliverable]
+    ended = [s for s in TaskState if not s.deliverable and not s.evaluation]
     assert ended == [TaskState.DELIVERED, TaskState.DROPPED, TaskState.CLOSED]
     assert [s for s in TaskState if s.holds_place] == [TaskState.ISSUED]
+    # an evaluation task holds no place and delivers no update, whatever its state
+    assert not any(s.deliverable or s.holds_place for s in TaskState if s.evaluation)
 
 
 def test_a_released_task_that_delivers_late_counts_as_its_clients_task(

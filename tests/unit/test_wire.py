@@ -61,7 +61,8 @@ run_config = st.builds(
 )
 task = st.builds(m.Task, task_id=text, model_version=int64, local_steps=int32,
                  local_epochs=int32, deadline_s=double, model=header,
-                 delta=st.none() | header, delta_base_version=int64, options=small_text_map)
+                 delta=st.none() | header, delta_base_version=int64, options=small_text_map,
+                 kind=st.sampled_from(m.TaskKind))
 wait = st.builds(m.Wait, retry_after_s=double, reason=text)
 finished = st.builds(m.Finished, reason=text)
 
@@ -69,7 +70,8 @@ STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
     m.TensorHeader: header,
     m.RunConfig: run_config,
     m.JoinRequest: st.builds(m.JoinRequest, client_name=text, token=text, num_examples=int64,
-                             metadata=small_text_map),
+                             metadata=small_text_map,
+                             capabilities=st.lists(text, max_size=3).map(tuple)),
     m.JoinReply: st.builds(m.JoinReply, client_id=text, config=run_config),
     m.GetTaskRequest: st.builds(m.GetTaskRequest, client_id=text, held_version=int64),
     m.Task: task,
@@ -92,6 +94,10 @@ STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
     m.HeartbeatReply: st.builds(m.HeartbeatReply, model_version=int64, task_open=st.booleans()),
     m.LeaveRequest: st.builds(m.LeaveRequest, client_id=text, reason=text),
     m.LeaveReply: st.builds(m.LeaveReply),
+    m.EvaluationReport: st.builds(m.EvaluationReport, client_id=text, task_id=text,
+                                  model_version=int64, num_examples=int64,
+                                  metrics=st.dictionaries(text, double, max_size=4)),
+    m.EvaluationAck: st.builds(m.EvaluationAck, task_id=text, duplicate=st.booleans()),
 }
 
 
@@ -137,6 +143,15 @@ def test_default_finished_is_not_an_empty_oneof() -> None:
     proto = task_reply_to_proto(m.Finished())
     wire = pb.GetTaskReply.FromString(proto.SerializeToString())
     assert task_reply_from_proto(wire) == m.Finished()
+
+
+def test_task_kind_defaults_to_train_and_an_unknown_kind_is_refused() -> None:
+    """A coordinator before 0.3 sends no kind: its tasks are training tasks."""
+    old = pb.GetTaskReply(task=pb.Task(task_id="t1-v0", model=pb.TensorHeader()))
+    assert task_reply_from_proto(old).kind is m.TaskKind.TRAIN
+    newer = pb.GetTaskReply(task=pb.Task(task_id="t1-v0", model=pb.TensorHeader(), kind=7))
+    with pytest.raises(InvalidArgument, match="unknown task kind 7"):
+        task_reply_from_proto(newer)
 
 
 def test_to_proto_rejects_non_messages() -> None:

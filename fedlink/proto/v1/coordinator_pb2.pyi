@@ -7,6 +7,11 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_KIND_TRAIN: _ClassVar[TaskKind]
+    TASK_KIND_EVALUATE: _ClassVar[TaskKind]
+
 class RefusalReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     REFUSAL_REASON_UNSPECIFIED: _ClassVar[RefusalReason]
@@ -24,6 +29,8 @@ class RefusalReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REFUSAL_REASON_TOO_LARGE: _ClassVar[RefusalReason]
     REFUSAL_REASON_UNKNOWN_TASK: _ClassVar[RefusalReason]
     REFUSAL_REASON_NOT_PERMITTED: _ClassVar[RefusalReason]
+TASK_KIND_TRAIN: TaskKind
+TASK_KIND_EVALUATE: TaskKind
 REFUSAL_REASON_UNSPECIFIED: RefusalReason
 REFUSAL_REASON_TOO_STALE: RefusalReason
 REFUSAL_REASON_TASK_CLOSED: RefusalReason
@@ -123,7 +130,7 @@ class RunConfig(_message.Message):
     def __init__(self, run_name: _Optional[str] = ..., num_parameters: _Optional[int] = ..., local_steps: _Optional[int] = ..., local_epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., chunk_bytes: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., max_staleness: _Optional[int] = ..., accepted_encodings: _Optional[_Iterable[str]] = ..., trainer_options: _Optional[_Mapping[str, str]] = ..., inline_bytes: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ..., long_poll_s: _Optional[float] = ..., max_update_bytes: _Optional[int] = ..., max_string_bytes: _Optional[int] = ..., max_metadata_entries: _Optional[int] = ..., max_uploads_per_client: _Optional[int] = ..., requests_per_s: _Optional[float] = ..., request_burst: _Optional[int] = ..., max_metadata_bytes: _Optional[int] = ..., max_examples_per_update: _Optional[int] = ..., max_open_uploads_per_client: _Optional[int] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("client_name", "token", "num_examples", "metadata", "instance_key")
+    __slots__ = ("client_name", "token", "num_examples", "metadata", "instance_key", "capabilities")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -136,12 +143,14 @@ class JoinRequest(_message.Message):
     NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_KEY_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     client_name: str
     token: str
     num_examples: int
     metadata: _containers.ScalarMap[str, str]
     instance_key: str
-    def __init__(self, client_name: _Optional[str] = ..., token: _Optional[str] = ..., num_examples: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., instance_key: _Optional[str] = ...) -> None: ...
+    capabilities: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, client_name: _Optional[str] = ..., token: _Optional[str] = ..., num_examples: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., instance_key: _Optional[str] = ..., capabilities: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("client_id", "config")
@@ -160,7 +169,7 @@ class GetTaskRequest(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., held_version: _Optional[int] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "model_version", "local_steps", "local_epochs", "deadline_s", "model", "delta", "delta_base_version", "options", "model_data", "delta_data")
+    __slots__ = ("task_id", "model_version", "local_steps", "local_epochs", "deadline_s", "model", "delta", "delta_base_version", "options", "model_data", "delta_data", "kind")
     class OptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -179,6 +188,7 @@ class Task(_message.Message):
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     MODEL_DATA_FIELD_NUMBER: _ClassVar[int]
     DELTA_DATA_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     model_version: int
     local_steps: int
@@ -190,7 +200,8 @@ class Task(_message.Message):
     options: _containers.ScalarMap[str, str]
     model_data: bytes
     delta_data: bytes
-    def __init__(self, task_id: _Optional[str] = ..., model_version: _Optional[int] = ..., local_steps: _Optional[int] = ..., local_epochs: _Optional[int] = ..., deadline_s: _Optional[float] = ..., model: _Optional[_Union[TensorHeader, _Mapping]] = ..., delta: _Optional[_Union[TensorHeader, _Mapping]] = ..., delta_base_version: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ..., model_data: _Optional[bytes] = ..., delta_data: _Optional[bytes] = ...) -> None: ...
+    kind: TaskKind
+    def __init__(self, task_id: _Optional[str] = ..., model_version: _Optional[int] = ..., local_steps: _Optional[int] = ..., local_epochs: _Optional[int] = ..., deadline_s: _Optional[float] = ..., model: _Optional[_Union[TensorHeader, _Mapping]] = ..., delta: _Optional[_Union[TensorHeader, _Mapping]] = ..., delta_base_version: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ..., model_data: _Optional[bytes] = ..., delta_data: _Optional[bytes] = ..., kind: _Optional[_Union[TaskKind, str]] = ...) -> None: ...
 
 class Wait(_message.Message):
     __slots__ = ("retry_after_s", "reason")
@@ -351,6 +362,35 @@ class LeaveRequest(_message.Message):
 class LeaveReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class EvaluationReport(_message.Message):
+    __slots__ = ("client_id", "task_id", "model_version", "num_examples", "metrics")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    task_id: str
+    model_version: int
+    num_examples: int
+    metrics: _containers.ScalarMap[str, float]
+    def __init__(self, client_id: _Optional[str] = ..., task_id: _Optional[str] = ..., model_version: _Optional[int] = ..., num_examples: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class EvaluationAck(_message.Message):
+    __slots__ = ("task_id", "duplicate")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    duplicate: bool
+    def __init__(self, task_id: _Optional[str] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class ProbeRequest(_message.Message):
     __slots__ = ("payload", "reply_bytes")

@@ -79,6 +79,11 @@ class CoordinatorStub:
                 request_serializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.ProbeRequest.SerializeToString,
                 response_deserializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.ProbeReply.FromString,
                 _registered_method=True)
+        self.ReportEvaluation = channel.unary_unary(
+                '/fedlink.v1.Coordinator/ReportEvaluation',
+                request_serializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.EvaluationReport.SerializeToString,
+                response_deserializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.EvaluationAck.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -150,6 +155,15 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportEvaluation(self, request, context):
+        """Report the result of an EVALUATE task (Task.kind): the global model of the task's
+        version scored on the client's data. No update travels. Idempotent by task id: a
+        repeated report gets the same answer and counts once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -197,6 +211,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Probe,
                     request_deserializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.ProbeRequest.FromString,
                     response_serializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.ProbeReply.SerializeToString,
+            ),
+            'ReportEvaluation': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportEvaluation,
+                    request_deserializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.EvaluationReport.FromString,
+                    response_serializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.EvaluationAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -442,6 +461,33 @@ class Coordinator:
             '/fedlink.v1.Coordinator/Probe',
             fedlink_dot_proto_dot_v1_dot_coordinator__pb2.ProbeRequest.SerializeToString,
             fedlink_dot_proto_dot_v1_dot_coordinator__pb2.ProbeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportEvaluation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedlink.v1.Coordinator/ReportEvaluation',
+            fedlink_dot_proto_dot_v1_dot_coordinator__pb2.EvaluationReport.SerializeToString,
+            fedlink_dot_proto_dot_v1_dot_coordinator__pb2.EvaluationAck.FromString,
             options,
             channel_credentials,
             insecure,

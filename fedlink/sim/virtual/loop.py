@@ -50,6 +50,7 @@ from fedlink.messages import Finished, Task
 from fedlink.metrics import EventLog, kinds
 from fedlink.refusals import RefusalCode
 from fedlink.sim.virtual.availability import AlwaysOnline, Availability, finish
+from fedlink.sim.virtual.evaluations import VirtualEvaluations, VirtualWorld
 from fedlink.sim.virtual.population import Population
 from fedlink.sim.virtual.residuals import ResidualStore
 from fedlink.sim.virtual.timing import DOWN, UP, round_trip_s, transfer_time
@@ -147,6 +148,9 @@ class VirtualLoop:
         self._rngs: dict[int, np.random.Generator] = {}
         self.residuals = residuals or ResidualStore(math.inf)
         self._waiting: set[int] = set()  # told to wait: they ask again after retry_after_s
+        self._evaluations = VirtualEvaluations(config, VirtualWorld(
+            self.engine, population, clock, self.availability, events, options.deterministic,
+            options.step_cost_s, self._count_evaluation_network, self._count_download))
         self._select = np.random.default_rng([options.seed, 0x5E1EC7])
         self._timing = None if options.deterministic else np.random.default_rng(
             [options.seed, 0x714E])
@@ -160,6 +164,8 @@ class VirtualLoop:
         started = time.perf_counter()
         self.engine.start()
         self.clock.call_at(self.clock.now(), self._fill)
+        self.clock.call_at(self.clock.now(),
+                           lambda: self._evaluations.published(self.engine.version))
         self.clock.call_later(self.options.poll_s, self._poll)
         while not self.engine.finished and self.clock.run_next():
             if self.clock.now() > self.options.max_model_s:
@@ -374,6 +380,7 @@ class VirtualLoop:
             model_seconds=self.clock.now(), **dict(outcome.hook_report), **metrics))
         if self._on_flush is not None:
             self._on_flush(outcome, wall)
+        self._evaluations.published(outcome.version)
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -389,6 +396,18 @@ class VirtualLoop:
         if pipeline.feedback is not None:
             self.residuals.put(index, pipeline.feedback.residual)
         return encoded, dict(pipeline.privacy_metrics)
+
+    def _count_download(self, num_bytes: int) -> None:
+        """A download outside a training task (an evaluation's): in the next flush's count."""
+        self._bytes_down += num_bytes
+
+    def _count_evaluation_network(self, index: int, seconds: float, transfer: Any) -> None:
+        """An evaluation task's network time: in the totals, not in the per-round and
+        per-profile tables (those count training tasks, as the update events report them)."""
+        del index  # the profile tables leave evaluations out
+        self.totals.network_s += seconds
+        self.totals.resent_bytes += transfer.resent_bytes
+        self.totals.resets += transfer.resets
 
     def _count_network(self, busy: _Busy, seconds: float, transfer: Any) -> None:
         self.totals.resent_bytes += transfer.resent_bytes

@@ -235,6 +235,17 @@ class SoftmaxTrainer:
             w[k * d:] -= plan.learning_rate * p.sum(axis=0)
         return TrainResult(w, self.num_examples(), steps, steps)
 
+    def evaluate(self, params: np.ndarray) -> dict[str, float]:
+        """Cross-entropy ``loss``, ``accuracy`` and ``examples`` of ``params`` on this client's
+        data (federated evaluation, ``fedlink.sim.virtual.evaluations``)."""
+        logits = softmax_logits(np.asarray(params, dtype=np.float32), self.x, self.spec)
+        shifted = logits - logits.max(axis=1, keepdims=True)
+        log_p = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        rows = np.arange(len(self.y))
+        return {"loss": float(-log_p[rows, self.y].mean()),
+                "accuracy": float(np.mean(np.argmax(logits, axis=1) == self.y)),
+                "examples": float(len(self.y))}
+
 
 class SyntheticPopulation:
     """``size`` lazily generated clients of ``SyntheticSpec`` data on a fleet's links."""

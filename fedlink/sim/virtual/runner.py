@@ -27,6 +27,7 @@ from fedlink.metrics import (
     write_report,
     write_summary,
 )
+from fedlink.metrics.federated import federated_figures
 from fedlink.metrics.model_time import time_shares
 from fedlink.private import private_dir
 from fedlink.sim.virtual.availability import TraceAvailability
@@ -78,6 +79,7 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
             residuals.close()
         recorded = events.events  # read back once from events.jsonl: the log keeps none
         summary = summarize(recorded, config.to_dict())
+        summary.update(federated_figures(recorded))
     summary.update(virtual_figures(totals, time.perf_counter() - started, loop))
     summary["training_processes"] = training.processes
     write_summary(run_dir / SUMMARY_FILENAME, summary)

@@ -1,0 +1,140 @@
+"""Evaluation tasks in virtual-clock mode: ``[coordinator.evaluation]`` as timed events.
+
+The real coordinator (``fedlink.coordinator.evaluations``) asks each joined client that can
+evaluate with a coin per client and version. A virtual population is lazy (10^6 clients, none
+"joined"), so here the same share is drawn at once: when a due version is published (a
+multiple of ``every``), ``Binomial(size, fraction)`` distinct clients are drawn from a
+generator seeded by the run's seed and the version. Each lives through the real client's
+steps in model time: a check-in round trip, the model's download, one forward pass over its
+examples (``ceil(examples / batch_size)`` steps at ``step_cost_s x speed``: a simplification,
+the same per-batch cost as a training step), the report's round trip, all paused while the
+client is offline. The score itself is the client trainer's real ``evaluate`` on the decoded
+model (run inline, on the loop's thread); a trainer without ``evaluate`` does not evaluate, as
+a real client does not advertise the capability. The report becomes one
+``evaluation_reported`` event (example count bounded as the coordinator bounds it), read by
+``fedlink.metrics.federated`` exactly as a real run's.
+
+Simplifications, said: a client drawn to evaluate while it trains does both at once (a real
+one evaluates before its next task); a report that arrives after the run's end is dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fedlink.client.evaluation import evaluation_report, evaluator_of
+from fedlink.clock import ManualClock
+from fedlink.coordinator.commits import bounded_examples
+from fedlink.coordinator.config import CoordinatorConfig
+from fedlink.coordinator.engine import RoundEngine
+from fedlink.errors import ConfigError, RemoteError
+from fedlink.messages import Task, TaskKind
+from fedlink.metrics import EventLog, kinds
+from fedlink.sim.virtual.availability import Availability, finish
+from fedlink.sim.virtual.population import Population
+from fedlink.sim.virtual.timing import DOWN, round_trip_s, transfer_time
+from fedlink.wire import unpack
+
+_STREAM = 0xE7A1  # this module's generator stream, apart from selection and timing
+
+
+@dataclass(frozen=True)
+class VirtualWorld:
+    """What the evaluations share with the loop: its engine, clients, clock and counters.
+
+    ``deterministic``: no random timing (jitter, resets), as the loop's option says; else
+    evaluations draw their timing from a generator of their own, so that turning them on
+    leaves the training tasks' timing as it was. ``count_network(index, seconds, transfer)``
+    and ``count_download(bytes)`` add to the loop's totals and to the next flush's
+    ``bytes_down``, as the real coordinator counts an evaluation task's download.
+    """
+
+    engine: RoundEngine
+    population: Population
+    clock: ManualClock
+    availability: Availability
+    events: EventLog
+    deterministic: bool
+    step_cost_s: float
+    count_network: Callable[[int, float, Any], None]
+    count_download: Callable[[int], None]
+
+
+class VirtualEvaluations:
+    """Draws and times the evaluation tasks of each due version (module docstring)."""
+
+    def __init__(self, config: CoordinatorConfig, world: VirtualWorld) -> None:
+        self.config = config.evaluation
+        self._seed = config.seed
+        self._batch = config.training.batch_size
+        self._max_examples = config.limits.max_examples_per_update
+        self.world = world
+        self._timing = None if world.deterministic else np.random.default_rng(
+            [self._seed & (2**63 - 1), _STREAM])
+        self._next = 1
+
+    def published(self, version: int) -> None:
+        """Version ``version`` is out: start the evaluation tasks it is due for."""
+        if not self.config.enabled or version % self.config.every or self.world.engine.finished:
+            return
+        size = self.world.population.size
+        rng = np.random.default_rng([self._seed & (2**63 - 1), version, _STREAM])
+        count = int(rng.binomial(size, self.config.fraction))
+        for index in sorted(int(i) for i in rng.choice(size, count, replace=False)):
+            self._check_in(index, version)
+
+    def _check_in(self, index: int, version: int) -> None:
+        world = self.world
+        task_id = f"e{self._next}-v{version}"
+        self._next += 1
+        header = world.engine.payload(version).header
+        world.events.emit(kinds.EvaluationIssued.build(client_id=f"sim-{index}",
+                                                       task_id=task_id, model_version=version))
+        profile = world.population.profile(index)
+        check_in, report = (round_trip_s(profile, self._timing) if profile is not None else 0.0
+                            for _ in range(2))
+        down = transfer_time(profile, header.num_bytes, DOWN, self._timing)
+        world.count_download(header.num_bytes)
+        world.count_network(index, check_in + down.seconds + report, down)
+        task = Task(task_id, version, 0, 0, 0.0, header, kind=TaskKind.EVALUATE)
+        done = finish(world.availability, index, world.clock.now(), check_in + down.seconds)
+        world.clock.call_at(done, lambda: self._score(index, task, report))
+
+    def _score(self, index: int, task: Task, report_s: float) -> None:
+        """Downloaded: score the model with the client's trainer; report after the pass."""
+        world = self.world
+        try:
+            payload = world.engine.payload(task.model_version)
+        except RemoteError:  # no longer served: the task is lost, as a real client's is
+            return
+        trainer = world.population.trainer(index)
+        evaluator = evaluator_of(trainer)
+        if evaluator is None:
+            return
+        model = unpack(payload.header, payload.data, world.engine.num_parameters)
+        try:
+            report = evaluation_report(f"sim-{index}", task, trainer, evaluator.evaluate(model))
+        except ConfigError:  # a non-finite score: a real client does not report it either
+            return
+        passes = math.ceil(max(report.num_examples, 1) / self._batch)
+        compute = passes * world.step_cost_s * world.population.speed(index)
+        arrives = finish(world.availability, index, world.clock.now(), compute + report_s)
+        examples = bounded_examples(report.num_examples, world.population.num_examples(index),
+                                    self._max_examples)
+        world.clock.call_at(arrives, lambda: self._arrive(task, index, examples,
+                                                          dict(report.metrics)))
+
+    def _arrive(self, task: Task, index: int, examples: int,
+                metrics: dict[str, float]) -> None:
+        """The report reaches the coordinator (dropped once the run is over)."""
+        if self.world.engine.finished or examples < 1:
+            return
+        self.world.events.emit(kinds.EvaluationReported.build(
+            client_id=f"sim-{index}", task_id=task.task_id, model_version=task.model_version,
+            num_examples=examples, loss=metrics.get("loss"), accuracy=metrics.get("accuracy"),
+            metrics=metrics))

@@ -1,0 +1,181 @@
+"""Evaluation tasks on the coordinator (``fedlink.coordinator.evaluations``), with a fake clock:
+who is asked, when, what a task is, how it expires, and a report counted once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import FakeClock, run_async
+
+from fedlink.coordinator import CoordinatorConfig, FlushRule, LimitsConfig
+from fedlink.coordinator.config import EvaluationConfig
+from fedlink.coordinator.engine import RoundEngine
+from fedlink.coordinator.evaluations import EvaluationDesk, asked
+from fedlink.coordinator.records import ReceivedUpdate
+from fedlink.coordinator.tasks import TaskState
+from fedlink.errors import InvalidArgument, NotFound, PermissionDenied, UpdateRefused
+from fedlink.messages import EVALUATE_CAPABILITY, EvaluationReport, Task, TaskKind
+from fedlink.metrics import EventLog
+from fedlink.refusals import RefusalCode
+
+DIM = 4
+DECLARED = {"ca": 30, "cb": 50, "old": 10}
+
+
+def desk(clock: FakeClock, fraction: float = 1.0, every: int = 1,
+         goal: int = 1) -> tuple[EvaluationDesk, RoundEngine, EventLog]:
+    config = CoordinatorConfig(rounds=5, flush=FlushRule(goal=goal, deadline_s=None),
+                               evaluation=EvaluationConfig(fraction=fraction, every=every),
+                               limits=LimitsConfig(max_task_s=100.0), seed=3)
+    events = EventLog(None)
+    engine = RoundEngine(config, np.zeros(DIM, np.float32), events, clock=clock)
+    evaluations = EvaluationDesk(config, engine, events, lambda c: f"name-{c}",
+                                 lambda c: DECLARED.get(c, 0), clock)
+    for client in ("ca", "cb"):
+        evaluations.joined(client, (EVALUATE_CAPABILITY,))
+    evaluations.joined("old", ())
+    return evaluations, engine, events
+
+
+def report(task: Task, client: str = "ca", examples: int = 20,
+           **metrics: float) -> EvaluationReport:
+    return EvaluationReport(client, task.task_id, task.model_version, examples,
+                            metrics or {"loss": 0.5, "accuracy": 0.75})
+
+
+def flush_once(engine: RoundEngine, client: str = "cb") -> None:
+    task = engine.issue(client)
+    assert isinstance(task, Task)
+    engine.submit(ReceivedUpdate(client, task.task_id, task.model_version,
+                                 np.ones(DIM, np.float32), 10, 1, 1, 16))
+
+
+def test_a_seeded_fraction_of_clients_evaluates_every_nth_version() -> None:
+    config = EvaluationConfig(fraction=0.3, every=2)
+    due = {(name, version): asked(config, 7, f"client-{name}", version)
+           for name in range(400) for version in range(4)}
+    assert not any(d for (_, version), d in due.items() if version % 2)
+    share = np.mean([d for (_, version), d in due.items() if version % 2 == 0])
+    assert 0.22 < share < 0.38
+    assert asked(config, 7, "client-9", 2) == due[(9, 2)]  # reproducible
+    other_seed = [asked(config, 8, f"client-{n}", 2) for n in range(400)]
+    assert other_seed != [due[(n, 2)] for n in range(400)]
+    assert not any(asked(EvaluationConfig(), 7, f"client-{n}", 2) for n in range(50))  # off
+
+
+def test_an_evaluation_task_goes_to_capable_clients_only_and_takes_no_place(
+        fake_clock: FakeClock) -> None:
+    evaluations, engine, events = desk(fake_clock)
+    assert evaluations.offer("old", -1) is None  # never advertised the capability
+    task = evaluations.offer("ca", -1)
+    assert task is not None and task.kind is TaskKind.EVALUATE
+    assert task.task_id.startswith("e") and (task.local_steps, task.local_epochs) == (0, 0)
+    assert task.model == engine.payload(0).header and 0 < task.deadline_s <= 100.0
+    assert evaluations.offer("ca", -1) == task  # asked again while open: the same task
+    assert engine.free_places() == 1  # the cohort (goal 1) is untouched
+    assert [e.kind for e in events.events] == ["evaluation_issued"]
+
+
+def test_a_report_counts_once_weighted_by_bounded_examples(fake_clock: FakeClock) -> None:
+    evaluations, engine, events = desk(fake_clock)
+    task = evaluations.offer("ca", -1)
+    assert task is not None
+    first = evaluations.report(report(task, examples=10**9))
+    again = evaluations.report(report(task, examples=5, loss=9.0))
+    assert (first.duplicate, again.duplicate) == (False, True)
+    (reported,) = events.of_kind("evaluation_reported")
+    assert reported["num_examples"] == DECLARED["ca"]  # never more than it declared
+    assert (reported["loss"], reported["accuracy"], reported["model_version"]) == (0.5, 0.75, 0)
+    assert evaluations.offer("ca", 0) is None  # one evaluation per version
+    flush_once(engine)
+    assert evaluations.offer("ca", 0) is not None  # the next version is due
+
+
+def test_every_n_versions_only(fake_clock: FakeClock) -> None:
+    evaluations, engine, _ = desk(fake_clock, every=2)
+    offered = []
+    for _ in range(4):
+        task = evaluations.offer("ca", -1)
+        offered.append(None if task is None else task.model_version)
+        if task is not None:
+            evaluations.report(report(task))
+        flush_once(engine)
+    assert offered == [0, None, 2, None]
+
+
+def test_bad_reports_are_refused_and_change_nothing(fake_clock: FakeClock) -> None:
+    evaluations, _, events = desk(fake_clock)
+    task = evaluations.offer("ca", -1)
+    other = evaluations.offer("cb", -1)
+    assert task is not None and other is not None
+    with pytest.raises(InvalidArgument, match="non-finite"):
+        evaluations.report(report(task, loss=float("nan")))
+    with pytest.raises(InvalidArgument, match="accuracy"):
+        evaluations.report(report(task, accuracy=1.5))
+    with pytest.raises(InvalidArgument, match="num_examples"):
+        evaluations.report(report(task, examples=0))
+    with pytest.raises(InvalidArgument, match="model_version"):
+        evaluations.report(EvaluationReport("ca", task.task_id, 3, 5, {"loss": 1.0}))
+    with pytest.raises(PermissionDenied):
+        evaluations.report(report(other, client="ca"))
+    with pytest.raises(NotFound):
+        evaluations.report(EvaluationReport("ca", "e99-v0", 0, 5, {}))
+    assert events.of_kind("evaluation_reported") == []
+    assert not evaluations.report(report(task)).duplicate  # still open: a good one counts
+
+
+def test_an_evaluation_task_expires_and_closes_when_its_client_leaves(
+        fake_clock: FakeClock) -> None:
+    evaluations, _, events = desk(fake_clock)
+    task = evaluations.offer("ca", -1)
+    left = evaluations.offer("cb", -1)
+    assert task is not None and left is not None
+    fake_clock.advance(101.0)  # past max_task_s
+    record, task_open = evaluations.lookup("ca", task.task_id)
+    assert not task_open and record.state is TaskState.CLOSED
+    with pytest.raises(UpdateRefused) as refused:
+        evaluations.report(report(task))
+    assert refused.value.refusal is RefusalCode.TASK_CLOSED
+    evaluations.forget_client("cb")
+    with pytest.raises(NotFound):
+        evaluations.report(report(left, client="cb"))
+    assert events.of_kind("evaluation_reported") == []
+
+
+def test_a_task_whose_model_is_gone_is_replaced(fake_clock: FakeClock) -> None:
+    """Asked again (its download failed) after its model stopped being served."""
+    evaluations, engine, _ = desk(fake_clock)
+    first = evaluations.offer("ca", -1)
+    flush_once(engine)  # version 1; max_staleness 0: version 0 is no longer served
+    second = evaluations.offer("ca", -1)
+    assert first is not None and second is not None
+    assert (second.model_version, second.task_id != first.task_id) == (1, True)
+    _, first_open = evaluations.lookup("ca", second.task_id)
+    assert first_open
+
+
+def test_what_a_client_can_do_survives_a_restart(tmp_path: Path) -> None:
+    from fedlink.coordinator import CoordinatorService
+    from fedlink.messages import GetTaskRequest, JoinRequest
+
+    config = CoordinatorConfig(rounds=2, flush=FlushRule(goal=1, deadline_s=None),
+                               evaluation=EvaluationConfig(fraction=1.0),
+                               state_dir=str(tmp_path))
+
+    def service() -> CoordinatorService:
+        return CoordinatorService(config, np.zeros(DIM, np.float32), EventLog(None))
+
+    first = service()
+    capable = run_async(first.join(JoinRequest(
+        "capable", num_examples=5, capabilities=(EVALUATE_CAPABILITY,),
+        metadata={"\x00capabilities": "ignored"}))).client_id
+    spoofing = run_async(first.join(JoinRequest(
+        "spoofing", num_examples=5, metadata={"\x00capabilities": EVALUATE_CAPABILITY})))
+    first.state.close()  # a crash: what is durable stays
+    second = service()
+    for client_id, kind in ((capable, TaskKind.EVALUATE), (spoofing.client_id, TaskKind.TRAIN)):
+        reply = run_async(second.get_task(GetTaskRequest(client_id)))
+        assert isinstance(reply, Task) and reply.kind is kind
+    second.close()
