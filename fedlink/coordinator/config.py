@@ -229,6 +229,13 @@ class LimitsConfig:
     ``max_string_bytes`` (any id, name, key or value in a request), ``max_metadata_bytes``
     (all keys and values of one such map together: what one ``Join`` makes the registry keep).
 
+    ``checkins_per_s``: pace steering. A client told to wait comes back after
+    ``retry_after_s``, or after ``registered clients / checkins_per_s`` when that is longer, so
+    that idle clients check in at about this rate in all however large the population (a
+    population of 10,000 polling every few seconds would be a load of its own). ``0`` (the
+    default): the plain ``retry_after_s``. Long polls still hand a new version's tasks to the
+    clients waiting in ``GetTask`` the moment it is published.
+
     ``finished_grace_s``: after the run ends, the coordinator keeps answering ``Finished`` until
     every client has left or been silent this long, so that a client in a blackout when the
     last flush happens still learns the run is over when it comes back (instead of finding the
@@ -291,6 +298,7 @@ class LimitsConfig:
     max_streams_per_connection: int = 100
     connection_idle_s: float = 300.0
     connection_age_s: float = 3600.0
+    checkins_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         check_fields(self, "coordinator.limits")
@@ -331,7 +339,8 @@ class LimitsConfig:
                      "max_open_uploads_per_client", "max_upload_bytes_per_client",
                      "max_spool_bytes", "join_per_peer_per_s",
                      "join_per_token_per_s", "max_ids_per_token", "client_ttl_s", "max_task_s",
-                     "max_streams_per_connection", "connection_idle_s", "connection_age_s"):
+                     "max_streams_per_connection", "connection_idle_s", "connection_age_s",
+                     "checkins_per_s"):
             require(getattr(self, name) >= 0, f"coordinator.limits.{name}",
                     f"must be >= 0 (0 = no limit), got {getattr(self, name)}")
         for rate, burst in (("join_per_peer_per_s", "join_burst_per_peer"),

@@ -24,6 +24,7 @@ import asyncio
 import hmac
 import logging
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -73,6 +74,7 @@ from fedlink.messages import (
     UploadChunk,
     UploadReply,
     UploadStatusRequest,
+    Wait,
 )
 from fedlink.metrics import EventLog, kinds
 
@@ -221,7 +223,7 @@ class CoordinatorService:
             raise InvalidArgument(f"held_version {request.held_version} is not a version this "
                                   f"coordinator published (current {self.engine.version}; "
                                   "-1 = none held)")
-        reply = await self._next_task(request.client_id, request.held_version)
+        reply = self._paced(await self._next_task(request.client_id, request.held_version))
         if isinstance(reply, Task | Finished):  # a new task, or the run's end, was journaled
             await self.state.sync()
         if isinstance(reply, Task):
@@ -242,6 +244,15 @@ class CoordinatorService:
                 await asyncio.wait_for(changed.wait(), timeout=remaining)
             except TimeoutError:
                 return self._issue(client_id, held_version)
+
+    def _paced(self, reply: TaskReply) -> TaskReply:
+        """``reply``, a ``Wait`` stretched to spread idle clients' check-ins over time
+        (``limits.checkins_per_s``: pace steering)."""
+        rate = self.config.limits.checkins_per_s
+        if not isinstance(reply, Wait) or not rate:
+            return reply
+        spread = len(self.registry) / rate
+        return replace(reply, retry_after_s=spread) if spread > reply.retry_after_s else reply
 
     def _issue(self, client_id: str, held_version: int) -> TaskReply:
         """An evaluation task when one is due (it takes no place), else the engine's answer."""

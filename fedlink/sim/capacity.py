@@ -10,12 +10,17 @@ would refuse a population larger than a device's worth of calls: at 10,000 clien
 met ``REFUSED_STREAM`` (stream cap) and per-peer Join throttling until their retry budgets ran
 out. A simulation raises those three caps to what its population needs (never lowers them);
 caps per client id (request rate, uploads, tokens) are kept, as each simulated client is one.
+
+A large population also gets pace steering (``limits.checkins_per_s``, unless the config sets
+it): one process serves every idle client's long polls, and 10,000 of them asking again every
+second or so would be a load of their own.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Any
 
 from fedlink.coordinator.config import CoordinatorConfig
 
@@ -27,16 +32,26 @@ STREAMS_PER_CLIENT = 4
 STREAM_HEADROOM = 100
 """Streams beyond the population's own (probes, the health check)."""
 
+PACED_FROM_CLIENTS = 2000
+"""From this population on, a simulation steers idle clients' pace (smaller ones keep the
+plain ``retry_after_s``)."""
+
+SIM_CHECKINS_PER_S = 200.0
+"""The check-in rate a paced simulation aims at: about a tenth of what one event loop serves."""
+
 
 def for_population(config: CoordinatorConfig, clients: int) -> CoordinatorConfig:
-    """``config`` with the per-address and per-connection caps raised to fit ``clients``."""
+    """``config`` with the per-address and per-connection caps raised to fit ``clients`` (and,
+    for a large population, pace steering on)."""
     limits = config.limits
-    wanted = {
+    wanted: dict[str, Any] = {
         "max_clients": max(limits.max_clients, clients),
         "join_burst_per_peer": max(limits.join_burst_per_peer, clients),
         "max_streams_per_connection": max(limits.max_streams_per_connection,
                                           STREAMS_PER_CLIENT * clients + STREAM_HEADROOM),
     }
+    if clients >= PACED_FROM_CLIENTS and not limits.checkins_per_s:
+        wanted["checkins_per_s"] = SIM_CHECKINS_PER_S
     raised = {key: value for key, value in wanted.items() if value != getattr(limits, key)}
     if not raised:
         return config

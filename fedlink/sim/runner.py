@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedlink.client import ClientOptions, ClientSession, SessionStats, Trainer
+from fedlink.client.retry import Sleep
 from fedlink.coordinator import CoordinatorServer
 from fedlink.coordinator.auth import issue_token, load_secret
 from fedlink.coordinator.lifecycle import target_accuracy
@@ -38,6 +39,7 @@ from fedlink.metrics import (
 from fedlink.metrics.federated import federated_figures
 from fedlink.netem import ClientLink
 from fedlink.netem.proxy import TcpProxy
+from fedlink.sim.arrivals import RunOverSleep, start_in_waves
 from fedlink.sim.capacity import for_population
 from fedlink.sim.config import ExperimentConfig
 from fedlink.sim.network import ClientOutcome, network_summary
@@ -184,12 +186,16 @@ async def _simulate(experiment: Experiment, events: EventLog, progress: bool,
         async with server, contextlib.AsyncExitStack() as stack:
             upstream = f"127.0.0.1:{server.port}"
             proxies = [await _open_link(stack, link, upstream) for link in links]
+            waits = RunOverSleep(events)
             sessions = [
                 _session(config, i, trainer, upstream if proxy is None else proxy.address,
-                         pool, inline=not threaded)
+                         pool, inline=not threaded, sleep=waits)
                 for i, (trainer, proxy) in enumerate(zip(trainers, proxies, strict=True))]
-            stats = await _run_sessions(sessions, server, events, config.coordinator.rounds,
-                                        progress)
+            try:
+                stats = await _run_sessions(sessions, server, events,
+                                            config.coordinator.rounds, progress)
+            finally:
+                waits.close()
     outcomes = tuple(ClientOutcome(i, link, proxy.counters if proxy else None, s)
                      for i, (link, proxy, s) in enumerate(zip(links, proxies, stats, strict=True)))
     return outcomes, tuple(trainers), server.lifecycle.final_model.copy()
@@ -211,7 +217,7 @@ async def _run_sessions(sessions: list[ClientSession], server: CoordinatorServer
         # it ends the run on the flush that reached it); nothing polls the log
         unsubscribe = events.on_flush(FlushWatch(bar))
         try:
-            stats = await asyncio.gather(*(s.run() for s in sessions))
+            stats = await start_in_waves([s.run for s in sessions], events)
             await server.wait_finished()
         except RemoteError as exc:
             if not exc.retryable or len(sessions) < CEILING_HINT_CLIENTS:
@@ -223,13 +229,14 @@ async def _run_sessions(sessions: list[ClientSession], server: CoordinatorServer
 
 
 def _session(config: ExperimentConfig, index: int, trainer: Trainer, target: str,
-             pool: ThreadPoolExecutor, inline: bool) -> ClientSession:
+             pool: ThreadPoolExecutor, inline: bool, sleep: Sleep | None = None,
+             ) -> ClientSession:
     name = f"sim-{index}"
     options = ClientOptions(name=name, token=_token(config, name),
                             seed=config.run.seed * 1_000_003 + index,
                             retry=config.client.retry, liveness=config.client.liveness)
     pipeline = config.client.pipeline()
-    return ClientSession(target, trainer, options, pipeline, executor=pool,
+    return ClientSession(target, trainer, options, pipeline, executor=pool, sleep=sleep,
                          inline_training=inline)
 
 
