@@ -8,12 +8,16 @@ from pathlib import Path
 from typing import Any
 
 
-def parse_args(description: str) -> argparse.Namespace:
-    """Every benchmark's flags: ``--quick`` (about a minute) and ``--json FILE``."""
+def parse_args(description: str, parts: tuple[str, ...] = ()) -> argparse.Namespace:
+    """Every benchmark's flags: ``--quick`` (about a minute) and ``--json FILE``; with
+    ``parts``, also ``--only PART`` (measure just that part; ``args.only``, else ``None``)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help="a small version (about a minute)")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE",
                         help="write the named figures as one flat JSON object")
+    if parts:
+        parser.add_argument("--only", choices=parts, default=None,
+                            help="measure only this part of the benchmark")
     return parser.parse_args()
 
 
