@@ -14,7 +14,7 @@ import contextlib
 import multiprocessing
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from fedlink.client import TrainPlan, TrainResult
 from fedlink.errors import ConfigError
 from fedlink.sim.virtual.backends.base import (
+    ONE_THREAD,
     BackendContext,
     TrainingTask,
     TrainingWorkerError,
@@ -83,7 +84,8 @@ class ProcessTraining:
                 here, there = spawn.Pipe()
                 process = spawn.Process(target=_serve, args=(build, there), daemon=True,
                                         name=f"fedlink-training-{number}")
-                process.start()
+                with _environment(ONE_THREAD):  # read by the new process's libraries as they load
+                    process.start()
                 there.close()
                 self._workers.append(_Worker(number, process, here))
             for worker in self._workers:  # all start at once; wait for each
@@ -174,6 +176,20 @@ class ProcessTraining:
     def processes(self) -> int:
         """Worker processes that have returned a trained client."""
         return len(self._pids)
+
+
+@contextlib.contextmanager
+def _environment(defaults: Mapping[str, str]) -> Iterator[None]:
+    """``defaults`` in ``os.environ`` (a value the user set wins) while a worker is spawned:
+    a spawned process starts with this process's environment, and there is no other way to
+    give it one of its own."""
+    added = {k: v for k, v in defaults.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
 
 
 def _serve(build: Callable[[], Population], pipe: Connection) -> None:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from fedlink.client import TrainPlan, TrainResult
 from fedlink.errors import ConfigError
 from fedlink.sim.virtual.backends.base import (
+    ONE_THREAD,
     BackendContext,
     TrainingTask,
     TrainingWorkerError,
@@ -117,7 +118,8 @@ class RayTraining:
         self._models: OrderedDict[int, Any] = OrderedDict()
         self._models_lock = threading.Lock()
         try:
-            actor = ray.remote(num_cpus=1)(TrainingActor)
+            actor = ray.remote(num_cpus=1, runtime_env={"env_vars": dict(ONE_THREAD)})(
+                TrainingActor)
             self._actors = [actor.remote(build) for _ in range(workers)]
             ray.get([a.ready.remote() for a in self._actors], timeout=READY_TIMEOUT_S)
         except BaseException as exc:
