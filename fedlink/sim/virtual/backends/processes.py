@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from multiprocessing.connection import Connection, wait
@@ -29,7 +31,7 @@ from fedlink.sim.virtual.backends.base import (
     TrainingWorkerError,
     warmed,
 )
-from fedlink.sim.virtual.backends.schedule import Scheduler
+from fedlink.sim.virtual.backends.schedule import Scheduler, slots
 
 if TYPE_CHECKING:
     from fedlink.sim.virtual.population import Population
@@ -46,7 +48,7 @@ class _Worker:
         self.process = process
         self.pipe = pipe
         self.version: int | None = None  # the model version the worker holds
-        self.task: Future[TrainResult] | None = None  # what it is training
+        self.tasks: deque[Future[TrainResult]] = deque()  # sent, in the order it trains them
 
     def wait_ready(self) -> None:
         """Block until the worker has built its population (its error if it could not)."""
@@ -93,7 +95,7 @@ class ProcessTraining:
         except BaseException:
             self._stop(at_once=True)
             raise
-        self._scheduler = Scheduler(self._workers, self._start)
+        self._scheduler = Scheduler(slots(self._workers), self._start)
         self._reader = threading.Thread(target=self._read, name="fedlink-training-results",
                                         daemon=True)
         self._reader.start()
@@ -110,7 +112,7 @@ class ProcessTraining:
     def _start(self, worker: _Worker, task: TrainingTask, future: Future[TrainResult]) -> None:
         """Send ``task``, with its model only if the worker does not hold that version."""
         fresh = task.version < 0 or worker.version != task.version
-        worker.task = future
+        worker.tasks.append(future)
         worker.pipe.send((task.index, task.version, task.model if fresh else None, task.plan))
         worker.version = task.version
 
@@ -129,7 +131,7 @@ class ProcessTraining:
                 self._settle(worker, kind, value)
 
     def _settle(self, worker: _Worker, kind: str, value: Any) -> None:
-        future, worker.task = worker.task, None
+        future = worker.tasks.popleft() if worker.tasks else None
         if future is not None:
             if kind == "done":
                 pid, result = value
@@ -141,8 +143,9 @@ class ProcessTraining:
 
     def _lost(self, worker: _Worker, error: TrainingWorkerError, any_left: bool) -> None:
         """A worker died: its task fails, and every waiting one if none is left."""
-        if worker.task is not None and not worker.task.done():
-            worker.task.set_exception(error)
+        for task in worker.tasks:
+            if not task.done():
+                task.set_exception(error)
         if not any_left:
             self._scheduler.fail_waiting(error)
 
@@ -157,7 +160,7 @@ class ProcessTraining:
     def _stop(self, at_once: bool) -> None:
         """End every worker (``at_once``: terminate them all, as when one failed to start)."""
         for worker in self._workers:
-            if at_once or (worker.task is not None and not worker.task.done()):
+            if at_once or any(not task.done() for task in worker.tasks):
                 worker.process.terminate()
                 continue
             with contextlib.suppress(OSError):  # already gone
@@ -200,19 +203,28 @@ def _serve(build: Callable[[], Population], pipe: Connection) -> None:
         pipe.send(("error", _sendable(exc)))
         return
     pipe.send(("ready", os.getpid()))
+    inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    threading.Thread(target=_receive_all, args=(pipe, inbox), daemon=True).start()
     model = None
-    while True:
-        try:
-            message = pipe.recv()
-        except EOFError:  # the loop's process is gone
-            return
-        if message is None:
-            return
+    while (message := inbox.get()) is not None:
         index, _version, sent, plan = message
         if sent is not None:  # a new version: kept for the tasks after this one, read-only
             model = sent
             model.flags.writeable = False
         pipe.send(_train(population, index, model, plan))
+
+
+def _receive_all(pipe: Connection, inbox: queue.SimpleQueue[Any]) -> None:
+    """A worker's reader thread: the loop's next task waits here, already received, while the
+    current one trains (and a model sent meanwhile never blocks the loop's process)."""
+    while True:
+        try:
+            message = pipe.recv()
+        except EOFError:  # the loop's process is gone
+            message = None
+        inbox.put(message)
+        if message is None:
+            return
 
 
 def _train(population: Population, index: int, model: Any,

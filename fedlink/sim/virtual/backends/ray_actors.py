@@ -34,7 +34,7 @@ from fedlink.sim.virtual.backends.base import (
     TrainingWorkerError,
     warmed,
 )
-from fedlink.sim.virtual.backends.schedule import Scheduler
+from fedlink.sim.virtual.backends.schedule import Scheduler, slots
 
 if TYPE_CHECKING:
     from fedlink.sim.virtual.population import Population
@@ -128,7 +128,7 @@ class RayTraining:
                 raise TrainingWorkerError(f"Ray training actors could not start: "
                                           f"{_cause(exc)}") from exc
             raise
-        self._scheduler = Scheduler(range(workers), self._start)
+        self._scheduler = Scheduler(slots(range(workers)), self._start)
         self._answers: queue.SimpleQueue[_Answer | None] = queue.SimpleQueue()
         self._settler = threading.Thread(target=self._settle_answers, daemon=True,
                                          name="fedlink-ray-results")

@@ -4,8 +4,10 @@ and Ray backends).
 The loop submits a round's tasks in a burst and then takes their results in model-time
 order. Handing them out in that order (``TrainingTask.due``), rather than as submitted, means
 the result the loop waits for next is the one being trained, and the loop's own work on each
-result overlaps the workers' training of the next ones. Each worker holds one task at a time,
-so a worker that is free always gets the most urgent task waiting.
+result overlaps the workers' training of the next ones. Each worker holds ``DEPTH`` tasks (its
+next one already sent while it trains the current one), so it does not sit idle while its
+result travels back and the next task comes: on a loaded machine those hand-overs wait for
+the scheduler, and with one task at a time two workers were slower than none.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import heapq
 import itertools
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from typing import Generic, TypeVar
 
@@ -22,6 +24,15 @@ from fedlink.client import TrainResult
 from fedlink.sim.virtual.backends.base import TrainingTask
 
 W = TypeVar("W")
+DEPTH = 2
+"""Tasks a worker holds: the one it trains and the next."""
+
+
+def slots(workers: Sequence[W], depth: int = DEPTH) -> list[W]:
+    """Each worker ``depth`` times, interleaved (the first tasks go one to each worker)."""
+    return [worker for _ in range(depth) for worker in workers]
+
+
 Start = Callable[[W, TrainingTask, "Future[TrainResult]"], None]
 
 
