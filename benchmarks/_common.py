@@ -11,15 +11,19 @@ from typing import Any
 
 def parse_args(description: str,
                add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
-               ) -> argparse.Namespace:
-    """Every benchmark's flags: ``--quick`` (about a minute) and ``--json FILE``, and those
-    ``add_arguments`` adds for one benchmark."""
+               parts: tuple[str, ...] = ()) -> argparse.Namespace:
+    """Every benchmark's flags: ``--quick`` (about a minute) and ``--json FILE``, those
+    ``add_arguments`` adds for one benchmark, and with ``parts`` also ``--only PART``
+    (measure just that part; ``args.only``, else ``None``)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help="a small version (about a minute)")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE",
                         help="write the named figures as one flat JSON object")
     if add_arguments is not None:
         add_arguments(parser)
+    if parts:
+        parser.add_argument("--only", choices=parts, default=None,
+                            help="measure only this part of the benchmark")
     return parser.parse_args()
 
 

@@ -16,8 +16,12 @@ that process), of ``examples/population_1m.toml`` at the population asked for. F
 - ``parallel_speedup_2_workers``: a virtual run whose local training dominates (digits, an
   MLP 256-256, 10 local epochs, cohort 20), loop wall with ``[virtual] workers = 0`` over
   the same with 2 worker processes (same numbers: the run's final models must agree), in this
-  process; ``parallel_walls_s`` beside it. Workers' start-up (spawn, torch import, data) is
-  outside the loop's wall and reported as ``parallel_startup_s``.
+  process; ``parallel_wall_0_s``/``parallel_wall_2_s`` beside it. Workers' start-up (spawn,
+  torch import, data, the first trainer) is outside the loop's wall and reported as
+  ``parallel_startup_s`` (inline training pays its first trainer before the loop too).
+  ``ray_speedup_2_actors``: the same with ``[run] backend = "ray"`` and 2 actors over inline,
+  when ray is installed (``ray_startup_s``: starting Ray and its actors).
+  ``--only parallel`` measures these alone.
 
 - ``grpc_10k_completed``: a real-gRPC ``fedlink simulate`` process of 10,000 clients
   (synthetic data, logistic regression, cohort 100, 3 rounds; ``--quick``: 2,000 clients, named
@@ -134,15 +138,20 @@ def _speedup(clients: int, rounds: int, workdir: Path) -> dict[str, float]:
 
 
 def _parallel(rounds: int, workdir: Path) -> dict[str, float]:
-    """Loop wall with 0 and with 2 training workers, on a run where training dominates."""
+    """Loop wall inline, with 2 worker processes and (ray installed) 2 Ray actors, on a run
+    where training dominates; the same run each time (the final models must agree)."""
     import numpy as np
 
     from fedlink.sim import ExperimentConfig, run_simulation
 
-    walls, models, startup = {}, {}, 0.0
-    for workers in (0, 2):
+    backends = [("inline", 0), ("processes", 2)]
+    if importlib.util.find_spec("ray") is not None:
+        backends.append(("ray", 2))
+    walls, models, startup = {}, {}, {}
+    for backend, workers in backends:
         config = ExperimentConfig.from_dict({
-            "run": {"name": f"workers-{workers}", "seed": 2, "mode": "virtual"},
+            "run": {"name": f"{backend}-{workers}", "seed": 2, "mode": "virtual",
+                    "backend": backend},
             "data": {"dataset": "digits", "clients": 60},
             "model": {"name": "mlp", "options": {"hidden": [256, 256]}},
             "coordinator": {"rounds": rounds, "flush": {"goal": 20, "deadline_s": 0},
@@ -151,14 +160,22 @@ def _parallel(rounds: int, workdir: Path) -> dict[str, float]:
         })
         started = time.perf_counter()
         result = run_simulation(config, workdir, progress=False)
-        walls[workers] = result.summary["loop_wall_seconds"]
-        if workers:
-            startup = time.perf_counter() - started - walls[workers]
-        models[workers] = np.load(result.run_dir / "model.npy")
-    same = float(np.max(np.abs(models[0] - models[2])))
-    return {"parallel_speedup_2_workers": walls[0] / walls[2], "parallel_wall_0_s": walls[0],
-            "parallel_wall_2_s": walls[2], "parallel_startup_s": startup,
-            "parallel_max_model_difference": same}
+        walls[backend] = result.summary["loop_wall_seconds"]
+        startup[backend] = time.perf_counter() - started - walls[backend]
+        models[backend] = np.load(result.run_dir / "model.npy")
+
+    def differs(backend: str) -> float:
+        return float(np.max(np.abs(models["inline"] - models[backend])))
+
+    figures = {"parallel_speedup_2_workers": walls["inline"] / walls["processes"],
+               "parallel_wall_0_s": walls["inline"], "parallel_wall_2_s": walls["processes"],
+               "parallel_startup_s": startup["processes"],
+               "parallel_max_model_difference": differs("processes")}
+    if "ray" in walls:
+        figures.update({"ray_speedup_2_actors": walls["inline"] / walls["ray"],
+                        "ray_wall_2_s": walls["ray"], "ray_startup_s": startup["ray"],
+                        "ray_max_model_difference": differs("ray")})
+    return figures
 
 
 def _pfl_arguments(parser: argparse.ArgumentParser) -> None:
@@ -226,10 +243,14 @@ def _pfl_figures(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    args = parse_args(__doc__.splitlines()[0], _pfl_arguments)
+    args = parse_args(__doc__.splitlines()[0], _pfl_arguments, parts=("parallel",))
     if args.vs_pfl_only:
         with tempfile.TemporaryDirectory() as tmp:
             report(_pfl_figures(args, Path(tmp)), args.json)
+        return
+    if args.only == "parallel":  # the training-backend figures alone
+        with tempfile.TemporaryDirectory() as tmp:
+            report(_parallel(3 if args.quick else 10, Path(tmp)), args.json)
         return
     large, rounds = (100_000, 5) if args.quick else (1_000_000, 20)
     name = "population_quick" if args.quick else "population_1m"

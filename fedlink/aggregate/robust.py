@@ -36,14 +36,23 @@ from fedlink.errors import ConfigError
 _HALF_TOLERANCE = 1e-9
 
 
+def squares(piece: np.ndarray) -> float:
+    """``sum(piece ** 2)`` of a 1-D chunk, on this thread.
+
+    Not ``np.dot``: numpy hands a long dot product to OpenBLAS's thread pool, and with every
+    core busy (a simulation's training workers, other processes) waiting for those threads
+    turned a 50 us sum into 10-30 ms per update. ``einsum``'s own loop never leaves the thread.
+    """
+    return float(np.einsum("i,i->", piece, piece))
+
+
 def l2_norm(vector: np.ndarray) -> float:
     """``||vector||_2`` in float64, one chunk at a time (no model-sized temporary)."""
     flat = vector.reshape(-1)
     total = 0.0
     with np.errstate(over="ignore", invalid="ignore"):
         for start in range(0, flat.size, CHUNK):
-            piece = flat[start:start + CHUNK].astype(np.float64)
-            total += float(np.dot(piece, piece))
+            total += squares(flat[start:start + CHUNK].astype(np.float64))
     return float(np.sqrt(total))
 
 

@@ -3,7 +3,7 @@
 Sections (every key optional unless noted; unknown keys are an error)::
 
     [run]          name, seed, output_dir, train_workers, torch_threads, evaluate_train,
-                   target_accuracy, tensorboard
+                   target_accuracy, tensorboard, mode, backend
     [data]         dataset, clients, partition, options = { alpha = 0.5, ... },
                    loader ("package.module:attr", your own data); options are checked
                    against the dataset's and partitioner's keyword parameters at parse time
@@ -22,6 +22,8 @@ Sections (every key optional unless noted; unknown keys are an error)::
                    (fedlink.coordinator.evaluations)
     [network]      preset | profile | fleet, speed, profiles (see fedlink.netem.fleet)
     [partial_work] fraction, seed: stragglers doing part of each task (fedlink.sim.partial_work)
+    [virtual]      virtual-clock mode (fedlink.sim.virtual.config)
+    [ray]          address: the Ray cluster of [run] backend = "ray" ("": a local one)
 
 ``[coordinator] run_name`` defaults to ``[run] name``. Every ``"package.module:attr"`` is user
 code (``fedlink.plug``): see ``fedlink.sim.setup`` for what each plug point is called with.
@@ -47,7 +49,8 @@ from fedlink.plug import is_import_string
 from fedlink.privacy import setup as privacy_setup
 from fedlink.sim.partial_work import PartialWorkSection
 from fedlink.sim.trainers import TRAINERS
-from fedlink.sim.virtual.config import VirtualSection
+from fedlink.sim.virtual.backends import BACKENDS
+from fedlink.sim.virtual.config import RaySection, VirtualSection
 
 RUN_MODES = ("grpc", "virtual")
 
@@ -83,11 +86,18 @@ class RunSection:
     mode: str = "grpc"
     """``"grpc"``: real sessions over loopback; ``"virtual"``: the discrete-event loop of
     ``fedlink.sim.virtual`` (``[virtual]`` section), for populations up to 10^6."""
+    backend: str = "processes"
+    """Where virtual mode trains with ``[virtual] workers > 0``: ``"processes"`` (spawned
+    worker processes), ``"ray"`` (Ray actors; the ``ray`` extra, ``[ray]`` section),
+    ``"inline"``, or an import string (``fedlink.sim.virtual.backends``)."""
 
     def __post_init__(self) -> None:
         check_fields(self, "run")
         require(self.mode in RUN_MODES, "run.mode", f"must be one of {RUN_MODES}, "
                 f"got {self.mode!r}")
+        require(self.backend in BACKENDS, "run.backend",
+                f"must be one of {', '.join(BACKENDS.names())} or 'package.module:attr', "
+                f"got {self.backend!r}")
         require(bool(self.name) and "/" not in self.name, "run.name",
                 "must be a non-empty name without '/'")
         require(self.seed >= 0, "run.seed", f"must be >= 0, got {self.seed}")
@@ -229,6 +239,7 @@ class ExperimentConfig:
     network: Fleet | None = None
     partial_work: PartialWorkSection = field(default_factory=PartialWorkSection)
     virtual: VirtualSection = field(default_factory=VirtualSection)
+    ray: RaySection = field(default_factory=RaySection)
     evaluator: str = ""
     """``[coordinator] evaluator = "package.module:attr"``: your ``evaluate(model, test) ->
     {metric: value}`` scoring each new global model (kept here, not in ``CoordinatorConfig``,
@@ -245,7 +256,7 @@ class ExperimentConfig:
         """Build from a parsed TOML document (``base_dir``: where relative paths start)."""
         sections = {"run": RunSection, "data": DataSection, "model": ModelSection,
                     "client": ClientSection, "partial_work": PartialWorkSection,
-                    "virtual": VirtualSection}
+                    "virtual": VirtualSection, "ray": RaySection}
         unknown = sorted(set(table) - set(sections) - {"coordinator", "network"})
         if unknown:
             raise ConfigError(f"unknown sections {unknown}; allowed: "

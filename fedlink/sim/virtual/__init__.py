@@ -4,5 +4,6 @@
 (``fedlink.sim.virtual.runner``) instead of over real gRPC: no sockets, each client's
 download, training and upload timed from its link profile and speed (``timing``), clients
 coming and going (``availability``), made only while selected (``population``), driven by
-the discrete-event ``loop`` on a ``fedlink.clock.ManualClock``.
+the discrete-event ``loop`` on a ``fedlink.clock.ManualClock``, and trained where ``[run]
+backend`` says (``backends``: inline, worker processes or Ray actors).
 """

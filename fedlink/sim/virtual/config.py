@@ -10,13 +10,17 @@
 - ``availability``: ``"always"``, ``"diurnal"`` (``online_fraction`` of every ``period_s``) or
   ``"trace"`` (``trace_file``, see ``fedlink.sim.virtual.availability``);
 - ``max_model_s``: end the run after this much model time (0: no limit);
-- ``workers``: processes that train selected clients in parallel (0: train in the loop's
-  process; see ``fedlink.sim.virtual.workers``). Each worker builds the run's data and model
-  once. Worth it when local training dominates (a torch model, several local steps); for
-  tiny models the hand-over costs more than the training;
+- ``workers``: processes (or Ray actors) that train selected clients in parallel (0: train
+  in the loop's process); ``[run] backend`` says which (``fedlink.sim.virtual.backends``).
+  Each worker builds the run's data and model once. Worth it when local training dominates
+  (a torch model, several local steps); for tiny models the hand-over costs more than the
+  training;
 - ``residual_memory_mb``: memory for error-feedback residuals (biased codecs); beyond it the
   least recently used are spilled to a file in the run folder
   (``fedlink.sim.virtual.residuals``).
+
+``[ray]`` (``RaySection``), for ``[run] backend = "ray"``: ``address``, the Ray cluster to join
+(``""``, the default: a local Ray started for the run on 127.0.0.1 with ``workers`` CPUs).
 """
 
 from __future__ import annotations
@@ -82,3 +86,14 @@ class VirtualSection:
             return TraceAvailability.from_csv(self.trace_file, self.period_s
                                               if self.period_s != DAY_S else 0.0)
         return AlwaysOnline()
+
+
+@dataclass(frozen=True)
+class RaySection:
+    """The ``[ray]`` table: ``address`` of a Ray cluster to train on (``""``: start a local Ray
+    on loopback for the run; see ``fedlink.sim.virtual.backends.ray_actors``)."""
+
+    address: str = ""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "ray")

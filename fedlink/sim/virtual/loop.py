@@ -5,8 +5,8 @@ Each selected client lives through timed events, as ``ClientSession`` does over 
 in (one ``GetTask`` round trip), downloads the task's model (its encoded payload, decoded with
 ``fedlink.wire.unpack`` as the real client does), trains (the real trainer; model time is
 ``steps x step_cost_s x speed``), runs the real ``UpdatePipeline`` (privacy, codec, error
-feedback), uploads and commits. Training itself runs in a ``TrainingPool``
-(``fedlink.sim.virtual.workers``): handed over when the download ends, its result taken when
+feedback), uploads and commits. Training itself runs in a ``TrainingBackend``
+(``fedlink.sim.virtual.backends``): handed over when the download ends, its result taken when
 training ends in model time, so worker processes train several clients at once. Transfers are
 timed by ``fedlink.sim.virtual.timing``; work pauses while the client is offline
 (``fedlink.sim.virtual.availability``). The arrival calls the engine's own ``submit``
@@ -50,11 +50,11 @@ from fedlink.messages import Finished, Task
 from fedlink.metrics import EventLog, kinds
 from fedlink.refusals import RefusalCode
 from fedlink.sim.virtual.availability import AlwaysOnline, Availability, finish
+from fedlink.sim.virtual.backends import InlineTraining, TrainingBackend, TrainingTask
 from fedlink.sim.virtual.evaluations import VirtualEvaluations, VirtualWorld
 from fedlink.sim.virtual.population import Population
 from fedlink.sim.virtual.residuals import ResidualStore
 from fedlink.sim.virtual.timing import DOWN, UP, round_trip_s, transfer_time
-from fedlink.sim.virtual.workers import InlineTraining, TrainingPool
 from fedlink.wire import unpack
 
 Evaluate = Callable[[np.ndarray], Mapping[str, float]]
@@ -130,7 +130,7 @@ class VirtualLoop:
                  availability: Availability | None = None, evaluate: Evaluate | None = None,
                  profile_name: Callable[[int], str] = lambda i: "ideal",
                  on_flush: Callable[[FlushOutcome, float], None] | None = None,
-                 training: TrainingPool | None = None,
+                 training: TrainingBackend | None = None,
                  residuals: ResidualStore | None = None) -> None:
         self.config = config
         self.clock = clock
@@ -156,6 +156,7 @@ class VirtualLoop:
             [options.seed, 0x714E])
         self.totals = LoopTotals()
         self._bytes_down = 0  # since the last flush, as the servicer counts it
+        self._model: tuple[int, np.ndarray] | None = None  # the last version decoded
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -243,7 +244,7 @@ class VirtualLoop:
         except RemoteError:  # the version is no longer served: the task is lost
             self._done(busy)
             return
-        model = unpack(payload.header, payload.data, self.engine.num_parameters)
+        model = self._decoded(task.model_version, payload)
         examples = self.population.num_examples(index)
         rng = self._client_rng(index)
         training = self.config.training
@@ -253,14 +254,16 @@ class VirtualLoop:
         steps = planned_steps(plan, examples)
         step_s = self.options.step_cost_s * self.population.speed(index)
         fits = self._steps_before_deadline(busy, steps, step_s)
-        result = self._training.submit(index, model, plan if fits == steps else TrainPlan(
-            local_steps=max(fits, 1), batch_size=plan.batch_size,
-            learning_rate=plan.learning_rate, seed=plan.seed, options=plan.options))
         # model time follows the plan, known now; the result is needed only when it ends
         compute = fits * step_s
+        trained = finish(self.availability, index, self.clock.now(), compute)
+        result = self._training.submit(TrainingTask(
+            index, task.model_version, model, plan if fits == steps else TrainPlan(
+                local_steps=max(fits, 1), batch_size=plan.batch_size,
+                learning_rate=plan.learning_rate, seed=plan.seed, options=plan.options),
+            due=trained))
         self._charge(busy, compute_s=compute)
         work = _Training(model, result, steps, fits, examples)
-        trained = finish(self.availability, index, self.clock.now(), compute)
         self.clock.call_at(trained, lambda: self._trained(busy, work))
 
     def _trained(self, busy: _Busy, work: _Training) -> None:
@@ -279,6 +282,15 @@ class VirtualLoop:
             steps_completed=completed, steps_planned=work.steps,
             bytes_up=encoded.header.num_bytes, metrics=privacy)
         self._upload(busy, update)
+
+    def _decoded(self, version: int, payload: Any) -> np.ndarray:
+        """``payload`` (model ``version``) decoded as the client does, once per version: every
+        download of a version is the same bytes; read-only, as trainers must leave it."""
+        if self._model is None or self._model[0] != version:
+            vector = unpack(payload.header, payload.data, self.engine.num_parameters)
+            vector.flags.writeable = False
+            self._model = (version, vector)
+        return self._model[1]
 
     def _client_rng(self, index: int) -> np.random.Generator:
         """Client ``index``'s own generator (plan seeds, codec noise), kept across its tasks."""

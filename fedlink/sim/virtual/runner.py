@@ -31,6 +31,7 @@ from fedlink.metrics.federated import federated_figures
 from fedlink.metrics.model_time import time_shares
 from fedlink.private import private_dir
 from fedlink.sim.virtual.availability import TraceAvailability
+from fedlink.sim.virtual.backends import BackendContext, ConfigPopulation, training_backend
 from fedlink.sim.virtual.loop import Evaluate, LoopTotals, VirtualLoop
 from fedlink.sim.virtual.population import (
     ExperimentPopulation,
@@ -41,7 +42,6 @@ from fedlink.sim.virtual.population import (
     TracedSpeeds,
 )
 from fedlink.sim.virtual.residuals import ResidualStore
-from fedlink.sim.virtual.workers import ConfigPopulation, training_pool
 
 if TYPE_CHECKING:
     from fedlink.sim.config import ExperimentConfig
@@ -60,19 +60,21 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
     run_dir = private_dir(Path(output_dir or config.run.output_dir) / config.run.name)
     (run_dir / EVENTS_FILENAME).unlink(missing_ok=True)
     clock = ManualClock()
-    training = training_pool(config.virtual.workers, population, ConfigPopulation(config))
     availability = config.virtual.build_availability(config.run.seed)
+    traced = population
     if isinstance(availability, TraceAvailability) and availability.speeds:
-        population = TracedSpeeds(population, availability.speeds)
+        traced = TracedSpeeds(population, availability.speeds)
     residuals = ResidualStore(config.virtual.residual_memory_mb, run_dir)
     with EventLog(run_dir / EVENTS_FILENAME, clock=clock.now) as events:
-        loop = VirtualLoop(config.coordinator, initial, population, config.client.pipeline,
-                           events, clock, config.virtual.loop_options(config.run.seed),
-                           availability, evaluate,
-                           _profile_names(population),
-                           _printer(config.coordinator.rounds, clock, started) if progress
-                           else None, training, residuals)
-        try:
+        training = training_backend(config.run.backend, BackendContext(
+            config.virtual.workers, population, ConfigPopulation(config), config.ray.address))
+        try:  # the backend's workers (and a Ray it started) stop however the run ends
+            loop = VirtualLoop(config.coordinator, initial, traced, config.client.pipeline,
+                               events, clock, config.virtual.loop_options(config.run.seed),
+                               availability, evaluate,
+                               _profile_names(traced),
+                               _printer(config.coordinator.rounds, clock, started) if progress
+                               else None, training, residuals)
             totals = loop.run()
         finally:
             training.close()
@@ -82,6 +84,7 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
         summary.update(federated_figures(recorded))
     summary.update(virtual_figures(totals, time.perf_counter() - started, loop))
     summary["training_processes"] = training.processes
+    summary["training_backend"] = config.run.backend if config.virtual.workers else "inline"
     write_summary(run_dir / SUMMARY_FILENAME, summary)
     report = write_report(run_dir, recorded, summary)
     final = loop.engine.model.copy()

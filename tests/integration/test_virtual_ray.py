@@ -1,0 +1,112 @@
+"""``[run] backend = "ray"``: clients trained by Ray actors give the run the loop alone gives.
+
+An actor trains the same client from the same model with the same plan as the loop's process,
+and the loop takes results in model-time order, so a run on two Ray actors must accept the
+same updates in the same order and end at the same model as one without workers. Ray starts
+once for the file (a local Ray on 127.0.0.1, as the backend starts it); a run that finds Ray
+running uses it and leaves it running.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import ipaddress
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fedlink.sim.config import ExperimentConfig
+
+# not imported here: Ray reads its loopback-only switch when first imported (start_ray sets it)
+if importlib.util.find_spec("ray") is None:
+    pytest.skip("ray is not installed (the 'ray' extra: pip install 'fedlink[ray]')",
+                allow_module_level=True)
+pytest.importorskip("torch")
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("ray")]
+
+ACTORS = 2
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    """One local Ray for the file, started the way the backend starts its own."""
+    from fedlink.sim.virtual.backends.ray_actors import start_ray
+
+    started = start_ray("", ACTORS)
+    yield
+    if started:
+        import ray
+
+        ray.shutdown()
+
+
+def _config(workers: int, name: str) -> ExperimentConfig:
+    return ExperimentConfig.from_dict({
+        "run": {"name": name, "seed": 5, "mode": "virtual", "backend": "ray"},
+        "data": {"dataset": "digits", "clients": 12},
+        "model": {"name": "mlp"},
+        "network": {"fleet": {"3g": 0.5, "lan": 0.5}},
+        "coordinator": {"rounds": 3, "flush": {"goal": 4, "over_selection": 1.5,
+                                               "deadline_s": 30.0},
+                        "training": {"local_epochs": 1, "batch_size": 16}},
+        "virtual": {"workers": workers, "step_cost_s": 0.5},
+    })
+
+
+def _accepted(run_dir: Path) -> list[tuple[Any, ...]]:
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    return [(e["client_id"], e["task_id"], e["base_version"]) for e in events
+            if e["kind"] == "update_accepted"]
+
+
+def test_two_ray_actors_give_the_same_run_as_the_loop_alone(tmp_path: Path,
+                                                            local_ray: None) -> None:
+    from fedlink.sim import run_simulation
+
+    alone = run_simulation(_config(0, "alone"), tmp_path, progress=False)
+    actors = run_simulation(_config(ACTORS, "actors"), tmp_path, progress=False)
+    assert len(_accepted(alone.run_dir)) >= 3 * 4
+    assert alone.summary["training_backend"] == "inline"
+    assert actors.summary["training_backend"] == "ray"
+    assert actors.summary["training_processes"] == ACTORS  # both actors trained clients
+    assert _accepted(actors.run_dir) == _accepted(alone.run_dir)
+    np.testing.assert_allclose(np.load(actors.run_dir / "model.npy"),
+                               np.load(alone.run_dir / "model.npy"), atol=1e-6)
+    assert actors.summary["final_accuracy"] == pytest.approx(alone.summary["final_accuracy"])
+    import ray
+
+    assert ray.is_initialized()  # the run found Ray running: it left it so
+
+
+def test_the_local_ray_listens_and_talks_on_loopback_only(local_ray: None) -> None:
+    import ray
+
+    psutil = pytest.importorskip("psutil")
+    assert ray.nodes()[0]["NodeManagerAddress"] == "127.0.0.1"
+    ray_processes = psutil.Process().children(recursive=True)
+    assert ray_processes  # the Ray this file started: GCS, raylet, workers
+    sockets = [c for p in ray_processes for c in _inet_connections(p)]
+    listening = {c.laddr.ip for c in sockets if c.status == psutil.CONN_LISTEN}
+    peers = {c.raddr.ip for c in sockets if c.raddr}
+    assert listening and all(map(_loopback, listening)), listening
+    assert all(map(_loopback, peers)), peers
+
+
+def _loopback(ip: str) -> bool:
+    """127.0.0.0/8 or ::1, also written IPv4-mapped (``::ffff:127.0.0.1``)."""
+    address = ipaddress.ip_address(ip)
+    mapped = getattr(address, "ipv4_mapped", None)
+    return bool((mapped or address).is_loopback)
+
+
+def _inet_connections(process: Any) -> list[Any]:
+    import psutil
+
+    try:
+        return list(process.net_connections(kind="inet"))
+    except (psutil.NoSuchProcess, psutil.AccessDenied):  # a worker that has just exited
+        return []
