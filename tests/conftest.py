@@ -159,3 +159,33 @@ def fake_clock() -> FakeClock:
 async def gather_bounded(*aws: Awaitable[T], timeout: float = 20.0) -> list[T]:
     """``asyncio.gather`` with a timeout."""
     return list(await asyncio.wait_for(asyncio.gather(*aws), timeout))
+
+
+def virtual_backend_config(workers: int, name: str, backend: str | None = None) -> Any:
+    """A small virtual run (12 digits clients on 3g and lan links, 3 elastic rounds) trained
+    by ``workers`` of ``backend`` (``[run] backend``; default: the default backend)."""
+    from fedlink.sim.config import ExperimentConfig  # torch-free, but not needed by every test
+
+    run: dict[str, Any] = {"name": name, "seed": 5, "mode": "virtual"}
+    if backend is not None:
+        run["backend"] = backend
+    return ExperimentConfig.from_dict({
+        "run": run,
+        "data": {"dataset": "digits", "clients": 12},
+        "model": {"name": "mlp"},
+        "network": {"fleet": {"3g": 0.5, "lan": 0.5}},
+        "coordinator": {"rounds": 3, "flush": {"goal": 4, "over_selection": 1.5,
+                                               "deadline_s": 30.0},
+                        "training": {"local_epochs": 1, "batch_size": 16}},
+        "virtual": {"workers": workers, "step_cost_s": 0.5},
+    })
+
+
+def accepted_updates(run_dir: Any) -> list[tuple[Any, ...]]:
+    """``(client_id, task_id, base_version)`` of each accepted update, in the log's order."""
+    import json
+
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    events = [json.loads(line) for line in lines]
+    return [(e["client_id"], e["task_id"], e["base_version"]) for e in events
+            if e["kind"] == "update_accepted"]

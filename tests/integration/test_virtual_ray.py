@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import importlib.util
 import ipaddress
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-
-from fedlink.sim.config import ExperimentConfig
+from conftest import accepted_updates, virtual_backend_config
 
 # not imported here: Ray reads its loopback-only switch when first imported (start_ray sets it)
 if importlib.util.find_spec("ray") is None:
@@ -44,36 +42,19 @@ def local_ray() -> Iterator[None]:
         ray.shutdown()
 
 
-def _config(workers: int, name: str) -> ExperimentConfig:
-    return ExperimentConfig.from_dict({
-        "run": {"name": name, "seed": 5, "mode": "virtual", "backend": "ray"},
-        "data": {"dataset": "digits", "clients": 12},
-        "model": {"name": "mlp"},
-        "network": {"fleet": {"3g": 0.5, "lan": 0.5}},
-        "coordinator": {"rounds": 3, "flush": {"goal": 4, "over_selection": 1.5,
-                                               "deadline_s": 30.0},
-                        "training": {"local_epochs": 1, "batch_size": 16}},
-        "virtual": {"workers": workers, "step_cost_s": 0.5},
-    })
-
-
-def _accepted(run_dir: Path) -> list[tuple[Any, ...]]:
-    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-    return [(e["client_id"], e["task_id"], e["base_version"]) for e in events
-            if e["kind"] == "update_accepted"]
-
 
 def test_two_ray_actors_give_the_same_run_as_the_loop_alone(tmp_path: Path,
                                                             local_ray: None) -> None:
     from fedlink.sim import run_simulation
 
-    alone = run_simulation(_config(0, "alone"), tmp_path, progress=False)
-    actors = run_simulation(_config(ACTORS, "actors"), tmp_path, progress=False)
-    assert len(_accepted(alone.run_dir)) >= 3 * 4
+    alone = run_simulation(virtual_backend_config(0, "alone", "ray"), tmp_path, progress=False)
+    actors = run_simulation(virtual_backend_config(ACTORS, "actors", "ray"), tmp_path,
+                            progress=False)
+    assert len(accepted_updates(alone.run_dir)) >= 3 * 4
     assert alone.summary["training_backend"] == "inline"
     assert actors.summary["training_backend"] == "ray"
     assert actors.summary["training_processes"] == ACTORS  # both actors trained clients
-    assert _accepted(actors.run_dir) == _accepted(alone.run_dir)
+    assert accepted_updates(actors.run_dir) == accepted_updates(alone.run_dir)
     np.testing.assert_allclose(np.load(actors.run_dir / "model.npy"),
                                np.load(alone.run_dir / "model.npy"), atol=1e-6)
     assert actors.summary["final_accuracy"] == pytest.approx(alone.summary["final_accuracy"])
