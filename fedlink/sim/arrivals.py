@@ -27,12 +27,15 @@ JOIN_WINDOW = 256
 
 
 async def start_in_waves(runs: Sequence[Callable[[], Awaitable[T]]], events: EventLog,
-                         window: int = JOIN_WINDOW) -> list[T]:
+                         window: int = JOIN_WINDOW,
+                         over: asyncio.Event | None = None) -> list[T | None]:
     """Run every ``runs[i]()`` to its end (results in order), starting the next one each time
     the coordinator records a join, with at most ``window`` started ahead of them.
 
     A run that ends (done, or failed before it joined) frees its place too; once one has
-    failed, no more are started and its error is raised.
+    failed, no more are started and its error is raised. Once ``over`` is set (the run
+    finished: a large population's first arrivals may already have done all its rounds), no
+    more are started either; those left out are ``None`` in the results.
     """
     loop = asyncio.get_running_loop()
     slots = asyncio.Semaphore(window)
@@ -45,12 +48,13 @@ async def start_in_waves(runs: Sequence[Callable[[], Awaitable[T]]], events: Eve
         started: list[asyncio.Task[T]] = []
         for run in runs:
             await slots.acquire()
-            if any(_failed(task) for task in started):
+            if any(_failed(task) for task in started) or (over is not None and over.is_set()):
                 break
             task = asyncio.ensure_future(run())
             task.add_done_callback(lambda _: slots.release())
             started.append(task)
-        return list(await asyncio.gather(*started))
+        done: list[T | None] = list(await asyncio.gather(*started))
+        return done + [None] * (len(runs) - len(done))
     finally:
         unsubscribe()
 
@@ -77,6 +81,11 @@ class RunOverSleep:
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._over.wait(), timeout=seconds)
+
+    @property
+    def over(self) -> asyncio.Event:
+        """Set once the run has finished."""
+        return self._over
 
     def close(self) -> None:
         """Stop listening for the run's end."""

@@ -54,6 +54,9 @@ if TYPE_CHECKING:  # the set-up imports torch: loaded when a simulation runs
 SIM_TOKEN_TTL_S = 7 * 24 * 3600.0  # a simulated client's token outlives any simulation
 
 
+NEVER_STARTED = "the run finished before this client arrived"
+"""A simulated client's outcome when the run was over before its turn to join came."""
+
 CEILING_HINT_CLIENTS = 1000
 """From this many in-process clients a retry-exhausted call is blamed on the population (below
 it, on the emulated links: blackouts longer than a retry budget)."""
@@ -193,7 +196,7 @@ async def _simulate(experiment: Experiment, events: EventLog, progress: bool,
                 for i, (trainer, proxy) in enumerate(zip(trainers, proxies, strict=True))]
             try:
                 stats = await _run_sessions(sessions, server, events,
-                                            config.coordinator.rounds, progress)
+                                            config.coordinator.rounds, progress, waits.over)
             finally:
                 waits.close()
     outcomes = tuple(ClientOutcome(i, link, proxy.counters if proxy else None, s)
@@ -209,7 +212,8 @@ async def _open_link(stack: contextlib.AsyncExitStack, link: ClientLink | None,
 
 
 async def _run_sessions(sessions: list[ClientSession], server: CoordinatorServer,
-                        events: EventLog, rounds: int, progress: bool) -> list[SessionStats]:
+                        events: EventLog, rounds: int, progress: bool,
+                        over: asyncio.Event | None = None) -> list[SessionStats]:
     from fedlink.metrics.console import RunProgress  # rich: loaded when a run shows progress
 
     with RunProgress(rounds, enabled=progress) as bar:
@@ -217,7 +221,8 @@ async def _run_sessions(sessions: list[ClientSession], server: CoordinatorServer
         # it ends the run on the flush that reached it); nothing polls the log
         unsubscribe = events.on_flush(FlushWatch(bar))
         try:
-            stats = await start_in_waves([s.run for s in sessions], events)
+            ran = await start_in_waves([s.run for s in sessions], events, over=over)
+            stats = [s if s is not None else SessionStats(finished=NEVER_STARTED) for s in ran]
             await server.wait_finished()
         except RemoteError as exc:
             if not exc.retryable or len(sessions) < CEILING_HINT_CLIENTS:

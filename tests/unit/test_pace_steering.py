@@ -99,3 +99,22 @@ def test_a_wait_ends_when_the_run_finishes() -> None:
         sleep.close()
 
     run_async(scenario())
+
+
+def test_no_session_starts_once_the_run_is_over() -> None:
+    events = EventLog(None)
+
+    async def scenario() -> list[int | None]:
+        over = asyncio.Event()
+
+        def session(i: int):  # type: ignore[no-untyped-def]
+            async def run() -> int:
+                if i == 1:  # the second arrival's run ends the run (its rounds are done)
+                    over.set()
+                return i
+            return run
+
+        return await asyncio.wait_for(
+            start_in_waves([session(i) for i in range(5)], events, window=1, over=over), 30)
+
+    assert run_async(scenario()) == [0, 1, None, None, None]
