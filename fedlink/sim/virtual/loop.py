@@ -418,13 +418,15 @@ class VirtualLoop:
         per-profile tables (those count training tasks, as the update events report them)."""
         del index  # the profile tables leave evaluations out
         self.totals.network_s += seconds
-        self.totals.resent_bytes += transfer.resent_bytes
-        self.totals.resets += transfer.resets
+        self._count_resends(transfer)
 
     def _count_network(self, busy: _Busy, seconds: float, transfer: Any) -> None:
+        self._count_resends(transfer)
+        self._charge(busy, network_s=seconds)
+
+    def _count_resends(self, transfer: Any) -> None:
         self.totals.resent_bytes += transfer.resent_bytes
         self.totals.resets += transfer.resets
-        self._charge(busy, network_s=seconds)
 
     def _charge(self, busy: _Busy, tasks: int = 0, network_s: float = 0.0,
                 compute_s: float = 0.0) -> None:
