@@ -60,6 +60,23 @@ def test_digits_split_sizes_types_and_scaling() -> None:
     assert fed.test.x.max() == 1.0
 
 
+def test_digits_read_without_importing_sklearn_match_its_loader() -> None:
+    # the bundled file is read directly (importing sklearn costs seconds of every start)
+    code = ("import sys; from fedlink.data.digits import _raw; x, y = _raw(); "
+            "print(x.shape, y.shape, 'sklearn' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120).stdout.split(")")
+    assert out[-1].strip() == "False", out
+    from sklearn.datasets import load_digits
+
+    from fedlink.data.digits import _raw
+
+    x, y = _raw()
+    bunch = load_digits()
+    np.testing.assert_array_equal(x, bunch.data.astype(np.float32) / np.float32(16.0))
+    np.testing.assert_array_equal(y, bunch.target)
+
+
 def test_digits_test_set_is_stratified() -> None:
     counts = load_federated("digits", 1, seed=3).test.label_counts()
     assert counts.sum() == DIGITS_TEST
