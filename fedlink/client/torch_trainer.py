@@ -25,7 +25,13 @@ from fedlink.clock import RealClock
 from fedlink.data.base import Dataset
 from fedlink.errors import ConfigError
 from fedlink.models.evaluate import generic_scores
-from fedlink.models.training import LossFn, OptimizerFactory, build_loss
+from fedlink.models.training import (
+    LocalOptimizer,
+    LossFn,
+    OptimizerFactory,
+    PlainSGD,
+    build_loss,
+)
 from fedlink.params import ParamSpec
 from fedlink.params.flat import BoundVector, spec_of
 
@@ -41,17 +47,22 @@ EVAL_BATCH = 1024
 """Examples per forward pass when a client evaluates the global model on its data."""
 
 
-def sgd(params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
-    """Plain SGD (no momentum): the default optimizer factory."""
-    return torch.optim.SGD(params, lr=lr)
+def sgd(params: Iterable[nn.Parameter], lr: float) -> LocalOptimizer:
+    """Plain SGD (no momentum, ``PlainSGD``): the default optimizer factory."""
+    return PlainSGD(params, lr)
+
+
+PLAIN_SGD_FACTORIES = frozenset({sgd, PlainSGD})
+"""Factories of ``PlainSGD``: a trainer built with one needs no ``torch.optim`` warm-up."""
 
 
 @functools.cache
 def _warm_up_torch_optim() -> None:
-    """Pay torch's one-off cost of a first optimizer (a lazy import of about a second).
+    """Pay torch's one-off cost of a first ``torch.optim`` optimizer (a lazy import of
+    ``torch._dynamo``: seconds).
 
-    Done once per process when a trainer is built, so it does not eat into the first task's
-    deadline.
+    Done once per process when a trainer with such an optimizer is built, so it does not eat
+    into the first task's deadline.
     """
     weight = torch.zeros(1, requires_grad=True)
     weight.grad = torch.zeros(1)
@@ -293,7 +304,8 @@ class TorchTrainer:
         self._local: np.ndarray | None = None  # this client's kept entries, after a task
         self._seed = seed
         self._clock = clock or RealClock().now  # the clock plan.deadline is on
-        _warm_up_torch_optim()
+        if optimizer not in PLAIN_SGD_FACTORIES:
+            _warm_up_torch_optim()
 
     def num_examples(self) -> int:
         """Number of local training examples."""

@@ -9,7 +9,7 @@ into what ``fedlink.client.torch_trainer.TorchTrainer`` calls. Register more wit
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -22,11 +22,66 @@ from fedlink.registry import Registry
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``(model output, target) -> scalar loss`` (mean over the batch)."""
 
-OptimizerFactory = Callable[[Iterable[nn.Parameter], float], torch.optim.Optimizer]
+
+@runtime_checkable
+class LocalOptimizer(Protocol):
+    """What local training calls on an optimizer: a ``torch.optim.Optimizer`` or ``PlainSGD``."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the parameters' gradients."""
+        ...
+
+    def step(self) -> Any:
+        """Update the parameters from their gradients."""
+        ...
+
+
+OptimizerFactory = Callable[[Iterable[nn.Parameter], float], LocalOptimizer]
 """``(parameters, learning_rate) -> optimizer``."""
 
+
+class PlainSGD:
+    """Plain SGD: ``p -= lr * p.grad`` for each parameter with a gradient.
+
+    The same arithmetic, bit for bit, as ``torch.optim.SGD`` with its defaults (no momentum,
+    dampening, weight decay or Nesterov), and what ``"sgd"`` without options builds. It is not
+    a ``torch.optim.Optimizer`` on purpose: the first use of one imports ``torch._dynamo``,
+    about 3 s of every process's start on a small box, which a client doing plain local SGD,
+    or a simulation of thousands of them, has no use for. For param groups, ``state_dict`` or
+    an LR scheduler, name ``"torch.optim:SGD"`` or give ``"sgd"`` an option.
+    """
+
+    def __init__(self, params: Iterable[nn.Parameter], lr: float) -> None:
+        self.params = list(params)
+        if not self.params:
+            raise ValueError("optimizer got an empty parameter list")
+        if lr < 0:
+            raise ValueError(f"invalid learning rate: {lr}")
+        self.lr = lr
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop (or zero) every parameter's gradient."""
+        for param in self.params:
+            if set_to_none:
+                param.grad = None
+            elif param.grad is not None:
+                param.grad.zero_()
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """One descent step on the gradients there are."""
+        for param in self.params:
+            if param.grad is not None:
+                param.add_(param.grad, alpha=-self.lr)
+
+
+def sgd(params: Iterable[nn.Parameter], lr: float, **options: Any) -> LocalOptimizer:
+    """``PlainSGD`` without options; ``torch.optim.SGD`` with any (``momentum``,
+    ``weight_decay``, ``nesterov``, ...)."""
+    return torch.optim.SGD(params, lr=lr, **options) if options else PlainSGD(params, lr)
+
 LOSSES: Registry[LossFn] = Registry("loss")
-OPTIMIZERS: Registry[torch.optim.Optimizer] = Registry("optimizer")
+OPTIMIZERS: Registry[LocalOptimizer] = Registry("optimizer")
 
 CLASSIFICATION_LOSSES = frozenset({"cross_entropy", "nll"})
 """Built-in losses whose targets are class indices (the evaluator then reports accuracy)."""
@@ -88,7 +143,7 @@ def build_loss(loss: str | LossFn) -> LossFn:
     return loss
 
 
-OPTIMIZERS.register("sgd")(torch.optim.SGD)
+OPTIMIZERS.register("sgd")(sgd)
 OPTIMIZERS.register("adam")(torch.optim.Adam)
 OPTIMIZERS.register("adamw")(torch.optim.AdamW)
 OPTIMIZERS.register("rmsprop")(torch.optim.RMSprop)
@@ -101,13 +156,17 @@ def build_optimizer(optimizer: str | OptimizerFactory,
     ``{"momentum": 0.9, "weight_decay": 5e-4}``, ``"adam"``, ...), an import string naming an
     optimizer class or such a factory, or the factory itself.
 
-    Options are checked here, on a throwaway parameter, so a misspelt one fails at start.
+    ``"sgd"`` without options is ``PlainSGD`` (the class itself, which trainers recognise as
+    needing no ``torch.optim`` warm-up). Options are checked here, on a throwaway parameter,
+    so a misspelt one fails at start.
     """
     extra = dict(options or {})
+    if optimizer == "sgd" and not extra and OPTIMIZERS.get("sgd") is sgd:
+        return PlainSGD
     if isinstance(optimizer, str):
         name = optimizer
 
-        def factory(params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
+        def factory(params: Iterable[nn.Parameter], lr: float) -> LocalOptimizer:
             return OPTIMIZERS.create(name, params=params, lr=lr, **extra)
     elif callable(optimizer):
         if extra:
@@ -117,7 +176,8 @@ def build_optimizer(optimizer: str | OptimizerFactory,
         raise ConfigError(f"optimizer must be a name, an import string or a factory, "
                           f"got {optimizer!r}")
     probe = factory([nn.Parameter(torch.zeros(1))], 0.01)
-    if not isinstance(probe, torch.optim.Optimizer):
+    if not isinstance(probe, LocalOptimizer):
         raise ConfigError(f"optimizer factory {optimizer!r} returned a "
-                          f"{type(probe).__name__}, expected a torch.optim.Optimizer")
+                          f"{type(probe).__name__}, expected a torch.optim.Optimizer (or "
+                          f"anything with zero_grad and step)")
     return factory

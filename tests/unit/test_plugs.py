@@ -17,7 +17,7 @@ from fedlink.data import FederatedData, load_federated
 from fedlink.data.torch_data import TorchFederatedData
 from fedlink.errors import ConfigError
 from fedlink.models import Evaluator
-from fedlink.models.training import build_loss, build_optimizer
+from fedlink.models.training import PlainSGD, build_loss, build_optimizer
 from fedlink.plug import load, resolve
 from fedlink.registry import Registry
 from fedlink.sim import ExperimentConfig
@@ -100,7 +100,10 @@ def test_loss_and_optimizer_by_name_with_options() -> None:
         build_loss("msee")
     factory = build_optimizer("sgd", {"momentum": 0.9, "weight_decay": 1e-4})
     optimizer = factory([nn.Parameter(torch.zeros(2))], 0.1)
-    assert optimizer.defaults["momentum"] == 0.9
+    assert optimizer.defaults["momentum"] == 0.9  # type: ignore[attr-defined]
+    assert build_optimizer("sgd") is PlainSGD  # plain SGD without torch.optim's machinery
+    with pytest.raises(ConfigError, match="bad options for optimizer 'sgd'"):
+        build_optimizer("sgd", {"momentun": 0.9})
     with pytest.raises(ConfigError, match="bad options for optimizer 'adam'"):
         build_optimizer("adam", {"momentun": 0.9})
     assert isinstance(build_optimizer("torch.optim:Adam")([nn.Parameter(torch.zeros(1))], 0.1),

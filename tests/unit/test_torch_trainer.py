@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import subprocess
+import sys
 import time
 from collections.abc import Iterable
 
@@ -130,6 +132,38 @@ def test_optimizer_factory_is_used(local_data: Dataset) -> None:
     trainer, start = make_trainer(local_data, optimizer=adam)
     trainer.train(start, TrainPlan(local_steps=2, learning_rate=0.01))
     assert calls == [0.01]
+
+
+def test_default_sgd_matches_torch_sgd_bit_for_bit(local_data: Dataset) -> None:
+    def torch_sgd(params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, lr=lr)
+
+    plan = TrainPlan(local_epochs=2, batch_size=16, learning_rate=0.3, seed=5,
+                     options={"prox_mu": "0.1"})
+    plain, start = make_trainer(local_data, seed=1)
+    reference, _ = make_trainer(local_data, seed=1, optimizer=torch_sgd)
+    np.testing.assert_array_equal(plain.train(start, plan).params,
+                                  reference.train(start, plan).params)
+
+
+def test_default_training_does_not_import_torch_dynamo() -> None:
+    # torch.optim's first use imports torch._dynamo: seconds of a client's start
+    code = """if True:
+        import sys
+        from fedlink.client import TrainPlan
+        from fedlink.client.torch_trainer import TorchTrainer
+        from fedlink.data import load_federated
+        from fedlink.models import build_model
+        from fedlink.params import to_vector
+        model = build_model("mlp", 64, 10, seed=0)
+        trainer = TorchTrainer(model, load_federated("digits", 2, seed=0).clients[0])
+        trainer.train(to_vector(model), TrainPlan(local_steps=3))
+        print("torch._dynamo" in sys.modules)
+    """
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
 
 
 def test_frozen_layers_stay_fixed(local_data: Dataset) -> None:
