@@ -211,16 +211,29 @@ class Experiment:
             return TRAINERS.get(name)(self.config, self.loss)
         return resolve(name, "trainer")  # type: ignore[no-any-return]
 
-    def trainer(self, index: int) -> Trainer:
+    @property
+    def may_share_working_model(self) -> bool:
+        """Whether trainers used one at a time may all train in one module (``trainer``'s
+        ``model``): the built-in trainer loads every tensor that training changes from the
+        task's vector before it trains, and a built-in model holds nothing else that changes."""
+        built_in_model = self.plugs.model is None and not self.config.model.factory
+        built_in_trainer = self.plugs.trainer is None and self.config.client.trainer == "torch"
+        return built_in_model and built_in_trainer
+
+    def trainer(self, index: int, *, model: nn.Module | None = None) -> Trainer:
         """The trainer of client ``index``, over its local data (loaded on first use when the
-        data loader made that client's share lazy)."""
+        data loader made that client's share lazy).
+
+        It trains in a fresh model, or in ``model`` when given: a working module that trainers
+        used one after another share (see ``may_share_working_model``).
+        """
         factory = self.trainer_factory()
         seed = self.config.run.seed * 7919 + index
 
         def build() -> Trainer:
             data = self.data.client(index) if isinstance(self.data, TorchFederatedData) \
                 else self.data.clients[index]
-            trainer = factory(self.new_model(), data, seed=seed)
+            trainer = factory(self.new_model() if model is None else model, data, seed=seed)
             if not isinstance(trainer, Trainer):
                 raise ConfigError(f"trainer factory {describe(factory)} returned a "
                                   f"{type(trainer).__name__}, expected a fedlink.client.Trainer "

@@ -72,6 +72,22 @@ def test_trainer_factory_must_return_a_trainer() -> None:
         experiment.trainer(0)
 
 
+def test_trainers_sharing_one_working_model_train_as_fresh_ones_do() -> None:
+    # the virtual loop trains its tasks one at a time in one module (no model per task)
+    experiment = Experiment.build(_config(data={"dataset": "digits", "clients": 4}))
+    assert experiment.may_share_working_model
+    shared = experiment.new_model()
+    start = experiment.initial_vector()
+    plan = TrainPlan(local_epochs=2, batch_size=8, learning_rate=0.2, seed=9)
+    for index in (1, 2, 1):
+        trainer = experiment.trainer(index, model=shared)
+        assert trainer.model is shared  # type: ignore[attr-defined]
+        np.testing.assert_array_equal(trainer.train(start, plan).params,
+                                      experiment.trainer(index).train(start, plan).params)
+    plugged = Experiment.build(_config(model={"factory": f"{__name__}:tiny_model"}))
+    assert not plugged.may_share_working_model  # a user's module may hold other state
+
+
 def test_data_loader_must_return_federated_data() -> None:
     with pytest.raises(ConfigError, match=r"expected a fedlink\.data\.base\.FederatedData"):
         Experiment.build(_config(), Plugs(data=lambda num_clients, seed: [1, 2]))

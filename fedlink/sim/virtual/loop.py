@@ -197,11 +197,14 @@ class VirtualLoop:
         size = self.population.size
         if len(self._busy) + len(self._waiting) >= size:
             return None
-        if size <= 4096:  # small: an exact draw among the idle
-            idle = [i for i in range(size) if i not in self._busy and i not in self._waiting]
-            if not idle:
+        if size <= 4096:  # small: an exact draw among the idle, in index order
+            idle = np.ones(size, dtype=bool)
+            idle[list(self._busy)] = False
+            idle[list(self._waiting)] = False
+            free = np.flatnonzero(idle)
+            if not len(free):
                 return None
-            return int(idle[int(self._select.integers(len(idle)))])
+            return int(free[int(self._select.integers(len(free)))])
         for _ in range(64):
             index = int(self._select.integers(size))
             if index not in self._busy and index not in self._waiting:
