@@ -10,11 +10,18 @@ that process), of ``examples/population_1m.toml`` at the population asked for. F
 - ``population_cost_ratio``: loop wall per round at the large population over the same at
   10,000 clients (cost follows the cohort, not the population);
 - ``virtual_vs_grpc_speedup``: the same digits/MLP experiment (1,000 clients, cohort 100,
-  10 rounds; ``--quick``: 200 clients, 5 rounds), real gRPC wall over virtual wall, in this
-  process (each whole ``run_simulation``: data, set-up and the report included, which both
-  modes pay alike); ``virtual_vs_grpc_run_speedup`` is the same for the run itself: the
-  clients' phase of the real-gRPC run (``simulation_seconds``: from the sessions' start to the
-  run's end) over the virtual loop's wall (``loop_wall_seconds``).
+  10 rounds; ``--quick``: 200 clients, 5 rounds) over ``make demo``'s poor fleet (4G, 3G,
+  flaky and commuting links), a whole real-gRPC ``fedlink simulate`` process's wall over a
+  whole virtual one's (data, set-up and the report included, which both modes pay alike).
+  Real gRPC carries every byte through a ``TcpProxy`` that delays, throttles and resets it
+  in real time; the virtual loop charges the same links in model time.
+  ``virtual_vs_grpc_run_speedup`` is the same for the run itself: the clients' phase of the
+  real-gRPC run (``simulation_seconds``: from the sessions' start to the run's end) over the
+  virtual loop's wall (``loop_wall_seconds``). ``virtual_vs_grpc_clean_speedup`` (and
+  ``_clean_run_speedup``): the same on clean links, where both modes spend their time on the
+  same local training and the gap is gRPC's per-call cost alone. Each mode's wall, run phase
+  and final accuracy are beside them (``speedup_{poor,clean}_{grpc,virtual}_*``);
+  ``--only speedup`` measures these alone.
 
 - ``parallel_speedup_2_workers``: a virtual run whose local training dominates (digits, an
   MLP 256-256, 10 local epochs, cohort 20), loop wall with ``[virtual] workers = 0`` over
@@ -118,29 +125,61 @@ def _grpc_population(clients: int, workdir: Path) -> dict[str, float]:
             "rss_mb": max(rss_kb, before) / 1024.0}
 
 
-def _speedup(clients: int, rounds: int, workdir: Path) -> dict[str, Any]:
-    from fedlink.errors import FedlinkError
-    from fedlink.sim import ExperimentConfig, run_simulation
+SPEEDUP_EXPERIMENT = """
+[run]
+name = "speed-{mode}"
+seed = 1
+mode = "{mode}"
+[data]
+dataset = "digits"
+clients = {clients}
+[model]
+name = "mlp"
+[coordinator]
+rounds = {rounds}
+[coordinator.flush]
+goal = 100
+deadline_s = 0
+"""
 
-    walls, runs = {}, {}
-    for mode in ("grpc", "virtual"):
-        config = ExperimentConfig.from_dict({
-            "run": {"name": f"speed-{mode}", "seed": 1, "mode": mode},
-            "data": {"dataset": "digits", "clients": clients},
-            "model": {"name": "mlp"},
-            "coordinator": {"rounds": rounds, "flush": {"goal": 100, "deadline_s": 0}},
-        })
-        started = time.perf_counter()
-        try:
-            summary = run_simulation(config, workdir, progress=False).summary
-        except FedlinkError as exc:  # the real-gRPC mode's ceiling: say so, go on
-            return {"grpc_error": f"{mode} with {clients} clients: {exc}"}
-        walls[mode] = time.perf_counter() - started
-        runs[mode] = float(summary["simulation_seconds" if mode == "grpc"
-                                   else "loop_wall_seconds"])
-    return {"grpc_wall_s": walls["grpc"], "virtual_wall_s": walls["virtual"],
-            "speedup": walls["grpc"] / walls["virtual"], "grpc_run_s": runs["grpc"],
-            "virtual_run_s": runs["virtual"], "run_speedup": runs["grpc"] / runs["virtual"]}
+POOR_FLEET = '[network]\nfleet = { "4g" = 0.3, "3g" = 0.4, flaky = 0.2, commute = 0.1 }\n'
+"""``make demo``'s poor fleet (``examples/demo_poor_network.toml``)."""
+
+
+def _mode_run(mode: str, links: str, clients: int, rounds: int,
+              workdir: Path) -> dict[str, float]:
+    """One whole ``fedlink simulate`` process of the speed-up experiment in ``mode``: its
+    wall, the run's own phase (gRPC: the sessions' start to the end; virtual: the loop) and
+    the final accuracy."""
+    text = SPEEDUP_EXPERIMENT.format(mode=mode, clients=clients, rounds=rounds)
+    config = workdir / f"speed-{mode}-{links}.toml"
+    config.write_text(text + (POOR_FLEET if links == "poor" else ""))
+    out = workdir / f"speed-{links}"
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "fedlink", "simulate", str(config),
+                           "--output-dir", str(out), "--no-progress"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - started
+    if done.returncode:
+        print(done.stderr[-2000:], file=sys.stderr)
+        raise RuntimeError(f"{mode} run of {clients} clients ({links} links) failed")
+    summary = json.loads((out / f"speed-{mode}" / "summary.json").read_text())
+    run = summary["simulation_seconds" if mode == "grpc" else "loop_wall_seconds"]
+    return {"wall_s": wall, "run_s": float(run),
+            "accuracy": float(summary.get("final_accuracy") or 0.0)}
+
+
+def _speedup(clients: int, rounds: int, workdir: Path) -> dict[str, Any]:
+    """Real gRPC over virtual, on the poor fleet and on clean links (see the docstring)."""
+    figures: dict[str, Any] = {"speedup_clients": clients}
+    for links, name in (("poor", "virtual_vs_grpc"), ("clean", "virtual_vs_grpc_clean")):
+        runs = {mode: _mode_run(mode, links, clients, rounds, workdir)
+                for mode in ("grpc", "virtual")}
+        for mode, run in runs.items():
+            figures.update({f"speedup_{links}_{mode}_{k}": v for k, v in run.items()})
+        figures[f"{name}_speedup"] = runs["grpc"]["wall_s"] / runs["virtual"]["wall_s"]
+        figures[f"{name}_run_speedup"] = runs["grpc"]["run_s"] / runs["virtual"]["run_s"]
+    return figures
 
 
 def _parallel(rounds: int, workdir: Path) -> dict[str, float]:
@@ -249,7 +288,7 @@ def _pfl_figures(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    args = parse_args(__doc__.splitlines()[0], _pfl_arguments, parts=("parallel",))
+    args = parse_args(__doc__.splitlines()[0], _pfl_arguments, parts=("parallel", "speedup"))
     if args.vs_pfl_only:
         with tempfile.TemporaryDirectory() as tmp:
             report(_pfl_figures(args, Path(tmp)), args.json)
@@ -257,6 +296,11 @@ def main() -> None:
     if args.only == "parallel":  # the training-backend figures alone
         with tempfile.TemporaryDirectory() as tmp:
             report(_parallel(3 if args.quick else 10, Path(tmp)), args.json)
+        return
+    if args.only == "speedup":  # the two modes' comparison alone
+        with tempfile.TemporaryDirectory() as tmp:
+            report(_speedup(200 if args.quick else 1000, 5 if args.quick else 10, Path(tmp)),
+                   args.json)
         return
     large, rounds = (100_000, 5) if args.quick else (1_000_000, 20)
     name = "population_quick" if args.quick else "population_1m"
@@ -276,13 +320,8 @@ def main() -> None:
         grpc = _grpc_population(2_000 if args.quick else 10_000, workdir)
         figures.update({f"{grpc_name}_{k}": v for k, v in grpc.items()})
         report(figures, None)  # the population and pool figures, before the slow gRPC one
-        clients = 200 if args.quick else 1000
-        speed = _speedup(clients, 5 if args.quick else 10, workdir)
-        figures.update({f"speedup_{k}": v for k, v in speed.items()
-                        if k not in ("speedup", "run_speedup")})
-        figures["virtual_vs_grpc_run_speedup"] = speed.get("run_speedup")
-        figures["speedup_clients"] = clients
-        figures["virtual_vs_grpc_speedup"] = speed.get("speedup")
+        figures.update(_speedup(200 if args.quick else 1000, 5 if args.quick else 10,
+                                workdir))
         figures.update(_pfl_figures(args, workdir))
     report(figures, args.json)
 
