@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -57,24 +58,43 @@ SIM_TOKEN_TTL_S = 7 * 24 * 3600.0  # a simulated client's token outlives any sim
 NEVER_STARTED = "the run finished before this client arrived"
 """A simulated client's outcome when the run was over before its turn to join came."""
 
+GAVE_UP = "gave up: "
+"""How a simulated client's ``finished`` starts when its retry policy gave up on a call: it
+drops out, as a device whose link stays down past its retry budget would, and the run goes on
+with the others."""
+
 CEILING_HINT_CLIENTS = 1000
-"""From this many in-process clients a retry-exhausted call is blamed on the population (below
-it, on the emulated links: blackouts longer than a retry budget)."""
+"""From this many in-process clients, a run that every client gave up on is blamed on the
+population (below it, on the emulated links: outages longer than a retry budget)."""
 
 
 class PopulationCeiling(FedlinkError):
-    """A real-gRPC simulation's client gave up on a call its retry policy retries (a missed
-    deadline, a cancelled or unavailable call): in one process on loopback that is the event
-    loop saturating under the population, the mode's ceiling (a few thousand clients on two
-    cores), not a network fault."""
+    """Every client of a real-gRPC simulation this large ended before the run finished, those
+    that gave up on a retried call (a missed deadline, a cancelled or unavailable call) among
+    them: in one process on loopback that is the event loop saturating under the population,
+    the mode's ceiling (a few thousand clients on two cores), not a network fault."""
 
-    def __init__(self, clients: int, cause: RemoteError) -> None:
+    def __init__(self, clients: int, gave_up: int, cause: RemoteError) -> None:
         super().__init__(
-            f"real-gRPC simulation of {clients:,} clients: a client gave up ({cause}). The "
+            f"real-gRPC simulation of {clients:,} clients: every client ended before the run "
+            f"finished, {gave_up:,} of them giving up on a call (the last: {cause}). The "
             "coordinator and every client session share one event loop in this mode, and "
             f"{clients:,} of them saturate it (its ceiling is a few thousand clients on two "
             'cores; README, "A million clients on one machine"): use [run] mode = "virtual" for '
             "populations of this size")
+        self.cause = cause
+
+
+class ClientsGaveUp(FedlinkError):
+    """Every client of a real-gRPC simulation ended before the run finished, some giving up on
+    a retried call: the emulated links' outages outlast the clients' retry budget."""
+
+    def __init__(self, clients: int, gave_up: int, cause: RemoteError) -> None:
+        super().__init__(
+            f"real-gRPC simulation of {clients:,} clients: every client ended before the run "
+            f"finished, {gave_up:,} of them giving up on a call (the last: {cause}); their "
+            "links were down longer than [client.retry] allows (raise max_attempts or "
+            "max_elapsed_s, or give the run fewer rounds or a lower flush goal)")
         self.cause = cause
 
 
@@ -216,21 +236,39 @@ async def _run_sessions(sessions: list[ClientSession], server: CoordinatorServer
                         over: asyncio.Event | None = None) -> list[SessionStats]:
     from fedlink.metrics.console import RunProgress  # rich: loaded when a run shows progress
 
+    gave_up: list[RemoteError] = []
     with RunProgress(rounds, enabled=progress) as bar:
         # the flush events move the bar (the target accuracy is the coordinator's stop rule:
         # it ends the run on the flush that reached it); nothing polls the log
         unsubscribe = events.on_flush(FlushWatch(bar))
         try:
-            ran = await start_in_waves([s.run for s in sessions], events, over=over)
+            ran = await start_in_waves(
+                [functools.partial(_until_it_gives_up, s, gave_up) for s in sessions], events,
+                over=over)
             stats = [s if s is not None else SessionStats(finished=NEVER_STARTED) for s in ran]
+            if gave_up and not server.lifecycle.finished.is_set():
+                failure = PopulationCeiling if len(sessions) >= CEILING_HINT_CLIENTS \
+                    else ClientsGaveUp
+                raise failure(len(sessions), len(gave_up), gave_up[-1])
             await server.wait_finished()
-        except RemoteError as exc:
-            if not exc.retryable or len(sessions) < CEILING_HINT_CLIENTS:
-                raise
-            raise PopulationCeiling(len(sessions), exc) from exc
         finally:
             unsubscribe()
     return list(stats)
+
+
+async def _until_it_gives_up(session: ClientSession, gave_up: list[RemoteError],
+                             ) -> SessionStats:
+    """``session.run()``, except that a retried call it gave up on ends its part of the run
+    (``GAVE_UP`` in its stats, its error added to ``gave_up``), not the whole simulation.
+    Errors that are not retried (a bad token, a refused config) still stop the run."""
+    try:
+        return await session.run()
+    except RemoteError as exc:
+        if not exc.retryable:
+            raise
+        gave_up.append(exc)
+        session.stats.finished = f"{GAVE_UP}{exc}"
+        return session.stats
 
 
 def _session(config: ExperimentConfig, index: int, trainer: Trainer, target: str,
@@ -262,6 +300,7 @@ def _client_figures(outcomes: tuple[ClientOutcome, ...], wall: float) -> dict[st
     """Client-side totals that only the clients know."""
     return {
         "client_retries": sum(o.stats.retries for o in outcomes),
+        "clients_gave_up": sum(o.stats.finished.startswith(GAVE_UP) for o in outcomes),
         "client_train_seconds": sum(o.stats.train_seconds for o in outcomes),
         "client_network_seconds": sum(o.stats.network_seconds for o in outcomes),
         "simulation_seconds": wall,

@@ -1,15 +1,25 @@
-"""A real-gRPC simulation whose population saturates its one event loop stops with an error
-naming that ceiling (and the virtual mode), not a bare gRPC status; below the ceiling's size,
-and for errors that are not retried, the client's own error goes through unchanged."""
+"""A real-gRPC simulation's client that gives up on a retried call drops out and the run goes
+on; only when every client ended before the run did is there an error, naming the event
+loop's ceiling for a large population (and the virtual mode) or, below it, the clients' retry
+budget. Errors that are not retried still stop the run, unchanged."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 from conftest import run_async
 
-from fedlink.errors import Cancelled, InvalidArgument, RemoteError
+from fedlink.client import SessionStats
+from fedlink.errors import Cancelled, InvalidArgument, RemoteError, Unavailable
 from fedlink.metrics import EventLog
-from fedlink.sim.runner import CEILING_HINT_CLIENTS, PopulationCeiling, _run_sessions
+from fedlink.sim.runner import (
+    CEILING_HINT_CLIENTS,
+    GAVE_UP,
+    ClientsGaveUp,
+    PopulationCeiling,
+    _run_sessions,
+)
 
 
 class GivesUp:
@@ -17,37 +27,67 @@ class GivesUp:
 
     def __init__(self, error: RemoteError | None = None) -> None:
         self.error = error
+        self.stats = SessionStats()
 
-    async def run(self) -> object:
+    async def run(self) -> SessionStats:
         if self.error is not None:
             raise self.error
-        return object()
+        self.stats.finished = "rounds done"
+        return self.stats
 
 
-class Finished:
+class Lifecycle:
+    def __init__(self, finished: bool) -> None:
+        self.finished = asyncio.Event()
+        if finished:
+            self.finished.set()
+
+
+class Server:
+    """A coordinator whose run finished (the clients that stayed saw it through) or not."""
+
+    def __init__(self, finished: bool) -> None:
+        self.finished = finished
+
+    @property
+    def lifecycle(self) -> Lifecycle:
+        return Lifecycle(self.finished)
+
     async def wait_finished(self) -> None:
-        return None
+        if not self.finished:
+            await asyncio.Event().wait()  # never: run_async's bound fails the test
 
 
-def _run(sessions: list[GivesUp]) -> None:
-    run_async(_run_sessions(sessions, Finished(), EventLog(None), rounds=1,  # type: ignore[arg-type]
-                            progress=False))
+def _run(sessions: list[GivesUp], finished: bool = True) -> list[SessionStats]:
+    return run_async(_run_sessions(sessions, Server(finished), EventLog(None),  # type: ignore[arg-type]
+                                   rounds=1, progress=False))
 
 
-def test_a_retried_call_given_up_in_a_large_population_names_the_ceiling() -> None:
-    sessions = [GivesUp() for _ in range(CEILING_HINT_CLIENTS - 1)]
-    sessions.append(GivesUp(Cancelled("CANCELLED")))
+def test_a_client_that_gives_up_drops_out_and_the_run_goes_on() -> None:
+    sessions = [GivesUp(), GivesUp(Unavailable("link down")), GivesUp()]
+    stats = _run(sessions)
+    assert [s.finished for s in stats] == ["rounds done", f"{GAVE_UP}UNAVAILABLE: link down",
+                                           "rounds done"]
+
+
+def test_every_client_ended_before_the_run_in_a_large_population_names_the_ceiling() -> None:
+    sessions = [GivesUp(Cancelled("CANCELLED")) for _ in range(CEILING_HINT_CLIENTS)]
     with pytest.raises(PopulationCeiling) as caught:
-        _run(sessions)
+        _run(sessions, finished=False)
     message = str(caught.value)
     assert f"{CEILING_HINT_CLIENTS:,} clients" in message
     assert 'mode = "virtual"' in message and "CANCELLED" in message
     assert isinstance(caught.value.cause, Cancelled)
 
 
-def test_small_populations_and_errors_that_are_not_retried_go_through_unchanged() -> None:
-    with pytest.raises(Cancelled):
-        _run([GivesUp(), GivesUp(Cancelled("CANCELLED"))])
+def test_below_the_ceiling_the_error_names_the_retry_budget() -> None:
+    with pytest.raises(ClientsGaveUp, match=r"2 of them giving up .*\[client\.retry\]"):
+        _run([GivesUp(), GivesUp(Cancelled("x")), GivesUp(Unavailable("y"))], finished=False)
+
+
+def test_errors_that_are_not_retried_go_through_unchanged() -> None:
+    with pytest.raises(InvalidArgument):
+        _run([GivesUp(), GivesUp(InvalidArgument("bad"))])
     big = [GivesUp() for _ in range(CEILING_HINT_CLIENTS)]
     with pytest.raises(InvalidArgument):
         _run([*big, GivesUp(InvalidArgument("bad"))])
