@@ -158,6 +158,8 @@ def _resilience_rows(summary: Mapping[str, Any]) -> list[list[str]]:
         ("Upload bytes resumed (not resent)", "resumed_bytes", human_bytes),
         ("Client retries (reported)", "client_retries_reported", lambda n: str(int(n))),
         ("Client time offline (reported)", "offline_seconds", human_seconds),
+        ("Clients that gave up (retry budget spent)", "clients_gave_up",
+         lambda n: str(int(n))),
     ]
     return [[label, fmt(summary[key])] for label, key, fmt in figures if summary.get(key)]
 

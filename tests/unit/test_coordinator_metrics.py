@@ -78,5 +78,9 @@ def test_report_shows_non_zero_resilience_figures_only(tmp_path: Path) -> None:
     assert "| Upload bytes resumed (not resent) | 500 B |" in text
     assert "| Client retries (reported) | 3 |" in text
     assert "| Client time offline (reported) | 11.5 s |" in text
+    assert "gave up" not in text
+    dropped = write_report(tmp_path / "c", events,
+                           {**summarize(events, {}), "clients_gave_up": 2}).read_text()
+    assert "| Clients that gave up (retry budget spent) | 2 |" in dropped
     plain = write_report(tmp_path / "b", [], summarize([], {})).read_text()
     assert "delta" not in plain and "resumed" not in plain and "offline" not in plain
