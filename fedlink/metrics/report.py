@@ -160,6 +160,8 @@ def _resilience_rows(summary: Mapping[str, Any]) -> list[list[str]]:
         ("Client time offline (reported)", "offline_seconds", human_seconds),
         ("Clients that gave up (retry budget spent)", "clients_gave_up",
          lambda n: str(int(n))),
+        ("Clients cut off at the run's end (still on the network)", "clients_cut_off",
+         lambda n: str(int(n))),
     ]
     return [[label, fmt(summary[key])] for label, key, fmt in figures if summary.get(key)]
 

@@ -63,6 +63,17 @@ GAVE_UP = "gave up: "
 drops out, as a device whose link stays down past its retry budget would, and the run goes on
 with the others."""
 
+END_GRACE_S = 5.0
+"""After the run finishes, how long (wall seconds) the simulation lets its clients hear it
+before it cuts off those still on the network. A connected client learns within a round trip;
+one in a blackout or a reconnect could only retry against a finished coordinator, and nothing
+it does then changes the run (a 1,000-client run over a poor fleet spent a third of its wall
+on that tail)."""
+
+CUT_OFF = "cut off: the run had finished and this client was still on the network"
+"""A simulated client's outcome when ``END_GRACE_S`` passed after the run's end before it
+had heard of it (its stats hold what it did until then)."""
+
 CEILING_HINT_CLIENTS = 1000
 """From this many in-process clients, a run that every client gave up on is blamed on the
 population (below it, on the emulated links: outages longer than a retry budget)."""
@@ -233,18 +244,21 @@ async def _open_link(stack: contextlib.AsyncExitStack, link: ClientLink | None,
 
 async def _run_sessions(sessions: list[ClientSession], server: CoordinatorServer,
                         events: EventLog, rounds: int, progress: bool,
-                        over: asyncio.Event | None = None) -> list[SessionStats]:
+                        over: asyncio.Event | None = None,
+                        end_grace_s: float = END_GRACE_S) -> list[SessionStats]:
     from fedlink.metrics.console import RunProgress  # rich: loaded when a run shows progress
 
     gave_up: list[RemoteError] = []
+    cut_off = asyncio.Event()
     with RunProgress(rounds, enabled=progress) as bar:
         # the flush events move the bar (the target accuracy is the coordinator's stop rule:
         # it ends the run on the flush that reached it); nothing polls the log
         unsubscribe = events.on_flush(FlushWatch(bar))
+        grace = asyncio.ensure_future(_end_grace(server, cut_off, end_grace_s))
         try:
             ran = await start_in_waves(
-                [functools.partial(_until_it_gives_up, s, gave_up) for s in sessions], events,
-                over=over)
+                [functools.partial(_client_part, s, gave_up, cut_off) for s in sessions],
+                events, over=over)
             stats = [s if s is not None else SessionStats(finished=NEVER_STARTED) for s in ran]
             if gave_up and not server.lifecycle.finished.is_set():
                 failure = PopulationCeiling if len(sessions) >= CEILING_HINT_CLIENTS \
@@ -252,17 +266,44 @@ async def _run_sessions(sessions: list[ClientSession], server: CoordinatorServer
                 raise failure(len(sessions), len(gave_up), gave_up[-1])
             await server.wait_finished()
         finally:
+            grace.cancel()
             unsubscribe()
     return list(stats)
 
 
-async def _until_it_gives_up(session: ClientSession, gave_up: list[RemoteError],
-                             ) -> SessionStats:
-    """``session.run()``, except that a retried call it gave up on ends its part of the run
-    (``GAVE_UP`` in its stats, its error added to ``gave_up``), not the whole simulation.
-    Errors that are not retried (a bad token, a refused config) still stop the run."""
+async def _end_grace(server: CoordinatorServer, cut_off: asyncio.Event,
+                     grace_s: float) -> None:
+    """Set ``cut_off`` ``grace_s`` after the run finished."""
+    await server.wait_finished()
+    await asyncio.sleep(grace_s)
+    cut_off.set()
+
+
+async def _client_part(session: ClientSession, gave_up: list[RemoteError],
+                       cut_off: asyncio.Event) -> SessionStats:
+    """``session.run()``, ended early (``CUT_OFF``) once ``cut_off`` is set.
+
+    A retried call it gave up on ends its part of the run (``GAVE_UP`` in its stats, its error
+    added to ``gave_up``), not the whole simulation; errors that are not retried (a bad token,
+    a refused config) still stop the run.
+    """
+    run = asyncio.ensure_future(session.run())
+    cut = asyncio.ensure_future(cut_off.wait())
     try:
-        return await session.run()
+        await asyncio.wait((run, cut), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the simulation is stopping: so is this client
+        run.cancel()
+        raise
+    finally:
+        cut.cancel()
+    if not run.done():
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        session.stats.finished = session.stats.finished or CUT_OFF
+        return session.stats
+    try:
+        return run.result()
     except RemoteError as exc:
         if not exc.retryable:
             raise
@@ -301,6 +342,7 @@ def _client_figures(outcomes: tuple[ClientOutcome, ...], wall: float) -> dict[st
     return {
         "client_retries": sum(o.stats.retries for o in outcomes),
         "clients_gave_up": sum(o.stats.finished.startswith(GAVE_UP) for o in outcomes),
+        "clients_cut_off": sum(o.stats.finished == CUT_OFF for o in outcomes),
         "client_train_seconds": sum(o.stats.train_seconds for o in outcomes),
         "client_network_seconds": sum(o.stats.network_seconds for o in outcomes),
         "simulation_seconds": wall,

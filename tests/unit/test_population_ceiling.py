@@ -1,7 +1,8 @@
 """A real-gRPC simulation's client that gives up on a retried call drops out and the run goes
 on; only when every client ended before the run did is there an error, naming the event
 loop's ceiling for a large population (and the virtual mode) or, below it, the clients' retry
-budget. Errors that are not retried still stop the run, unchanged."""
+budget. Errors that are not retried still stop the run, unchanged. Once the run is over, a
+client still on the network after the end grace is cut off."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from fedlink.errors import Cancelled, InvalidArgument, RemoteError, Unavailable
 from fedlink.metrics import EventLog
 from fedlink.sim.runner import (
     CEILING_HINT_CLIENTS,
+    CUT_OFF,
     GAVE_UP,
     ClientsGaveUp,
     PopulationCeiling,
@@ -58,9 +60,25 @@ class Server:
             await asyncio.Event().wait()  # never: run_async's bound fails the test
 
 
+class StillOnTheNetwork(GivesUp):
+    """A session stuck in a call that never returns (a link down past the run's end)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cancelled = False
+
+    async def run(self) -> SessionStats:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        return self.stats
+
+
 def _run(sessions: list[GivesUp], finished: bool = True) -> list[SessionStats]:
     return run_async(_run_sessions(sessions, Server(finished), EventLog(None),  # type: ignore[arg-type]
-                                   rounds=1, progress=False))
+                                   rounds=1, progress=False, end_grace_s=0.05))
 
 
 def test_a_client_that_gives_up_drops_out_and_the_run_goes_on() -> None:
@@ -91,3 +109,10 @@ def test_errors_that_are_not_retried_go_through_unchanged() -> None:
     big = [GivesUp() for _ in range(CEILING_HINT_CLIENTS)]
     with pytest.raises(InvalidArgument):
         _run([*big, GivesUp(InvalidArgument("bad"))])
+
+
+def test_a_client_still_on_the_network_after_the_end_grace_is_cut_off() -> None:
+    stuck = StillOnTheNetwork()
+    stats = _run([GivesUp(), stuck])
+    assert [s.finished for s in stats] == ["rounds done", CUT_OFF]
+    assert stuck.cancelled  # its session was stopped, not left running
