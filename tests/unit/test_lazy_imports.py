@@ -77,3 +77,20 @@ def test_the_coordinator_registers_the_privacy_hooks_that_the_package_now_loads_
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120)
     assert out.stdout.split() == ["True", "True"]
+
+
+def test_the_command_line_starts_without_the_coordinator_or_grpc() -> None:
+    # `fedlink client` on an edge box should not pay for the coordinator (half a second)
+    loaded = fedlink_loaded_after("import fedlink.cli")
+    assert not {m for m in loaded if m.startswith(("fedlink.coordinator", "fedlink.conformance",
+                                                   "grpc"))}
+
+
+def test_the_conformance_help_names_every_downlink_codec() -> None:
+    from fedlink.cli import build_parser
+    from fedlink.conformance import DOWNLINK_CODECS
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    codecs = next(a for a in sub.choices["conformance"]._actions  # type: ignore[index]
+                  if a.dest == "codecs")
+    assert codecs.help is not None and all(c in codecs.help for c in DOWNLINK_CODECS)
