@@ -12,7 +12,7 @@ import fnmatch
 import functools
 import itertools
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,6 @@ from fedlink.data.base import Dataset
 from fedlink.errors import ConfigError
 from fedlink.models.evaluate import generic_scores
 from fedlink.models.training import (
-    LocalOptimizer,
     LossFn,
     OptimizerFactory,
     PlainSGD,
@@ -47,13 +46,8 @@ EVAL_BATCH = 1024
 """Examples per forward pass when a client evaluates the global model on its data."""
 
 
-def sgd(params: Iterable[nn.Parameter], lr: float) -> LocalOptimizer:
-    """Plain SGD (no momentum, ``PlainSGD``): the default optimizer factory."""
-    return PlainSGD(params, lr)
-
-
-PLAIN_SGD_FACTORIES = frozenset({sgd, PlainSGD})
-"""Factories of ``PlainSGD``: a trainer built with one needs no ``torch.optim`` warm-up."""
+sgd = PlainSGD
+"""The default optimizer factory: plain SGD (no momentum), which needs no ``torch.optim``."""
 
 
 @functools.cache
@@ -279,7 +273,7 @@ class TorchTrainer:
         model: nn.Module,
         data: TorchData,
         *,
-        optimizer: OptimizerFactory = sgd,
+        optimizer: OptimizerFactory = PlainSGD,
         loss: str | LossFn = "cross_entropy",
         keep_local: Sequence[str] = (),
         device: torch.device | str = "cpu",
@@ -304,7 +298,7 @@ class TorchTrainer:
         self._local: np.ndarray | None = None  # this client's kept entries, after a task
         self._seed = seed
         self._clock = clock or RealClock().now  # the clock plan.deadline is on
-        if optimizer not in PLAIN_SGD_FACTORIES:
+        if optimizer is not PlainSGD:
             _warm_up_torch_optim()
 
     def num_examples(self) -> int:

@@ -80,6 +80,7 @@ def sgd(params: Iterable[nn.Parameter], lr: float, **options: Any) -> LocalOptim
     ``weight_decay``, ``nesterov``, ...)."""
     return torch.optim.SGD(params, lr=lr, **options) if options else PlainSGD(params, lr)
 
+
 LOSSES: Registry[LossFn] = Registry("loss")
 OPTIMIZERS: Registry[LocalOptimizer] = Registry("optimizer")
 

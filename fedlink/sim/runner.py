@@ -79,34 +79,35 @@ CEILING_HINT_CLIENTS = 1000
 population (below it, on the emulated links: outages longer than a retry budget)."""
 
 
-class PopulationCeiling(FedlinkError):
-    """Every client of a real-gRPC simulation this large ended before the run finished, those
-    that gave up on a retried call (a missed deadline, a cancelled or unavailable call) among
-    them: in one process on loopback that is the event loop saturating under the population,
-    the mode's ceiling (a few thousand clients on two cores), not a network fault."""
-
-    def __init__(self, clients: int, gave_up: int, cause: RemoteError) -> None:
-        super().__init__(
-            f"real-gRPC simulation of {clients:,} clients: every client ended before the run "
-            f"finished, {gave_up:,} of them giving up on a call (the last: {cause}). The "
-            "coordinator and every client session share one event loop in this mode, and "
-            f"{clients:,} of them saturate it (its ceiling is a few thousand clients on two "
-            'cores; README, "A million clients on one machine"): use [run] mode = "virtual" for '
-            "populations of this size")
-        self.cause = cause
-
-
 class ClientsGaveUp(FedlinkError):
     """Every client of a real-gRPC simulation ended before the run finished, some giving up on
-    a retried call: the emulated links' outages outlast the clients' retry budget."""
+    a retried call (a missed deadline, a cancelled or unavailable call): the emulated links'
+    outages outlast the clients' retry budget."""
 
     def __init__(self, clients: int, gave_up: int, cause: RemoteError) -> None:
         super().__init__(
             f"real-gRPC simulation of {clients:,} clients: every client ended before the run "
-            f"finished, {gave_up:,} of them giving up on a call (the last: {cause}); their "
-            "links were down longer than [client.retry] allows (raise max_attempts or "
-            "max_elapsed_s, or give the run fewer rounds or a lower flush goal)")
+            f"finished, {gave_up:,} of them giving up on a call (the last: {cause})"
+            f"{self._why(clients)}")
         self.cause = cause
+
+    @staticmethod
+    def _why(clients: int) -> str:
+        return ("; their links were down longer than [client.retry] allows (raise max_attempts "
+                "or max_elapsed_s, or give the run fewer rounds or a lower flush goal)")
+
+
+class PopulationCeiling(ClientsGaveUp):
+    """``ClientsGaveUp`` in a population this large (``CEILING_HINT_CLIENTS`` or more): in one
+    process on loopback that is the event loop saturating under the population, the mode's
+    ceiling (a few thousand clients on two cores), not a network fault."""
+
+    @staticmethod
+    def _why(clients: int) -> str:
+        return (". The coordinator and every client session share one event loop in this mode, "
+                f"and {clients:,} of them saturate it (its ceiling is a few thousand clients on "
+                'two cores; README, "A million clients on one machine"): use [run] mode = '
+                '"virtual" for populations of this size')
 
 
 @dataclass(frozen=True)
