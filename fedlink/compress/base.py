@@ -44,6 +44,9 @@ class Codec(ABC):
     lossless: bool = False
     stochastic: bool = False
     """Whether ``encode`` draws from its ``rng`` (two encodings of a vector may differ)."""
+    raw: bool = False
+    """Whether the encoded bytes are the values' own little-endian float32 bytes (``fp32``):
+    a payload's two checksums are then one hash, and ``fedlink.wire`` computes it once."""
 
     @abstractmethod
     def encode(self, vector: np.ndarray, rng: np.random.Generator | None = None) -> Encoded:

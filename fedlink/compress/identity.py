@@ -39,6 +39,7 @@ class Float32Codec(Codec):
 
     name = "fp32"
     lossless = True
+    raw = True
 
     def encode(self, vector: np.ndarray, rng: np.random.Generator | None = None) -> Encoded:
         """Raw little-endian float32 bytes of ``vector``."""

@@ -56,32 +56,42 @@ def pack(vector: np.ndarray, codec: Codec, rng: np.random.Generator | None = Non
     describe it in a header, with the checksum of the values a receiver decodes."""
     flat = np.ascontiguousarray(vector, dtype=np.float32).reshape(-1)
     encoded = codec.encode(flat, rng)
-    decoded = flat if codec.lossless else codec.decode(encoded.data, encoded.params, flat.size)
+    sent = checksum(encoded.data)
+    if codec.raw:  # the bytes are the values: one hash is both checksums
+        values = sent
+    else:
+        decoded = flat if codec.lossless else codec.decode(encoded.data, encoded.params,
+                                                           flat.size)
+        values = values_checksum(decoded)
     header = TensorHeader(
         encoding=codec.name,
         shape=(int(flat.size),),
         dtype=DTYPE,
         num_bytes=len(encoded.data),
-        checksum=checksum(encoded.data),
+        checksum=sent,
         codec_params=dict(encoded.params),
-        values_checksum=values_checksum(decoded),
+        values_checksum=values,
     )
     return Payload(header, encoded.data)
 
 
-def unpack(header: TensorHeader, data: bytes, expected_size: int) -> np.ndarray:
+def unpack(header: TensorHeader, data: bytes, expected_size: int,
+           verify: bool = True) -> np.ndarray:
     """Verify ``data`` against ``header`` and decode it into a finite float32 vector.
 
     Raises ``InvalidArgument`` (unknown encoding, wrong shape/dtype/size, non-finite values) or
     ``DataLoss`` (checksum or, when the header has one, values checksum mismatch).
+    ``verify=False`` skips the two checksums (nothing else), for bytes that never crossed a
+    network: a virtual run's payloads, packed in the same run.
     """
     codec = decoder_for(header.encoding)
     check_header(header, expected_size)
     if len(data) != header.num_bytes:
         raise InvalidArgument(f"payload has {len(data)} bytes, header says {header.num_bytes}")
-    if checksum(data) != header.checksum:
+    received = checksum(data) if verify else ""
+    if verify and received != header.checksum:
         raise DataLoss(f"checksum mismatch: header says {header.checksum!r}, "
-                       f"received bytes hash to {checksum(data)!r}")
+                       f"received bytes hash to {received!r}")
     try:
         vector = codec.decode(data, header.codec_params, expected_size)
     except (ValueError, KeyError, TypeError, IndexError, OverflowError, zlib.error) as exc:
@@ -90,15 +100,21 @@ def unpack(header: TensorHeader, data: bytes, expected_size: int) -> np.ndarray:
     if not np.isfinite(vector).all():
         bad = int(np.count_nonzero(~np.isfinite(vector)))
         raise InvalidArgument(f"update holds {bad} non-finite values (NaN or Inf)")
-    check_values(header, vector)
+    if verify:
+        # raw fp32: the values' hash is the bytes' hash, just computed
+        check_values(header, vector, received if codec.raw else None)
     return vector
 
 
-def check_values(header: TensorHeader, vector: np.ndarray) -> None:
-    """``DataLoss`` unless ``vector`` matches ``header.values_checksum`` (when it has one)."""
-    if header.values_checksum and values_checksum(vector) != header.values_checksum:
+def check_values(header: TensorHeader, vector: np.ndarray, known: str | None = None) -> None:
+    """``DataLoss`` unless ``vector`` matches ``header.values_checksum`` (when it has one);
+    ``known``: ``values_checksum(vector)``, when the caller has it already."""
+    if not header.values_checksum:
+        return
+    got = known or values_checksum(vector)
+    if got != header.values_checksum:
         raise DataLoss(f"decoded values do not match values_checksum "
-                       f"{header.values_checksum!r}: got {values_checksum(vector)!r}")
+                       f"{header.values_checksum!r}: got {got!r}")
 
 
 def check_header(header: TensorHeader, expected_size: int) -> None:

@@ -24,6 +24,7 @@ from fedlink.wire import (
     task_reply_to_proto,
     to_proto,
     unpack,
+    values_checksum,
 )
 
 # -- strategies, by protobuf scalar type ----------------------------------------------------------
@@ -254,6 +255,43 @@ def test_non_finite_values_are_invalid_argument(bad: float) -> None:
     payload = pack(vector, FP32)  # a valid encoding of a bad vector
     with pytest.raises(InvalidArgument, match="non-finite"):
         unpack(payload.header, payload.data, 8)
+
+
+def test_raw_fp32_values_checksum_is_the_bytes_checksum_and_still_checked(
+        good: tuple[m.TensorHeader, bytes]) -> None:
+    """fp32's bytes are its values: one hash serves both checksums, and a header whose
+    values_checksum disagrees with its (correct) bytes checksum is still refused."""
+    hdr, data = good
+    assert hdr.values_checksum == hdr.checksum == values_checksum(
+        np.frombuffer(data, dtype="<f4"))
+    wrong = dataclasses.replace(hdr, values_checksum=checksum(b"other values"))
+    with pytest.raises(DataLoss, match="values_checksum"):
+        unpack(wrong, data, 16)
+
+
+def test_other_codecs_keep_a_values_checksum_of_their_decoded_values() -> None:
+    vector = np.linspace(-1, 1, 64, dtype=np.float32)
+    for name in ("fp16", "fp32-zlib", "topk"):
+        codec = get_codec(name)
+        payload = pack(vector, codec)
+        decoded = codec.decode(payload.data, payload.header.codec_params, vector.size)
+        assert payload.header.values_checksum == values_checksum(decoded), name
+        assert payload.header.checksum == checksum(payload.data), name
+
+
+def test_unverified_unpack_skips_checksums_but_not_the_finite_check(
+        good: tuple[m.TensorHeader, bytes]) -> None:
+    """verify=False is for bytes packed in the same run (virtual mode): no hashing, but a
+    non-finite update is refused as a real coordinator refuses it."""
+    hdr, data = good
+    stale = dataclasses.replace(hdr, checksum=checksum(b"x"), values_checksum=checksum(b"y"))
+    np.testing.assert_array_equal(unpack(stale, data, 16, verify=False),
+                                  unpack(hdr, data, 16))
+    bad = np.ones(8, dtype=np.float32)
+    bad[2] = np.nan
+    payload = pack(bad, FP32)
+    with pytest.raises(InvalidArgument, match="non-finite"):
+        unpack(payload.header, payload.data, 8, verify=False)
 
 
 # -- chunking -------------------------------------------------------------------------------------

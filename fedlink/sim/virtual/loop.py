@@ -279,7 +279,8 @@ class VirtualLoop:
         update = ReceivedUpdate(
             client_id=self.client_id(index), task_id=task.task_id,
             base_version=task.model_version,
-            delta=unpack(encoded.header, encoded.data, self.engine.num_parameters),
+            delta=unpack(encoded.header, encoded.data, self.engine.num_parameters,
+                         verify=False),  # packed just now: no wire to check
             num_examples=bounded_examples(result.num_examples, work.num_examples,
                                           self.config.limits.max_examples_per_update),
             steps_completed=completed, steps_planned=work.steps,
@@ -290,15 +291,18 @@ class VirtualLoop:
         """``payload`` (model ``version``) decoded as the client does, once per version: every
         download of a version is the same bytes; read-only, as trainers must leave it."""
         if self._model is None or self._model[0] != version:
-            vector = unpack(payload.header, payload.data, self.engine.num_parameters)
+            vector = unpack(payload.header, payload.data, self.engine.num_parameters,
+                            verify=False)  # the engine's own bytes
             vector.flags.writeable = False
             self._model = (version, vector)
         return self._model[1]
 
     def _client_rng(self, index: int) -> np.random.Generator:
         """Client ``index``'s own generator (plan seeds, codec noise), kept across its tasks."""
-        return self._rngs.setdefault(index, np.random.default_rng(
-            self.options.seed * 1_000_003 + index))
+        rng = self._rngs.get(index)
+        if rng is None:  # built only once: a generator costs as much as a small update
+            rng = self._rngs[index] = np.random.default_rng(self.options.seed * 1_000_003 + index)
+        return rng
 
     def _steps_before_deadline(self, busy: _Busy, steps: int, step_s: float) -> int:
         """Steps that fit before the task's deadline (the trainer stops early at it)."""
