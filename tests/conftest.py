@@ -161,9 +161,13 @@ async def gather_bounded(*aws: Awaitable[T], timeout: float = 20.0) -> list[T]:
     return list(await asyncio.wait_for(asyncio.gather(*aws), timeout))
 
 
-def virtual_backend_config(workers: int, name: str, backend: str | None = None) -> Any:
+def virtual_backend_config(workers: int, name: str, backend: str | None = None,
+                           client: dict[str, Any] | None = None,
+                           hooks: list[dict[str, Any]] | None = None) -> Any:
     """A small virtual run (12 digits clients on 3g and lan links, 3 elastic rounds) trained
-    by ``workers`` of ``backend`` (``[run] backend``; default: the default backend)."""
+    by ``workers`` of ``backend`` (``[run] backend``; default: the default backend), with
+    ``client`` as its ``[client]`` section (default: the default pipeline) and the
+    coordinator's ``hooks``."""
     from fedlink.sim.config import ExperimentConfig  # torch-free, but not needed by every test
 
     run: dict[str, Any] = {"name": name, "seed": 5, "mode": "virtual"}
@@ -176,8 +180,10 @@ def virtual_backend_config(workers: int, name: str, backend: str | None = None) 
         "network": {"fleet": {"3g": 0.5, "lan": 0.5}},
         "coordinator": {"rounds": 3, "flush": {"goal": 4, "over_selection": 1.5,
                                                "deadline_s": 30.0},
-                        "training": {"local_epochs": 1, "batch_size": 16}},
+                        "training": {"local_epochs": 1, "batch_size": 16},
+                        "hooks": hooks or []},
         "virtual": {"workers": workers, "step_cost_s": 0.5},
+        "client": client or {},
     })
 
 

@@ -1,6 +1,8 @@
 """Training backends of virtual mode (``fedlink.sim.virtual.backends``): chosen by
-``[run] backend``, tasks handed out earliest due first, and Ray started on loopback and shut
-down when the backend cannot start (a stand-in ``ray`` module records what it is asked)."""
+``[run] backend``, tasks handed out earliest due first, a client's whole job (training and
+update pipeline) done in the worker with the same result as in the loop's process, and Ray
+started on loopback and shut down when the backend cannot start (a stand-in ``ray`` module
+records what it is asked)."""
 
 from __future__ import annotations
 
@@ -15,14 +17,18 @@ import numpy as np
 import pytest
 
 from fedlink.client import TrainPlan
+from fedlink.client.pipeline import UpdatePipeline
 from fedlink.errors import ConfigError
 from fedlink.sim.config import ExperimentConfig
 from fedlink.sim.virtual.backends import (
     BACKENDS,
     BackendContext,
+    ClientJob,
+    ClientUpload,
     InlineTraining,
     TrainingTask,
     TrainingWorkerError,
+    do_job,
     training_backend,
 )
 from fedlink.sim.virtual.backends.schedule import Scheduler
@@ -33,8 +39,25 @@ def _population() -> SyntheticPopulation:
     return SyntheticPopulation(SyntheticSpec(4, 3, seed=1), 10, Links(None, 10))
 
 
+def _job(index: int, plan: TrainPlan | None = None) -> ClientJob:
+    return ClientJob(index, plan or TrainPlan(), np.random.default_rng(index))
+
+
 def _task(index: int, due: float) -> TrainingTask:
-    return TrainingTask(index, 0, np.zeros(15, np.float32), TrainPlan(), due=due)
+    return TrainingTask(_job(index), 0, np.zeros(15, np.float32), due=due)
+
+
+def _same_upload(got: ClientUpload, expected: ClientUpload) -> None:
+    """The same bytes, report, generator state and residual."""
+    assert got.payload == expected.payload
+    assert dict(got.privacy) == dict(expected.privacy)
+    assert (got.num_examples, got.steps_completed) == (expected.num_examples,
+                                                       expected.steps_completed)
+    assert got.rng.bit_generator.state == expected.rng.bit_generator.state
+    if expected.residual is None:
+        assert got.residual is None
+    else:
+        np.testing.assert_array_equal(got.residual, expected.residual)
 
 
 def test_a_bad_backend_name_fails_at_parse_time_naming_the_key() -> None:
@@ -54,13 +77,13 @@ def test_zero_workers_trains_inline_whatever_the_backend(name: str) -> None:
     assert isinstance(backend, InlineTraining)
     task = _task(3, 0.0)
     result = backend.submit(task).result()
-    expected = population.trainer(3).train(task.model, task.plan)
-    np.testing.assert_array_equal(result.params, expected.params)
+    _same_upload(result, do_job(_population(), UpdatePipeline, _job(3), task.model))
 
 
 def test_a_free_worker_gets_the_earliest_due_task_not_the_first_submitted() -> None:
     started: list[tuple[str, int]] = []
-    scheduler: Scheduler[str] = Scheduler(["w"], lambda w, task, f: started.append((w, task.index)))
+    scheduler: Scheduler[str] = Scheduler(
+        ["w"], lambda w, task, f: started.append((w, task.job.index)), depth=1)
     first = scheduler.submit(_task(1, due=9.0))  # starts at once: the worker was free
     scheduler.submit(_task(2, due=5.0))
     scheduler.submit(_task(3, due=1.0))
@@ -72,8 +95,29 @@ def test_a_free_worker_gets_the_earliest_due_task_not_the_first_submitted() -> N
     assert first.running()
 
 
+def test_workers_hold_a_next_task_but_the_last_one_waits_for_the_first_worker_free() -> None:
+    """Each worker holds its next task while there are enough for all; a burst's last task
+    is not queued behind a worker that has just started one while another may finish first:
+    it goes to whichever worker frees up first."""
+    started: list[tuple[str, int]] = []
+    scheduler: Scheduler[str] = Scheduler(
+        ["a", "b"], lambda w, task, f: started.append((w, task.job.index)))
+    for index in range(4):
+        scheduler.submit(_task(index, due=float(index)))
+    assert started == [("a", 0), ("b", 1), ("a", 2), ("b", 3)]  # one running, one held each
+    scheduler.free("a")  # a trains 2, b trains 1 and holds 3: only a has room
+    scheduler.submit(_task(4, due=4.0))
+    assert started[-1] == ("a", 4)
+    scheduler.free("b")  # b trains 3; a trains 2 and holds 4
+    scheduler.free("a")  # a trains 4: each trains one, and both have room
+    scheduler.submit(_task(5, due=5.0))
+    assert started[-1] == ("a", 4)  # one task for two workers with room: it waits
+    scheduler.free("b")  # b is idle first: it takes task 5 at once
+    assert started[-1] == ("b", 5)
+
+
 def test_closing_cancels_the_tasks_still_waiting() -> None:
-    scheduler: Scheduler[str] = Scheduler(["w"], lambda w, task, f: None)
+    scheduler: Scheduler[str] = Scheduler(["w"], lambda w, task, f: None, depth=1)
     scheduler.submit(_task(1, due=0.0))
     waiting = scheduler.submit(_task(2, due=1.0))
     scheduler.close()
@@ -119,7 +163,7 @@ class _FakeRay(types.ModuleType):
     def remote(self, **options: Any) -> Any:
         ready = types.SimpleNamespace(remote=lambda: Future())
         handle = types.SimpleNamespace(ready=ready)
-        return lambda cls: types.SimpleNamespace(remote=lambda build: handle)
+        return lambda cls: types.SimpleNamespace(remote=lambda build, pipeline: handle)
 
     def get(self, refs: Any, timeout: float) -> None:
         raise self.exceptions.RayError("the actor died while building its population")
@@ -168,7 +212,7 @@ def test_worker_processes_train_each_task_from_its_own_versions_model() -> None:
     build = functools.partial(SyntheticPopulation, spec, 10, Links(None, 10))  # picklable
     models = [np.full(15, float(v), np.float32) for v in range(3)]
     # versions interleaved, so a worker holding one version is sent a task of another
-    tasks = [TrainingTask(i, i % 3, models[i % 3], TrainPlan(local_steps=3, seed=i), due=i)
+    tasks = [TrainingTask(_job(i, TrainPlan(local_steps=3, seed=i)), i % 3, models[i % 3], due=i)
              for i in range(8)]
     inline = build()
     pool = ProcessTraining(2, build)
@@ -178,5 +222,37 @@ def test_worker_processes_train_each_task_from_its_own_versions_model() -> None:
     finally:
         pool.close()
     for task, result in zip(tasks, results, strict=True):
-        expected = inline.trainer(task.index).train(task.model, task.plan)
-        np.testing.assert_array_equal(result.params, expected.params)
+        job = _job(task.job.index, task.job.plan)
+        _same_upload(result, do_job(inline, UpdatePipeline, job, task.model))
+
+
+def _private_sparse_pipeline() -> UpdatePipeline:
+    """Clipping with noise, then top-k with error feedback: every stage with state or
+    randomness that a worker must carry as the loop's process would."""
+    return UpdatePipeline.from_names(
+        "dp_fedavg", "topk", {"density": 0.3},
+        privacy_options={"clip_norm": 0.5, "noise": "clients", "noise_multiplier": 0.8})
+
+
+def test_a_worker_runs_the_clients_pipeline_with_its_generator_and_residual() -> None:
+    """Noise and compression happen in the worker, from the client's own generator and
+    residual, and give the upload, generator state and residual the loop's process would."""
+    from fedlink.sim.virtual.backends.processes import ProcessTraining
+
+    spec = SyntheticSpec(4, 3, seed=1)
+    build = functools.partial(SyntheticPopulation, spec, 10, Links(None, 10))
+    model = np.linspace(-1, 1, 15, dtype=np.float32)
+    plan = TrainPlan(local_steps=3, seed=5)
+    residual = np.full(15, 0.01, np.float32)
+    inline = do_job(build(), _private_sparse_pipeline,
+                    ClientJob(4, plan, np.random.default_rng(9), {}, residual.copy()), model)
+    pool = ProcessTraining(1, build, _private_sparse_pipeline)
+    try:
+        job = ClientJob(4, plan, np.random.default_rng(9), {}, residual.copy())
+        upload = pool.submit(TrainingTask(job, 0, model)).result(timeout=60)
+    finally:
+        pool.close()
+    _same_upload(upload, inline)
+    assert upload.payload.header.encoding == "topk"
+    assert upload.residual is not None and not np.array_equal(upload.residual, residual)
+    assert upload.rng.bit_generator.state != np.random.default_rng(9).bit_generator.state

@@ -5,9 +5,10 @@ Each selected client lives through timed events, as ``ClientSession`` does over 
 in (one ``GetTask`` round trip), downloads the task's model (its encoded payload, decoded with
 ``fedlink.wire.unpack`` as the real client does), trains (the real trainer; model time is
 ``steps x step_cost_s x speed``), runs the real ``UpdatePipeline`` (privacy, codec, error
-feedback), uploads and commits. Training itself runs in a ``TrainingBackend``
-(``fedlink.sim.virtual.backends``): handed over when the download ends, its result taken when
-training ends in model time, so worker processes train several clients at once. Transfers are
+feedback), uploads and commits. The training and the pipeline, a device's own work, run in a
+``TrainingBackend`` (``fedlink.sim.virtual.backends``): handed over when the download ends,
+the encoded update taken when training ends in model time, so worker processes work for
+several clients at once. Transfers are
 timed by ``fedlink.sim.virtual.timing``; work pauses while the client is offline
 (``fedlink.sim.virtual.availability``). The arrival calls the engine's own ``submit``
 (staleness, weighting, the flush rule, server optimizer and hooks), with the example count
@@ -37,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from fedlink.client import Trainer, TrainPlan, TrainResult
+from fedlink.client import Trainer, TrainPlan
 from fedlink.client.base import planned_steps
 from fedlink.client.pipeline import UpdatePipeline
 from fedlink.clock import ManualClock
@@ -50,7 +51,13 @@ from fedlink.messages import Finished, Task
 from fedlink.metrics import EventLog, kinds
 from fedlink.refusals import RefusalCode
 from fedlink.sim.virtual.availability import AlwaysOnline, Availability, finish
-from fedlink.sim.virtual.backends import InlineTraining, TrainingBackend, TrainingTask
+from fedlink.sim.virtual.backends import (
+    ClientJob,
+    ClientUpload,
+    InlineTraining,
+    TrainingBackend,
+    TrainingTask,
+)
 from fedlink.sim.virtual.evaluations import VirtualEvaluations, VirtualWorld
 from fedlink.sim.virtual.population import Population
 from fedlink.sim.virtual.residuals import ResidualStore
@@ -86,10 +93,9 @@ class _Busy:
 
 @dataclass(frozen=True)
 class _Training:
-    """A client's training handed to the pool: what its update is built from when it ends."""
+    """A client's job handed to the backend, and what its update needs when it ends."""
 
-    model: np.ndarray
-    result: Future[TrainResult]
+    result: Future[ClientUpload]
     steps: int
     fits: int
     num_examples: int
@@ -139,11 +145,10 @@ class VirtualLoop:
         self.population = population
         self.options = options
         self.availability = availability or AlwaysOnline()
-        self._pipeline = pipeline
         self._evaluate = evaluate
         self._profile_name = profile_name
         self._on_flush = on_flush
-        self._training = training or InlineTraining(population)
+        self._training = training or InlineTraining(population, pipeline)
         self._busy: dict[int, _Busy] = {}
         self._rngs: dict[int, np.random.Generator] = {}
         self.residuals = residuals or ResidualStore(math.inf)
@@ -239,7 +244,8 @@ class VirtualLoop:
     # -- a client's task -------------------------------------------------------------------
 
     def _train(self, busy: _Busy) -> None:
-        """Downloaded: hand the task to the training pool; take the result when training ends."""
+        """Downloaded: hand the client's job to the backend; take its upload when training
+        ends."""
         task, index = busy.task, busy.index
         busy.seen = self.clock.now()
         try:
@@ -260,31 +266,32 @@ class VirtualLoop:
         # model time follows the plan, known now; the result is needed only when it ends
         compute = fits * step_s
         trained = finish(self.availability, index, self.clock.now(), compute)
-        result = self._training.submit(TrainingTask(
-            index, task.model_version, model, plan if fits == steps else TrainPlan(
-                local_steps=max(fits, 1), batch_size=plan.batch_size,
-                learning_rate=plan.learning_rate, seed=plan.seed, options=plan.options),
-            due=trained))
+        job = ClientJob(index, plan if fits == steps else TrainPlan(
+            local_steps=max(fits, 1), batch_size=plan.batch_size,
+            learning_rate=plan.learning_rate, seed=plan.seed, options=plan.options),
+            rng, dict(task.options), self.residuals.take(index))
+        result = self._training.submit(TrainingTask(job, task.model_version, model, due=trained))
         self._charge(busy, compute_s=compute)
-        work = _Training(model, result, steps, fits, examples)
+        work = _Training(result, steps, fits, examples)
         self.clock.call_at(trained, lambda: self._trained(busy, work))
 
     def _trained(self, busy: _Busy, work: _Training) -> None:
-        """Training ended (model time): privatise, encode and upload the client's update."""
+        """Training ended (model time): upload the client's encoded update."""
         task, index = busy.task, busy.index
-        result = work.result.result()
-        completed = result.steps_completed if work.fits == work.steps else work.fits
-        encoded, privacy = self._encode(index, task, result.params - work.model,
-                                        self._client_rng(index))
+        upload = work.result.result()
+        self._rngs[index] = upload.rng  # as the job left it (a worker's copy comes back)
+        self.residuals.put(index, upload.residual)
+        completed = upload.steps_completed if work.fits == work.steps else work.fits
+        encoded = upload.payload
         update = ReceivedUpdate(
             client_id=self.client_id(index), task_id=task.task_id,
             base_version=task.model_version,
             delta=unpack(encoded.header, encoded.data, self.engine.num_parameters,
                          verify=False),  # packed just now: no wire to check
-            num_examples=bounded_examples(result.num_examples, work.num_examples,
+            num_examples=bounded_examples(upload.num_examples, work.num_examples,
                                           self.config.limits.max_examples_per_update),
             steps_completed=completed, steps_planned=work.steps,
-            bytes_up=encoded.header.num_bytes, metrics=privacy)
+            bytes_up=encoded.header.num_bytes, metrics=dict(upload.privacy))
         self._upload(busy, update)
 
     def _decoded(self, version: int, payload: Any) -> np.ndarray:
@@ -402,19 +409,6 @@ class VirtualLoop:
         self._evaluations.published(outcome.version)
 
     # -- bookkeeping -------------------------------------------------------------------------
-
-    def _encode(self, index: int, task: Task, delta: np.ndarray,
-                rng: np.random.Generator) -> tuple[Any, dict[str, float]]:
-        """Client ``index``'s update through a pipeline of its own, its residual (if the codec
-        keeps one) taken from the store and put back; (payload, privacy metrics)."""
-        pipeline = self._pipeline()  # stateless but for the residual: one per task
-        pipeline.configure(task.options)
-        if pipeline.feedback is not None:
-            pipeline.feedback.residual = self.residuals.take(index)
-        encoded = pipeline.process(delta, rng)
-        if pipeline.feedback is not None:
-            self.residuals.put(index, pipeline.feedback.residual)
-        return encoded, dict(pipeline.privacy_metrics)
 
     def _count_download(self, num_bytes: int) -> None:
         """A download outside a training task (an evaluation's): in the next flush's count."""

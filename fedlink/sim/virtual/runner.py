@@ -71,7 +71,8 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
     residuals = ResidualStore(config.virtual.residual_memory_mb, run_dir)
     with EventLog(run_dir / EVENTS_FILENAME, clock=clock.now) as events:
         training = training_backend(config.run.backend, BackendContext(
-            config.virtual.workers, population, ConfigPopulation(config), config.ray.address))
+            config.virtual.workers, population, ConfigPopulation(config), config.ray.address,
+            config.client.pipeline))
         try:  # the backend's workers (and a Ray it started) stop however the run ends
             loop = VirtualLoop(config.coordinator, initial, traced, config.client.pipeline,
                                events, clock, config.virtual.loop_options(config.run.seed),

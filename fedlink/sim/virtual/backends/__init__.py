@@ -15,15 +15,19 @@ from __future__ import annotations
 from fedlink.sim.virtual.backends.base import (
     BACKENDS,
     BackendContext,
+    ClientJob,
+    ClientUpload,
     ConfigPopulation,
     TrainingBackend,
     TrainingTask,
     TrainingWorkerError,
+    do_job,
 )
 from fedlink.sim.virtual.backends.inline import InlineTraining
 
-__all__ = ["BACKENDS", "BackendContext", "ConfigPopulation", "InlineTraining",
-           "TrainingBackend", "TrainingTask", "TrainingWorkerError", "training_backend"]
+__all__ = ["BACKENDS", "BackendContext", "ClientJob", "ClientUpload", "ConfigPopulation",
+           "InlineTraining", "TrainingBackend", "TrainingTask", "TrainingWorkerError", "do_job",
+           "training_backend"]
 
 
 @BACKENDS.register("inline")

@@ -1,11 +1,17 @@
-"""The training-backend contract: where a virtual run's selected clients train.
+"""The training-backend contract: where a virtual run's selected clients do their work.
 
-The loop hands each selected client's training to a ``TrainingBackend`` the moment its
-download ends (model time), and takes the result only when the client's training ends in
-model time. Between the two the loop goes on with other clients' events, so a backend with
-``N`` workers trains up to ``N`` clients at once while the loop keeps the engine, the
-pipelines and the clock in one process (pfl-research's design: one model per worker, clients
-trained in place).
+The loop hands each selected client's work to a ``TrainingBackend`` the moment its download
+ends (model time), and takes the result only when the client's training ends in model time.
+Between the two the loop goes on with other clients' events, so a backend with ``N`` workers
+works for up to ``N`` clients at once while the loop keeps the engine and the clock in one
+process (pfl-research's design: one model per worker, clients trained in place).
+
+A client's work is what a device does between download and upload (``do_job``): train, then
+turn the change into its upload with the run's update pipeline (privacy, compression, error
+feedback), with the client's own generator and residual, which travel with the job and come
+back with the result. Only the encoded upload returns to the loop, so a worker parallelises
+the clipping, noise and compression with the training, and a compressed update crosses the
+process boundary compressed.
 
 Implementations register by name in ``BACKENDS`` (``[run] backend``); each is made by a
 factory ``(context: BackendContext) -> TrainingBackend``. ``[virtual] workers = 0`` always
@@ -16,16 +22,18 @@ the loop's process would, and the loop takes results in model-time order.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from fedlink.client import TrainPlan, TrainResult
+from fedlink.client import TrainPlan
+from fedlink.client.pipeline import UpdatePipeline
 from fedlink.errors import FedlinkError
 from fedlink.registry import Registry
+from fedlink.wire import Payload
 
 if TYPE_CHECKING:
     from fedlink.sim.config import ExperimentConfig
@@ -33,27 +41,70 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class ClientJob:
+    """A selected client's work, without the model it starts from: train client ``index``
+    with ``plan``, then encode the change with the run's pipeline configured with the task's
+    ``options``, drawing from the client's generator ``rng`` (its state after the plan's seed
+    was drawn) and starting from its error-feedback ``residual`` (``None``: none yet, or a
+    codec without feedback)."""
+
+    index: int
+    plan: TrainPlan
+    rng: np.random.Generator
+    options: Mapping[str, str] = field(default_factory=dict)
+    residual: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class ClientUpload:
+    """A job's result: the encoded update and what the client reports with it, and the
+    client's generator and residual as the job left them (the loop keeps them for the
+    client's next task)."""
+
+    payload: Payload
+    privacy: Mapping[str, float]
+    num_examples: int
+    steps_completed: int
+    rng: np.random.Generator
+    residual: np.ndarray | None = None
+
+
+def do_job(population: Population, pipeline: Callable[[], UpdatePipeline], job: ClientJob,
+           model: np.ndarray) -> ClientUpload:
+    """Client ``job.index``'s work from ``model`` (read-only), as its device does it: local
+    training, then the delta through a pipeline of its own (stateless but for the residual)."""
+    result = population.trainer(job.index).train(model, job.plan)
+    stages = pipeline()
+    stages.configure(job.options)
+    if stages.feedback is not None:
+        stages.feedback.residual = job.residual
+    payload = stages.process(result.params - model, job.rng)
+    return ClientUpload(payload, dict(stages.privacy_metrics), result.num_examples,
+                        result.steps_completed, job.rng,
+                        None if stages.feedback is None else stages.feedback.residual)
+
+
+@dataclass(frozen=True)
 class TrainingTask:
-    """One client's training: client ``index`` from global model ``version`` (``model``).
+    """One client's work (``job``) from global model ``version`` (``model``).
 
     ``due`` is the model time at which the loop needs the result: a backend with more tasks
-    than free workers trains the earliest due first, so the loop rarely waits on a task
+    than free workers starts the earliest due first, so the loop rarely waits on a task
     queued behind later ones. Workers keep the model of the version they last trained, so a
     backend sends ``model`` to a worker once per version, not once per task.
     """
 
-    index: int
+    job: ClientJob
     version: int
     model: np.ndarray
-    plan: TrainPlan
     due: float = 0.0
 
 
 class TrainingBackend(Protocol):
-    """Trains clients' tasks; each result is a future the loop waits on when it needs it."""
+    """Does clients' jobs; each result is a future the loop waits on when it needs it."""
 
-    def submit(self, task: TrainingTask) -> Future[TrainResult]:
-        """Train ``task`` (at once, or when a worker is free)."""
+    def submit(self, task: TrainingTask) -> Future[ClientUpload]:
+        """Do ``task``'s job with ``do_job`` (at once, or when a worker is free)."""
         ...
 
     def close(self) -> None:
@@ -73,12 +124,14 @@ class BackendContext:
     ``population`` is the loop's own (what inline training uses); ``build`` is picklable and
     makes the same population in a worker process (each worker calls it once). ``address`` is
     the cluster to join, for backends that have one (Ray; ``""``: start a local one).
+    ``pipeline`` (picklable) makes a client's update pipeline, one per job.
     """
 
     workers: int
     population: Population
     build: Callable[[], Population]
     address: str = ""
+    pipeline: Callable[[], UpdatePipeline] = UpdatePipeline
 
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

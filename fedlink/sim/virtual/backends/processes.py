@@ -1,11 +1,12 @@
 """``processes`` (the default): ``[virtual] workers`` spawned worker processes on this machine.
 
 Each worker builds the population once from the run's config (its data, its model), pays its
-one-time costs while it starts, and then trains whichever client it is sent. A worker keeps
-the global model it last trained from, so the loop sends a model to each worker once per
-version; a task is otherwise the client's index, the version and its plan, and only the
-``TrainResult`` comes back. One pipe per worker; a thread in the loop's process reads results
-and hands each free worker the most urgent waiting task (``schedule.Scheduler``).
+one-time costs while it starts, and then does whichever client's job it is sent (``do_job``:
+training and the update pipeline). A worker keeps the global model it last trained from, so
+the loop sends a model to each worker once per version; a task is otherwise the client's
+``ClientJob``, and only its ``ClientUpload`` (the encoded update) comes back. One pipe per
+worker; a thread in the loop's process reads results and hands each free worker the most
+urgent waiting task (``schedule.Scheduler``).
 """
 
 from __future__ import annotations
@@ -22,16 +23,19 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
-from fedlink.client import TrainPlan, TrainResult
+from fedlink.client.pipeline import UpdatePipeline
 from fedlink.errors import ConfigError
 from fedlink.sim.virtual.backends.base import (
     ONE_THREAD,
     BackendContext,
+    ClientJob,
+    ClientUpload,
     TrainingTask,
     TrainingWorkerError,
+    do_job,
     warmed,
 )
-from fedlink.sim.virtual.backends.schedule import Scheduler, slots
+from fedlink.sim.virtual.backends.schedule import Scheduler
 
 if TYPE_CHECKING:
     from fedlink.sim.virtual.population import Population
@@ -48,7 +52,7 @@ class _Worker:
         self.process = process
         self.pipe = pipe
         self.version: int | None = None  # the model version the worker holds
-        self.tasks: deque[Future[TrainResult]] = deque()  # sent, in the order it trains them
+        self.tasks: deque[Future[ClientUpload]] = deque()  # sent, in the order it trains them
 
     def wait_ready(self) -> None:
         """Block until the worker has built its population (its error if it could not)."""
@@ -71,9 +75,11 @@ class _Worker:
 
 
 class ProcessTraining:
-    """``workers`` spawned processes, each holding the population ``build`` makes once."""
+    """``workers`` spawned processes, each holding the population ``build`` makes once and
+    making each job's pipeline with ``pipeline``."""
 
-    def __init__(self, workers: int, build: Callable[[], Population]) -> None:
+    def __init__(self, workers: int, build: Callable[[], Population],
+                 pipeline: Callable[[], UpdatePipeline] = UpdatePipeline) -> None:
         if workers < 1:
             raise ConfigError(f"virtual.workers: a process pool needs >= 1 worker, got {workers}")
         # spawn, not fork: the loop's process has torch's thread pools running already
@@ -84,7 +90,7 @@ class ProcessTraining:
         try:
             for number in range(workers):
                 here, there = spawn.Pipe()
-                process = spawn.Process(target=_serve, args=(build, there), daemon=True,
+                process = spawn.Process(target=_serve, args=(build, pipeline, there), daemon=True,
                                         name=f"fedlink-training-{number}")
                 with _environment(ONE_THREAD):  # read by the new process's libraries as they load
                     process.start()
@@ -95,7 +101,7 @@ class ProcessTraining:
         except BaseException:
             self._stop(at_once=True)
             raise
-        self._scheduler = Scheduler(slots(self._workers), self._start)
+        self._scheduler = Scheduler(self._workers, self._start)
         self._reader = threading.Thread(target=self._read, name="fedlink-training-results",
                                         daemon=True)
         self._reader.start()
@@ -103,17 +109,17 @@ class ProcessTraining:
     @classmethod
     def started(cls, context: BackendContext) -> ProcessTraining:
         """The registered factory: ``context.workers`` processes building ``context.build``."""
-        return cls(context.workers, context.build)
+        return cls(context.workers, context.build, context.pipeline)
 
-    def submit(self, task: TrainingTask) -> Future[TrainResult]:
-        """Queue client ``task.index``'s training for the next free worker."""
+    def submit(self, task: TrainingTask) -> Future[ClientUpload]:
+        """Queue client ``task.job.index``'s job for the next free worker."""
         return self._scheduler.submit(task)
 
-    def _start(self, worker: _Worker, task: TrainingTask, future: Future[TrainResult]) -> None:
+    def _start(self, worker: _Worker, task: TrainingTask, future: Future[ClientUpload]) -> None:
         """Send ``task``, with its model only if the worker does not hold that version."""
         fresh = task.version < 0 or worker.version != task.version
         worker.tasks.append(future)
-        worker.pipe.send((task.index, task.version, task.model if fresh else None, task.plan))
+        worker.pipe.send((task.job, task.model if fresh else None))
         worker.version = task.version
 
     def _read(self) -> None:
@@ -195,8 +201,10 @@ def _environment(defaults: Mapping[str, str]) -> Iterator[None]:
             os.environ.pop(key, None)
 
 
-def _serve(build: Callable[[], Population], pipe: Connection) -> None:
-    """A worker process: build the population, then train what comes until told to stop."""
+def _serve(build: Callable[[], Population], pipeline: Callable[[], UpdatePipeline],
+           pipe: Connection) -> None:
+    """A worker process: build the population, then do the jobs that come until told to
+    stop."""
     try:
         population = warmed(build())
     except BaseException as exc:
@@ -207,11 +215,11 @@ def _serve(build: Callable[[], Population], pipe: Connection) -> None:
     threading.Thread(target=_receive_all, args=(pipe, inbox), daemon=True).start()
     model = None
     while (message := inbox.get()) is not None:
-        index, _version, sent, plan = message
+        job, sent = message
         if sent is not None:  # a new version: kept for the tasks after this one, read-only
             model = sent
             model.flags.writeable = False
-        pipe.send(_train(population, index, model, plan))
+        pipe.send(_work(population, pipeline, job, model))
 
 
 def _receive_all(pipe: Connection, inbox: queue.SimpleQueue[Any]) -> None:
@@ -227,10 +235,10 @@ def _receive_all(pipe: Connection, inbox: queue.SimpleQueue[Any]) -> None:
             return
 
 
-def _train(population: Population, index: int, model: Any,
-           plan: TrainPlan) -> tuple[str, Any]:
+def _work(population: Population, pipeline: Callable[[], UpdatePipeline], job: ClientJob,
+          model: Any) -> tuple[str, Any]:
     try:
-        return "done", (os.getpid(), population.trainer(index).train(model, plan))
+        return "done", (os.getpid(), do_job(population, pipeline, job, model))
     except Exception as exc:  # the loop re-raises it where it takes the result
         return "error", _sendable(exc)
 

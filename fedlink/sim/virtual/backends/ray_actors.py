@@ -1,10 +1,11 @@
 """``ray``: Ray actors train the selected clients (``[run] backend = "ray"``, the ``ray`` extra).
 
 One actor per ``[virtual] workers`` (one CPU each), each holding the population ``build``
-makes once (its data, its model) and training whichever client it is sent, in place
-(pfl-research's design; Flower's Ray backend keeps a pool of actors the same way). A model
-version is put in Ray's object store once and every actor training from it reads it there
-(zero-copy on one machine), so the loop copies each version once, not once per task.
+makes once (its data, its model) and doing whichever client's job it is sent: training in
+place, then the update pipeline (pfl-research's design; Flower's Ray backend keeps a pool of
+actors the same way). A model version is put in Ray's object store once and every actor
+training from it reads it there (zero-copy on one machine), so the loop copies each version
+once, not once per task.
 Tasks go to free actors, earliest due first (``schedule.Scheduler``).
 
 Ray: with ``[ray] address = ""`` (the default) a new local Ray is started for the run on
@@ -25,21 +26,24 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from fedlink.client import TrainPlan, TrainResult
+from fedlink.client.pipeline import UpdatePipeline
 from fedlink.errors import ConfigError
 from fedlink.sim.virtual.backends.base import (
     ONE_THREAD,
     BackendContext,
+    ClientJob,
+    ClientUpload,
     TrainingTask,
     TrainingWorkerError,
+    do_job,
     warmed,
 )
-from fedlink.sim.virtual.backends.schedule import Scheduler, slots
+from fedlink.sim.virtual.backends.schedule import Scheduler
 
 if TYPE_CHECKING:
     from fedlink.sim.virtual.population import Population
 
-_Answer = tuple[int, "Future[tuple[int, TrainResult]]", "Future[TrainResult]"]
+_Answer = tuple[int, "Future[tuple[int, ClientUpload]]", "Future[ClientUpload]"]
 
 READY_TIMEOUT_S = 600.0  # starting actors and building each one's population
 MODELS_KEPT = 4  # model versions kept in the object store (stale tasks may train from older)
@@ -83,24 +87,28 @@ def start_ray(address: str, cpus: int) -> bool:
 
 
 class TrainingActor:
-    """A Ray actor's state: the population it built, trained in place."""
+    """A Ray actor's state: the population it built, trained in place, and the pipeline
+    factory of its jobs."""
 
-    def __init__(self, build: Callable[[], Population]) -> None:
+    def __init__(self, build: Callable[[], Population],
+                 pipeline: Callable[[], UpdatePipeline]) -> None:
         self.population = warmed(build())
+        self.pipeline = pipeline
 
     def ready(self) -> int:
         """This actor's process id, once its population is built."""
         return os.getpid()
 
-    def train(self, index: int, model: Any, plan: TrainPlan) -> tuple[int, TrainResult]:
-        """Client ``index`` trained from ``model``; (this process's id, the result)."""
-        return os.getpid(), self.population.trainer(index).train(model, plan)
+    def work(self, job: ClientJob, model: Any) -> tuple[int, ClientUpload]:
+        """Client ``job.index``'s job from ``model``; (this process's id, the result)."""
+        return os.getpid(), do_job(self.population, self.pipeline, job, model)
 
 
 class RayTraining:
     """``workers`` Ray actors, each holding the population ``build`` makes once."""
 
-    def __init__(self, workers: int, build: Callable[[], Population], address: str = "") -> None:
+    def __init__(self, workers: int, build: Callable[[], Population], address: str = "",
+                 pipeline: Callable[[], UpdatePipeline] = UpdatePipeline) -> None:
         if workers < 1:
             raise ConfigError(f"virtual.workers: the Ray backend needs >= 1 actor, got {workers}")
         try:
@@ -120,7 +128,7 @@ class RayTraining:
         try:
             actor = ray.remote(num_cpus=1, runtime_env={"env_vars": dict(ONE_THREAD)})(
                 TrainingActor)
-            self._actors = [actor.remote(build) for _ in range(workers)]
+            self._actors = [actor.remote(build, pipeline) for _ in range(workers)]
             ray.get([a.ready.remote() for a in self._actors], timeout=READY_TIMEOUT_S)
         except BaseException as exc:
             self.close()
@@ -128,7 +136,7 @@ class RayTraining:
                 raise TrainingWorkerError(f"Ray training actors could not start: "
                                           f"{_cause(exc)}") from exc
             raise
-        self._scheduler = Scheduler(slots(range(workers)), self._start)
+        self._scheduler = Scheduler(range(workers), self._start)
         self._answers: queue.SimpleQueue[_Answer | None] = queue.SimpleQueue()
         self._settler = threading.Thread(target=self._settle_answers, daemon=True,
                                          name="fedlink-ray-results")
@@ -137,15 +145,15 @@ class RayTraining:
     @classmethod
     def started(cls, context: BackendContext) -> RayTraining:
         """The registered factory: ``context.workers`` actors, on ``context.address``."""
-        return cls(context.workers, context.build, context.address)
+        return cls(context.workers, context.build, context.address, context.pipeline)
 
-    def submit(self, task: TrainingTask) -> Future[TrainResult]:
-        """Queue client ``task.index``'s training for the next free actor."""
+    def submit(self, task: TrainingTask) -> Future[ClientUpload]:
+        """Queue client ``task.job.index``'s job for the next free actor."""
         return self._scheduler.submit(task)
 
-    def _start(self, number: int, task: TrainingTask, future: Future[TrainResult]) -> None:
+    def _start(self, number: int, task: TrainingTask, future: Future[ClientUpload]) -> None:
         """Call actor ``number``; settle ``future`` (and free the actor) when it answers."""
-        done = self._actors[number].train.remote(task.index, self._model(task), task.plan)
+        done = self._actors[number].work.remote(task.job, self._model(task))
         # Ray calls back on its own I/O thread, where calling into Ray again (the next task)
         # could stall it: the answer goes to this backend's thread instead
         done.future().add_done_callback(lambda answer: self._answers.put((number, answer, future)))
@@ -167,8 +175,8 @@ class RayTraining:
                     self._models.popitem(last=False)
             return held
 
-    def _settle(self, number: int, answer: Future[tuple[int, TrainResult]],
-                future: Future[TrainResult]) -> None:
+    def _settle(self, number: int, answer: Future[tuple[int, ClientUpload]],
+                future: Future[ClientUpload]) -> None:
         try:
             pid, result = answer.result()
         except BaseException as exc:  # the client's own error, or the actor's death
