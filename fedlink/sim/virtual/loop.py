@@ -327,6 +327,14 @@ class VirtualLoop:
         seconds = up.seconds if inline else up.seconds + commit
         self._count_network(busy, seconds, up)
         arrives = finish(self.availability, index, self.clock.now(), seconds)
+        if arrives <= self.clock.now():
+            # an upload that takes no model time (an ideal link) arrives at once, before the
+            # other clients' events due at this instant: the order among simultaneous events
+            # is arbitrary, and this one lets the engine's work on the update overlap the
+            # training of the clients that finish at the same instant, instead of waiting for
+            # the slowest of them to be trained
+            self._arrive(busy, update)
+            return
         self.clock.call_at(arrives, lambda: self._arrive(busy, update))
 
     def _arrive(self, busy: _Busy, update: ReceivedUpdate) -> None:
