@@ -33,8 +33,9 @@ that process), of ``examples/population_1m.toml`` at the population asked for. F
   process; ``parallel_wall_0_s``/``parallel_wall_2_s`` beside it. Workers' start-up (spawn,
   torch import, data, the first trainer) is outside the loop's wall and reported as
   ``parallel_startup_s`` (inline training pays its first trainer before the loop too).
-  Three inline/2-worker pairs run, alternately; the figure is the median pair's ratio, with
-  ``parallel_speedup_min``/``_max`` beside it (one run varies by about 5% on this box).
+  Five inline/2-worker pairs run, alternately; the figure is the median pair's ratio, with
+  ``parallel_speedup_min``/``_max`` beside it (the same inline run's wall moved between 4.1
+  and 6.0 s in one quarter of an hour on this box, and a pair's ratio between 1.46 and 1.73).
   ``ray_speedup_2_actors``: the same with ``[run] backend = "ray"`` and 2 actors over inline,
   when ray is installed (``ray_startup_s``: starting Ray and its actors).
   ``--only parallel`` measures these alone.
@@ -200,7 +201,7 @@ def _speedup_size(quick: bool) -> tuple[int, int, int]:
     return (200, 5, 1) if quick else (1000, 10, 3)
 
 
-PARALLEL_REPEATS = 3
+PARALLEL_REPEATS = 5
 """Inline/2-worker pairs of the training-backend comparison (the figure is the median ratio)."""
 
 
