@@ -8,12 +8,12 @@ in (one ``GetTask`` round trip), downloads the task's model (its encoded payload
 feedback), uploads and commits. The training and the pipeline, a device's own work, run in a
 ``TrainingBackend`` (``fedlink.sim.virtual.backends``): handed over when the download ends,
 the encoded update taken when training ends in model time, so worker processes work for
-several clients at once. Transfers are
-timed by ``fedlink.sim.virtual.timing``; work pauses while the client is offline
-(``fedlink.sim.virtual.availability``). The arrival calls the engine's own ``submit``
-(staleness, weighting, the flush rule, server optimizer and hooks), with the example count
-bounded by the coordinator's ``bounded_examples``; the engine's ``poll`` and ``release_silent``
-run every ``poll_s`` of model time, as the server's poll loop calls them.
+several clients at once. Transfers are timed by ``fedlink.sim.virtual.timing``; work pauses
+while the client is offline (``fedlink.sim.virtual.availability``). The arrival calls the
+engine's own ``submit`` (staleness, weighting, the flush rule, server optimizer and hooks),
+with the example count bounded by the coordinator's ``bounded_examples``; the engine's ``poll``
+and ``release_silent`` run every ``poll_s`` of model time, as the server's poll loop calls
+them.
 
 Duplicated from the servicer, in a few lines: emitting ``update_refused`` and ``flush`` events
 (the servicer's ``_settle`` and ``report_flushes`` are bound to its asyncio and durable-commit
