@@ -214,3 +214,65 @@ def test_adaptive_clipping_without_reported_bits_keeps_s() -> None:
 def test_bad_hook_options_are_config_errors(options: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         DPFedAvgHook(**options)  # type: ignore[arg-type]
+
+
+HISTORIES = [[(1.1, 0.01, 10_000)], [(1.0, 0.0156, 50)], [(0.8, 0.05, 200)],
+             [(1.5, 0.02, 3000), (0.7, 0.1, 20), (1.5, 0.02, 7)], [(3.0, 0.5, 8)]]
+"""Single and mixed histories, integer and fractional optimal orders, small and large q."""
+
+
+def fresh_dp_accounting_epsilon(kind: str, history: list[tuple[float, float, int]],
+                                delta: float) -> float:
+    """The epsilon a fresh dp-accounting accountant gives for ``history`` (the computation
+    ``Accountant`` made before it cached anything)."""
+    import dp_accounting
+    from dp_accounting.pld import PLDAccountant
+    from dp_accounting.rdp import RdpAccountant
+
+    from fedlink.privacy.accounting import PLD_GRID, RDP_ORDERS
+
+    accountant = (RdpAccountant(list(RDP_ORDERS)) if kind == "rdp"
+                  else PLDAccountant(value_discretization_interval=PLD_GRID))
+    accountant.compose(dp_accounting.ComposedDpEvent([
+        dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z)), n)
+        for z, q, n in history]))
+    return float(accountant.get_epsilon(delta))
+
+
+@pytest.mark.parametrize("kind", ["rdp", "prv"])
+@pytest.mark.parametrize("history", HISTORIES)
+def test_the_cached_epsilon_is_a_fresh_accountants(
+        kind: str, history: list[tuple[float, float, int]]) -> None:
+    acc = Accountant(kind)
+    for z, q, n in history:
+        acc.step(z, q, n)
+    for delta in (1e-5, 1e-3):
+        expected = fresh_dp_accounting_epsilon(kind, history, delta)
+        assert acc.epsilon(delta) == pytest.approx(expected, rel=1e-9, abs=1e-9)
+        assert acc.epsilon(delta) == pytest.approx(expected, rel=1e-9, abs=1e-9)  # cached
+
+
+def test_rdp_computes_the_one_step_rdp_once_per_mechanism(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp
+
+    from fedlink.privacy import accounting
+
+    calls: list[tuple[float, float]] = []
+    original = rdp._compute_rdp_poisson_subsampled_gaussian
+
+    def counting(q: float, noise_multiplier: float, orders: Any) -> Any:
+        calls.append((q, noise_multiplier))
+        return original(q=q, noise_multiplier=noise_multiplier, orders=orders)
+
+    monkeypatch.setattr(rdp, "_compute_rdp_poisson_subsampled_gaussian", counting)
+    accounting._one_step_rdp.cache_clear()
+    acc = Accountant("rdp")
+    for _ in range(20):  # a client's tasks: steps, then a report
+        acc.step(1.0, 0.03, 50)
+        acc.epsilon(1e-5)
+        acc.epsilon_after(50, 1.0, 0.03, 1e-5)
+    acc.step(0.9, 0.03, 5)
+    acc.epsilon(1e-5)
+    assert calls == [(0.03, 1.0), (0.03, 0.9)]
