@@ -176,7 +176,9 @@ class Transfers:
     def take_inline_update(self, request: CommitRequest) -> None:
         """Hold an update that came inside its ``Commit`` as if it had been uploaded.
 
-        A repeat of an answered commit writes nothing: it gets the remembered answer.
+        A repeat of an answered commit writes nothing: it gets the remembered answer. Inline
+        bytes that disagree with the header's ``num_bytes`` are a malformed request
+        (``INVALID_ARGUMENT``): nothing else of them could arrive later to resume.
         """
         limit = self.limits.inline_limit
         if len(request.update_data) > limit:
@@ -184,6 +186,9 @@ class Transfers:
                                     f"exceeds this coordinator's inline limit of {limit} "
                                     "bytes (RunConfig.inline_bytes); upload it, then commit")
         if self.uploads.answer(request.client_id, request.upload_id) is None:
+            if len(request.update_data) != request.update.num_bytes:
+                raise InvalidArgument(f"inline update carries {len(request.update_data)} "
+                                      f"bytes but its header claims {request.update.num_bytes}")
             self.uploads.write(request.client_id, request.upload_id, 0, request.update_data)
 
 
