@@ -90,8 +90,14 @@ class Transfers:
             self._callers.registry.touch(request.client_id)
         self.downloads.streamed(record.client_id, record.task_id, kind)
 
-    def with_inline_payload(self, client_id: str, task: Task) -> Task:
-        """``task`` carrying its delta, else its model, when that fits ``inline_limit``."""
+    def with_inline_payload(self, client_id: str, task: Task, held_version: int = -1) -> Task:
+        """``task`` carrying its delta, else its model, when that fits ``inline_limit``.
+
+        A client that holds the task's version (it just evaluated it) gets no payload: it
+        uses the model it has.
+        """
+        if held_version == task.model_version:
+            return task
         limit = self.limits.inline_limit
         record, _ = self._lookup(client_id, task.task_id)
         full = self.engine.payload(record.version)
