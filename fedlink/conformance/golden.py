@@ -6,6 +6,11 @@ protos/testdata``):
 - ``codecs.json``: for each registered codec, a small float32 vector, its codec options, the
   encoded bytes (hex), the ``TensorHeader`` (as proto3 JSON field names), and the decoded
   values as float32 bit patterns (hex, little-endian) so that no decimal rounding intervenes.
+- ``codecs_1_1.json``: the rules protocol 1.1 pins down: ``randk`` with the ``splitmix64``
+  index rule (full vectors, and seed -> indices tables up to 100,000 values), ``topk`` ties,
+  ``qsgd`` edge values (every width, both norms, scale 0, codes at both ends) and ``sign``
+  scales where a float32 mean would differ. ``codecs.json`` stays the 1.0 file (``randk``
+  there uses numpy's ``choice``, still decoded when ``index_rule`` is absent).
 - ``delta.json``: two versions of a model, the ``xor-zlib`` delta between them, its header
   and the header of the target model (``values_checksum`` is what a rebuilt model must match).
 - ``session_inline.json`` and ``session_streamed.json``: the messages of one task, in order,
@@ -30,6 +35,7 @@ import numpy as np
 
 from fedlink.compress import CODECS, decoder_for, get_codec
 from fedlink.compress.delta import apply_delta, encode_delta
+from fedlink.compress.sparse import splitmix_indices, splitmix_keys
 from fedlink.messages import TensorHeader
 from fedlink.wire import checksum, pack, values_checksum
 
@@ -43,6 +49,34 @@ OPTIONS: dict[str, dict[str, Any]] = {
 """Codec options used for the vectors (sparsifiers with value codecs take the base's)."""
 
 SEED = 20261201
+
+RANDK_1_0 = {"index_rule": "numpy"}
+"""``codecs.json`` holds 1.0 ``randk`` vectors: numpy's ``choice``, no ``index_rule`` sent."""
+
+RANDK_TABLES = [(0, 12, 3), (20261201, 1000, 10), (7, 10_001, 100), (2**63 - 1, 12_345, 1_235),
+                (123456789, 100_000, 1_000), (42, 5, 5), (42, 5, 0)]
+"""``(seed, n, k)`` for the ``randk`` index tables: both ends of the seed range, above 10,000."""
+
+TOPK_TIES = np.array([1.0, -2.0, 2.0, 0.5, -2.0, 1.0, 2.0, -1.0, 0.0, -0.0, 3.0, -1.0],
+                     dtype=np.float32)
+"""Equal magnitudes straddling the cut: the lower indices are kept."""
+
+QSGD_EDGES: list[tuple[str, list[float], dict[str, Any]]] = [
+    ("zeros", [0.0, -0.0, 0.0, 0.0, 0.0], {"bits": 8}),
+    ("ends", [1.0, -1.0, 0.5, -0.5, 0.0, 1.0, -1.0], {"bits": 2}),
+    ("bits3", [3.0, -1.0, 0.1, -2.9, 2.0, 1e-30, -3.0], {"bits": 3}),
+    ("bits5_l2", [0.3, -0.7, 1e-5, 2.5, -2.5, 0.0, 1.75], {"bits": 5, "norm": "l2"}),
+    ("bits7", [1e30, -1e30, 3.3e29, -7e29, 1.0], {"bits": 7}),
+    ("bits8_rounding", [0.1, 0.2, 0.3, -0.7, 0.9, -1.1, 1.3, 1.7, 1.9, -2.3, 2.9, 3.1],
+     {"bits": 8}),
+    ("tiny", [1e-38, -1e-38, 5e-39, 1e-45], {"bits": 4}),
+]
+"""Inputs where the decode formula's rounding shows: ``f32((code - s) * f32(c / s))``."""
+
+SIGN_SCALES = [[0.1, 0.2, 0.3, -0.4, 1e-8, -3.3, 7.77, 0.01],
+               [16777216.0, 1.0, -1.0, 1.0, 3.0, -5.0, 1e-3],
+               [1.0 / 3.0] * 7 + [-2.0 / 3.0] * 5]
+"""Vectors whose float64 mean of magnitudes, rounded once, differs from a float32 mean."""
 
 
 def float_bits(values: np.ndarray) -> list[str]:
@@ -58,16 +92,45 @@ def header_json(header: TensorHeader) -> dict[str, Any]:
             "valuesChecksum": header.values_checksum}
 
 
-def codec_vector(name: str) -> dict[str, Any]:
-    """The golden entry of codec ``name``: input, options, bytes, header, decoded values."""
-    options = OPTIONS.get(name.split("+")[0], {})
-    codec = get_codec(name, **options)
-    payload = pack(VECTOR, codec, np.random.default_rng(SEED))
-    decoded = decoder_for(name).decode(payload.data, payload.header.codec_params, VECTOR.size)
-    return {"codec": name, "options": options, "stochastic": codec.stochastic,
-            "zlib": name == "fp32-zlib", "input_bits": float_bits(VECTOR),
-            "input": [float(v) for v in VECTOR], "data_hex": payload.data.hex(),
+def codec_vector(name: str, vector: np.ndarray = VECTOR,
+                 options: Mapping[str, Any] | None = None,
+                 hidden: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The golden entry of codec ``name``: input, options, bytes, header, decoded values.
+
+    ``hidden`` options shape the encoding without being recorded (the 1.0 ``randk`` rule,
+    which sends no ``index_rule``).
+    """
+    if options is None:
+        options = OPTIONS.get(name.split("+")[0], {})
+    codec = get_codec(name, **options, **(hidden or {}))
+    payload = pack(vector, codec, np.random.default_rng(SEED))
+    decoded = decoder_for(name).decode(payload.data, payload.header.codec_params, vector.size)
+    return {"codec": name, "options": dict(options), "stochastic": codec.stochastic,
+            "zlib": name == "fp32-zlib", "input_bits": float_bits(vector),
+            "input": [float(v) for v in vector], "data_hex": payload.data.hex(),
             "header": header_json(payload.header), "decoded_bits": float_bits(decoded)}
+
+
+def vectors_1_0() -> list[dict[str, Any]]:
+    """``codecs.json``: one vector per codec, ``randk`` by the 1.0 (numpy) rule."""
+    return [codec_vector(n, hidden=RANDK_1_0 if n.startswith("randk") else None)
+            for n in CODECS.names()]
+
+
+def vectors_1_1() -> dict[str, Any]:
+    """``codecs_1_1.json``: the vectors of the rules protocol 1.1 states exactly."""
+    randk = [codec_vector(n) for n in CODECS.names() if n.startswith("randk")]
+    tables = [{"seed": str(seed), "n": n, "k": k,
+               "indices": [int(i) for i in splitmix_indices(seed, n, k)]}
+              for seed, n, k in RANDK_TABLES]
+    first_keys = [f"{int(key):016x}" for key in splitmix_keys(0, 4)]
+    topk = [codec_vector(name, TOPK_TIES, {"density": density})
+            for name, density in (("topk", 0.25), ("topk", 0.5), ("topk+fp16", 0.1))]
+    qsgd = [{"case": case, **codec_vector("qsgd", np.array(v, dtype=np.float32), opts)}
+            for case, v, opts in QSGD_EDGES]
+    sign = [codec_vector("sign", np.array(v, dtype=np.float32), {}) for v in SIGN_SCALES]
+    return {"randk": randk, "randk_indices": tables, "splitmix64_seed0_keys": first_keys,
+            "topk_ties": topk, "qsgd_edges": qsgd, "sign_scales": sign}
 
 
 def delta_vector() -> dict[str, Any]:
@@ -89,7 +152,7 @@ def delta_vector() -> dict[str, Any]:
 def write_vectors(folder: Path, sessions: Mapping[str, list[dict[str, Any]]]) -> list[Path]:
     """Write every golden file into ``folder``; returns their paths."""
     folder.mkdir(parents=True, exist_ok=True)
-    files = {"codecs.json": {"vectors": [codec_vector(n) for n in CODECS.names()]},
+    files = {"codecs.json": {"vectors": vectors_1_0()}, "codecs_1_1.json": vectors_1_1(),
              "delta.json": delta_vector()}
     files.update({f"session_{kind}.json": {"messages": messages}
                   for kind, messages in sessions.items()})

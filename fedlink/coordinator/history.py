@@ -55,8 +55,11 @@ class ModelHistory:
         return self._payloads.get(version)
 
     def delta(self, base: int, target: int) -> Payload | None:
-        """The delta from ``base`` to ``target``, or None when either is not kept or it is
-        no smaller than the model."""
+        """The delta from ``base`` to ``target``, or None when either is not kept, it is
+        no smaller than the model, or ``base == target`` (the client holds the model: it needs
+        no payload at all, ``docs/protocol.md`` section 7)."""
+        if base == target:
+            return None
         pair = (base, target)
         if pair not in self._deltas:
             if base not in self._vectors or target not in self._vectors:

@@ -227,7 +227,8 @@ class CoordinatorService:
         if isinstance(reply, Task | Finished):  # a new task, or the run's end, was journaled
             await self.state.sync()
         if isinstance(reply, Task):
-            reply = self.transfers.with_inline_payload(request.client_id, reply)
+            reply = self.transfers.with_inline_payload(request.client_id, reply,
+                                                       request.held_version)
         self.lifecycle.check()  # a flush hook may have ended the run
         return reply
 

@@ -90,8 +90,14 @@ class Transfers:
             self._callers.registry.touch(request.client_id)
         self.downloads.streamed(record.client_id, record.task_id, kind)
 
-    def with_inline_payload(self, client_id: str, task: Task) -> Task:
-        """``task`` carrying its delta, else its model, when that fits ``inline_limit``."""
+    def with_inline_payload(self, client_id: str, task: Task, held_version: int = -1) -> Task:
+        """``task`` carrying its delta, else its model, when that fits ``inline_limit``.
+
+        A client that holds the task's version (it just evaluated it) gets no payload: it
+        uses the model it has.
+        """
+        if held_version == task.model_version:
+            return task
         limit = self.limits.inline_limit
         record, _ = self._lookup(client_id, task.task_id)
         full = self.engine.payload(record.version)
@@ -176,7 +182,9 @@ class Transfers:
     def take_inline_update(self, request: CommitRequest) -> None:
         """Hold an update that came inside its ``Commit`` as if it had been uploaded.
 
-        A repeat of an answered commit writes nothing: it gets the remembered answer.
+        A repeat of an answered commit writes nothing: it gets the remembered answer. Inline
+        bytes that disagree with the header's ``num_bytes`` are a malformed request
+        (``INVALID_ARGUMENT``): nothing else of them could arrive later to resume.
         """
         limit = self.limits.inline_limit
         if len(request.update_data) > limit:
@@ -184,6 +192,9 @@ class Transfers:
                                     f"exceeds this coordinator's inline limit of {limit} "
                                     "bytes (RunConfig.inline_bytes); upload it, then commit")
         if self.uploads.answer(request.client_id, request.upload_id) is None:
+            if len(request.update_data) != request.update.num_bytes:
+                raise InvalidArgument(f"inline update carries {len(request.update_data)} "
+                                      f"bytes but its header claims {request.update.num_bytes}")
             self.uploads.write(request.client_id, request.upload_id, 0, request.update_data)
 
 

@@ -318,7 +318,9 @@ class UploadStore:
         """``InvalidArgument`` for a malformed id, or one whose upload was committed."""
         self._check_id(upload_id)
         if upload_id in self._answers:
-            raise InvalidArgument(f"upload {upload_id!r} was already committed")
+            raise InvalidArgument(f"upload {upload_id!r} was already committed (its answer, "
+                                  "accepted or refused, is final): send a new update under a "
+                                  "new upload id")
 
     @staticmethod
     def _check_id(upload_id: str) -> None:

@@ -161,3 +161,26 @@ def test_raw_protocol_old_client_never_evaluates_and_a_replayed_report_counts_on
     assert {e["client_id"] for e in issued} == {e["client_id"] for e in events
                                                   if e["kind"] == "client_joined"
                                                   and e["name"] != "old"}
+
+
+def test_a_client_that_just_evaluated_v0_gets_its_training_task_with_no_payload(
+        coordinator: CoordinatorFactory) -> None:
+    """It holds v0: no v0-to-v0 delta, no inline model (protocol 1.1, section 7)."""
+    async def main() -> pb.Task:
+        async with coordinator(config(rounds=1, goal=2), X0) as server, \
+                grpc.aio.insecure_channel(target_of(server)) as channel:
+            stub = pb_grpc.CoordinatorStub(channel)
+            client = await raw_join(stub, "evaluator", 5, (EVALUATE_CAPABILITY,))
+            evaluation = (await get_task(stub, client)).task
+            assert evaluation.kind == pb.TASK_KIND_EVALUATE
+            await stub.ReportEvaluation(pb.EvaluationReport(
+                client_id=client, task_id=evaluation.task_id, model_version=0,
+                num_examples=5, metrics={"loss": 1.0, "accuracy": 0.5}), timeout=5)
+            reply = await stub.GetTask(pb.GetTaskRequest(client_id=client, held_version=0),
+                                       timeout=15)
+            return reply.task
+
+    task = run_async(main(), timeout=60)
+    assert task.kind == pb.TASK_KIND_TRAIN and task.model_version == 0
+    assert task.delta_base_version == -1 and not task.delta.encoding
+    assert not task.delta_data and not task.model_data

@@ -142,3 +142,30 @@ def test_an_inline_update_over_the_limit_is_resource_exhausted(
             return err.value.code()
 
     assert run_async(main()) == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_an_inline_update_shorter_than_its_header_is_invalid_argument(
+        coordinator: CoordinatorFactory) -> None:
+    payload = pack(np.ones(DIM, dtype=np.float32), get_codec("fp32"))
+
+    async def main() -> tuple[grpc.StatusCode, grpc.StatusCode]:
+        async with coordinator(config(rounds=1), X0) as server, \
+                grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub, client_id, task = await _raw_task(server, channel)
+            with pytest.raises(grpc.aio.AioRpcError) as short:
+                await stub.Commit(_commit(client_id, task, "u1", payload.data[:-4],
+                                          payload.header), timeout=10)
+            assert "header claims" in (short.value.details() or "")
+            # nothing was held under that id: the whole update commits under it afterwards
+            reply = await stub.Commit(_commit(client_id, task, "u1", payload.data,
+                                              payload.header), timeout=10)
+            assert reply.upload_id == "u1"
+            # a new update under the answered id is refused, and says to take a new id
+            with pytest.raises(grpc.aio.AioRpcError) as reused:
+                await stub.Upload(iter([pb.UploadChunk(client_id=client_id, upload_id="u1",
+                                                       offset=0, data=b"x")]), timeout=10)
+            assert "new upload id" in (reused.value.details() or "")
+            return short.value.code(), reused.value.code()
+
+    assert run_async(main()) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                 grpc.StatusCode.INVALID_ARGUMENT)

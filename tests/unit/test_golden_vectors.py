@@ -61,7 +61,11 @@ def test_codec_vector_holds_byte_for_byte(vector: dict[str, Any]) -> None:
     # fedlink decodes the golden bytes to the golden values, bit for bit
     assert decoded.astype("<f4").tobytes() == floats(vector["decoded_bits"]).tobytes()
     # and, where the format is byte-exact, encodes the golden input to the golden bytes
-    ours = pack(floats(vector["input_bits"]), get_codec(vector["codec"], **vector["options"]),
+    # (codecs.json is the 1.0 file: its randk vectors use numpy's choice, no index_rule sent)
+    assert "index_rule" not in header["codecParams"]
+    rule = {"index_rule": "numpy"} if vector["codec"].startswith("randk") else {}
+    ours = pack(floats(vector["input_bits"]),
+                get_codec(vector["codec"], **vector["options"], **rule),
                 np.random.default_rng(SEED))
     if vector["zlib"]:
         assert ours.header.values_checksum == header["valuesChecksum"]
@@ -117,3 +121,128 @@ def test_the_streamed_session_reassembles_from_its_chunks() -> None:
     upload = messages["Upload"]["request"]
     assert [int(c.get("offset", "0")) for c in upload] == [0, 16, 32]
     assert messages["UploadStatus"]["reply"]["committedOffset"] == "48"
+
+
+# -- protocol 1.1 ---------------------------------------------------------------------------
+
+V11 = load("codecs_1_1.json")
+MASK = (1 << 64) - 1
+
+
+def splitmix64(state: int) -> int:
+    """The SplitMix64 output for ``state`` (already advanced), with Python ints only."""
+    z = state & MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return z ^ (z >> 31)
+
+
+def randk_indices(seed: int, n: int, k: int) -> list[int]:
+    """The spec's rule, written from docs/protocol.md alone."""
+    keys = [(splitmix64(seed + (i + 1) * 0x9E3779B97F4A7C15), i) for i in range(n)]
+    return sorted(i for _, i in sorted(keys)[:k])
+
+
+def holds(vector: dict[str, Any]) -> None:
+    """Decode to the golden values, and re-encode to the golden bytes."""
+    data = bytes.fromhex(vector["data_hex"])
+    header = vector["header"]
+    n = len(vector["input_bits"])
+    decoded = decoder_for(vector["codec"]).decode(data, header["codecParams"], n)
+    assert header["checksum"] == sha256(data) and int(header["numBytes"]) == len(data)
+    assert decoded.astype("<f4").tobytes() == floats(vector["decoded_bits"]).tobytes()
+    assert header["valuesChecksum"] == sha256(floats(vector["decoded_bits"]).tobytes())
+    ours = pack(floats(vector["input_bits"]), get_codec(vector["codec"], **vector["options"]),
+                np.random.default_rng(SEED))
+    assert ours.data == data and header_json(ours.header) == header
+
+
+def test_splitmix64_matches_the_reference_outputs() -> None:
+    # the first outputs of SplitMix64 seeded with 0, as published with the algorithm
+    assert V11["splitmix64_seed0_keys"][:3] == [
+        "e220a8397b1dcdaf", "6e789e6aa1b965f4", "06c45d188009454f"]
+    assert V11["splitmix64_seed0_keys"] == [
+        f"{splitmix64((i + 1) * 0x9E3779B97F4A7C15):016x}" for i in range(4)]
+
+
+@pytest.mark.parametrize("table", V11["randk_indices"],
+                         ids=[f"n{t['n']}k{t['k']}" for t in V11["randk_indices"]])
+def test_randk_index_tables_follow_the_splitmix64_rule(table: dict[str, Any]) -> None:
+    seed, n, k = int(table["seed"]), table["n"], table["k"]
+    assert table["indices"] == randk_indices(seed, n, k)
+    from fedlink.compress.sparse import splitmix_indices
+    assert splitmix_indices(seed, n, k).tolist() == table["indices"]
+
+
+def test_the_index_tables_cover_large_vectors_and_the_whole_seed_range() -> None:
+    tables = V11["randk_indices"]
+    assert max(t["n"] for t in tables) > 10_000
+    assert {int(t["seed"]) for t in tables} >= {0, 2**63 - 1}
+
+
+@pytest.mark.parametrize("vector", V11["randk"], ids=[v["codec"] for v in V11["randk"]])
+def test_randk_1_1_vectors_hold_and_name_their_rule(vector: dict[str, Any]) -> None:
+    holds(vector)
+    params = vector["header"]["codecParams"]
+    assert params["index_rule"] == "splitmix64"
+    kept = randk_indices(int(params["seed"]), len(vector["input_bits"]),
+                         int.from_bytes(bytes.fromhex(vector["data_hex"])[:4], "little"))
+    decoded = floats(vector["decoded_bits"])
+    assert all(decoded[i] == 0 for i in range(decoded.size) if i not in kept)
+
+
+def test_a_1_0_randk_update_still_decodes_by_numpys_choice() -> None:
+    vector = next(v for v in CODEC_VECTORS if v["codec"] == "randk")
+    data = bytes.fromhex(vector["data_hex"])
+    params = vector["header"]["codecParams"]
+    decoded = decoder_for("randk").decode(data, params, 12)
+    assert decoded.tobytes() == floats(vector["decoded_bits"]).tobytes()
+    # read by the 1.1 rule, the same bytes land elsewhere: the flag is what tells them apart
+    relabelled = decoder_for("randk").decode(data, {**params, "index_rule": "splitmix64"}, 12)
+    assert relabelled.tobytes() != decoded.tobytes()
+
+
+@pytest.mark.parametrize("vector", V11["topk_ties"], ids=["q", "h", "fp16"])
+def test_topk_keeps_the_lowest_indices_among_equal_magnitudes(vector: dict[str, Any]) -> None:
+    holds(vector)
+    values = floats(vector["input_bits"])
+    k = int.from_bytes(bytes.fromhex(vector["data_hex"])[1:5], "little")
+    order = sorted(range(values.size), key=lambda i: (-abs(float(values[i])), i))
+    kept = np.flatnonzero(floats(vector["decoded_bits"]) != 0).tolist()
+    assert kept == sorted(order[:k])
+
+
+@pytest.mark.parametrize("vector", V11["qsgd_edges"], ids=[v["case"] for v in V11["qsgd_edges"]])
+def test_qsgd_decodes_as_f32_of_code_minus_s_times_f32_c_over_s(vector: dict[str, Any]) -> None:
+    holds(vector)
+    data = bytes.fromhex(vector["data_hex"])
+    bits = int(vector["header"]["codecParams"]["bits"])
+    s = (1 << (bits - 1)) - 1
+    c = np.frombuffer(data[:4], "<f4")[0]
+    stream = int.from_bytes(data[4:], "big")
+    total = (len(data) - 4) * 8
+    n = len(vector["input_bits"])
+    codes = [(stream >> (total - bits * (j + 1))) & ((1 << bits) - 1) for j in range(n)]
+    step = np.float32(c / np.float32(s))
+    expected = [np.float32(np.float32(code - s) * step) for code in codes]
+    assert np.array(expected, "<f4").tobytes() == floats(vector["decoded_bits"]).tobytes()
+
+
+def test_the_qsgd_edges_are_ones_where_the_rounding_shows() -> None:
+    differ = 0
+    for vector in V11["qsgd_edges"]:
+        data = bytes.fromhex(vector["data_hex"])
+        s = (1 << (int(vector["header"]["codecParams"]["bits"]) - 1)) - 1
+        c = float(np.frombuffer(data[:4], "<f4")[0])
+        for value in floats(vector["decoded_bits"]):
+            code = round(float(value) / (c / s)) + s if c else s
+            differ += np.float32((code - s) * c / s) != value
+    assert differ > 0
+
+
+@pytest.mark.parametrize("vector", V11["sign_scales"], ids=["a", "b", "c"])
+def test_sign_scale_is_a_float64_mean_rounded_once(vector: dict[str, Any]) -> None:
+    holds(vector)
+    values = floats(vector["input_bits"]).astype(np.float64)
+    scale = np.frombuffer(bytes.fromhex(vector["data_hex"])[:4], "<f4")[0]
+    assert scale == np.float32(sum(abs(values)) / values.size)
