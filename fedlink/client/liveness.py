@@ -20,6 +20,24 @@ sends or receives (a chunk): what a ping's ack may wait behind. ``widen`` starts
 deadline: the link may be longer than anything seen yet) and shrinks back by the same factor
 after each call that succeeds. Nothing is learned from a reply that did not come.
 
+A changed estimate never opens a connection by itself: the next call's deadlines follow it on
+the channel that is open, and the ping-ack timeout (fixed when a channel opens) changes only
+when that channel is known dead (``reopen_reason``): its connection broke, a ping went
+unanswered, or a transfer on it stalled. Reconnecting over a lossy link costs handshakes whose
+SYNs are lost too, so a connection that works is kept.
+
+A stalled transfer is told from its progress, not from TCP: every chunk a download receives and
+every chunk an upload's stream takes (gRPC takes one only when HTTP/2 flow control has room, so
+the coordinator has acknowledged what came before) resets a watch, and a transfer that makes
+none for ``stall_s`` is abandoned and resumed on a fresh connection::
+
+    stall_s = clamp(widen x max(min_stall_s, rtt_multiple x srtt + queued_bytes / goodput),
+                    min_stall_s, max_ping_timeout_s)
+
+Without it a connection whose segments TCP keeps losing waits on TCP's exponential backoff
+(retransmission timeouts of tens of seconds) until the ping check notices, which on a link that
+taught a long ping-ack timeout is a minute.
+
 The sockets' ``TCP_USER_TIMEOUT`` is a separate, fixed bound (``tcp_user_timeout_s``). gRPC
 sets it from ``grpc.keepalive_timeout_ms``; the ping-ack wait itself is
 ``grpc.http2.ping_timeout_ms`` (measured: a 5 s ping timeout with a 60 s keepalive timeout
@@ -31,7 +49,7 @@ aborting it (``ETIMEDOUT``) after a few seconds of unacknowledged data.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +69,8 @@ class LivenessConfig:
     ``rtt_multiple``: round trips a ping ack or a short call is allowed. ``widen_factor``: how
     much the timeouts grow after a failure with no reply. ``max_deadline_s``: the largest
     deadline of a short call. ``tcp_user_timeout_s``: the sockets' ``TCP_USER_TIMEOUT``
-    (``0``: the kernel's default, about 15 minutes of retransmissions).
+    (``0``: the kernel's default, about 15 minutes of retransmissions). ``min_stall_s``: the
+    shortest time a transfer may make no progress before it is resumed on a fresh connection.
     """
 
     keepalive_time_s: float = 2.0
@@ -61,11 +80,13 @@ class LivenessConfig:
     widen_factor: float = 3.0
     max_deadline_s: float = 300.0
     tcp_user_timeout_s: float = 300.0
+    min_stall_s: float = 10.0
 
     def __post_init__(self) -> None:
         check_fields(self, "client.liveness")
         for name in ("keepalive_time_s", "min_ping_timeout_s", "max_ping_timeout_s",
-                     "rtt_multiple", "widen_factor", "max_deadline_s", "tcp_user_timeout_s"):
+                     "rtt_multiple", "widen_factor", "max_deadline_s", "tcp_user_timeout_s",
+                     "min_stall_s"):
             require(math.isfinite(getattr(self, name)), f"client.liveness.{name}",
                     f"must be finite, got {getattr(self, name)!r}")
         require(self.keepalive_time_s > 0, "client.liveness.keepalive_time_s", "must be > 0")
@@ -75,6 +96,8 @@ class LivenessConfig:
         require(self.rtt_multiple >= 1, "client.liveness.rtt_multiple", "must be >= 1")
         require(self.widen_factor >= 1, "client.liveness.widen_factor", "must be >= 1")
         require(self.max_deadline_s > 0, "client.liveness.max_deadline_s", "must be > 0")
+        require(0 < self.min_stall_s <= self.max_ping_timeout_s, "client.liveness.min_stall_s",
+                "must be > 0 and <= max_ping_timeout_s")
         require(self.tcp_user_timeout_s == 0
                 or self.tcp_user_timeout_s >= self.max_ping_timeout_s,
                 "client.liveness.tcp_user_timeout_s",
@@ -91,6 +114,52 @@ class LivenessConfig:
 def is_no_reply(code: str, detail: str) -> bool:
     """Whether a failed call got no reply at all: a ping-ack timeout or a missed deadline."""
     return code == "DEADLINE_EXCEEDED" or "ping timeout" in detail.lower()
+
+
+def is_link_dead(code: str) -> bool:
+    """Whether a failed call says its connection is gone (reset, GOAWAY, ping timeout: gRPC
+    reports all of them ``UNAVAILABLE``). A missed deadline alone says nothing about it."""
+    return code == "UNAVAILABLE"
+
+
+def reopen_reason(channel_ping_s: float, wanted_ping_s: float, dead: bool,
+                  stalled: bool) -> str | None:
+    """Why the next call needs a new channel, or ``None`` to keep the open one.
+
+    ``channel_ping_s``: the open channel's ping-ack timeout; ``wanted_ping_s``: the one the
+    link now asks for (``LinkEstimate.channel_ping_timeout_s``). ``dead``: a call on the channel
+    failed with its connection gone; ``stalled``: a transfer on it made no progress. A stalled
+    connection is replaced whatever the estimate (its TCP may still be backing off); a dead one
+    only if it would come back with another ping-ack timeout (gRPC reconnects it anyway, so
+    the new channel costs no extra handshake); a live one never.
+    """
+    if stalled:
+        return "a transfer stalled"
+    if dead and wanted_ping_s != channel_ping_s:
+        return f"connection lost; ping-ack timeout {channel_ping_s:.1f} s -> {wanted_ping_s:.1f} s"
+    return None
+
+
+class Progress:
+    """When a transfer last made progress, on the clock ``now`` (``time.monotonic``-like)."""
+
+    def __init__(self, now: Callable[[], float]) -> None:
+        self._now = now
+        self.last = now()
+        self.events = 0
+
+    def moved(self) -> None:
+        """A chunk went through: the transfer is alive."""
+        self.last = self._now()
+        self.events += 1
+
+    def idle_s(self) -> float:
+        """Seconds since the last progress (or the start)."""
+        return self._now() - self.last
+
+    def stalled(self, stall_s: float) -> bool:
+        """Whether the transfer has made no progress for longer than ``stall_s``."""
+        return self.idle_s() > stall_s
 
 
 class LinkEstimate:
@@ -131,7 +200,7 @@ class LinkEstimate:
                          self.config.max_ping_timeout_s / self.config.min_ping_timeout_s)
 
     def ping_timeout_s(self) -> float:
-        """The ping-ack timeout for a new connection."""
+        """The ping-ack timeout the link asks for (taken up when a channel opens)."""
         cfg = self.config
         learned = cfg.rtt_multiple * (self.srtt_s or 0.0)
         if self.goodput_bps:
@@ -151,6 +220,15 @@ class LinkEstimate:
         cfg = self.config
         steps = math.ceil(math.log2(self.ping_timeout_s() / cfg.min_ping_timeout_s) - 1e-9)
         return min(cfg.min_ping_timeout_s * 2.0 ** max(0, steps), cfg.max_ping_timeout_s)
+
+    def stall_s(self) -> float:
+        """How long a transfer may make no progress before it is resumed elsewhere."""
+        cfg = self.config
+        learned = cfg.rtt_multiple * (self.srtt_s or 0.0)
+        if self.goodput_bps:
+            learned += self.queued_bytes / self.goodput_bps
+        wanted = self.widen * max(cfg.min_stall_s, learned)
+        return min(max(wanted, cfg.min_stall_s), cfg.max_ping_timeout_s)
 
     def unary_deadline_s(self, floor_s: float) -> float:
         """The deadline of a short call, at least ``floor_s`` (the configured one)."""

@@ -169,6 +169,8 @@ class ClientSession:
                 await self._work()
                 await self._leave("run finished")
             finally:
+                self.stats.channels_opened = transport.channels_opened
+                self.stats.stalls = transport.stalls
                 self._transport = self._courier = None
         return self.stats
 

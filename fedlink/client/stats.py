@@ -33,8 +33,12 @@ class SessionStats:
     held model) saved against full downloads; ``network_seconds`` the time spent downloading,
     uploading and committing; ``network_reported`` how much of it commits have reported to the
     coordinator. ``finished``: the coordinator's reason when it said the run is
-    over (empty until then). ``evaluations`` counts evaluation tasks whose report the
-    coordinator accepted (they are not in ``tasks``, which counts training tasks).
+    over (empty until then). ``channels_opened``: the channels the client opened to the
+    coordinator (the first included; the others are its own reconnects: a dead connection that
+    came back with another ping-ack timeout, or a stalled transfer moved to a fresh one);
+    ``stalls``: transfers abandoned for making no progress. ``evaluations`` counts evaluation
+    tasks whose report the coordinator accepted (they are not in ``tasks``, which counts
+    training tasks).
     """
 
     tasks: int = 0
@@ -52,6 +56,8 @@ class SessionStats:
     offline_seconds: float = 0.0
     network_seconds: float = 0.0
     network_reported: float = 0.0
+    channels_opened: int = 0
+    stalls: int = 0
     refusals: list[str] = field(default_factory=list)
     finished: str = ""
 

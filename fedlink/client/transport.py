@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from fedlink.client.liveness import LinkEstimate, LivenessConfig, is_no_reply
+from fedlink.client.liveness import (
+    LinkEstimate,
+    LivenessConfig,
+    Progress,
+    is_link_dead,
+    is_no_reply,
+    reopen_reason,
+)
 from fedlink.clock import RealClock
 from fedlink.errors import ConfigError, Internal, RemoteError, Unavailable, remote_error
 from fedlink.messages import (
@@ -125,9 +132,11 @@ class Transport:
     ``tls``: connect over TLS (else plaintext). ``token``: sent as ``authorization: Bearer``
     metadata on every call, for a coordinator with per-client tokens. ``liveness``: the
     bounds of the link-following timeouts (``fedlink.client.liveness``): ``link`` learns the
-    round trip and goodput from completed calls, and when the ping-ack timeout it asks for has
-    moved far from the open channel's, the next call opens a fresh channel with it (calls in
-    flight finish on the old one).
+    round trip and goodput from completed calls. What it learns applies to the next call's
+    deadlines on the open channel; the channel is replaced only when it is known dead and the
+    link wants another ping-ack timeout, or when a transfer on it stalled (``reopen_reason``).
+    ``channels_opened`` counts the channels, ``stalls`` the transfers abandoned for making no
+    progress.
     """
 
     def __init__(self, target: str, timeouts: Timeouts | None = None,
@@ -137,9 +146,13 @@ class Transport:
         self.timeouts = timeouts or Timeouts()
         self.link = LinkEstimate(liveness)
         self.channels_opened = 0
+        self.stalls = 0
         self._tls = tls
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._retiring: set[asyncio.Task[None]] = set()
+        self._dead = False  # a call on the open channel failed with its connection gone
+        self._stalled = False  # a transfer on the open channel made no progress
+        self._private = False  # the open channel must not share a connection (see below)
         # round trips and goodput are network facts: measured in real time whatever clock
         # the session runs on
         self._now = RealClock().now
@@ -152,6 +165,10 @@ class Transport:
             ping_timeout_ms=round(self.ping_timeout_s * 1000),
             keepalive_time_ms=round(cfg.keepalive_time_s * 1000),
             tcp_user_timeout_ms=round(cfg.tcp_user_timeout_s * 1000))
+        if self._private:
+            # gRPC shares a connection among channels with identical options: after a stall,
+            # an option of this channel's own keeps it off the stalled connection
+            options.append(("fedlink.connection", self.channels_opened))
         if self._tls is None:
             self._channel = grpc.aio.insecure_channel(self.target, options=options)
         else:
@@ -159,21 +176,24 @@ class Transport:
                                                     options=options)
         self._stub = pb_grpc.CoordinatorStub(self._channel)
         self.channels_opened += 1
+        self._dead = self._stalled = False
 
     def _fit_channel(self) -> pb_grpc.CoordinatorStub:
-        """The stub to call through: on a fresh channel if the link wants other timeouts.
+        """The stub to call through: the open channel unless ``reopen_reason`` says otherwise.
 
-        Hysteresis (grow past 1.25x, shrink below 0.5x) keeps small changes from churning
-        connections; the old channel closes once its calls are done (``transfer_s`` at most).
+        A stalled channel is closed at once (its calls are stuck on the same connection); one
+        that lost its connection finishes its calls first (``transfer_s`` at most).
         """
-        ratio = self.link.ping_timeout_s() / self.ping_timeout_s
-        if ratio > 1.25 or ratio < 0.5:
-            old = self._channel
-            log.info("%s: ping-ack timeout %.1f s -> %.1f s (srtt %s s); new connection",
-                     self.target, self.ping_timeout_s, self.link.ping_timeout_s(),
+        wanted = self.link.channel_ping_timeout_s()
+        reason = reopen_reason(self.ping_timeout_s, wanted, self._dead, self._stalled)
+        if reason is not None:
+            old, stalled = self._channel, self._stalled
+            log.info("%s: %s (srtt %s s); new connection", self.target, reason,
                      "?" if self.link.srtt_s is None else f"{self.link.srtt_s:.2f}")
+            self._private = self._private or stalled
             self._open_channel()
-            closing = asyncio.ensure_future(old.close(grace=self.timeouts.transfer_s))
+            closing = asyncio.ensure_future(
+                old.close(grace=0 if stalled else self.timeouts.transfer_s))
             self._retiring.add(closing)
             closing.add_done_callback(self._retiring.discard)
         return self._stub
@@ -191,10 +211,22 @@ class Transport:
         await self.close()
 
     def _failed(self, exc: grpc.aio.AioRpcError) -> RemoteError:
-        """Translate ``exc``, widening the link's timeouts if no reply came at all."""
+        """Translate ``exc``, widening the link's timeouts if no reply came at all, and
+        marking the channel dead if its connection is gone."""
         if is_no_reply(exc.code().name, exc.details() or ""):
             self.link.no_reply()
+        if is_link_dead(exc.code().name):
+            self._dead = True
         return translate(exc)
+
+    def _stall(self, what: str, idle_s: float) -> Unavailable:
+        """A transfer made no progress for ``idle_s``: the next call gets a fresh connection."""
+        self.stalls += 1
+        self._stalled = True
+        self.link.no_reply()
+        log.info("%s: %s made no progress for %.1f s; resuming on a fresh connection",
+                 self.target, what, idle_s)
+        return Unavailable(f"{what} stalled: no progress for {idle_s:.1f} s")
 
     async def _unary(self, name: str, request: Any, timeout: float,
                      round_trip: bool = True) -> Any:
@@ -257,12 +289,23 @@ class Transport:
         return reply
 
     async def download(self, request: DownloadRequest) -> AsyncIterator[DataChunk]:
-        """Stream ``Download``; chunks arrive as they come (an error may cut the stream)."""
+        """Stream ``Download``; chunks arrive as they come (an error may cut the stream).
+
+        A stream that brings no chunk for ``link.stall_s()`` is cancelled as stalled."""
         call = self._fit_channel().Download(to_proto(request), timeout=self.timeouts.transfer_s,
                                             metadata=self._metadata)
         started, received = self._now(), 0
+        progress = Progress(self._now)
         try:
-            async for message in call:
+            while True:
+                stall_s = self.link.stall_s()
+                try:
+                    message = await asyncio.wait_for(call.read(), stall_s)
+                except TimeoutError:
+                    raise transfer_failure(self._stall("download", progress.idle_s())) from None
+                if message is grpc.aio.EOF:
+                    break
+                progress.moved()
                 chunk: DataChunk = from_proto(message)
                 received += len(chunk.data)
                 yield chunk
@@ -274,23 +317,60 @@ class Transport:
         self.link.succeeded()
 
     async def upload(self, chunks: Iterable[UploadChunk]) -> UploadReply:
-        """Stream ``Upload`` with ``chunks``; the reply says how many bytes are held."""
+        """Stream ``Upload`` with ``chunks``; the reply says how many bytes are held.
 
+        gRPC takes the next chunk only when flow control has room, so each one taken is
+        progress; once all are taken, the reply may take as long again as the bytes in flight
+        need at the measured goodput. A stream without progress for longer is cancelled.
+        """
         sent = 0
+        done_sending = False
+        progress = Progress(self._now)
 
         async def messages() -> AsyncIterator[Any]:
-            nonlocal sent
+            nonlocal sent, done_sending
             for chunk in chunks:
+                progress.moved()
                 sent += len(chunk.data)
                 yield to_proto(chunk)
+            progress.moved()
+            done_sending = True
 
         started = self._now()
+        call = self._fit_channel().Upload(messages(), timeout=self.timeouts.transfer_s,
+                                          metadata=self._metadata)
         try:
-            reply = await self._fit_channel().Upload(messages(), timeout=self.timeouts.transfer_s,
-                                                     metadata=self._metadata)
+            reply = await self._watch(call, progress, lambda: self._drain_s(sent)
+                                      if done_sending else 0.0)
         except grpc.aio.AioRpcError as exc:
             raise transfer_failure(self._failed(exc)) from None
+        if reply is None:
+            raise transfer_failure(self._stall("upload", progress.idle_s()))
         self.link.observe_transfer(sent, self._now() - started)
         self.link.succeeded()
         result: UploadReply = from_proto(reply)
         return result
+
+    def _drain_s(self, in_flight: int) -> float:
+        """Extra wait for a reply while ``in_flight`` bytes may still be on their way."""
+        goodput = self.link.goodput_bps
+        return in_flight / goodput if goodput else 0.0
+
+    async def _watch(self, call: Any, progress: Progress,
+                     extra_s: Callable[[], float]) -> Any | None:
+        """The reply of ``call``, or ``None`` (call cancelled) once it made no progress for
+        ``link.stall_s() + extra_s()``."""
+        waiter = asyncio.ensure_future(call)
+        try:
+            while True:
+                allowed = self.link.stall_s() + extra_s()
+                done, _ = await asyncio.wait({waiter}, timeout=max(0.0, allowed
+                                                                     - progress.idle_s()))
+                if done:
+                    return waiter.result()
+                if progress.stalled(self.link.stall_s() + extra_s()):
+                    call.cancel()
+                    return None
+        finally:
+            if not waiter.done():
+                waiter.cancel()

@@ -24,7 +24,8 @@ Other impairments:
 - **Blackouts** (``blackout_every_s``, ``blackout_s``): link-wide, exponential gaps and
   durations. A blackout freezes the link: nothing is delivered either way, chunks in flight
   and the serializers' schedules move later by its duration, TCP stays up. ``force_blackout``
-  starts one by hand (for tests and chaos drills).
+  starts one by hand (for tests and chaos drills); ``stall_connections`` freezes only the
+  connections open at that moment (a stalled TCP connection while a fresh one would pass).
 - **Data limit** (``limit_data_kb``): each connection is closed (FIN) once that many kB
   (both directions) have been delivered.
 - Packet-only fields (loss, burst loss, traces) cannot be done on a TCP stream: they are
@@ -186,7 +187,7 @@ class _Pipe:
 
     def _stamp(self, now: float, size: int) -> float:
         """Delivery time of ``size`` bytes arriving at ``now`` (after those before them)."""
-        start = max(now, self.free_at, self.conn.proxy.dark_until)
+        start = max(now, self.free_at, self.conn.proxy.dark_until, self.conn.dark_until)
         leave = start + (size / self.bytes_per_s if self.bytes_per_s else 0.0)
         self.free_at = leave
         delay = self.latency_s
@@ -347,6 +348,7 @@ class _Connection:
         self.ended = False
         self.connector: asyncio.Task[None] | None = None
         self.reset_timer: asyncio.TimerHandle | None = None
+        self.dark_until = 0.0  # this connection alone is stalled until this loop time
 
     @staticmethod
     def _wire(pipe: _Pipe, src: _Side, dst: _Side) -> None:
@@ -597,6 +599,21 @@ class TcpProxy:
         self.counters.stalled_s += extra
         for conn in self.connections:
             conn.freeze(now, extra)
+
+    def stall_connections(self, seconds: float) -> int:
+        """Stall the connections open now for ``seconds``, as a TCP connection whose segments
+        keep being lost: nothing they carry is delivered either way and they stay open, while
+        connections opened from now on pass. Returns how many were stalled. Not a blackout
+        (the link-wide counters do not change)."""
+        if seconds <= 0:
+            raise ConfigError(f"seconds: must be > 0, got {seconds}")
+        now = self.loop.time()
+        for conn in self.connections:
+            extra = now + seconds - max(now, conn.dark_until)
+            if extra > 0:
+                conn.dark_until = now + seconds
+                conn.freeze(now, extra)
+        return len(self.connections)
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         """Run ``coro`` as a task of the proxy (cancelled by ``stop``)."""

@@ -1,0 +1,76 @@
+"""Liveness without connection churn, over real gRPC through fedlink's TCP proxy.
+
+A transfer whose connection stalls (open, but carrying nothing) is told from its progress and
+resumed on a fresh connection, however long the ping-ack timeout; a link estimate that moves
+to another ping-ack timeout opens no connection. Connections are counted at the proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from conftest import CoordinatorFactory, TowardTrainer, run_async, target_of, wait_until
+
+from fedlink.client import ClientOptions, ClientSession, RetryPolicy
+from fedlink.client.liveness import LivenessConfig
+from fedlink.client.transport import Transport
+from fedlink.coordinator import CoordinatorConfig, FlushRule
+from fedlink.messages import HeartbeatRequest, JoinRequest
+from fedlink.netem.profile import LinkProfile
+from fedlink.netem.proxy import TcpProxy
+
+pytestmark = pytest.mark.timeout(120)
+
+DIM = 400_000  # a 1.6 MB update: several chunks, long enough to stall in the middle
+RETRY = RetryPolicy(initial_backoff_s=0.05, max_backoff_s=0.5, max_attempts=20)
+
+
+def test_a_stalled_upload_is_resumed_on_a_fresh_connection(
+        coordinator: CoordinatorFactory) -> None:
+    # the ping-ack check alone would take 120 s to notice: only progress can tell in time
+    liveness = LivenessConfig(min_ping_timeout_s=120.0, max_ping_timeout_s=120.0,
+                              min_stall_s=1.0)
+    config = CoordinatorConfig(rounds=1, flush=FlushRule(goal=1, min_updates=1))
+
+    async def main() -> None:
+        async with coordinator(config, np.zeros(DIM, np.float32)) as server, \
+                TcpProxy(LinkProfile(up_kbps=4_000.0), target_of(server)) as proxy:
+            session = ClientSession(proxy.address, TowardTrainer(np.ones(DIM, np.float32)),
+                                    ClientOptions(name="stalled", retry=RETRY,
+                                                  liveness=liveness))
+            running = asyncio.create_task(session.run())
+            # well into the upload (the download runs the other way), stall what is open
+            await wait_until(lambda: proxy.counters.bytes_up > 400_000, timeout=60,
+                             what="the upload under way")
+            assert proxy.stall_connections(600.0) == 1
+            stats = await asyncio.wait_for(running, 90)
+            await asyncio.wait_for(server.wait_finished(), 10)
+
+        assert stats.accepted == 1
+        assert stats.stalls >= 1 and stats.channels_opened == 1 + stats.stalls
+        assert proxy.counters.connections == stats.channels_opened
+        assert stats.resumed_bytes > 0  # the fresh connection went on from what was held
+        np.testing.assert_allclose(server.service.engine.model, np.full(DIM, 0.5))
+
+    run_async(main(), timeout=110)
+
+
+def test_a_moving_estimate_opens_no_connection(coordinator: CoordinatorFactory) -> None:
+    async def main() -> None:
+        async with coordinator(CoordinatorConfig(), np.zeros(8, np.float32)) as server, \
+                TcpProxy(LinkProfile(latency_ms=700.0), target_of(server)) as proxy, \
+                Transport(proxy.address) as transport:
+            opened_with = transport.ping_timeout_s
+            joined = await transport.join(JoinRequest("steady", instance_key="k" * 32))
+            asked = {transport.link.channel_ping_timeout_s()}
+            for _ in range(3):  # a 1.4 s round trip asks for more than 5 s
+                await transport.heartbeat(HeartbeatRequest(joined.client_id, ""))
+                asked.add(transport.link.channel_ping_timeout_s())
+            # the link asked for another ping-ack timeout than the channel was opened with
+            assert asked - {opened_with}
+            assert transport.channels_opened == 1
+            assert proxy.counters.connections == 1
+
+    run_async(main(), timeout=60)

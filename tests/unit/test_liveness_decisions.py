@@ -1,0 +1,117 @@
+"""When the client changes connections, and when a transfer counts as stalled: the decisions
+of ``fedlink.client.liveness`` and ``Transport``, with a manual clock and no network."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from fedlink.client.liveness import LinkEstimate, LivenessConfig, Progress, reopen_reason
+from fedlink.client.transport import Transport
+from fedlink.errors import ConfigError
+
+CFG = LivenessConfig(min_ping_timeout_s=5.0, max_ping_timeout_s=120.0, rtt_multiple=4.0,
+                     widen_factor=3.0, min_stall_s=10.0)
+NOWHERE = "127.0.0.1:9"  # never dialled: no call is made in these tests
+
+
+class ManualClock:
+    """A clock that moves only when told."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
+def test_a_live_channel_is_kept_whatever_the_estimate_says() -> None:
+    assert reopen_reason(5.0, 40.0, dead=False, stalled=False) is None
+    assert reopen_reason(40.0, 5.0, dead=False, stalled=False) is None
+
+
+def test_a_dead_channel_is_replaced_only_to_take_up_another_timeout() -> None:
+    assert reopen_reason(5.0, 5.0, dead=True, stalled=False) is None  # gRPC reconnects it
+    assert "5.0 s -> 20.0 s" in (reopen_reason(5.0, 20.0, dead=True, stalled=False) or "")
+
+
+def test_a_stalled_channel_is_always_replaced() -> None:
+    assert reopen_reason(20.0, 20.0, dead=False, stalled=True) == "a transfer stalled"
+
+
+def test_progress_is_judged_on_the_clock_it_is_given() -> None:
+    clock = ManualClock()
+    progress = Progress(clock)
+    clock.t += 9.0
+    assert not progress.stalled(10.0)
+    progress.moved()  # a chunk went through: the watch starts again
+    clock.t += 9.0
+    assert not progress.stalled(10.0) and progress.idle_s() == 9.0
+    clock.t += 1.5
+    assert progress.stalled(10.0) and progress.events == 1
+
+
+def test_the_stall_window_follows_the_link_within_its_bounds() -> None:
+    link = LinkEstimate(CFG, queued_bytes=1 << 20)
+    assert link.stall_s() == 10.0  # nothing learned: the floor
+    link.observe_rtt(5.0)
+    assert link.stall_s() == 20.0  # four round trips
+    link.observe_transfer(1 << 20, 8.0)  # 128 KiB/s: a queued MiB drains in 8 s
+    assert link.stall_s() == pytest.approx(28.0)
+    link.no_reply()  # a stall or a lost reply widens it, like the ping-ack timeout
+    assert link.stall_s() == pytest.approx(84.0)
+    link.no_reply()
+    assert link.stall_s() == 120.0  # capped at max_ping_timeout_s
+    with pytest.raises(ConfigError, match="min_stall_s"):
+        LivenessConfig(min_stall_s=0.0)
+    with pytest.raises(ConfigError, match="min_stall_s"):
+        LivenessConfig(max_ping_timeout_s=60.0, min_stall_s=61.0)
+
+
+def test_the_transport_opens_no_connection_when_the_estimate_moves() -> None:
+    async def main() -> None:
+        async with Transport(NOWHERE, liveness=CFG) as transport:
+            for rtt in (0.5, 3.0, 9.0, 0.2, 25.0):  # across several power-of-two steps
+                transport.link.observe_rtt(rtt)
+                transport._fit_channel()
+            assert transport.link.channel_ping_timeout_s() != transport.ping_timeout_s
+            assert transport.channels_opened == 1
+            assert transport.ping_timeout_s == 5.0
+
+    asyncio.run(main())
+
+
+def test_the_transport_takes_up_a_new_timeout_when_the_connection_died() -> None:
+    async def main() -> None:
+        async with Transport(NOWHERE, liveness=CFG) as transport:
+            # a deadline missed: no reply, the timeouts widen, but the connection may be fine
+            transport._failed(rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
+            transport._fit_channel()
+            assert transport.channels_opened == 1
+            transport._failed(rpc_error(grpc.StatusCode.UNAVAILABLE,
+                                        "Stream removed (ping timeout)"))
+            transport._fit_channel()
+            assert transport.channels_opened == 2
+            assert transport.ping_timeout_s == 80.0  # widened twice: 45 s, rounded up
+            transport._fit_channel()  # a working channel stays
+            assert transport.channels_opened == 2
+
+    asyncio.run(main())
+
+
+def test_a_stall_moves_the_next_call_to_a_connection_of_its_own() -> None:
+    async def main() -> None:
+        async with Transport(NOWHERE, liveness=CFG) as transport:
+            err = transport._stall("upload", 12.0)
+            assert err.retryable and "no progress for 12.0 s" in err.detail
+            transport._fit_channel()
+            assert transport.channels_opened == 2 and transport.stalls == 1
+            assert transport.link.widen == CFG.widen_factor
+
+    asyncio.run(main())
