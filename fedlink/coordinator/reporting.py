@@ -87,9 +87,9 @@ class FlushReporter:
             return {}
         try:
             return dict(await asyncio.to_thread(self._evaluator, model))
-        except Exception:  # an evaluator bug must not stop training
+        except Exception as exc:  # an evaluator bug must not stop training; it is recorded
             log.exception("evaluating the global model failed")
-            return {}
+            return {kinds.EVALUATION_ERROR: f"{type(exc).__name__}: {exc}"}
 
 
 def _outcome(record: FlushRecord, model: np.ndarray) -> FlushOutcome:

@@ -54,9 +54,13 @@ def key_figures(summary: dict[str, Any]) -> list[tuple[str, str]]:
         ("Final loss", fmt_metric(summary.get("final_loss"))),
         ("Rounds", str(summary.get("rounds", 0))),
         ("Wall time", human_seconds(summary.get("wall_seconds"))),
+        *([("Model time", human_seconds(summary["model_seconds"]))]
+          if summary.get("model_seconds") is not None else []),
         ("Clients", str(summary.get("clients", 0))),
         ("Updates accepted", str(summary.get("updates_accepted", 0))),
         ("Updates refused", str(summary.get("updates_refused", 0))),
         ("Bytes up", human_bytes(summary.get("bytes_up", 0))),
         ("Bytes down", human_bytes(summary.get("bytes_down", 0))),
+        *([("Central evaluation FAILED", f"{summary['evaluation_errors']} flushes: "
+            f"{summary.get('evaluation_error')}")] if summary.get("evaluation_errors") else []),
     ]

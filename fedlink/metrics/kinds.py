@@ -218,6 +218,12 @@ class UpdateRefused(Event):
         return refusal_code(self.reason_code)
 
 
+EVALUATION_ERROR = "evaluation_error"
+"""The ``flush`` field that says the central evaluator raised on that version (``"Type:
+message"``): the run goes on, and the summary and report say so (no accuracy is not a
+silent None)."""
+
+
 @dataclass(frozen=True, eq=False, kw_only=True, repr=False)
 class Flush(Event):
     """A new model version; evaluator metrics and hook reports beyond these go in ``extra``."""

@@ -61,6 +61,9 @@
                          ``network_seconds / (network_seconds + compute_seconds)`` over the
                          accepted updates that report both (None when none does)
 ``finish_reason``        ``reason`` of the last ``run_finished`` (None if it never finished)
+``evaluation_errors``    number of flushes whose central evaluation raised (their
+                         ``evaluation_error``); 0 when none did
+``evaluation_error``     the ``evaluation_error`` of the last such flush (None when none)
 ``privacy``              the ``privacy`` record of the last ``flush`` that carries one (a DP
                          flush hook's report: ``epsilon``, ``delta``, ``noise_multiplier``,
                          ``sample_rate``, ``steps``, ``accountant``, ``clip_norm``, ``mode``,
@@ -115,6 +118,9 @@ def summarize(events: list[Event], config: Mapping[str, Any]) -> dict[str, Any]:
     summary.update(_resilience_figures(events))
     summary.update(comm_figures(of_kind(events, UPDATE_ACCEPTED)))
     summary["privacy"] = _privacy_record(flushes)
+    failed = [str(e["evaluation_error"]) for e in flushes if e.get("evaluation_error")]
+    summary["evaluation_errors"] = len(failed)
+    summary["evaluation_error"] = failed[-1] if failed else None
     summary.update(model_time_figures(events, flushes))
     summary["wall_seconds"] = wall_seconds(events)
     summary["startup_seconds"] = max(0.0, first_task_elapsed(events) - start_elapsed(events))

@@ -263,6 +263,11 @@ class ExperimentConfig:
                               f"{sorted([*sections, 'coordinator', 'network'])}")
         values: dict[str, Any] = {k: from_table(c, table.get(k, {}), k)
                                   for k, c in sections.items() if k != "client"}
+        data_table = table.get("data", {})
+        if isinstance(data_table, Mapping) and data_table.get("loader") and "dataset" in data_table:
+            raise ConfigError("[data] dataset and [data] loader: the loader replaces the "
+                              "registered dataset (the run records the loader's import path "
+                              "as its dataset); set one of them")
         values["client"] = ClientSection.from_table(table.get("client", {}))
         coordinator = dict(table.get("coordinator", {}))
         values["evaluator"] = coordinator.pop("evaluator", "")
@@ -297,6 +302,8 @@ class ExperimentConfig:
                                  if f.name not in ("network", "evaluator")}
         plain["network"] = None if self.network is None else self.network.to_dict()
         plain["evaluator"] = self.evaluator
+        if self.data.loader:  # the data that ran is the loader's, not the default dataset
+            plain["data"]["dataset"] = self.data.loader
         return plain
 
 

@@ -139,9 +139,11 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
     strings) in place of what the config names; see ``fedlink.sim.setup`` for what each must be.
     """
     if config.run.mode == "virtual":  # the discrete-event loop: no sockets
+        from fedlink.sim.setup import Plugs
         from fedlink.sim.virtual.runner import run_virtual
 
-        return run_virtual(config, output_dir, progress)
+        return run_virtual(config, output_dir, progress, Plugs(
+            model=model, data=data, trainer=trainer, evaluate=evaluate, loss=loss))
     if config.coordinator.tls.enabled:
         raise ConfigError("fedlink simulate runs its clients in this process over loopback in "
                           "plaintext: remove [coordinator.tls], or run `fedlink serve` and "
@@ -164,7 +166,7 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
         for outcome in outcomes:
             events.emit(outcome.as_event())
         recorded = events.events  # read back once from events.jsonl: the log keeps none
-        summary = summarize(recorded, {**config.to_dict(), "plugs": plugs.describe()})
+        summary = summarize(recorded, experiment.recorded_config())
     summary.update(_client_figures(outcomes, time.monotonic() - started))
     summary.update(experiment.data_figures())
     summary.update(federated_figures(recorded))
@@ -213,9 +215,10 @@ async def _simulate(experiment: Experiment, events: EventLog, progress: bool,
     workers = len(trainers) if threaded and config.run.train_workers == 0 else \
         max(1, config.run.train_workers)
     target = config.run.target_accuracy
+    initial = experiment.initial_vector()
     server = CoordinatorServer(for_population(config.coordinator, len(trainers)),
-                               experiment.initial_vector(), events,
-                               evaluator=experiment.evaluator(),
+                               initial, events,
+                               evaluator=experiment.checked_evaluator(initial),
                                stop_rules=(target_accuracy(target),) if target > 0 else ())
     with ThreadPoolExecutor(workers, thread_name_prefix="train") as pool:
         async with server, contextlib.AsyncExitStack() as stack:

@@ -49,7 +49,7 @@ from fedlink.params import to_vector
 from fedlink.params.flat import load_vector, spec_of
 from fedlink.plug import describe, expect, resolve
 from fedlink.private import private_dir
-from fedlink.sim.config import ExperimentConfig
+from fedlink.sim.config import ClientSection, ExperimentConfig
 from fedlink.sim.trainers import TRAINERS, TrainerFactory
 
 AnyData = FederatedData | TorchFederatedData
@@ -88,17 +88,43 @@ def load_data(config: ExperimentConfig, plug: Any = None) -> AnyData:
     if source is None:
         return load_federated(section.dataset, section.clients, config.run.seed,
                               section.partition, **dict(section.options))
+    name = data_name(config, plug)
     if callable(source) and not isinstance(source, AnyData | CentralData):
         source = _call_loader(source, config)
     data = expect(source, (FederatedData, TorchFederatedData, CentralData), "the data loader")
+    if not isinstance(data, CentralData):
+        _refuse_split_settings(config, data, name)
     if isinstance(data, CentralData):
         data = partition_central(data, section.clients, config.run.seed,
                                  section.partition or (NATURAL if data.groups else "iid"),
-                                 _split_options(config), name=describe(source))
+                                 _split_options(config), name=name)
     if data.num_clients != section.clients:
         raise ConfigError(f"the data loader made {data.num_clients} clients, [data] clients "
                           f"is {section.clients}")
     return data
+
+
+def data_name(config: ExperimentConfig, plug: Any = None) -> str:
+    """What the run's data is called in its record: the registered ``[data] dataset``, else
+    the loader's (or plugged data's) import path."""
+    if plug is not None:
+        return describe(plug)
+    return config.data.loader or config.data.dataset
+
+
+def _refuse_split_settings(config: ExperimentConfig, data: AnyData, name: str) -> None:
+    """A loader that returns data already split among clients keeps its own split: a
+    ``[data] partition`` or partitioner option would be recorded but never applied."""
+    section = config.data
+    options = sorted(_split_options(config)) if section.partition not in (None, NATURAL) else []
+    if section.partition is None and not options:
+        return
+    keys = ["[data] partition"] + [f"[data] options.{k}" for k in options]
+    where = "[data] loader" if section.loader else "the plugged data"
+    raise ConfigError(f"{', '.join(keys)} cannot apply: {where} ({name}) returned a "
+                      f"{type(data).__name__}, already split among its clients, which keeps "
+                      f"its own split. Unset {' and '.join(keys)}, or have the loader return "
+                      f"a fedlink.data.CentralData for fedlink to partition")
 
 
 def _split_options(config: ExperimentConfig) -> dict[str, Any]:
@@ -154,6 +180,15 @@ class Experiment:
         experiment.trainer_factory()
         return experiment
 
+    def recorded_config(self) -> dict[str, Any]:
+        """The config as it ran, for ``summary.json``: the plugs by import path, and the data
+        under the name of what produced it (the loader's or plugged data's, not the default
+        ``[data] dataset``)."""
+        plain = self.config.to_dict()
+        plain["data"]["dataset"] = data_name(self.config, self.plugs.data)
+        plain["plugs"] = self.plugs.describe()
+        return plain
+
     def new_model(self) -> nn.Module:
         """A freshly initialised model (the same weights on every call)."""
         plug = resolve(self.plugs.model or self.config.model.factory or None, "model factory")
@@ -196,6 +231,22 @@ class Experiment:
             train = pooled_train(self.data)
         return Evaluator(self.new_model(), self.data.test, train=train, loss=self.loss)
 
+    def checked_evaluator(self, initial: np.ndarray) -> Callable[[np.ndarray], Mapping[str, float]]:
+        """``evaluator()``, having scored ``initial`` once: one that raises (a loss that does
+        not fit the model's output, an evaluator bug) is refused before the run starts, not
+        found as a missing accuracy after it."""
+        evaluate = self.evaluator()
+        try:
+            evaluate(initial)
+        except ConfigError:
+            raise
+        except Exception as exc:
+            keys = "[coordinator] evaluator" if (self.plugs.evaluate or self.config.evaluator) \
+                else "[client] loss (the default evaluator scores the test set with it)"
+            raise ConfigError(f"{keys}: scoring the initial model on the test set raised "
+                              f"{type(exc).__name__}: {exc}") from exc
+        return evaluate
+
     @property
     def loss(self) -> Any:
         """The plugged loss, else ``[client] loss`` (a name or an import string)."""
@@ -204,12 +255,27 @@ class Experiment:
     def trainer_factory(self) -> TrainerFactory:
         """The ``(model, data, *, seed) -> Trainer`` that builds each client's trainer."""
         plug = resolve(self.plugs.trainer, "trainer")
-        if plug is not None:
-            return plug  # type: ignore[no-any-return]
         name = self.config.client.trainer
-        if TRAINERS.registered(name):
+        if plug is None and TRAINERS.registered(name):
             return TRAINERS.get(name)(self.config, self.loss)
-        return resolve(name, "trainer")  # type: ignore[no-any-return]
+        factory = plug if plug is not None else resolve(name, "trainer")
+        return with_settings(factory, self.trainer_settings())
+
+    def trainer_settings(self) -> dict[str, Any]:
+        """The ``[client]`` training settings set away from their defaults (and a plugged
+        loss), by keyword: what a custom trainer factory must take or have refused."""
+        section, defaults = self.config.client, ClientSection()
+        settings: dict[str, Any] = {}
+        if self.plugs.loss is not None or section.loss != defaults.loss:
+            settings["loss"] = self.loss
+        if section.optimizer != defaults.optimizer or section.optimizer_options:
+            from fedlink.models.training import build_optimizer
+
+            settings["optimizer"] = build_optimizer(section.optimizer,
+                                                    section.optimizer_options)
+        if section.keep_local:
+            settings["keep_local"] = section.keep_local
+        return settings
 
     @property
     def may_share_working_model(self) -> bool:
@@ -288,6 +354,32 @@ class Experiment:
         torch.save(state, run_dir / MODEL_FILENAME)
         np.save(run_dir / VECTOR_FILENAME, np.asarray(vector, dtype=np.float32))
         return state
+
+
+SETTING_KEYS = {"loss": "[client] loss", "optimizer": "[client] optimizer / optimizer_options",
+                "keep_local": "[client] keep_local"}
+
+
+def with_settings(factory: Any, settings: Mapping[str, Any]) -> TrainerFactory:
+    """``factory`` given the ``settings`` it takes by keyword (``loss=``, ``optimizer=``,
+    ``keep_local=``, or ``**kwargs``); a setting it cannot take is refused, naming the key
+    and the factory, rather than dropped."""
+    if not settings:
+        return factory  # type: ignore[no-any-return]
+    accepted = _option_names(factory)
+    refused = [] if accepted is None else sorted(set(settings) - accepted)
+    if refused:
+        keys = ", ".join(SETTING_KEYS[k] for k in refused)
+        raise ConfigError(f"{keys} cannot apply: the trainer factory {describe(factory)} "
+                          f"([client] trainer) does not take {', '.join(f'{k}=' for k in refused)}"
+                          f". Give the factory those keyword parameters, or unset {keys}")
+
+    def build(model: Any, data: Any, *, seed: int) -> Trainer:
+        return factory(model, data, seed=seed, **settings)  # type: ignore[no-any-return]
+
+    build.__qualname__ = getattr(factory, "__qualname__", "trainer")
+    build.__module__ = getattr(factory, "__module__", __name__)
+    return build
 
 
 def load_saved(model: nn.Module, path: Path) -> np.ndarray:

@@ -123,6 +123,12 @@ class LoopTotals:
     tasks: int = 0
     wall_s: float = 0.0
     model_s: float = 0.0
+    bytes_down: int = 0
+    """Every model download's bytes (training and evaluation tasks), as the clients received
+    them: the real run's ``bytes_down``."""
+    clients: int = 0
+    """Distinct clients that checked in with the coordinator (asked for a task): the real
+    run's ``clients`` (distinct clients joined)."""
     per_profile: dict[str, dict[str, float]] = field(default_factory=dict)
     per_round: dict[int, dict[str, float]] = field(default_factory=dict)
 
@@ -161,6 +167,7 @@ class VirtualLoop:
             [options.seed, 0x714E])
         self.totals = LoopTotals()
         self._bytes_down = 0  # since the last flush, as the servicer counts it
+        self._checked_in = np.zeros(population.size, dtype=bool)  # 1 byte a client
         self._model: tuple[int, np.ndarray] | None = None  # the last version decoded
 
     # -- the run ----------------------------------------------------------------------------
@@ -178,6 +185,7 @@ class VirtualLoop:
                 self.engine.finish(f"model time limit {self.options.max_model_s} s reached")
         self.totals.wall_s = time.perf_counter() - started
         self.totals.model_s = self.clock.now()
+        self.totals.clients = int(np.count_nonzero(self._checked_in))
         return self.totals
 
     def client_id(self, index: int) -> str:
@@ -221,6 +229,7 @@ class VirtualLoop:
         now = self.clock.now()
         if not self.availability.online(index, now):
             return False
+        self._checked_in[index] = True
         reply = self.engine.issue(self.client_id(index))
         if isinstance(reply, Finished):
             return False
@@ -235,6 +244,7 @@ class VirtualLoop:
         rtt = round_trip_s(profile, self._timing) if profile is not None else 0.0
         header = self.engine.payload(reply.model_version).header
         self._bytes_down += header.num_bytes
+        self.totals.bytes_down += header.num_bytes
         down = transfer_time(profile, header.num_bytes, DOWN, self._timing)
         self._count_network(busy, rtt + down.seconds, down)
         done = finish(self.availability, index, now, rtt + down.seconds)
@@ -404,7 +414,7 @@ class VirtualLoop:
         return now - t
 
     def _flushed(self, outcome: FlushOutcome) -> None:
-        metrics = dict(self._evaluate(outcome.model)) if self._evaluate else {}
+        metrics = self._central_metrics(outcome.model)
         self._bytes_down, bytes_down = 0, self._bytes_down
         wall = time.perf_counter()
         self.events.emit(kinds.Flush.build(
@@ -416,11 +426,22 @@ class VirtualLoop:
             self._on_flush(outcome, wall)
         self._evaluations.published(outcome.version)
 
+    def _central_metrics(self, model: np.ndarray) -> dict[str, Any]:
+        """The evaluator's scores of ``model``; an evaluator that raises is recorded in the
+        flush (``evaluation_error``), as the coordinator records it."""
+        if self._evaluate is None:
+            return {}
+        try:
+            return dict(self._evaluate(model))
+        except Exception as exc:  # a user's evaluator: recorded, not a silent None
+            return {kinds.EVALUATION_ERROR: f"{type(exc).__name__}: {exc}"}
+
     # -- bookkeeping -------------------------------------------------------------------------
 
     def _count_download(self, num_bytes: int) -> None:
         """A download outside a training task (an evaluation's): in the next flush's count."""
         self._bytes_down += num_bytes
+        self.totals.bytes_down += num_bytes
 
     def _count_evaluation_network(self, index: int, seconds: float, transfer: Any) -> None:
         """An evaluation task's network time: in the totals, not in the per-round and

@@ -21,6 +21,7 @@ import numpy as np
 
 from fedlink.clock import ManualClock
 from fedlink.coordinator.engine import FlushOutcome
+from fedlink.errors import ConfigError
 from fedlink.metrics import (
     EVENTS_FILENAME,
     SUMMARY_FILENAME,
@@ -49,18 +50,23 @@ if TYPE_CHECKING:
     from fedlink.client import Trainer
     from fedlink.sim.config import ExperimentConfig
     from fedlink.sim.runner import SimulationResult
-    from fedlink.sim.setup import Experiment
+    from fedlink.sim.setup import Experiment, Plugs
 
 VECTOR_FILENAME = "model.npy"
 
 
 def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
-                progress: bool = True) -> SimulationResult:
-    """Run ``config`` on the virtual clock to the end; write and return its results."""
+                progress: bool = True, plugs: Plugs | None = None) -> SimulationResult:
+    """Run ``config`` on the virtual clock to the end; write and return its results.
+
+    ``plugs`` (objects in place of what the config names) need ``[virtual] workers = 0``:
+    worker processes rebuild the experiment from the config alone.
+    """
     from fedlink.sim.runner import SimulationResult
 
     started = time.perf_counter()
-    population, initial, evaluate, experiment = _build(config)
+    _check_plugs(config, plugs)
+    population, initial, evaluate, experiment = _build(config, plugs)
     run_dir = private_dir(Path(output_dir or config.run.output_dir) / config.run.name)
     (run_dir / EVENTS_FILENAME).unlink(missing_ok=True)
     clock = ManualClock()
@@ -85,7 +91,8 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
             training.close()
             residuals.close()
         recorded = events.events  # read back once from events.jsonl: the log keeps none
-        summary = summarize(recorded, config.to_dict())
+        summary = summarize(recorded, config.to_dict() if experiment is None
+                            else experiment.recorded_config())
         summary.update(federated_figures(recorded))
     summary.update(virtual_figures(totals, time.perf_counter() - started, loop))
     summary["training_processes"] = training.processes
@@ -98,8 +105,28 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
     return SimulationResult(summary, run_dir, report, (), state)
 
 
-def _build(config: ExperimentConfig) -> tuple[Population, np.ndarray, Evaluate | None, Any]:
-    """(population, initial model, evaluator, experiment or None)."""
+def _check_plugs(config: ExperimentConfig, plugs: Plugs | None) -> None:
+    """Plugged objects reach only this process: refused where workers would train without
+    them, or where a synthetic population has no experiment to plug them into."""
+    plugged = sorted(plugs.describe()) if plugs is not None else []
+    if not plugged:
+        return
+    if config.virtual.workers > 0:
+        raise ConfigError(f"run_simulation({', '.join(f'{p}=' for p in plugged)}) with [run] "
+                          f"mode = 'virtual' and [virtual] workers = {config.virtual.workers}: "
+                          f"worker processes build clients from the config alone. Set "
+                          f"[virtual] workers = 0, or name the plugs by import string in the "
+                          f"config ([model] factory, [data] loader, [client] trainer, ...)")
+    if config.virtual.population > 0:
+        raise ConfigError(f"run_simulation({', '.join(f'{p}=' for p in plugged)}) with "
+                          f"[virtual] population > 0: a synthetic population has no model or "
+                          f"data to replace")
+
+
+def _build(config: ExperimentConfig, plugs: Plugs | None = None, evaluates: bool = True,
+           ) -> tuple[Population, np.ndarray, Evaluate | None, Any]:
+    """(population, initial model, evaluator, experiment or None); ``evaluates = False``:
+    no evaluator (a training worker's copy)."""
     section = config.virtual
     if section.population > 0:
         spec = SyntheticSpec(section.features, section.classes, seed=config.run.seed)
@@ -111,11 +138,13 @@ def _build(config: ExperimentConfig) -> tuple[Population, np.ndarray, Evaluate |
     from fedlink.sim.setup import Experiment
 
     torch.set_num_threads(config.run.torch_threads)
-    experiment = Experiment.build(config)
+    experiment = Experiment.build(config, plugs)
     size = experiment.data.num_clients
     population = ExperimentPopulation(Links(config.network, size), _task_trainers(experiment),
                                       size, experiment.client_examples)
-    return population, experiment.initial_vector(), experiment.evaluator(), experiment
+    initial = experiment.initial_vector()
+    evaluate = experiment.checked_evaluator(initial) if evaluates else None
+    return population, initial, evaluate, experiment
 
 
 def _task_trainers(experiment: Experiment) -> Callable[[int], Trainer]:
@@ -129,7 +158,7 @@ def _task_trainers(experiment: Experiment) -> Callable[[int], Trainer]:
 
 def build_population(config: ExperimentConfig) -> Population:
     """The clients of a virtual run of ``config`` (what each training worker builds once)."""
-    return _build(config)[0]
+    return _build(config, evaluates=False)[0]
 
 
 def _profile_names(population: Population) -> Any:
@@ -155,6 +184,11 @@ def virtual_figures(totals: LoopTotals, wall_s: float, loop: VirtualLoop) -> dic
     busy = totals.network_s + totals.compute_s
     return {
         "mode": "virtual",
+        # the keys a real run has, meaning the same: process wall time from the first task to
+        # the end (model time is model_seconds), clients that checked in, bytes downloaded
+        "wall_seconds": totals.wall_s,
+        "clients": totals.clients,
+        "bytes_down": totals.bytes_down,
         "model_seconds": totals.model_s,
         "simulation_seconds": wall_s,
         "loop_wall_seconds": totals.wall_s,

@@ -1,0 +1,166 @@
+"""Honest records: what ``summary.json`` says is what ran, in both modes (issue 24).
+
+A setting that cannot apply in the combination chosen is refused before the run, naming the
+keys; the data's name is the loader's; a central evaluator that raises is recorded; a virtual
+run's summary means by each key what a real-gRPC run's does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from fedlink.client.torch_trainer import TorchTrainer
+from fedlink.data import FederatedData, load_federated
+from fedlink.data.torch_data import TorchFederatedData
+from fedlink.errors import ConfigError
+from fedlink.metrics.formatting import key_figures
+from fedlink.sim import ExperimentConfig
+from fedlink.sim.runner import run_simulation
+from fedlink.sim.setup import Experiment, Plugs
+
+
+def tiny(mode: str = "virtual", **extra: dict[str, Any]) -> ExperimentConfig:
+    """Four digits clients, two rounds of a goal of four."""
+    table: dict[str, Any] = {
+        "run": {"name": "honest", "seed": 3, "mode": mode},
+        "data": {"dataset": "digits", "clients": 4},
+        "coordinator": {"rounds": 2, "flush": {"goal": 4, "min_updates": 4}},
+    }
+    for section, values in extra.items():
+        table[section] = {**table.get(section, {}), **values}
+    return ExperimentConfig.from_dict(table)
+
+
+def own_split(*, num_clients: int, seed: int) -> FederatedData:
+    """A loader that splits its data itself (IID)."""
+    return load_federated("digits", num_clients, seed, "iid")
+
+
+def torch_split(*, num_clients: int, seed: int) -> TorchFederatedData:
+    """A loader returning torch datasets, already split."""
+    data = load_federated("digits", num_clients, seed, "iid")
+
+    def ds(d: Any) -> TensorDataset:
+        return TensorDataset(torch.as_tensor(np.array(d.x)), torch.as_tensor(np.array(d.y)))
+
+    return TorchFederatedData([ds(c) for c in data.clients], ds(data.test), num_classes=10)
+
+
+@pytest.mark.parametrize("loader", [own_split, torch_split])
+def test_partition_with_a_loader_that_splits_is_refused_naming_both_keys(loader: Any) -> None:
+    config = tiny(data={"partition": "dirichlet", "options": {"alpha": 0.3}})
+    with pytest.raises(ConfigError) as caught:
+        Experiment.build(config, Plugs(data=loader))
+    message = str(caught.value)
+    assert "[data] partition" in message and "[data] options.alpha" in message
+    assert "plugged data" in message and loader.__qualname__ in message
+
+
+def test_dataset_and_loader_together_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"\[data\] dataset and \[data\] loader"):
+        ExperimentConfig.from_dict({"data": {"dataset": "digits", "loader": "m.n:f"}})
+
+
+def test_the_summary_records_the_loaders_name_as_the_dataset(tmp_path: Path) -> None:
+    result = run_simulation(tiny(), tmp_path, progress=False, data=own_split)
+    recorded = result.summary["config"]["data"]
+    assert recorded["dataset"] == f"{__name__}:own_split"
+    assert recorded["partition"] is None
+    assert ExperimentConfig.from_dict({"data": {"loader": "m.n:f"}}).to_dict()[
+        "data"]["dataset"] == "m.n:f"
+
+
+def plain_factory(model: Any, data: Any, *, seed: int) -> TorchTrainer:
+    """A trainer factory that takes none of the [client] training settings."""
+    return TorchTrainer(model, data, seed=seed)
+
+
+received: dict[str, Any] = {}
+
+
+def settings_factory(model: Any, data: Any, *, seed: int, loss: Any = "cross_entropy",
+                     keep_local: tuple[str, ...] = ()) -> TorchTrainer:
+    """A trainer factory that takes ``loss`` and ``keep_local``."""
+    received.update(loss=loss, keep_local=keep_local)
+    return TorchTrainer(model, data, seed=seed, loss=loss, keep_local=keep_local)
+
+
+def test_settings_a_trainer_factory_cannot_take_are_refused_naming_the_keys() -> None:
+    config = tiny(client={"loss": "nll", "optimizer": "adam", "keep_local": ["0.*"]})
+    with pytest.raises(ConfigError) as caught:
+        Experiment.build(config, Plugs(trainer=plain_factory))
+    message = str(caught.value)
+    for key in ("[client] loss", "[client] optimizer", "[client] keep_local",
+                "[client] trainer", "plain_factory"):
+        assert key in message
+    with pytest.raises(ConfigError, match=r"\[client\] optimizer"):
+        Experiment.build(config, Plugs(trainer=settings_factory))
+
+
+def test_settings_a_trainer_factory_takes_are_given_to_it() -> None:
+    config = tiny(client={"loss": "mse", "keep_local": ["0.*"]})
+    experiment = Experiment.build(config, Plugs(trainer=settings_factory))
+    experiment.trainer(0)
+    assert received == {"loss": "mse", "keep_local": ("0.*",)}
+
+
+def broken_evaluator(model: Any, test: Any) -> dict[str, float]:
+    raise RuntimeError("shape mismatch in my metric")
+
+
+def test_an_evaluator_that_raises_on_the_initial_model_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"\[coordinator\] evaluator.*shape mismatch"):
+        run_simulation(tiny(), tmp_path, progress=False, evaluate=broken_evaluator)
+
+
+class FailsLater:
+    """Scores the first model, raises on every later one."""
+
+    calls = 0
+
+    def __call__(self, model: Any, test: Any) -> dict[str, float]:
+        FailsLater.calls += 1
+        if FailsLater.calls > 1:
+            raise ValueError("metric went wrong")
+        return {"accuracy": 0.5}
+
+
+@pytest.mark.parametrize("mode", ["virtual", "grpc"])
+def test_an_evaluator_that_raises_later_is_in_the_summary_and_table(
+        tmp_path: Path, mode: str) -> None:
+    FailsLater.calls = 0
+    result = run_simulation(tiny(mode), tmp_path, progress=False, evaluate=FailsLater())
+    summary = result.summary
+    assert summary["final_accuracy"] is None
+    assert summary["evaluation_errors"] == 2
+    assert "ValueError: metric went wrong" in summary["evaluation_error"]
+    assert any("evaluation FAILED" in label for label, _ in key_figures(summary))
+    assert "metric went wrong" in result.report.read_text()
+
+
+def test_virtual_and_real_summaries_have_the_same_keys_meaning_the_same(
+        tmp_path: Path) -> None:
+    real = run_simulation(tiny("grpc"), tmp_path / "real", progress=False).summary
+    virtual = run_simulation(tiny("virtual"), tmp_path / "virtual", progress=False).summary
+    shared = {"clients", "bytes_up", "bytes_down", "wall_seconds", "rounds", "updates_accepted",
+              "tasks_issued", "final_accuracy", "simulation_seconds", "config"}
+    assert shared <= set(real) and shared <= set(virtual)
+    for summary in (real, virtual):
+        assert summary["clients"] == 4
+        assert summary["rounds"] == 2 and summary["updates_accepted"] == 8
+        assert summary["bytes_down"] > 0  # one model download per task
+        # wall_seconds is process wall time, within the whole simulation's
+        assert 0 < summary["wall_seconds"] <= summary["simulation_seconds"]
+    # the same downloads; a real client may fetch a delta instead of the whole model
+    assert real["bytes_down"] + real["delta_bytes_saved"] == pytest.approx(
+        virtual["bytes_down"], rel=0.05)
+    assert real["bytes_up"] == virtual["bytes_up"]
+    # virtual model time has its own key, not wall_seconds
+    assert "model_seconds" in virtual and virtual["wall_seconds"] != virtual["model_seconds"]
+    assert np.isfinite(virtual["model_seconds"])
