@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from fedlink.params.base import ParamSpec
 from fedlink.registry import Registry
 
 
@@ -63,7 +64,22 @@ class StalenessWeight(ABC):
 
 
 class ServerOptimizer(ABC):
-    """Applies an aggregated pseudo-gradient (mean client delta) to the global model."""
+    """Applies an aggregated pseudo-gradient (mean client delta) to the global model.
+
+    The engine calls ``bind(spec)`` once, before the first step, with the model's
+    ``ParamSpec`` (``None`` when the coordinator was given no spec): ``self.spec.kinds`` says
+    which elements are trainable weights and which are buffers or counters. Whatever an
+    optimizer does with non-trainable elements, the engine replaces them by the round's plain
+    mean afterwards (``fedlink.aggregate.kinds``), so only the trainable elements of a step
+    count; an optimizer that reduces over the whole vector (a global norm, say) should use
+    ``self.spec.mask(TRAINABLE)`` to leave buffers out.
+    """
+
+    spec: ParamSpec | None = None
+
+    def bind(self, spec: ParamSpec | None) -> None:
+        """Learn the model's layout and kinds (stored as ``self.spec``)."""
+        self.spec = spec
 
     @abstractmethod
     def step(self, model: np.ndarray, mean_delta: np.ndarray) -> np.ndarray:

@@ -57,7 +57,7 @@ async def serve(config_path: Path, address: str, output_dir: Path | None,
     with EventLog(run_dir / EVENTS_FILENAME) as events, contextlib.ExitStack() as stack:
         server = CoordinatorServer(config.coordinator, experiment.initial_vector(), events,
                                    evaluator=experiment.evaluator(), address=address,
-                                   faults=faults)
+                                   faults=faults, spec=experiment.spec())
         if config.coordinator.metrics.enabled:
             _serve_metrics(server, stack)
         if config.run.tensorboard:

@@ -24,6 +24,7 @@ another client out.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from fedlink.aggregate import (
 )
 from fedlink.aggregate.adaptive import AdaptiveNormBound
 from fedlink.aggregate.guard import step_problem
+from fedlink.aggregate.kinds import KindSplit, hooks_on_trainable, step_by_kind, trainable_mask
 from fedlink.aggregate.robust import l2_norm
 from fedlink.clock import RealClock, TimeSource, reader
 from fedlink.compress import broadcast_codec
@@ -57,6 +59,7 @@ from fedlink.coordinator.tasks import TaskIds, TaskState
 from fedlink.errors import InvalidArgument, NotFound, PermissionDenied, UpdateRefused
 from fedlink.messages import Finished, Task, TaskReply, Wait
 from fedlink.metrics import EventLog, kinds
+from fedlink.params.base import ParamSpec
 from fedlink.refusals import RefusalCode
 from fedlink.wire import Payload
 
@@ -126,6 +129,7 @@ class RoundEngine:
         events: EventLog,
         clock: TimeSource | None = None,
         state: StateStore | None = None,
+        spec: ParamSpec | None = None,
     ) -> None:
         self.config = config
         self._state = state if state is not None else NullStore()
@@ -134,11 +138,17 @@ class RoundEngine:
         self._clock = reader(clock if clock is not None else RealClock())
         self._model = np.ascontiguousarray(initial_model, dtype=np.float32).reshape(-1)
         self._version = 0
+        # Kinds (docs/model-state.md): without a spec every element is a trainable weight.
+        self.spec = spec
+        self._trainable = trainable_mask(spec, self._model.size)
         self._optimizer = SERVER_OPTIMIZERS.create(
             config.server_optimizer, **dict(config.server_optimizer_options))
+        self._optimizer.bind(spec)
         self._staleness_weight = STALENESS_WEIGHTS.create(
             config.staleness_weight, **dict(config.staleness_weight_options))
-        self._accumulator = build_accumulator(config, lambda: l2_norm(self._model))
+        self._accumulator = build_accumulator(config, self._weights_norm)
+        if self._trainable is not None:  # robust rules and norm bounds see weights only
+            self._accumulator = KindSplit(self._accumulator, self._trainable)
         self._hooks = build_hooks(config.hooks)
         self._history = ModelHistory(broadcast_codec(config.downlink_codec),
                                      config.limits.delta_history)
@@ -157,6 +167,18 @@ class RoundEngine:
         self._dropped = 0  # partial updates refused this version that answered for a place
         self.finished_reason = ""
 
+    def _weights_norm(self) -> float:
+        """The L2 norm of the model's trainable weights (an adaptive norm bound's reference)."""
+        if self._trainable is None:
+            return l2_norm(self._model)
+        return l2_norm(self._model[self._trainable])
+
+    @property
+    def _norm_bound(self) -> Accumulator:
+        """The accumulator behind the kinds split (the one that may be an adaptive bound)."""
+        accumulator = self._accumulator
+        return accumulator.inner if isinstance(accumulator, KindSplit) else accumulator
+
     def start(self) -> None:
         """Serve: the first round's clock (and deadline) starts at its first task, so that
         clients slow to start are not timed out, and round 1 does not include their start."""
@@ -173,8 +195,8 @@ class RoundEngine:
         """The server optimizer's and flush hooks' ``state_dict``s, for a checkpoint."""
         state: dict[str, Any] = {"optimizer": self._optimizer.state_dict(),
                                  "hooks": [hook.state_dict() for hook in self._hooks]}
-        if isinstance(self._accumulator, AdaptiveNormBound):
-            state["recent_norms"] = self._accumulator.state_dict()
+        if isinstance(self._norm_bound, AdaptiveNormBound):
+            state["recent_norms"] = self._norm_bound.state_dict()
         return state
 
     def restore(self, saved: SavedState) -> None:
@@ -189,8 +211,8 @@ class RoundEngine:
         self._optimizer.load_state_dict(dict(current.engine_state["optimizer"]))
         for hook, hook_state in zip(self._hooks, current.engine_state["hooks"], strict=True):
             hook.load_state_dict(dict(hook_state))
-        if isinstance(self._accumulator, AdaptiveNormBound):
-            self._accumulator.load_state_dict(list(current.engine_state.get("recent_norms", [])))
+        if isinstance(self._norm_bound, AdaptiveNormBound):
+            self._norm_bound.load_state_dict(list(current.engine_state.get("recent_norms", [])))
         self._history = ModelHistory(broadcast_codec(self.config.downlink_codec),
                                      self.config.limits.delta_history)
         oldest = self._version - self.rule.max_staleness
@@ -641,7 +663,7 @@ class RoundEngine:
         before = self._optimizer.state_dict()
         mean_delta = self._mean_delta(info)
         with np.errstate(over="ignore", invalid="ignore"):
-            new = self._optimizer.step(self._model, mean_delta)
+            new = step_by_kind(self._optimizer, self._model, mean_delta, self._trainable)
         problem = step_problem(self._model, new)
         if not problem:
             return new
@@ -655,10 +677,12 @@ class RoundEngine:
         return max(self.rule.max_staleness, self.config.limits.delta_history - 1, 0)
 
     def _mean_delta(self, info: FlushInfo) -> np.ndarray:
-        """The accumulator's aggregate, post-processed by every hook in order."""
+        """The accumulator's aggregate, its trainable part post-processed by every hook in
+        order (central noise is for weights; buffers stay the plain mean)."""
         mean_delta = self._accumulator.mean()
         for hook in self._hooks:
-            mean_delta = hook.on_flush(mean_delta, info)
+            mean_delta = hooks_on_trainable(mean_delta, self._trainable,
+                                            functools.partial(hook.on_flush, flush=info))
         return mean_delta
 
     def _hook_report(self) -> dict[str, Any]:

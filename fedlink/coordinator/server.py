@@ -29,6 +29,7 @@ from fedlink.coordinator.timers import strictly_after, wait_event_or
 from fedlink.coordinator.tls import load_server_material
 from fedlink.errors import Unauthenticated
 from fedlink.metrics import EventLog
+from fedlink.params.base import ParamSpec
 from fedlink.private import private_dir, touch_private
 from fedlink.proto.v1 import coordinator_pb2 as pb
 from fedlink.proto.v1 import coordinator_pb2_grpc as pb_grpc
@@ -54,14 +55,14 @@ class CoordinatorServer:
                  evaluator: Evaluator | None = None, address: str = "127.0.0.1:0",
                  interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
                  clock: Clock | None = None, stop_rules: Sequence[StopRule] = (),
-                 faults: FaultPlan = NO_FAULTS) -> None:
+                 faults: FaultPlan = NO_FAULTS, spec: ParamSpec | None = None) -> None:
         self.config = config
         self.interceptors = tuple(interceptors)  # e.g. RPC metrics, outermost first
         self.address = address
         self.events = events
         self.clock = clock if clock is not None else RealClock()
         self.service = CoordinatorService(config, initial_model, events, evaluator, self.clock,
-                                          stop_rules, faults)
+                                          stop_rules, faults, spec)
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._background: list[asyncio.Task[None]] = []

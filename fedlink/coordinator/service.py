@@ -77,6 +77,7 @@ from fedlink.messages import (
     Wait,
 )
 from fedlink.metrics import EventLog, kinds
+from fedlink.params.base import ParamSpec
 
 log = logging.getLogger(__name__)
 
@@ -89,12 +90,14 @@ class CoordinatorService:
 
     def __init__(self, config: CoordinatorConfig, initial_model: np.ndarray, events: EventLog,
                  evaluator: Evaluator | None = None, clock: Clock | None = None,
-                 stop_rules: Sequence[StopRule] = (), faults: FaultPlan = NO_FAULTS) -> None:
+                 stop_rules: Sequence[StopRule] = (), faults: FaultPlan = NO_FAULTS,
+                 spec: ParamSpec | None = None) -> None:
         self.config = config
         self.events = events
         self._clock = clock = clock if clock is not None else RealClock()
         self.state = open_store(config.state_dir, faults)
-        self.engine = RoundEngine(config, initial_model, events, clock=clock, state=self.state)
+        self.engine = RoundEngine(config, initial_model, events, clock=clock, state=self.state,
+                                  spec=spec)
         self.registry = ClientRegistry(clock=clock.now)
         self.uploads = UploadStore(*upload_limits(config, self.engine.num_parameters),
                                    config.state_dir, self.state,

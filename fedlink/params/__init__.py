@@ -10,12 +10,22 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from fedlink.params.base import VECTOR_DTYPE, ParamSpec
+from fedlink.params.base import (
+    BUFFER,
+    COUNTER,
+    FROZEN,
+    KINDS,
+    TRAINABLE,
+    VECTOR_DTYPE,
+    ParamSpec,
+    default_kind,
+)
 
 if TYPE_CHECKING:
     from fedlink.params.flat import load_vector, spec_of, to_vector
 
-__all__ = ["VECTOR_DTYPE", "ParamSpec", "load_vector", "spec_of", "to_vector"]
+__all__ = ["BUFFER", "COUNTER", "FROZEN", "KINDS", "TRAINABLE", "VECTOR_DTYPE", "ParamSpec",
+           "default_kind", "load_vector", "spec_of", "to_vector"]
 
 _TORCH_NAMES = frozenset({"load_vector", "spec_of", "to_vector"})
 

@@ -14,6 +14,15 @@ Which tensors are in the vector
     For a mapping of names to tensors (for example ``model.state_dict()``): every entry, in the
     mapping's order.
 
+Kinds
+    The spec records each tensor's kind (``fedlink.params.base``): a module's parameters are
+    ``trainable``, its floating-point buffers ``buffer`` (running statistics) and its integer
+    buffers ``counter``. In a mapping an ``nn.Parameter`` is ``trainable`` (``frozen`` when it
+    does not require grad) and a plain tensor takes its dtype's default (integers ``counter``,
+    the rest ``trainable``): ``model.state_dict()`` has lost which tensors were buffers, so
+    build specs from the module itself (or ``state_dict(keep_vars=True)``, whose buffers are
+    still told apart from parameters only by name; the module is the reliable source).
+
 dtypes
     Floating-point tensors (float16, bfloat16, float32, float64) and integer tensors (counters
     such as ``num_batches_tracked``). Values are stored as float32: the round trip is bit-exact
@@ -32,7 +41,7 @@ import torch
 from torch import nn
 
 from fedlink.errors import ConfigError
-from fedlink.params.base import ParamSpec
+from fedlink.params.base import BUFFER, COUNTER, FROZEN, TRAINABLE, ParamSpec, default_kind
 
 ModuleOrTensors = nn.Module | Mapping[str, torch.Tensor]
 
@@ -98,18 +107,30 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _spec(named: list[tuple[str, torch.Tensor]]) -> ParamSpec:
-    """The spec of validated (name, tensor) pairs."""
+def _kind(tensor: torch.Tensor, module_buffer: bool) -> str:
+    """The kind of one tensor: a parameter by ``requires_grad``, a buffer by its dtype."""
+    if isinstance(tensor, nn.Parameter):
+        return TRAINABLE if tensor.requires_grad else FROZEN
+    if module_buffer:
+        return BUFFER if tensor.is_floating_point() else COUNTER
+    return default_kind(_dtype_name(tensor.dtype))
+
+
+def _spec(named: list[tuple[str, torch.Tensor]], from_module: bool = True) -> ParamSpec:
+    """The spec of validated (name, tensor) pairs (``from_module``: a tensor that is not an
+    ``nn.Parameter`` is known to be a buffer)."""
     return ParamSpec(
         names=tuple(name for name, _ in named),
         shapes=tuple(tuple(t.shape) for _, t in named),
         dtypes=tuple(_dtype_name(t.dtype) for _, t in named),
+        kinds=tuple(_kind(t, from_module) for _, t in named),
     )
 
 
 def spec_of(source: ModuleOrTensors) -> ParamSpec:
-    """The ``ParamSpec`` of a module's trainable parameters and buffers (or of a mapping)."""
-    return _spec(_named_tensors(source))
+    """The ``ParamSpec`` of a module's trainable parameters and buffers (or of a mapping),
+    each tensor's kind recorded (see the module docstring)."""
+    return _spec(_named_tensors(source), from_module=isinstance(source, nn.Module))
 
 
 def to_vector(source: ModuleOrTensors) -> np.ndarray:
@@ -133,7 +154,7 @@ def load_vector(module: nn.Module, vector: np.ndarray, spec: ParamSpec | None = 
     """
     named = _named_tensors(module)
     actual = _spec(named)
-    if spec is not None and spec != actual:
+    if spec is not None and not spec.same_layout(actual):
         raise ConfigError(
             f"spec does not describe this module: expected {spec}, module has {actual}"
         )

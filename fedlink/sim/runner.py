@@ -219,7 +219,8 @@ async def _simulate(experiment: Experiment, events: EventLog, progress: bool,
     server = CoordinatorServer(for_population(config.coordinator, len(trainers)),
                                initial, events,
                                evaluator=experiment.checked_evaluator(initial),
-                               stop_rules=(target_accuracy(target),) if target > 0 else ())
+                               stop_rules=(target_accuracy(target),) if target > 0 else (),
+                               spec=experiment.spec())
     with ThreadPoolExecutor(workers, thread_name_prefix="train") as pool:
         async with server, contextlib.AsyncExitStack() as stack:
             upstream = f"127.0.0.1:{server.port}"

@@ -45,7 +45,7 @@ from fedlink.errors import ConfigError
 from fedlink.metrics import EVENTS_FILENAME
 from fedlink.metrics.distribution import label_distribution
 from fedlink.models import Evaluator, UserEvaluator, build_model
-from fedlink.params import to_vector
+from fedlink.params import ParamSpec, to_vector
 from fedlink.params.flat import load_vector, spec_of
 from fedlink.plug import describe, expect, resolve
 from fedlink.private import private_dir
@@ -215,6 +215,11 @@ class Experiment:
         if self.config.model.init:
             return load_saved(model, Path(self.config.model.init))
         return to_vector(model)
+
+    def spec(self) -> ParamSpec:
+        """The model's ``ParamSpec``, each tensor's kind recorded: what the coordinator's
+        engine needs to treat buffers apart from weights (``docs/model-state.md``)."""
+        return spec_of(self.new_model())
 
     def evaluator(self) -> Callable[[np.ndarray], Mapping[str, float]]:
         """Scores a global model vector on the central test set.

@@ -13,7 +13,16 @@ from hypothesis import strategies as st
 from torch import nn
 
 from fedlink.errors import ConfigError
-from fedlink.params import ParamSpec, load_vector, spec_of, to_vector
+from fedlink.params import (
+    BUFFER,
+    COUNTER,
+    FROZEN,
+    TRAINABLE,
+    ParamSpec,
+    load_vector,
+    spec_of,
+    to_vector,
+)
 
 
 def make_mlp(seed: int = 0) -> nn.Sequential:
@@ -173,7 +182,8 @@ def test_mapping_of_tensors_matches_module() -> None:
 
 def test_state_dict_matches_module() -> None:
     model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
-    assert spec_of(model.state_dict()) == spec_of(model)
+    # the same layout; only the module knows which plain tensors are buffers
+    assert spec_of(model.state_dict()).same_layout(spec_of(model))
     assert np.array_equal(to_vector(model.state_dict()), to_vector(model))
 
 
@@ -234,3 +244,26 @@ def test_paramspec_import_does_not_load_torch_or_grpc() -> None:
         "assert 'torch' not in sys.modules and 'grpc' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_spec_records_each_tensors_kind() -> None:
+    model = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3), nn.Linear(3, 2))
+    model[2].bias.requires_grad_(False)  # frozen: kept on the device, not in the vector
+    spec = spec_of(model)
+    assert dict(zip(spec.names, spec.kinds, strict=True)) == {
+        "0.weight": TRAINABLE, "0.bias": TRAINABLE, "1.weight": TRAINABLE, "1.bias": TRAINABLE,
+        "1.running_mean": BUFFER, "1.running_var": BUFFER, "1.num_batches_tracked": COUNTER,
+        "2.weight": TRAINABLE}
+    assert spec.mask(BUFFER).sum() == 6
+    assert spec.mask(TRAINABLE).sum() == 6 + 3 + 3 + 3 + 6
+    assert ParamSpec.from_dict(spec.to_dict()) == spec
+    frozen = spec_of({"w": nn.Parameter(torch.zeros(2), requires_grad=False)})
+    assert frozen.kinds == (FROZEN,)
+
+
+def test_spec_without_kinds_means_what_it_meant_before() -> None:
+    old = {"names": ["w", "n"], "shapes": [[2], []], "dtypes": ["float32", "int64"]}
+    spec = ParamSpec.from_dict(old)
+    assert spec.kinds == (TRAINABLE, COUNTER)
+    with pytest.raises(ConfigError, match="unknown kinds"):
+        ParamSpec(("w",), ((1,),), ("float32",), ("weights",))

@@ -49,6 +49,7 @@ from fedlink.coordinator.records import ReceivedUpdate
 from fedlink.errors import RemoteError
 from fedlink.messages import Finished, Task
 from fedlink.metrics import EventLog, kinds
+from fedlink.params.base import ParamSpec
 from fedlink.refusals import RefusalCode
 from fedlink.sim.virtual.availability import AlwaysOnline, Availability, finish
 from fedlink.sim.virtual.backends import (
@@ -143,11 +144,12 @@ class VirtualLoop:
                  profile_name: Callable[[int], str] = lambda i: "ideal",
                  on_flush: Callable[[FlushOutcome, float], None] | None = None,
                  training: TrainingBackend | None = None,
-                 residuals: ResidualStore | None = None) -> None:
+                 residuals: ResidualStore | None = None,
+                 spec: ParamSpec | None = None) -> None:
         self.config = config
         self.clock = clock
         self.events = events
-        self.engine = RoundEngine(config, initial_model, events, clock=clock.now)
+        self.engine = RoundEngine(config, initial_model, events, clock=clock.now, spec=spec)
         self.population = population
         self.options = options
         self.availability = availability or AlwaysOnline()

@@ -85,7 +85,8 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
                                availability, evaluate,
                                _profile_names(traced),
                                _printer(config.coordinator.rounds, clock, started) if progress
-                               else None, training, residuals)
+                               else None, training, residuals,
+                               spec=None if experiment is None else experiment.spec())
             totals = loop.run()
         finally:
             training.close()
