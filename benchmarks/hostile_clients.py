@@ -52,7 +52,7 @@ from fedlink.metrics.events import read_events
 from fedlink.proto.v1 import coordinator_pb2 as pb
 from fedlink.proto.v1 import coordinator_pb2_grpc as pb_grpc
 from fedlink.sim import ExperimentConfig
-from fedlink.sim.setup import Experiment
+from fedlink.experiment.setup import Experiment
 from fedlink.wire import pack, to_proto
 
 CLIENTS = 20

@@ -14,8 +14,8 @@ import torch
 
 from fedlink.client import ClientOptions, ClientSession, SessionStats, TLSOptions
 from fedlink.errors import ConfigError
-from fedlink.sim.config import ExperimentConfig
-from fedlink.sim.setup import Experiment
+from fedlink.experiment.config import ExperimentConfig
+from fedlink.experiment.setup import Experiment
 
 
 def run_one_client(server: str, config_path: Path, index: int, name: str, token: str,

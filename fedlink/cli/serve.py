@@ -19,7 +19,7 @@ from fedlink.metrics import (
     write_summary,
 )
 from fedlink.metrics.federated import federated_figures
-from fedlink.sim.config import ExperimentConfig
+from fedlink.experiment.config import ExperimentConfig
 
 
 async def serve(config_path: Path, address: str, output_dir: Path | None,
@@ -34,7 +34,7 @@ async def serve(config_path: Path, address: str, output_dir: Path | None,
     """
     # The set-up imports what the config's model and data need (torch for the built-in
     # models), so it is loaded only once there is a config to serve.
-    from fedlink.sim.setup import Experiment, prepare_run_dir
+    from fedlink.experiment.setup import Experiment, prepare_run_dir
 
     config = ExperimentConfig.from_toml(config_path)
     if state_dir is not None:

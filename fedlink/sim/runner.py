@@ -42,7 +42,7 @@ from fedlink.netem import ClientLink
 from fedlink.netem.proxy import TcpProxy
 from fedlink.sim.arrivals import RunOverSleep, start_in_waves
 from fedlink.sim.capacity import for_population
-from fedlink.sim.config import ExperimentConfig
+from fedlink.experiment.config import ExperimentConfig
 from fedlink.sim.network import ClientOutcome, network_summary
 from fedlink.sim.stragglers import SlowedTrainer
 from fedlink.sim.watch import FlushWatch
@@ -50,7 +50,7 @@ from fedlink.sim.watch import FlushWatch
 if TYPE_CHECKING:  # the set-up imports torch: loaded when a simulation runs
     import torch
 
-    from fedlink.sim.setup import Experiment
+    from fedlink.experiment.setup import Experiment
 
 SIM_TOKEN_TTL_S = 7 * 24 * 3600.0  # a simulated client's token outlives any simulation
 
@@ -136,10 +136,10 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
     """Run the experiment to the end and write its run folder; returns the summary and model.
 
     ``model``, ``data``, ``trainer``, ``evaluate`` and ``loss`` plug your own objects (or import
-    strings) in place of what the config names; see ``fedlink.sim.setup`` for what each must be.
+    strings) in place of what the config names; see ``fedlink.experiment.setup`` for what each must be.
     """
     if config.run.mode == "virtual":  # the discrete-event loop: no sockets
-        from fedlink.sim.setup import Plugs
+        from fedlink.experiment.setup import Plugs
         from fedlink.sim.virtual.runner import run_virtual
 
         return run_virtual(config, output_dir, progress, Plugs(
@@ -150,7 +150,7 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
                           "`fedlink client --tls-ca ...` to try TLS")
     import torch  # deferred, with the set-up: importing fedlink.sim needs neither
 
-    from fedlink.sim.setup import Experiment, Plugs, prepare_run_dir
+    from fedlink.experiment.setup import Experiment, Plugs, prepare_run_dir
 
     torch.set_num_threads(config.run.torch_threads)
     plugs = Plugs(model=model, data=data, trainer=trainer, evaluate=evaluate, loss=loss)
@@ -188,7 +188,7 @@ def _trainers(experiment: Experiment, links: list[ClientLink | None]) -> list[Tr
     """One trainer per client; stragglers slowed relative to the fastest client.
 
     With ``[partial_work]`` each trainer also does only part of some tasks
-    (``fedlink.sim.partial_work``); the slow-down applies to the work it does.
+    (``fedlink.experiment.partial_work``); the slow-down applies to the work it does.
     """
     speeds = [1.0 if link is None else link.speed for link in links]
     fastest = min(speeds)

@@ -48,8 +48,8 @@ from fedlink.metrics import read_events
 from fedlink.metrics.summary import unique_flushes
 from fedlink.netem import LinkProfile
 from fedlink.netem.proxy import TcpProxy
-from fedlink.sim.config import ExperimentConfig
-from fedlink.sim.setup import Experiment
+from fedlink.experiment.config import ExperimentConfig
+from fedlink.experiment.setup import Experiment
 
 pytestmark = pytest.mark.timeout(1500)  # it took 780 s beside two busy loops and other work
 

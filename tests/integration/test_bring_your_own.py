@@ -27,7 +27,7 @@ from fedlink.data import load_federated
 from fedlink.models import evaluate
 from fedlink.params import load_vector, spec_of, to_vector
 from fedlink.sim import ExperimentConfig, run_simulation
-from fedlink.sim.setup import pooled_train
+from fedlink.experiment.setup import pooled_train
 
 ROUNDS = 12
 SEED = 3

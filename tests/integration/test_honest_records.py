@@ -22,7 +22,7 @@ from fedlink.errors import ConfigError
 from fedlink.metrics.formatting import key_figures
 from fedlink.sim import ExperimentConfig
 from fedlink.sim.runner import run_simulation
-from fedlink.sim.setup import Experiment, Plugs
+from fedlink.experiment.setup import Experiment, Plugs
 
 
 def tiny(mode: str = "virtual", **extra: dict[str, Any]) -> ExperimentConfig:

@@ -55,7 +55,7 @@ from fedlink.metrics import EventLog
 from fedlink.netem.profile import LinkProfile
 from fedlink.netem.proxy import TcpProxy
 from fedlink.sim import ExperimentConfig, run_simulation
-from fedlink.sim.setup import Experiment
+from fedlink.experiment.setup import Experiment
 from fedlink.wire import unpack
 
 MB = 1_000_000

@@ -15,7 +15,7 @@ import pytest
 
 from fedlink.coordinator.config import CoordinatorConfig, LimitsConfig
 from fedlink.sim.capacity import STREAMS_PER_CLIENT, for_population
-from fedlink.sim.config import ExperimentConfig
+from fedlink.experiment.config import ExperimentConfig
 
 pytestmark = pytest.mark.timeout(240)
 

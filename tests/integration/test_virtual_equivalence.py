@@ -21,7 +21,7 @@ from fedlink.client.pipeline import UpdatePipeline
 from fedlink.clock import ManualClock
 from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.metrics import EventLog
-from fedlink.sim.config import ExperimentConfig
+from fedlink.experiment.config import ExperimentConfig
 from fedlink.sim.virtual.availability import TraceAvailability
 from fedlink.sim.virtual.loop import LoopOptions, VirtualLoop
 from fedlink.sim.virtual.population import Links, SyntheticPopulation, SyntheticSpec

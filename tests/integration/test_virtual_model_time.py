@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from fedlink.sim.config import ExperimentConfig
+from fedlink.experiment.config import ExperimentConfig
 
 pytestmark = pytest.mark.xdist_group("virtual-model-time")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fedlink.errors import ConfigError
-from fedlink.sim.config import ExperimentConfig
+from fedlink.experiment.config import ExperimentConfig
 from fedlink.sim.virtual.availability import TraceAvailability
 
 

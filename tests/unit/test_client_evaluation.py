@@ -68,7 +68,7 @@ def test_a_trainer_without_evaluate_declines_with_a_log_line(
 def test_wrapping_trainers_evaluate_exactly_when_what_they_wrap_does() -> None:
     from fedlink.client.lazy import LazyTrainer
     from fedlink.clock import ManualClock
-    from fedlink.sim.partial_work import PartialWorkTrainer
+    from fedlink.experiment.partial_work import PartialWorkTrainer
     from fedlink.sim.stragglers import SlowedTrainer
 
     plain = TowardTrainer(np.zeros(2, np.float32))

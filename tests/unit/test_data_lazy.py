@@ -17,7 +17,7 @@ from fedlink.client.lazy import LazyTrainer
 from fedlink.data import load_federated
 from fedlink.data.lazy import LazyDataset
 from fedlink.sim import ExperimentConfig
-from fedlink.sim.setup import Experiment
+from fedlink.experiment.setup import Experiment
 
 RNG = np.random.default_rng(3)
 

@@ -14,7 +14,7 @@ from fedlink.messages import Task, Wait
 from fedlink.metrics import EventLog
 from fedlink.refusals import RefusalCode
 from fedlink.sim import ExperimentConfig
-from fedlink.sim.partial_work import PartialWorkSection, PartialWorkTrainer
+from fedlink.experiment.partial_work import PartialWorkSection, PartialWorkTrainer
 
 DIM = 3
 X0 = np.zeros(DIM, np.float32)
@@ -116,7 +116,7 @@ def test_a_cohort_dropped_whole_flushes_at_poll_leaving_the_model(fake_clock: Fa
 
 
 def test_evaluator_scores_training_data_when_asked() -> None:
-    from fedlink.sim.setup import Experiment, pooled_train
+    from fedlink.experiment.setup import Experiment, pooled_train
 
     config = ExperimentConfig.from_dict({"run": {"evaluate_train": True},
                                          "data": {"dataset": "digits", "clients": 3},

@@ -21,7 +21,7 @@ from fedlink.models.training import PlainSGD, build_loss, build_optimizer
 from fedlink.plug import load, resolve
 from fedlink.registry import Registry
 from fedlink.sim import ExperimentConfig
-from fedlink.sim.setup import Experiment, Plugs
+from fedlink.experiment.setup import Experiment, Plugs
 
 SMALL = {"run": {"seed": 1}, "data": {"dataset": "digits", "clients": 2}}
 

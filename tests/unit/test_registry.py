@@ -14,7 +14,7 @@ from fedlink.data.base import register_partitioner
 from fedlink.errors import ConfigError
 from fedlink.registry import Registry
 from fedlink.sim import ExperimentConfig
-from fedlink.sim.trainers import TRAINERS
+from fedlink.experiment.trainers import TRAINERS
 
 
 def test_register_works_as_decorator_and_as_call() -> None:

@@ -19,7 +19,7 @@ import pytest
 from fedlink.client import TrainPlan
 from fedlink.client.pipeline import UpdatePipeline
 from fedlink.errors import ConfigError
-from fedlink.sim.config import ExperimentConfig
+from fedlink.experiment.config import ExperimentConfig
 from fedlink.sim.virtual.backends import (
     BACKENDS,
     BackendContext,

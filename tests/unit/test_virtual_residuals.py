@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedlink.sim.config import ExperimentConfig
+from fedlink.experiment.config import ExperimentConfig
 from fedlink.sim.virtual.residuals import MB, ResidualStore
 
 

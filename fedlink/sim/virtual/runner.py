@@ -48,9 +48,9 @@ from fedlink.sim.virtual.residuals import ResidualStore
 
 if TYPE_CHECKING:
     from fedlink.client import Trainer
-    from fedlink.sim.config import ExperimentConfig
+    from fedlink.experiment.config import ExperimentConfig
     from fedlink.sim.runner import SimulationResult
-    from fedlink.sim.setup import Experiment, Plugs
+    from fedlink.experiment.setup import Experiment, Plugs
 
 VECTOR_FILENAME = "model.npy"
 
@@ -136,7 +136,7 @@ def _build(config: ExperimentConfig, plugs: Plugs | None = None, evaluates: bool
         return synthetic, np.zeros(spec.num_parameters, np.float32), synthetic.evaluate, None
     import torch  # an experiment's data and trainers: torch, loaded only here
 
-    from fedlink.sim.setup import Experiment
+    from fedlink.experiment.setup import Experiment
 
     torch.set_num_threads(config.run.torch_threads)
     experiment = Experiment.build(config, plugs)

@@ -36,7 +36,7 @@ from fedlink.registry import Registry
 from fedlink.wire import Payload
 
 if TYPE_CHECKING:
-    from fedlink.sim.config import ExperimentConfig
+    from fedlink.experiment.config import ExperimentConfig
     from fedlink.sim.virtual.population import Population
 
 

@@ -47,10 +47,10 @@ from fedlink.errors import ConfigError
 from fedlink.netem import Fleet, parse_network
 from fedlink.plug import is_import_string
 from fedlink.privacy import setup as privacy_setup
-from fedlink.sim.partial_work import PartialWorkSection
-from fedlink.sim.trainers import TRAINERS
+from fedlink.experiment.partial_work import PartialWorkSection
+from fedlink.experiment.trainers import TRAINERS
 from fedlink.sim.virtual.backends import BACKENDS
-from fedlink.sim.virtual.config import RaySection, VirtualSection
+from fedlink.experiment.virtual import RaySection, VirtualSection
 
 RUN_MODES = ("grpc", "virtual")
 

@@ -49,8 +49,8 @@ from fedlink.params import ParamSpec, to_vector
 from fedlink.params.flat import load_vector, spec_of
 from fedlink.plug import describe, expect, resolve
 from fedlink.private import private_dir
-from fedlink.sim.config import ClientSection, ExperimentConfig
-from fedlink.sim.trainers import TRAINERS, TrainerFactory
+from fedlink.experiment.config import ClientSection, ExperimentConfig
+from fedlink.experiment.trainers import TRAINERS, TrainerFactory
 
 AnyData = FederatedData | TorchFederatedData
 ModelPlug = nn.Module | Callable[..., nn.Module]

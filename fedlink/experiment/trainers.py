@@ -3,7 +3,7 @@
 A builder is ``(config, loss) -> factory``; the factory is ``(model, data, *, seed) ->
 fedlink.client.Trainer`` and builds each client's trainer. Register your own by name::
 
-    from fedlink.sim.trainers import TRAINERS
+    from fedlink.experiment.trainers import TRAINERS
 
     @TRAINERS.register("scaffold")
     def scaffold(config, loss):
@@ -25,7 +25,7 @@ from fedlink.registry import Registry
 
 if TYPE_CHECKING:
     from fedlink.client import Trainer
-    from fedlink.sim.config import ExperimentConfig
+    from fedlink.experiment.config import ExperimentConfig
 
 TrainerFactory = Callable[..., "Trainer"]
 """``(model, data, *, seed) -> Trainer``."""
