@@ -47,12 +47,12 @@ from _common import parse_args, report
 
 from fedlink.client import ClientOptions, ClientSession
 from fedlink.compress import get_codec
+from fedlink.experiment.setup import Experiment
 from fedlink.messages import CommitRequest
 from fedlink.metrics.events import read_events
 from fedlink.proto.v1 import coordinator_pb2 as pb
 from fedlink.proto.v1 import coordinator_pb2_grpc as pb_grpc
 from fedlink.sim import ExperimentConfig
-from fedlink.experiment.setup import Experiment
 from fedlink.wire import pack, to_proto
 
 CLIENTS = 20

@@ -36,8 +36,8 @@ from _common import parse_args, report
 
 from fedlink.aggregate import StreamingMean
 from fedlink.client import TrainPlan
-from fedlink.sim import ExperimentConfig, run_simulation
 from fedlink.experiment.setup import Experiment
+from fedlink.sim import ExperimentConfig, run_simulation
 
 REPEATS = 5
 """Paired runs (fedlink, then the baseline); the figures are those of the median overhead."""

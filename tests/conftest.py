@@ -168,7 +168,9 @@ def virtual_backend_config(workers: int, name: str, backend: str | None = None,
     by ``workers`` of ``backend`` (``[run] backend``; default: the default backend), with
     ``client`` as its ``[client]`` section (default: the default pipeline) and the
     coordinator's ``hooks``."""
-    from fedlink.experiment.config import ExperimentConfig  # torch-free, but not needed by every test
+    from fedlink.experiment.config import (
+        ExperimentConfig,  # torch-free, but not needed by every test
+    )
 
     run: dict[str, Any] = {"name": name, "seed": 5, "mode": "virtual"}
     if backend is not None:

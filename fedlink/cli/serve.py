@@ -9,6 +9,7 @@ from pathlib import Path
 from fedlink.coordinator import CoordinatorServer, serve_until_done
 from fedlink.coordinator.faults import NO_FAULTS, FaultPlan
 from fedlink.coordinator.state import holds_state
+from fedlink.experiment.config import ExperimentConfig
 from fedlink.metrics import (
     EVENTS_FILENAME,
     SUMMARY_FILENAME,
@@ -19,7 +20,6 @@ from fedlink.metrics import (
     write_summary,
 )
 from fedlink.metrics.federated import federated_figures
-from fedlink.experiment.config import ExperimentConfig
 
 
 async def serve(config_path: Path, address: str, output_dir: Path | None,

@@ -42,6 +42,8 @@ from fedlink.data.federated import partition_central
 from fedlink.data.lazy import LazyDataset
 from fedlink.data.torch_data import TorchFederatedData
 from fedlink.errors import ConfigError
+from fedlink.experiment.config import ClientSection, ExperimentConfig
+from fedlink.experiment.trainers import TRAINERS, TrainerFactory
 from fedlink.metrics import EVENTS_FILENAME
 from fedlink.metrics.distribution import label_distribution
 from fedlink.models import Evaluator, UserEvaluator, build_model
@@ -49,8 +51,6 @@ from fedlink.params import ParamSpec, to_vector
 from fedlink.params.flat import load_vector, spec_of
 from fedlink.plug import describe, expect, resolve
 from fedlink.private import private_dir
-from fedlink.experiment.config import ClientSection, ExperimentConfig
-from fedlink.experiment.trainers import TRAINERS, TrainerFactory
 
 AnyData = FederatedData | TorchFederatedData
 ModelPlug = nn.Module | Callable[..., nn.Module]

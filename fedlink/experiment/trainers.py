@@ -17,25 +17,54 @@ it is parsed; the built-ins import their torch code when they are built.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fedlink.errors import ConfigError
 from fedlink.registry import Registry
 
 if TYPE_CHECKING:
     from fedlink.client import Trainer
-    from fedlink.experiment.config import ExperimentConfig
+
+
+class ClientSettings(Protocol):
+    """What a builder reads of ``[client]`` (``fedlink.experiment.config.ClientSection``)."""
+
+    @property
+    def optimizer(self) -> str:
+        """``[client] optimizer``."""
+        ...
+
+    @property
+    def optimizer_options(self) -> Mapping[str, Any]:
+        """``[client] optimizer_options``."""
+        ...
+
+    @property
+    def keep_local(self) -> tuple[str, ...]:
+        """``[client] keep_local``."""
+        ...
+
+
+class Settings(Protocol):
+    """What a builder is given: the ``ExperimentConfig`` (this module names only the part
+    it reads, so that the config, which checks trainer names here, is not imported back)."""
+
+    @property
+    def client(self) -> ClientSettings:
+        """The ``[client]`` section."""
+        ...
 
 TrainerFactory = Callable[..., "Trainer"]
 """``(model, data, *, seed) -> Trainer``."""
 
 TRAINERS: Registry[TrainerFactory] = Registry("trainer")
-"""Trainer name -> ``(config: ExperimentConfig, loss) -> TrainerFactory``."""
+"""Trainer name -> ``(config: ExperimentConfig, loss) -> TrainerFactory`` (``config``
+is typed as ``Settings``, the part of it a builder reads)."""
 
 
 @TRAINERS.register("torch")
-def torch_trainer(config: ExperimentConfig, loss: Any) -> TrainerFactory:
+def torch_trainer(config: Settings, loss: Any) -> TrainerFactory:
     """The built-in local SGD (``TorchTrainer``) with the loss, the config's optimizer and
     ``keep_local``."""
     from fedlink.client.torch_trainer import TorchTrainer  # torch: only when it is built
@@ -52,7 +81,7 @@ def torch_trainer(config: ExperimentConfig, loss: Any) -> TrainerFactory:
 
 
 @TRAINERS.register("dp_sgd")
-def dp_sgd_trainer(config: ExperimentConfig, loss: Any) -> TrainerFactory:
+def dp_sgd_trainer(config: Settings, loss: Any) -> TrainerFactory:
     """Opacus DP-SGD; it trains with cross-entropy on fedlink ``Dataset``s only."""
     from fedlink.privacy.dp_sgd import DPSGDTrainer  # torch and opacus: only when built
 

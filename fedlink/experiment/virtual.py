@@ -25,20 +25,13 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from fedlink.config import check_fields, require
-from fedlink.sim.virtual.availability import (
-    DAY_S,
-    AlwaysOnline,
-    Availability,
-    Diurnal,
-    TraceAvailability,
-)
-from fedlink.sim.virtual.loop import LoopOptions
 
 AVAILABILITY = ("always", "diurnal", "trace")
+DAY_S = 86_400.0
+"""One day of model time, the default ``period_s``."""
 
 
 @dataclass(frozen=True)
@@ -71,21 +64,6 @@ class VirtualSection:
         require(self.max_model_s >= 0, "virtual.max_model_s", "must be >= 0 (0: no limit)")
         require(self.workers >= 0, "virtual.workers", "must be >= 0 (0: train in the loop)")
         require(self.residual_memory_mb >= 0, "virtual.residual_memory_mb", "must be >= 0")
-
-    def loop_options(self, seed: int) -> LoopOptions:
-        """The loop's options for a run seeded ``seed``."""
-        return LoopOptions(step_cost_s=self.step_cost_s, poll_s=self.poll_s,
-                           deterministic=self.deterministic, seed=seed,
-                           max_model_s=self.max_model_s or math.inf)
-
-    def build_availability(self, seed: int) -> Availability:
-        """The availability model the section names."""
-        if self.availability == "diurnal":
-            return Diurnal(self.online_fraction, self.period_s, seed)
-        if self.availability == "trace":
-            return TraceAvailability.from_csv(self.trace_file, self.period_s
-                                              if self.period_s != DAY_S else 0.0)
-        return AlwaysOnline()
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 
 A user-level DP run is configured on the coordinator (``[[coordinator.hooks]] name =
 "dp_fedavg"``: clip norm, noise multiplier, where the noise is added, accounting) and needs the
-matching ``dp_fedavg`` privacy stage on every client. ``fedlink.experiment.config`` uses these helpers
-so that the hook's table is the single switch: the client stage takes ``clip_norm``,
+matching ``dp_fedavg`` privacy stage on every client. ``fedlink.experiment.config`` uses these
+helpers so that the hook's table is the single switch: the client stage takes ``clip_norm``,
 ``noise``, ``noise_multiplier`` and ``clients_per_flush`` (the flush goal) from it, and the
 hook's sampling rate defaults to ``goal / population``.
 """

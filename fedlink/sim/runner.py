@@ -29,6 +29,7 @@ from fedlink.coordinator import CoordinatorServer
 from fedlink.coordinator.auth import issue_token, load_secret
 from fedlink.coordinator.lifecycle import target_accuracy
 from fedlink.errors import ConfigError, FedlinkError, RemoteError
+from fedlink.experiment.config import ExperimentConfig
 from fedlink.metrics import (
     EVENTS_FILENAME,
     SUMMARY_FILENAME,
@@ -42,7 +43,6 @@ from fedlink.netem import ClientLink
 from fedlink.netem.proxy import TcpProxy
 from fedlink.sim.arrivals import RunOverSleep, start_in_waves
 from fedlink.sim.capacity import for_population
-from fedlink.experiment.config import ExperimentConfig
 from fedlink.sim.network import ClientOutcome, network_summary
 from fedlink.sim.stragglers import SlowedTrainer
 from fedlink.sim.watch import FlushWatch
@@ -136,7 +136,8 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
     """Run the experiment to the end and write its run folder; returns the summary and model.
 
     ``model``, ``data``, ``trainer``, ``evaluate`` and ``loss`` plug your own objects (or import
-    strings) in place of what the config names; see ``fedlink.experiment.setup`` for what each must be.
+    strings) in place of what the config names; see ``fedlink.experiment.setup`` for what each
+    must be.
     """
     if config.run.mode == "virtual":  # the discrete-event loop: no sockets
         from fedlink.experiment.setup import Plugs

@@ -44,12 +44,12 @@ import pytest
 
 from fedlink.client import ClientOptions, ClientSession, RetryPolicy, SessionStats, TrainPlan
 from fedlink.client.base import TrainResult
+from fedlink.experiment.config import ExperimentConfig
+from fedlink.experiment.setup import Experiment
 from fedlink.metrics import read_events
 from fedlink.metrics.summary import unique_flushes
 from fedlink.netem import LinkProfile
 from fedlink.netem.proxy import TcpProxy
-from fedlink.experiment.config import ExperimentConfig
-from fedlink.experiment.setup import Experiment
 
 pytestmark = pytest.mark.timeout(1500)  # it took 780 s beside two busy loops and other work
 

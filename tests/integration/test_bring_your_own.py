@@ -24,10 +24,10 @@ from torch import nn
 from fedlink.client import TrainPlan
 from fedlink.client.torch_trainer import TorchTrainer
 from fedlink.data import load_federated
+from fedlink.experiment.setup import pooled_train
 from fedlink.models import evaluate
 from fedlink.params import load_vector, spec_of, to_vector
 from fedlink.sim import ExperimentConfig, run_simulation
-from fedlink.experiment.setup import pooled_train
 
 ROUNDS = 12
 SEED = 3

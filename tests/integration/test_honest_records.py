@@ -19,10 +19,10 @@ from fedlink.client.torch_trainer import TorchTrainer
 from fedlink.data import FederatedData, load_federated
 from fedlink.data.torch_data import TorchFederatedData
 from fedlink.errors import ConfigError
+from fedlink.experiment.setup import Experiment, Plugs
 from fedlink.metrics.formatting import key_figures
 from fedlink.sim import ExperimentConfig
 from fedlink.sim.runner import run_simulation
-from fedlink.experiment.setup import Experiment, Plugs
 
 
 def tiny(mode: str = "virtual", **extra: dict[str, Any]) -> ExperimentConfig:

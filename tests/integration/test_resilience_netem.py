@@ -50,12 +50,12 @@ from fedlink.client import (
 from fedlink.client.transfer import START_SEGMENT_BYTES
 from fedlink.coordinator import CoordinatorConfig, CoordinatorServer, FlushRule, LimitsConfig
 from fedlink.errors import NotFound, Unavailable
+from fedlink.experiment.setup import Experiment
 from fedlink.messages import CommitReply, CommitRequest, UploadChunk, UploadReply
 from fedlink.metrics import EventLog
 from fedlink.netem.profile import LinkProfile
 from fedlink.netem.proxy import TcpProxy
 from fedlink.sim import ExperimentConfig, run_simulation
-from fedlink.experiment.setup import Experiment
 from fedlink.wire import unpack
 
 MB = 1_000_000

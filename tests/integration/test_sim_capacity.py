@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from fedlink.coordinator.config import CoordinatorConfig, LimitsConfig
-from fedlink.sim.capacity import STREAMS_PER_CLIENT, for_population
 from fedlink.experiment.config import ExperimentConfig
+from fedlink.sim.capacity import STREAMS_PER_CLIENT, for_population
 
 pytestmark = pytest.mark.timeout(240)
 

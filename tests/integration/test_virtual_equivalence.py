@@ -20,8 +20,8 @@ import pytest
 from fedlink.client.pipeline import UpdatePipeline
 from fedlink.clock import ManualClock
 from fedlink.coordinator.config import CoordinatorConfig
-from fedlink.metrics import EventLog
 from fedlink.experiment.config import ExperimentConfig
+from fedlink.metrics import EventLog
 from fedlink.sim.virtual.availability import TraceAvailability
 from fedlink.sim.virtual.loop import LoopOptions, VirtualLoop
 from fedlink.sim.virtual.population import Links, SyntheticPopulation, SyntheticSpec

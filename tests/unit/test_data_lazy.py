@@ -16,8 +16,8 @@ from fedlink.client import TrainPlan
 from fedlink.client.lazy import LazyTrainer
 from fedlink.data import load_federated
 from fedlink.data.lazy import LazyDataset
-from fedlink.sim import ExperimentConfig
 from fedlink.experiment.setup import Experiment
+from fedlink.sim import ExperimentConfig
 
 RNG = np.random.default_rng(3)
 

@@ -10,11 +10,11 @@ from fedlink.client import TrainPlan, TrainResult
 from fedlink.coordinator import CoordinatorConfig, FlushRule, RoundEngine
 from fedlink.coordinator.engine import ReceivedUpdate
 from fedlink.errors import ConfigError, UpdateRefused
+from fedlink.experiment.partial_work import PartialWorkSection, PartialWorkTrainer
 from fedlink.messages import Task, Wait
 from fedlink.metrics import EventLog
 from fedlink.refusals import RefusalCode
 from fedlink.sim import ExperimentConfig
-from fedlink.experiment.partial_work import PartialWorkSection, PartialWorkTrainer
 
 DIM = 3
 X0 = np.zeros(DIM, np.float32)

@@ -16,12 +16,12 @@ from fedlink.client.torch_trainer import TorchTrainer
 from fedlink.data import FederatedData, load_federated
 from fedlink.data.torch_data import TorchFederatedData
 from fedlink.errors import ConfigError
+from fedlink.experiment.setup import Experiment, Plugs
 from fedlink.models import Evaluator
 from fedlink.models.training import PlainSGD, build_loss, build_optimizer
 from fedlink.plug import load, resolve
 from fedlink.registry import Registry
 from fedlink.sim import ExperimentConfig
-from fedlink.experiment.setup import Experiment, Plugs
 
 SMALL = {"run": {"seed": 1}, "data": {"dataset": "digits", "clients": 2}}
 

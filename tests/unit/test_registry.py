@@ -12,9 +12,9 @@ from fedlink.client import Trainer, TrainPlan, TrainResult
 from fedlink.data import CentralData, Dataset, load_federated, register_dataset
 from fedlink.data.base import register_partitioner
 from fedlink.errors import ConfigError
+from fedlink.experiment.trainers import TRAINERS
 from fedlink.registry import Registry
 from fedlink.sim import ExperimentConfig
-from fedlink.experiment.trainers import TRAINERS
 
 
 def test_register_works_as_decorator_and_as_call() -> None:

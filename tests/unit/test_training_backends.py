@@ -11,6 +11,7 @@ import os
 import sys
 import types
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ from fedlink.sim.virtual.backends import (
 )
 from fedlink.sim.virtual.backends.schedule import Scheduler
 from fedlink.sim.virtual.population import Links, SyntheticPopulation, SyntheticSpec
+from fedlink.sim.virtual.runner import run_virtual
 
 
 def _population() -> SyntheticPopulation:
@@ -60,9 +62,12 @@ def _same_upload(got: ClientUpload, expected: ClientUpload) -> None:
         np.testing.assert_array_equal(got.residual, expected.residual)
 
 
-def test_a_bad_backend_name_fails_at_parse_time_naming_the_key() -> None:
+def test_a_bad_backend_name_fails_where_the_virtual_run_starts_naming_the_key(
+        tmp_path: Path) -> None:
+    config = ExperimentConfig.from_dict({"run": {"mode": "virtual", "backend": "nope"}})
     with pytest.raises(ConfigError, match=r"run\.backend.*processes.*'nope'"):
-        ExperimentConfig.from_dict({"run": {"mode": "virtual", "backend": "nope"}})
+        run_virtual(config, output_dir=tmp_path, progress=False)
+    assert not (tmp_path / config.run.name).exists()  # refused before the run folder is made
 
 
 def test_the_built_in_backends_are_registered_by_name() -> None:

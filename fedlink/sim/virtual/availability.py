@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Protocol
 
 from fedlink.errors import ConfigError
+from fedlink.experiment.virtual import DAY_S, VirtualSection
 
-DAY_S = 86_400.0
 _GOLDEN = 0.6180339887498949
 
 
@@ -183,3 +183,13 @@ class TraceAvailability:
         if index not in self.intervals:
             return math.inf
         return next((b for a, b in self._windows(index, t) if a <= t < b), t)
+
+
+def build_availability(section: VirtualSection, seed: int) -> Availability:
+    """The availability model ``[virtual] availability`` names."""
+    if section.availability == "diurnal":
+        return Diurnal(section.online_fraction, section.period_s, seed)
+    if section.availability == "trace":
+        return TraceAvailability.from_csv(section.trace_file, section.period_s
+                                          if section.period_s != DAY_S else 0.0)
+    return AlwaysOnline()

@@ -11,6 +11,7 @@ the communication/compute shares per round and per link profile (``time_by_round
 from __future__ import annotations
 
 import functools
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -33,9 +34,14 @@ from fedlink.metrics import (
 from fedlink.metrics.federated import federated_figures
 from fedlink.metrics.model_time import time_shares
 from fedlink.private import private_dir
-from fedlink.sim.virtual.availability import TraceAvailability
-from fedlink.sim.virtual.backends import BackendContext, ConfigPopulation, training_backend
-from fedlink.sim.virtual.loop import Evaluate, LoopTotals, VirtualLoop
+from fedlink.sim.virtual.availability import TraceAvailability, build_availability
+from fedlink.sim.virtual.backends import (
+    BACKENDS,
+    BackendContext,
+    ConfigPopulation,
+    training_backend,
+)
+from fedlink.sim.virtual.loop import Evaluate, LoopOptions, LoopTotals, VirtualLoop
 from fedlink.sim.virtual.population import (
     ExperimentPopulation,
     Links,
@@ -49,8 +55,8 @@ from fedlink.sim.virtual.residuals import ResidualStore
 if TYPE_CHECKING:
     from fedlink.client import Trainer
     from fedlink.experiment.config import ExperimentConfig
-    from fedlink.sim.runner import SimulationResult
     from fedlink.experiment.setup import Experiment, Plugs
+    from fedlink.sim.runner import SimulationResult
 
 VECTOR_FILENAME = "model.npy"
 
@@ -65,12 +71,13 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
     from fedlink.sim.runner import SimulationResult
 
     started = time.perf_counter()
+    check_backend(config)
     _check_plugs(config, plugs)
     population, initial, evaluate, experiment = _build(config, plugs)
     run_dir = private_dir(Path(output_dir or config.run.output_dir) / config.run.name)
     (run_dir / EVENTS_FILENAME).unlink(missing_ok=True)
     clock = ManualClock()
-    availability = config.virtual.build_availability(config.run.seed)
+    availability = build_availability(config.virtual, config.run.seed)
     traced = population
     if isinstance(availability, TraceAvailability) and availability.speeds:
         traced = TracedSpeeds(population, availability.speeds)
@@ -81,7 +88,7 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
             config.client.pipeline))
         try:  # the backend's workers (and a Ray it started) stop however the run ends
             loop = VirtualLoop(config.coordinator, initial, traced, config.client.pipeline,
-                               events, clock, config.virtual.loop_options(config.run.seed),
+                               events, clock, loop_options(config),
                                availability, evaluate,
                                _profile_names(traced),
                                _printer(config.coordinator.rounds, clock, started) if progress
@@ -104,6 +111,24 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
     state = experiment.save_model(run_dir, final) if experiment is not None else {}
     np.save(run_dir / VECTOR_FILENAME, final)
     return SimulationResult(summary, run_dir, report, (), state)
+
+
+def check_backend(config: ExperimentConfig) -> None:
+    """``[run] backend`` names a registered training backend or an import string (checked
+    here, where a virtual run starts: the experiment config does not know the simulator's
+    registry)."""
+    backend = config.run.backend
+    if backend not in BACKENDS:
+        raise ConfigError(f"run.backend: must be one of {', '.join(BACKENDS.names())} or "
+                          f"'package.module:attr', got {backend!r}")
+
+
+def loop_options(config: ExperimentConfig) -> LoopOptions:
+    """The loop's options from ``[virtual]``, seeded with ``[run] seed``."""
+    section = config.virtual
+    return LoopOptions(step_cost_s=section.step_cost_s, poll_s=section.poll_s,
+                       deterministic=section.deterministic, seed=config.run.seed,
+                       max_model_s=section.max_model_s or math.inf)
 
 
 def _check_plugs(config: ExperimentConfig, plugs: Plugs | None) -> None:
