@@ -15,6 +15,8 @@ asked to.
 from __future__ import annotations
 
 import importlib
+import inspect
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from fedlink.errors import ConfigError
@@ -75,3 +77,17 @@ def describe(value: object) -> str:
     if module and name:
         return f"{module}{SEPARATOR}{name}"
     return f"<{type(value).__module__}.{type(value).__qualname__} object>"
+
+
+def keyword_names(function: Callable[..., Any],
+                  exclude: Iterable[str] = ()) -> frozenset[str] | None:
+    """The names ``function`` takes by keyword, less ``exclude`` (``None`` when it takes
+    ``**kwargs`` or has no signature to read): what a plugged factory can be given."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return frozenset(p.name for p in parameters if p.kind in keyword) - set(exclude)

@@ -114,7 +114,7 @@ class DataSection:
 
     ``loader = "package.module:attr"`` replaces ``dataset`` with your own function, called as
     ``loader(num_clients=..., seed=..., **options)`` (options a partitioner declares go to the
-    partitioner instead); see ``fedlink.experiment.setup.load_data`` for what it may return.
+    partitioner instead); see ``fedlink.data.loading`` for what it may return.
     """
 
     dataset: str = "digits"

@@ -24,7 +24,6 @@ Plug points (each an import string in the config, or the object itself through `
 from __future__ import annotations
 
 import copy
-import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,10 +35,9 @@ from torch import nn
 
 from fedlink.client import Trainer
 from fedlink.client.lazy import LazyTrainer
-from fedlink.data import CentralData, Dataset, FederatedData, load_federated
-from fedlink.data.base import NATURAL, partitioner_entry
-from fedlink.data.federated import partition_central
+from fedlink.data import CentralData, Dataset, FederatedData, loading
 from fedlink.data.lazy import LazyDataset
+from fedlink.data.loading import AnyData
 from fedlink.data.torch_data import TorchFederatedData
 from fedlink.errors import ConfigError
 from fedlink.experiment.config import ClientSection, ExperimentConfig
@@ -49,10 +47,9 @@ from fedlink.metrics.distribution import label_distribution
 from fedlink.models import Evaluator, UserEvaluator, build_model
 from fedlink.params import ParamSpec, to_vector
 from fedlink.params.flat import load_vector, spec_of
-from fedlink.plug import describe, expect, resolve
+from fedlink.plug import describe, expect, keyword_names, resolve
 from fedlink.private import private_dir
 
-AnyData = FederatedData | TorchFederatedData
 ModelPlug = nn.Module | Callable[..., nn.Module]
 
 MODEL_FILENAME = "model.pt"
@@ -81,85 +78,14 @@ class Plugs:
 
 
 def load_data(config: ExperimentConfig, plug: Any = None) -> AnyData:
-    """The experiment's federated data: the plugged data or loader, ``[data] loader``, or the
-    registered ``[data] dataset``, partitioned as ``[data] partition`` says."""
-    section = config.data
-    source = resolve(plug if plug is not None else section.loader or None, "data loader")
-    if source is None:
-        return load_federated(section.dataset, section.clients, config.run.seed,
-                              section.partition, **dict(section.options))
-    name = data_name(config, plug)
-    if callable(source) and not isinstance(source, AnyData | CentralData):
-        source = _call_loader(source, config)
-    data = expect(source, (FederatedData, TorchFederatedData, CentralData), "the data loader")
-    if not isinstance(data, CentralData):
-        _refuse_split_settings(config, data, name)
-    if isinstance(data, CentralData):
-        data = partition_central(data, section.clients, config.run.seed,
-                                 section.partition or (NATURAL if data.groups else "iid"),
-                                 _split_options(config), name=name)
-    if data.num_clients != section.clients:
-        raise ConfigError(f"the data loader made {data.num_clients} clients, [data] clients "
-                          f"is {section.clients}")
-    return data
+    """The experiment's federated data (``fedlink.data.loading.load_data`` of its ``[data]``
+    section and ``[run] seed``)."""
+    return loading.load_data(config.data, config.run.seed, plug)
 
 
 def data_name(config: ExperimentConfig, plug: Any = None) -> str:
-    """What the run's data is called in its record: the registered ``[data] dataset``, else
-    the loader's (or plugged data's) import path."""
-    if plug is not None:
-        return describe(plug)
-    return config.data.loader or config.data.dataset
-
-
-def _refuse_split_settings(config: ExperimentConfig, data: AnyData, name: str) -> None:
-    """A loader that returns data already split among clients keeps its own split: a
-    ``[data] partition`` or partitioner option would be recorded but never applied."""
-    section = config.data
-    options = sorted(_split_options(config)) if section.partition not in (None, NATURAL) else []
-    if section.partition is None and not options:
-        return
-    keys = ["[data] partition"] + [f"[data] options.{k}" for k in options]
-    where = "[data] loader" if section.loader else "the plugged data"
-    raise ConfigError(f"{', '.join(keys)} cannot apply: {where} ({name}) returned a "
-                      f"{type(data).__name__}, already split among its clients, which keeps "
-                      f"its own split. Unset {' and '.join(keys)}, or have the loader return "
-                      f"a fedlink.data.CentralData for fedlink to partition")
-
-
-def _split_options(config: ExperimentConfig) -> dict[str, Any]:
-    """The ``[data] options`` that a partitioner (rather than the loader) takes."""
-    scheme = config.data.partition
-    names = frozenset() if scheme in (None, NATURAL) else partitioner_entry(scheme).options
-    return {k: v for k, v in config.data.options.items() if k in names}
-
-
-def _call_loader(loader: Callable[..., Any], config: ExperimentConfig) -> Any:
-    """``loader(num_clients=..., seed=..., **options)`` minus the partitioner's options."""
-    split = _split_options(config)
-    options = {k: v for k, v in config.data.options.items() if k not in split}
-    accepted = _option_names(loader)
-    if accepted is not None and not set(options) <= accepted:
-        raise ConfigError(f"data loader {describe(loader)} does not take options "
-                          f"{sorted(set(options) - accepted)}; it takes {sorted(accepted)}")
-    try:
-        return loader(num_clients=config.data.clients, seed=config.run.seed, **options)
-    except TypeError as exc:
-        raise ConfigError(f"data loader {describe(loader)}: {exc} (it is called as "
-                          f"loader(num_clients=, seed=, **[data] options))") from exc
-
-
-def _option_names(loader: Callable[..., Any]) -> frozenset[str] | None:
-    """The options ``loader`` can take by keyword, besides ``num_clients`` and ``seed``
-    (``None`` when it takes ``**kwargs`` or has no signature to read)."""
-    try:
-        parameters = inspect.signature(loader).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-        return None
-    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return frozenset(p.name for p in parameters if p.kind in keyword) - {"num_clients", "seed"}
+    """What the run's data is called in its record (``fedlink.data.loading.data_name``)."""
+    return loading.data_name(config.data, plug)
 
 
 @dataclass(frozen=True)
@@ -371,7 +297,7 @@ def with_settings(factory: Any, settings: Mapping[str, Any]) -> TrainerFactory:
     and the factory, rather than dropped."""
     if not settings:
         return factory  # type: ignore[no-any-return]
-    accepted = _option_names(factory)
+    accepted = keyword_names(factory)
     refused = [] if accepted is None else sorted(set(settings) - accepted)
     if refused:
         keys = ", ".join(SETTING_KEYS[k] for k in refused)
