@@ -243,7 +243,7 @@ class LimitsConfig:
     plus a retry interval. ``stuck_after_s``: a round that has waited this long without a flush
     is logged as stuck, naming who it waits for (``0``: never).
 
-    Limits against a hostile client (``server/README.md``, "Threat model"; 0 disables each
+    Limits against a hostile client (``docs/deployment.md``, "Threat model"; 0 disables each
     unless said otherwise):
 
     - ``max_examples_per_update``: the most examples one update may claim; the weight also

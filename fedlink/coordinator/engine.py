@@ -507,7 +507,7 @@ class RoundEngine:
                             RefusalCode.PARTIAL_DROPPED)
 
     def _weight(self, update: ReceivedUpdate, staleness: int) -> float:
-        """``num_examples x staleness_weight(tau) x work_fraction`` (DESIGN.md).
+        """``num_examples x staleness_weight(tau) x work_fraction`` (docs/design.md).
 
         ``work_fraction = min(1, steps_completed / steps_planned)`` (1 when the client planned
         no step count); it is left out for an aggregator that normalises work itself

@@ -233,17 +233,17 @@ def _listening_address(serve: subprocess.Popen[str]) -> str:
     raise AssertionError("fedlink serve exited before listening:\n" + "".join(seen))
 
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+EXTENDING = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
 
 
 @pytest.mark.timeout(360)
-def test_readme_snippet_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    section = README.read_text().split("## Bring your own", 1)[1]
+def test_the_guide_snippet_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    section = EXTENDING.read_text().split("## Bring your own", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     assert len(code.strip().splitlines()) <= 22
     monkeypatch.chdir(tmp_path)  # its run folder goes to ./runs
     namespace: dict[str, object] = {}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "docs/extending.md", "exec"), namespace)
     result = namespace["result"]
     assert result.summary["final_accuracy"] >= 0.85  # type: ignore[attr-defined]
     assert (tmp_path / "runs" / "fedlink-run" / "model.pt").is_file()

@@ -1,4 +1,4 @@
-"""DESIGN.md's "must not import" table, enforced by walking fedlink's source with ``ast``."""
+"""The "must not import" table of docs/design.md, held by walking fedlink's source (``ast``)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ GENERATED_DIR = PACKAGE_DIR / "proto" / "v1"
 TORCH = ("torch", "opacus", "torchvision")
 GRPC = ("grpc",)  # plus every top-level ``grpc_*`` (health, reflection, tools, ...)
 
-# package -> forbidden import families (DESIGN.md, "Layout (inside fedlink/)")
+# package -> forbidden import families (docs/design.md, "Package boundaries")
 MUST_NOT_IMPORT: dict[str, tuple[str, ...]] = {
     "fedlink.wire": ("torch",),
     "fedlink.params": ("grpc",),

@@ -17,6 +17,8 @@ Two checks:
 - the "must not import" column of ``docs/design.md``: what a package loads at run time (the
   transitive closure of its runtime module-level imports, ``TYPE_CHECKING`` ones left out)
   stays clear of the packages and third-party modules it must not import.
+  (``test_architecture.py`` checks each module's own imports, those inside functions too;
+  this checks everything a package drags in when it is imported.)
 """
 
 from __future__ import annotations
@@ -182,7 +184,7 @@ def _in(name: str, package: str) -> bool:
 
 
 FEDLINK = "fedlink"
-# docs/design.md, "Layout (inside fedlink/)": package -> what it must not import, and the
+# docs/design.md, "Package boundaries": package -> what it must not import, and the
 # modules of the package that are exempt (the torch trainer is the client's torch door).
 MUST_NOT_IMPORT: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "fedlink.clock": ((FEDLINK,), ()),
