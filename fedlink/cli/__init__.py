@@ -22,7 +22,9 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def _add_simulate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("simulate", help="run a coordinator and N clients in one process")
+    p = sub.add_parser("simulate", help="run a coordinator and N clients in one process",
+                       description="Run an experiment file; its folder goes first on sys.path, "
+                                   "so its import strings find your modules beside it.")
     p.add_argument("config", type=Path, help="experiment TOML file (see examples/)")
     p.add_argument("--output-dir", type=Path, default=None,
                    help="where the run folder goes (default: [run] output_dir)")
@@ -84,12 +86,23 @@ def _simulate(args: argparse.Namespace) -> int:
     from fedlink.metrics import print_summary
     from fedlink.sim import ExperimentConfig, run_simulation
 
+    with_config_folder_on_path(args.config)
     config = ExperimentConfig.from_toml(args.config)
     result = run_simulation(config, args.output_dir, progress=not args.no_progress)
     print_summary(result.summary, result.run_dir)
     print(f"final accuracy: {result.summary.get('final_accuracy')}")
     print(f"report: {result.report}")
     return 0
+
+
+def with_config_folder_on_path(config: Path) -> None:
+    """Put the folder of the experiment file first on ``sys.path``: the import strings of a
+    config (``[model] factory = "my_models:cnn"``) find the user's modules beside it, from
+    whatever directory ``fedlink simulate`` was started (as ``python script.py`` finds the
+    modules beside the script)."""
+    folder = str(config.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
 
 
 def _serve(args: argparse.Namespace) -> int:
