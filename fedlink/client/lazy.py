@@ -11,6 +11,7 @@ import numpy as np
 from fedlink.client.base import Trainer, TrainPlan, TrainResult
 from fedlink.client.evaluation import wrapped_evaluate
 from fedlink.errors import ConfigError
+from fedlink.params import ParamSpec
 
 
 class LazyTrainer:
@@ -47,6 +48,11 @@ class LazyTrainer:
                                       f"{type(trainer).__name__}, expected a fedlink Trainer")
                 self._trainer = trainer
             return self._trainer
+
+    @property
+    def spec(self) -> ParamSpec | None:
+        """The real trainer's ``spec`` once it is built and has one (``None`` before)."""
+        return None if self._trainer is None else getattr(self._trainer, "spec", None)
 
     def num_examples(self) -> int:
         """The real trainer's number of examples (building it if needed and not given)."""

@@ -7,6 +7,13 @@ from it afterwards (error feedback, quantisation, sparsification) is post-proces
 cannot weaken it. Compressing first would let the codec's data-dependent choices (which
 coordinates top-k keeps, a quantiser's scale) leave the device unclipped and un-noised.
 
+By kind (``docs/model-state.md``): once the pipeline knows the model's ``ParamSpec``
+(``bind``; a session binds its trainer's), privacy clips and noises the trainable weights
+only. Buffers and counters are not a gradient: clipping would shrink a running variance and
+noise could make it negative. Nor can they leave a private client un-noised, so with a privacy
+stage their delta must be zero (kept on the client, ``keep_local``): ``check_state`` refuses
+such a configuration before a run, and ``process`` refuses an update that breaks the rule.
+
 Compression: error feedback (``fedlink.client.feedback``) runs between the privacy stage and
 the codec, on by default for biased codecs (``error_feedback=None``); with a
 ``DensityPolicy`` a sparsifying codec's density follows the upload goodput and the time left
@@ -24,7 +31,9 @@ import numpy as np
 from fedlink.client.density import DensityPolicy, GoodputMeter
 from fedlink.client.feedback import RESIDUAL_FILENAME, ErrorFeedback
 from fedlink.compress import Codec, Sparsifier, get_codec
-from fedlink.privacy import PRIVACY_STAGES, UpdatePrivacy
+from fedlink.errors import ConfigError
+from fedlink.params import TRAINABLE, ParamSpec
+from fedlink.privacy import PRIVACY_STAGES, NoPrivacy, UpdatePrivacy
 from fedlink.wire import Payload, pack
 
 
@@ -46,6 +55,9 @@ class UpdatePipeline:
     density: DensityPolicy | None = None
     feedback: ErrorFeedback | None = field(default=None, init=False)
     goodput: GoodputMeter = field(default_factory=GoodputMeter, init=False)
+    spec: ParamSpec | None = field(default=None, init=False)
+    """The model's spec once ``bind`` gave it (``None``: every element is a weight)."""
+    _trainable: np.ndarray | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         wanted = self.codec.biased if self.error_feedback is None else self.error_feedback
@@ -62,11 +74,36 @@ class UpdatePipeline:
         stage = PRIVACY_STAGES.create(privacy, **dict(privacy_options or {}))
         return cls(stage, codec, error_feedback, density)
 
+    def bind(self, spec: ParamSpec | None) -> None:
+        """Learn the kinds of the model's state (``spec``, e.g. a trainer's ``.spec``), so that
+        privacy acts on its trainable weights only (see the module docstring)."""
+        self.spec = spec
+        self._trainable = None if spec is None else spec.trainable_mask()
+
     def process(self, delta: np.ndarray, rng: np.random.Generator,
                 time_left_s: float | None = None) -> Payload:
         """Privatise, then encode ``delta`` (``time_left_s``: until the task's deadline)."""
-        private = self.privacy.apply(np.asarray(delta, dtype=np.float32), rng)
+        private = self.privatise(np.asarray(delta, dtype=np.float32), rng)
         return self.compress(private, rng, time_left_s)
+
+    def privatise(self, delta: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """``delta`` through the privacy stage: its trainable part, once ``bind`` said which
+        that is; the rest must be zero (``ConfigError`` naming the tensor otherwise)."""
+        mask = self._trainable
+        if mask is None or isinstance(self.privacy, NoPrivacy):
+            return self.privacy.apply(delta, rng)
+        flat = delta.reshape(-1)
+        if flat.size != mask.size:
+            raise ValueError(f"the delta has {flat.size} elements, the model {mask.size}")
+        moved = ~mask & (flat != 0)
+        if moved.any():
+            assert self.spec is not None
+            raise ConfigError(f"[client] privacy = {self.privacy.name!r}: the update changes "
+                              f"{_tensor_at(self.spec, int(np.argmax(moved)))!r}, which is not "
+                              f"a trainable weight; {_KEEP_HINT}")
+        out = np.zeros_like(flat)
+        out[mask] = self.privacy.apply(flat[mask], rng)
+        return out.reshape(np.shape(delta))
 
     # -- privacy ------------------------------------------------------------------------------
 
@@ -118,3 +155,44 @@ class UpdatePipeline:
         """Persist the error-feedback residual (atomically; a no-op without a directory)."""
         if self.feedback is not None:
             self.feedback.save()
+
+
+_KEEP_HINT = ("clipping and noise protect trainable weights only, so buffers (BatchNorm's "
+              "running statistics) must stay on the clients: set [client] keep_local = "
+              "[\"batchnorm\"] (FedBN) or name them there, or use a model without them "
+              "(GroupNorm or LayerNorm; opacus.validators.ModuleValidator.fix replaces "
+              "BatchNorm)")
+
+
+def _tensor_at(spec: ParamSpec, element: int) -> str:
+    """The name of the tensor that holds vector element ``element``."""
+    for name, offset, numel in zip(spec.names, spec.offsets, spec.numels, strict=True):
+        if offset <= element < offset + numel:
+            return name
+    raise IndexError(element)
+
+
+def shared_state(spec: ParamSpec, kept: np.ndarray | None = None) -> tuple[str, ...]:
+    """The tensors of ``spec`` that are not trainable weights and leave the client (not in
+    ``kept``, the ``keep_local`` mask), by name."""
+    names = []
+    for name, kind, offset, numel in zip(spec.names, spec.kinds, spec.offsets, spec.numels,
+                                         strict=True):
+        if kind != TRAINABLE and not (kept is not None and kept[offset: offset + numel].all()):
+            names.append(name)
+    return tuple(names)
+
+
+def check_state(pipeline: UpdatePipeline, spec: ParamSpec,
+                kept: np.ndarray | None = None) -> None:
+    """``ConfigError``, naming the keys, when ``pipeline``'s privacy stage would have to send
+    a model's non-trainable state (buffers, counters not kept local by the ``kept`` mask):
+    clipping and noise cover trainable weights only, so those values would leave the client
+    unprotected (and the coordinator's noise does not cover them either)."""
+    if isinstance(pipeline.privacy, NoPrivacy):
+        return
+    shared = shared_state(spec, kept)
+    if shared:
+        more = f" and {len(shared) - 6} more" if len(shared) > 6 else ""
+        raise ConfigError(f"[client] privacy = {pipeline.privacy.name!r} cannot cover the "
+                          f"model's buffers ({', '.join(shared[:6])}{more}): {_KEEP_HINT}")

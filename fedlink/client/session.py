@@ -301,6 +301,8 @@ class ClientSession:
         ``time_left_s`` (to the task's deadline) lets the pipeline size the upload."""
         assert self.config is not None
         self.pipeline.configure(task.options)  # e.g. the coordinator's current clip norm
+        if self.pipeline.spec is None:  # privacy by kind: the trainer's spec, once it has one
+            self.pipeline.bind(getattr(self.trainer, "spec", None))
         payload = self.pipeline.process(result.params - model, self._rng, time_left_s)
         metrics = {**result.metrics, **self.pipeline.privacy_metrics}
         return PendingUpdate(

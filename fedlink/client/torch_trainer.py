@@ -12,8 +12,8 @@ import fnmatch
 import functools
 import itertools
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from fedlink.client.base import TrainPlan, TrainResult, planned_steps, proximal_mu
+from fedlink.client.device import DEFAULT_DEVICE, check_device
 from fedlink.clock import RealClock
 from fedlink.data.base import Dataset
 from fedlink.errors import ConfigError
@@ -32,7 +33,7 @@ from fedlink.models.training import (
     build_loss,
 )
 from fedlink.params import ParamSpec
-from fedlink.params.flat import BoundVector, spec_of
+from fedlink.params.flat import BoundVector
 
 TorchData = Dataset | torch.utils.data.Dataset | torch.utils.data.DataLoader
 """What a ``TorchTrainer`` trains on: fedlink's numpy ``Dataset``, a torch ``Dataset`` (batched
@@ -68,12 +69,23 @@ def _proximal_term(params: list[nn.Parameter], anchor: list[torch.Tensor]) -> to
     return sum(((p - a) ** 2).sum() for p, a in zip(params, anchor, strict=True))  # type: ignore[return-value]
 
 
+_FITTED: weakref.WeakKeyDictionary[nn.Module, set[tuple[Any, ...]]] = \
+    weakref.WeakKeyDictionary()
+"""Per module, the (example shape, dtype, device, classes) it was found to fit: a simulation
+builds a trainer per task on one working module, and checks it once."""
+
+
 def _check_fits(model: nn.Module, x: torch.Tensor, num_classes: int) -> None:
     """``ConfigError`` unless ``model`` maps a batch of ``x`` to ``num_classes`` logits.
 
     Runs one small forward pass in eval mode (restoring the mode), so a model built for other
-    data fails here, with a clear message, rather than inside the first task.
+    data fails here, with a clear message, rather than inside the first task. Done once per
+    module and input shape (``_FITTED``): the pass reads no weights that matter to the answer.
     """
+    key = (tuple(x.shape[1:]), x.dtype, x.device, num_classes)
+    fitted = _FITTED.setdefault(model, set())
+    if key in fitted:
+        return
     was_training = model.training
     model.eval()
     try:
@@ -88,39 +100,42 @@ def _check_fits(model: nn.Module, x: torch.Tensor, num_classes: int) -> None:
             f"the model maps {x.shape[1]} features to shape {tuple(out.shape)[1:]}, "
             f"expected {num_classes} class logits"
         )
+    fitted.add(key)
+
+
+def resolve_device(setting: str | torch.device = DEFAULT_DEVICE, worker: int = 0,
+                   key: str = "device") -> torch.device:
+    """The torch device a device setting (``fedlink.client.device``) means on this machine,
+    for training worker ``worker`` (``"cuda"`` and ``"auto"`` spread workers over the visible
+    CUDA devices); ``ConfigError`` naming ``key`` when that device is not here."""
+    if isinstance(setting, torch.device):
+        setting = str(setting)
+    check_device(setting, key)
+    cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    mps = bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+    if setting == "auto":
+        setting = "cuda" if cuda else "mps" if mps else "cpu"
+    if setting == "cpu":
+        return torch.device("cpu")
+    if setting == "mps":
+        if not mps:
+            raise ConfigError(f"{key} = 'mps': this machine has no MPS device (torch "
+                              f"{torch.__version__}); set {key} = \"cpu\", or \"auto\" to use "
+                              f"an accelerator where there is one")
+        return torch.device("mps")
+    index = worker % cuda if cuda and setting == "cuda" else int(setting.partition(":")[2] or 0)
+    if index >= cuda:
+        found = f"{cuda} CUDA device{'s' if cuda != 1 else ''}" if cuda else \
+            f"no CUDA device (torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'})"
+        raise ConfigError(f"{key} = {setting!r}: this machine has {found}; set {key} = "
+                          f"\"cpu\", or \"auto\" to use a GPU where there is one")
+    return torch.device("cuda", index)
 
 
 def _on_device(model: nn.Module, device: torch.device | str) -> bool:
     """Whether every parameter and buffer of ``model`` is on ``device`` already."""
     where = torch.device(device)
     return all(t.device == where for t in itertools.chain(model.parameters(), model.buffers()))
-
-
-@dataclass(frozen=True)
-class LocalData:
-    """A model moved to its device, its trainable parameters, and the local data as tensors.
-
-    Built once per trainer, so no training step converts numpy data again.
-    """
-
-    model: nn.Module
-    spec: ParamSpec
-    params: list[nn.Parameter]
-    x: torch.Tensor
-    y: torch.Tensor
-
-    @classmethod
-    def bind(cls, model: nn.Module, data: Dataset, device: torch.device | str) -> LocalData:
-        """``ConfigError`` on an empty dataset or a model without trainable parameters."""
-        if len(data) == 0:
-            raise ConfigError(f"cannot train on empty dataset {data.name!r}")
-        model = model.to(device)
-        params = [p for p in model.parameters() if p.requires_grad]
-        if not params:
-            raise ConfigError("the model has no trainable parameters")
-        x = torch.tensor(data.x, dtype=params[0].dtype, device=device)
-        y = torch.tensor(data.y, dtype=torch.int64, device=device)
-        return cls(model, spec_of(model), params, x, y)
 
 
 class _TensorBatches:
@@ -262,9 +277,12 @@ class TorchTrainer:
     ``examples/custom_algorithm.py``). The reported ``train_loss`` is the plain loss.
     ``clock`` (a function returning seconds; default ``RealClock().now``, the session's
     default) is what ``plan.deadline`` is compared with: give it the ``ClientSession``'s.
+    ``device``: a ``torch.device`` or a setting of ``fedlink.client.device`` (``"cpu"``,
+    ``"cuda:0"``, ``"auto"``, ...; ``resolve_device``); the model and the data go there.
 
-    Raises ``ConfigError`` when the dataset is empty, or, for a fedlink ``Dataset`` with the
-    cross-entropy loss, when the model does not map its features to ``num_classes`` logits.
+    Raises ``ConfigError`` when the dataset is empty, when the device is not on this machine,
+    or, for a fedlink ``Dataset`` with the cross-entropy loss, when the model does not map its
+    features to ``num_classes`` logits.
     Attributes: ``model`` (the working module), ``spec`` (its ``ParamSpec``).
     """
 
@@ -276,10 +294,11 @@ class TorchTrainer:
         optimizer: OptimizerFactory = PlainSGD,
         loss: str | LossFn = "cross_entropy",
         keep_local: Sequence[str] = (),
-        device: torch.device | str = "cpu",
+        device: torch.device | str = DEFAULT_DEVICE,
         seed: int = 0,
         clock: Callable[[], float] | None = None,
     ) -> None:
+        device = resolve_device(device)
         # .to() walks every submodule even when nothing moves; a simulation builds a trainer
         # per task on a model already there
         self.model = model if _on_device(model, device) else model.to(device)

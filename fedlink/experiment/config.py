@@ -12,7 +12,7 @@ Sections (every key optional unless noted; unknown keys are an error)::
     [client]       compression, compression_options = { density = 0.01 }, error_feedback,
                    density_bounds = [min, max], density_safety, privacy,
                    privacy_options = { ... }, trainer ("torch" | "dp_sgd" | import string),
-                   loss, optimizer, optimizer_options, keep_local
+                   loss, optimizer, optimizer_options, keep_local, device, dp_fix_model
     [coordinator]  rounds, server_optimizer, evaluator, ... with sub-tables
     [coordinator.flush]     preset, goal, min_updates, deadline_s, over_selection,
                             max_staleness, continuous
@@ -40,6 +40,7 @@ from typing import Any
 
 from fedlink.client import RetryPolicy, UpdatePipeline
 from fedlink.client.density import DensityPolicy
+from fedlink.client.device import DEFAULT_DEVICE, check_device
 from fedlink.client.liveness import LivenessConfig
 from fedlink.config import check_fields, from_table, load_toml, require
 from fedlink.coordinator import CoordinatorConfig, FlushRule
@@ -181,6 +182,12 @@ class ClientSection:
     ``rmsprop``, ``adagrad``, or an import string) with ``optimizer_options`` (``momentum``,
     ``weight_decay``, ...), and ``keep_local``: tensors that never leave the client
     (``["batchnorm"]`` is FedBN; see ``fedlink.client.torch_trainer.local_mask``).
+
+    ``device`` (``"cpu"`` by default, ``"auto"``, ``"cuda"``, ``"cuda:<i>"``, ``"mps"``;
+    ``fedlink.client.device``) is where clients train and the central evaluator scores;
+    ``dp_fix_model = true`` (with ``trainer = "dp_sgd"`` only) replaces the layers DP-SGD
+    refuses (batch norm) by Opacus's ``ModuleValidator.fix`` (``GroupNorm``) in every copy of
+    the model, the coordinator's included.
     """
 
     compression: str = "fp32"
@@ -195,6 +202,8 @@ class ClientSection:
     optimizer: str = "sgd"
     optimizer_options: Mapping[str, Any] = field(default_factory=dict)
     keep_local: tuple[str, ...] = ()
+    device: str = DEFAULT_DEVICE
+    dp_fix_model: bool = False
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     liveness: LivenessConfig = field(default_factory=LivenessConfig)
 
@@ -217,6 +226,10 @@ class ClientSection:
                 f"'package.module:attr', got {self.trainer!r}")
         require(all(isinstance(p, str) and p for p in self.keep_local), "client.keep_local",
                 f"must be a list of non-empty names or patterns, got {self.keep_local!r}")
+        check_device(self.device, "client.device")
+        require(not self.dp_fix_model or self.trainer == "dp_sgd", "client.dp_fix_model",
+                f"replaces layers for DP-SGD; it needs [client] trainer = 'dp_sgd', not "
+                f"{self.trainer!r}")
         self.pipeline()  # unknown codec names and bad options fail at load time
 
     def pipeline(self) -> UpdatePipeline:

@@ -24,6 +24,7 @@ Plug points (each an import string in the config, or the object itself through `
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,9 @@ import torch
 from torch import nn
 
 from fedlink.client import Trainer
+from fedlink.client.device import DEFAULT_DEVICE
 from fedlink.client.lazy import LazyTrainer
+from fedlink.client.torch_trainer import local_mask, resolve_device
 from fedlink.data import CentralData, Dataset, FederatedData, loading
 from fedlink.data.lazy import LazyDataset
 from fedlink.data.loading import AnyData
@@ -90,21 +93,51 @@ def data_name(config: ExperimentConfig, plug: Any = None) -> str:
 
 @dataclass(frozen=True)
 class Experiment:
-    """An experiment's data and model, built once from its config (and any ``Plugs``)."""
+    """An experiment's data and model, built once from its config (and any ``Plugs``).
+
+    ``worker``: which training worker this process is (virtual mode's workers; 0 elsewhere),
+    for ``[client] device`` to pick its device (``device``).
+    """
 
     config: ExperimentConfig
     data: AnyData
     plugs: Plugs = field(default_factory=Plugs)
+    worker: int = 0
 
     @classmethod
-    def build(cls, config: ExperimentConfig, plugs: Plugs | None = None) -> Experiment:
-        """Load and partition the data (seeded); check that the model factory builds a model
-        and the trainer factory resolves, so a wrong plug fails here and not in round one."""
+    def build(cls, config: ExperimentConfig, plugs: Plugs | None = None,
+              worker: int = 0) -> Experiment:
+        """Load and partition the data (seeded); check that the model factory builds a model,
+        that the device is here, that the trainer factory resolves and that the update
+        pipeline can treat the model's state, so a wrong plug fails here and not in round
+        one."""
         plugs = plugs or Plugs()
-        experiment = cls(config, load_data(config, plugs.data), plugs)
-        experiment.new_model()
+        experiment = cls(config, load_data(config, plugs.data), plugs, worker)
+        model = experiment.new_model()
         experiment.trainer_factory()
+        experiment.check_model_state(model)
         return experiment
+
+    @functools.cached_property
+    def device(self) -> Any:
+        """The torch device ``[client] device`` means for this worker on this machine
+        (``ConfigError`` naming the key when it is not here)."""
+        return resolve_device(self.config.client.device, self.worker, "[client] device")
+
+    def check_model_state(self, model: nn.Module) -> None:
+        """Refuse, naming the keys, a model whose state the configured privacy cannot treat:
+        DP-SGD with layers Opacus refuses; clipping, noise or a lossy codec with buffers that
+        would leave the clients (``fedlink.client.pipeline.check_state``)."""
+        from fedlink.client.pipeline import check_state
+
+        section = self.config.client
+        if section.trainer == "dp_sgd" and self.plugs.trainer is None:
+            from fedlink.privacy.dp_sgd import check_dp_model
+
+            check_dp_model(model)
+        spec = spec_of(model)
+        kept = local_mask(spec, section.keep_local, model) if section.keep_local else None
+        check_state(section.pipeline(), spec, kept)
 
     def recorded_config(self) -> dict[str, Any]:
         """The config as it ran, for ``summary.json``: the plugs by import path, and the data
@@ -116,7 +149,16 @@ class Experiment:
         return plain
 
     def new_model(self) -> nn.Module:
-        """A freshly initialised model (the same weights on every call)."""
+        """A freshly initialised model (the same weights on every call); with
+        ``[client] dp_fix_model``, its batch norm replaced as DP-SGD needs."""
+        model = self._new_model()
+        if self.config.client.dp_fix_model:
+            from fedlink.privacy.dp_sgd import fix_dp_model
+
+            return fix_dp_model(model)
+        return model
+
+    def _new_model(self) -> nn.Module:
         plug = resolve(self.plugs.model or self.config.model.factory or None, "model factory")
         options = dict(self.config.model.options)
         if isinstance(plug, nn.Module):
@@ -156,11 +198,12 @@ class Experiment:
         """
         plug = resolve(self.plugs.evaluate or self.config.evaluator or None, "evaluator")
         if plug is not None:
-            return UserEvaluator(self.new_model(), self.data.test, plug)
+            return UserEvaluator(self.new_model(), self.data.test, plug, device=self.device)
         train = None
         if self.config.run.evaluate_train and isinstance(self.data, FederatedData):
             train = pooled_train(self.data)
-        return Evaluator(self.new_model(), self.data.test, train=train, loss=self.loss)
+        return Evaluator(self.new_model(), self.data.test, train=train, loss=self.loss,
+                         device=self.device)
 
     def checked_evaluator(self, initial: np.ndarray) -> Callable[[np.ndarray], Mapping[str, float]]:
         """``evaluator()``, having scored ``initial`` once: one that raises (a loss that does
@@ -188,9 +231,22 @@ class Experiment:
         plug = resolve(self.plugs.trainer, "trainer")
         name = self.config.client.trainer
         if plug is None and TRAINERS.registered(name):
-            return TRAINERS.get(name)(self.config, self.loss)
+            return self._registered_factory(name)
         factory = plug if plug is not None else resolve(name, "trainer")
         return with_settings(factory, self.trainer_settings())
+
+    def _registered_factory(self, name: str) -> TrainerFactory:
+        """``TRAINERS``' builder ``name``, given the device when it takes one (refused when
+        ``[client] device`` is set and it does not)."""
+        builder = TRAINERS.get(name)
+        accepted = keyword_names(builder)
+        if accepted is None or "device" in accepted:
+            return builder(self.config, self.loss, device=self.device)
+        if self.config.client.device != DEFAULT_DEVICE:
+            raise ConfigError(f"[client] device cannot apply: the trainer {name!r} "
+                              f"({describe(builder)}) does not take device=. Give its builder "
+                              f"a device parameter, or unset [client] device")
+        return builder(self.config, self.loss)
 
     def trainer_settings(self) -> dict[str, Any]:
         """The ``[client]`` training settings set away from their defaults (and a plugged
@@ -206,6 +262,8 @@ class Experiment:
                                                     section.optimizer_options)
         if section.keep_local:
             settings["keep_local"] = section.keep_local
+        if section.device != DEFAULT_DEVICE:
+            settings["device"] = self.device
         return settings
 
     @property
@@ -288,12 +346,12 @@ class Experiment:
 
 
 SETTING_KEYS = {"loss": "[client] loss", "optimizer": "[client] optimizer / optimizer_options",
-                "keep_local": "[client] keep_local"}
+                "keep_local": "[client] keep_local", "device": "[client] device"}
 
 
 def with_settings(factory: Any, settings: Mapping[str, Any]) -> TrainerFactory:
     """``factory`` given the ``settings`` it takes by keyword (``loss=``, ``optimizer=``,
-    ``keep_local=``, or ``**kwargs``); a setting it cannot take is refused, naming the key
+    ``keep_local=``, ``device=`` (a ``torch.device``), or ``**kwargs``); a setting it cannot take is refused, naming the key
     and the factory, rather than dropped."""
     if not settings:
         return factory  # type: ignore[no-any-return]

@@ -1,7 +1,10 @@
 """``[client] trainer`` names: a ``Registry`` of builders, one per local-training method.
 
-A builder is ``(config, loss) -> factory``; the factory is ``(model, data, *, seed) ->
-fedlink.client.Trainer`` and builds each client's trainer. Register your own by name::
+A builder is ``(config, loss) -> factory``, or ``(config, loss, device) -> factory`` when it
+takes ``device`` (the torch device ``[client] device`` resolves to for this process's worker;
+a builder without that parameter is refused when ``[client] device`` is set); the factory is
+``(model, data, *, seed) -> fedlink.client.Trainer`` and builds each client's trainer.
+Register your own by name::
 
     from fedlink.experiment.trainers import TRAINERS
 
@@ -64,9 +67,9 @@ is typed as ``Settings``, the part of it a builder reads)."""
 
 
 @TRAINERS.register("torch")
-def torch_trainer(config: Settings, loss: Any) -> TrainerFactory:
-    """The built-in local SGD (``TorchTrainer``) with the loss, the config's optimizer and
-    ``keep_local``."""
+def torch_trainer(config: Settings, loss: Any, device: Any = "cpu") -> TrainerFactory:
+    """The built-in local SGD (``TorchTrainer``) with the loss, the config's optimizer,
+    ``keep_local`` and the device."""
     from fedlink.client.torch_trainer import TorchTrainer  # torch: only when it is built
     from fedlink.models.training import build_optimizer
 
@@ -75,14 +78,14 @@ def torch_trainer(config: Settings, loss: Any) -> TrainerFactory:
 
     def build(model: Any, data: Any, *, seed: int) -> Trainer:
         return TorchTrainer(model, data, seed=seed, loss=loss, optimizer=optimizer,
-                            keep_local=section.keep_local)
+                            keep_local=section.keep_local, device=device)
 
     return build
 
 
 @TRAINERS.register("dp_sgd")
-def dp_sgd_trainer(config: Settings, loss: Any) -> TrainerFactory:
-    """Opacus DP-SGD; it trains with cross-entropy on fedlink ``Dataset``s only."""
+def dp_sgd_trainer(config: Settings, loss: Any, device: Any = "cpu") -> TrainerFactory:
+    """Opacus DP-SGD, with cross-entropy, on any data (fedlink or torch datasets)."""
     from fedlink.privacy.dp_sgd import DPSGDTrainer  # torch and opacus: only when built
 
     section = config.client
@@ -90,4 +93,8 @@ def dp_sgd_trainer(config: Settings, loss: Any) -> TrainerFactory:
         raise ConfigError("client.trainer = 'dp_sgd' trains with cross_entropy and its own "
                           "DP-SGD optimizer, sharing everything: unset loss, optimizer and "
                           "keep_local")
-    return DPSGDTrainer
+
+    def build(model: Any, data: Any, *, seed: int) -> Trainer:
+        return DPSGDTrainer(model, data, seed=seed, device=device)
+
+    return build

@@ -205,12 +205,15 @@ class UserEvaluator:
     Each call loads the vector into a private copy of ``model`` (in eval mode, without grad)
     and hands it with ``test`` to ``evaluate``, whose answer must map metric names to finite
     numbers (``ConfigError`` otherwise: a silent ``None`` would plot as nothing).
+    The model is on ``device`` (``[client] device``): move each batch to
+    ``next(model.parameters()).device``.
     """
 
-    def __init__(self, model: nn.Module, test: object, evaluate: UserEvaluate) -> None:
+    def __init__(self, model: nn.Module, test: object, evaluate: UserEvaluate,
+                 device: torch.device | str = "cpu") -> None:
         if not callable(evaluate):
             raise ConfigError(f"evaluator must be callable, got {type(evaluate).__name__}")
-        self._model = copy.deepcopy(model).eval()
+        self._model = copy.deepcopy(model).to(device).eval()
         self.spec = spec_of(self._model)
         self._test = test
         self._evaluate = evaluate

@@ -11,8 +11,17 @@ Gaussian noise of standard deviation ``noise_multiplier * max_grad_norm`` added,
 expected batch size (Opacus ``DPOptimizer``). The client keeps one Opacus accountant for its
 whole life, across tasks, so the epsilon it reports bounds what *everything* it sent reveals
 about any one of its examples (example-level DP; parameters uploaded are post-processing).
-The model's buffers are not exchanged, and ``GradSampleModule`` rejects layers that would
-mix examples (batch norm).
+Layers that mix the examples of a batch (batch norm) are refused when the trainer is built
+(``check_dp_model``), naming the fix: ``opacus.validators.ModuleValidator.fix`` replaces them
+with ``GroupNorm`` (``[client] dp_fix_model = true`` does it for a run). A buffer that training
+changes anyway (a user's layer keeping running statistics) would leave the device without
+noise: a task that changes one fails (``ConfigError``) instead of uploading it.
+
+**Data.** A fedlink ``Dataset``, a torch ``Dataset`` of ``(input, target)`` pairs, or a
+``DataLoader`` (its dataset and ``collate_fn`` are used, and its ``batch_size`` is the expected
+batch: Opacus's ``DPDataLoader`` does the same; its sampler is replaced by Poisson sampling,
+which the accounting assumes). Tensors (a fedlink ``Dataset``, a ``TensorDataset``) are moved
+to the device once and sliced; any other dataset is read example by example for each sample.
 
 These are the parts ``opacus.PrivacyEngine.make_private`` assembles; the trainer assembles them
 itself so that Poisson sampling slices tensors already on the device instead of going through a
@@ -68,14 +77,16 @@ from opacus import GradSampleModule
 from opacus.accountants import create_accountant
 from opacus.accountants.utils import get_noise_multiplier
 from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
+from opacus.validators import ModuleValidator
 from torch import nn
 
 from fedlink.client.base import TrainPlan, TrainResult, planned_steps, proximal_mu
-from fedlink.client.torch_trainer import LocalData
+from fedlink.client.torch_trainer import TorchData, resolve_device
 from fedlink.clock import RealClock
 from fedlink.data.base import Dataset
 from fedlink.errors import ConfigError, FedlinkError
-from fedlink.params.flat import load_vector, to_vector
+from fedlink.params import TRAINABLE
+from fedlink.params.flat import load_vector, spec_of, to_vector
 from fedlink.privacy.accounting import Accountant, check_accountant
 from fedlink.privacy.ghost_clipping import GhostClipping
 
@@ -186,6 +197,92 @@ def _opt_number(options: Mapping[str, str], key: str) -> float | None:
     return value
 
 
+FIX_HINT = ("replace them with GroupNorm: [client] dp_fix_model = true does it for a run "
+            "(opacus.validators.ModuleValidator.fix(model) in code), or build the model with "
+            "nn.GroupNorm / nn.LayerNorm")
+
+
+def check_dp_model(model: nn.Module) -> None:
+    """``ConfigError`` unless Opacus can train ``model`` with DP-SGD, naming the layers it
+    refuses and, for layers it can replace (batch norm), the fix."""
+    errors = ModuleValidator.validate(model, strict=False)
+    if not errors:
+        return
+    fixable = [e for e in errors if type(e).__name__ == "ShouldReplaceModuleError"]
+    names = [name for name, module in model.named_modules()
+             if isinstance(module, nn.modules.batchnorm._BatchNorm | nn.modules.instancenorm._InstanceNorm)
+             and getattr(module, "track_running_stats", True)]
+    where = f" (layers {', '.join(names)})" if names else ""
+    if fixable:
+        raise ConfigError(f"DP-SGD cannot train this model: it has layers that mix the examples "
+                          f"of a batch{where}, so no per-example guarantee holds; {FIX_HINT}. "
+                          f"Opacus says: {str(fixable[0]).split('. ')[0]}")
+    raise ConfigError(f"DP-SGD cannot train this model: {errors[0]}")
+
+
+def fix_dp_model(model: nn.Module) -> nn.Module:
+    """``model`` with the layers Opacus refuses replaced (batch norm by ``GroupNorm``), by
+    ``opacus.validators.ModuleValidator.fix`` (a copy); ``ConfigError`` when something is
+    left that it cannot fix."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Opacus warns about each replacement it makes
+        fixed = ModuleValidator.fix(model)
+    errors = ModuleValidator.validate(fixed, strict=False)
+    if errors:
+        raise ConfigError(f"dp_fix_model: Opacus could not make this model trainable with "
+                          f"DP-SGD: {errors[0]}")
+    return fixed
+
+
+class _SampledData:
+    """A client's local data, read by the index of a Poisson sample.
+
+    Tensors (a fedlink ``Dataset``, a two-tensor ``TensorDataset``) are put on the device once
+    and sliced; another torch dataset is read example by example and collated (the loader's
+    ``collate_fn``, else torch's default). ``batch_size``: the loader's, when it has one.
+    """
+
+    def __init__(self, data: TorchData, dtype: torch.dtype, device: torch.device) -> None:
+        loader = data if isinstance(data, torch.utils.data.DataLoader) else None
+        source: Any = data if loader is None else loader.dataset
+        self.batch_size: int | None = None if loader is None else loader.batch_size
+        self.device = device
+        self._collate = torch.utils.data.default_collate if loader is None else loader.collate_fn
+        self._source = source
+        self.x: torch.Tensor | None = None
+        self.y: torch.Tensor | None = None
+        if isinstance(source, Dataset):
+            self.x = torch.tensor(source.x, dtype=dtype, device=device)
+            self.y = torch.tensor(source.y, dtype=torch.int64, device=device)
+        elif isinstance(source, torch.utils.data.TensorDataset) and len(source.tensors) == 2:
+            self.x, self.y = (t.to(device) for t in source.tensors)
+        elif not isinstance(source, torch.utils.data.Dataset) or not hasattr(source, "__len__"):
+            raise ConfigError(f"DP-SGD cannot train on a {type(source).__name__}: expected a "
+                              f"fedlink Dataset, or a torch Dataset (or DataLoader) with a "
+                              f"length (Poisson sampling draws each example by index)")
+        if len(self) == 0:
+            raise ConfigError("cannot train on an empty dataset")
+
+    def __len__(self) -> int:
+        return len(self.y) if self.y is not None else len(self._source)
+
+    def take(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The examples at ``index`` (a non-empty 1-D index on the CPU), on the device, with
+        integer targets as int64 (what cross-entropy takes)."""
+        if self.x is not None and self.y is not None:
+            where = index.to(self.device)
+            x, y = self.x[where], self.y[where]
+        else:
+            batch = self._collate([self._source[i] for i in index.tolist()])
+            if not isinstance(batch, tuple | list) or len(batch) != 2:
+                raise ConfigError(f"each example must be (input, target), got a collated "
+                                  f"{type(batch).__name__}")
+            x, y = batch[0].to(self.device), batch[1].to(self.device)
+        if not y.is_floating_point():
+            y = y.long()
+        return x, y
+
+
 class DPSGDTrainer:
     """Local DP-SGD (Opacus) on a torch model over flat float32 parameter vectors.
 
@@ -195,21 +292,33 @@ class DPSGDTrainer:
     later plan with different ``dp_*`` options is a ``ConfigError`` (the accountant could not
     describe a mix it was not told about). ``prox_mu`` is not supported (``ConfigError``).
 
+    ``data``: see the module docstring (any ``TorchData``). ``device``: a ``torch.device`` or
+    a setting of ``fedlink.client.device`` (``resolve_device``). ``ConfigError`` at
+    construction for a model Opacus cannot train (``check_dp_model``, which names the fix for
+    batch norm), an empty dataset, or a device not on this machine.
+
     Attributes: ``model`` (the working module), ``spec``, ``accountant`` (Opacus's).
     """
 
     def __init__(
         self,
         model: nn.Module,
-        data: Dataset,
+        data: TorchData,
         *,
         device: torch.device | str = "cpu",
         seed: int = 0,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        local = LocalData.bind(model, data, device)
-        self.model, self.spec, self._params = local.model, local.spec, local.params
-        self._x, self._y = local.x, local.y
+        where = resolve_device(device)
+        check_dp_model(model)
+        self.model = model.to(where)
+        self._params = [p for p in self.model.parameters() if p.requires_grad]
+        if not self._params:
+            raise ConfigError("the model has no trainable parameters")
+        self.spec = spec_of(self.model)
+        self._fixed = ~self.spec.mask(TRAINABLE)  # what DP-SGD must leave as it was
+        self._data = _SampledData(data, self._params[0].dtype, where)
+        self._device = where
         self._gsm: nn.Module | None = None  # Opacus's wrapper (per_sample), by the first plan
         self._ghost: GhostClipping | None = None  # ghost clipping's hooks, by the first plan
         self._seed = seed
@@ -223,7 +332,7 @@ class DPSGDTrainer:
 
     def num_examples(self) -> int:
         """Number of local training examples."""
-        return len(self._y)
+        return len(self._data)
 
     @property
     def sample_rate(self) -> float:
@@ -267,15 +376,33 @@ class DPSGDTrainer:
                     f"DP-SGD budget spent: {self._steps} of dp_target_steps "
                     f"{options.target_steps} taken (epsilon {self.epsilon():.4g})")
         load_vector(self.model, params, self.spec)
+        loaded = to_vector(self.model) if self._fixed.any() else params  # counters rounded
         loss_sum, steps = self._run(plan, allowed, options)
+        trained = to_vector(self.model)
+        self._check_untouched(loaded, trained)
         metrics = {"train_seconds": time.perf_counter() - started,
                    "dp_epsilon": self.epsilon(), "dp_delta": options.delta,
                    "dp_noise_multiplier": self._sigma, "dp_sample_rate": self._q,
                    "dp_steps": float(self._steps), "dp_max_grad_norm": options.max_grad_norm}
         if steps:
             metrics["train_loss"] = loss_sum / steps
-        return TrainResult(params=to_vector(self.model), num_examples=self.num_examples(),
+        return TrainResult(params=trained, num_examples=self.num_examples(),
                            steps_completed=steps, steps_planned=steps_planned, metrics=metrics)
+
+    def _check_untouched(self, loaded: np.ndarray, trained: np.ndarray) -> None:
+        """``ConfigError`` when training changed a tensor that is not a trainable weight (a
+        buffer a layer updates in its forward pass): DP-SGD noises gradients, so that change
+        would leave the device without noise."""
+        if not self._fixed.any():
+            return
+        changed = self._fixed & (loaded != trained)
+        if changed.any():
+            first = int(np.argmax(changed))
+            name = next(n for n, o, k in zip(self.spec.names, self.spec.offsets,
+                                             self.spec.numels, strict=True) if o <= first < o + k)
+            raise ConfigError(f"DP-SGD training changed the model's buffer {name!r}, which "
+                              f"DP-SGD's noise does not cover; its new value cannot be sent. "
+                              f"{FIX_HINT}, or keep the layer's statistics fixed")
 
     def _configure(self, plan: TrainPlan) -> DPSGDOptions:
         """Parse the plan's DP options; fix them (and sigma, q) on the first call."""
@@ -290,7 +417,8 @@ class DPSGDTrainer:
         if plan.batch_size < 1:
             raise ConfigError(f"batch_size: must be >= 1, got {plan.batch_size}")
         self._batch_size = plan.batch_size
-        self._q = min(1.0, plan.batch_size / self.num_examples())
+        expected = self._data.batch_size or plan.batch_size  # a DataLoader's own, else the plan's
+        self._q = min(1.0, expected / self.num_examples())
         if options.noise_multiplier is not None:
             self._sigma = options.noise_multiplier
         else:
@@ -333,9 +461,9 @@ class DPSGDTrainer:
         state = np.random.SeedSequence([self._seed & _SEED_MASK, plan.seed & _SEED_MASK])
         sampler, noise_seed = (int(s) for s in state.generate_state(2, np.uint64))
         generator = torch.Generator().manual_seed(sampler)
-        optimizer.generator = torch.Generator(device=self._x.device).manual_seed(noise_seed)
+        optimizer.generator = torch.Generator(device=self._device).manual_seed(noise_seed)
         n = self.num_examples()
-        total = torch.zeros((), dtype=torch.float64, device=self._x.device)
+        total = torch.zeros((), dtype=torch.float64, device=self._device)
         steps = 0
         self.model.train()
         with torch.enable_grad(), warnings.catch_warnings():
@@ -346,19 +474,21 @@ class DPSGDTrainer:
                 if plan.deadline is not None and self._clock() > plan.deadline:
                     break
                 mask = torch.rand(n, generator=generator) < self._q
-                index = mask.nonzero().squeeze(1).to(self._x.device)
+                index = mask.nonzero().squeeze(1)
                 optimizer.zero_grad(set_to_none=True)
                 if not len(index):  # an empty Poisson sample still takes a (pure-noise) step
                     self._empty_gradients(options)
                 elif ghost is not None:
+                    x, y = self._data.take(index)
                     with ghost.recording():
-                        logits = self.model(self._x[index])
-                    losses = F.cross_entropy(logits, self._y[index], reduction="none")
+                        logits = self.model(x)
+                    losses = F.cross_entropy(logits, y, reduction="none")
                     ghost.backward(losses)
                     total += losses.detach().mean()
                 else:
                     assert self._gsm is not None
-                    loss = F.cross_entropy(self._gsm(self._x[index]), self._y[index])
+                    x, y = self._data.take(index)
+                    loss = F.cross_entropy(self._gsm(x), y)
                     loss.backward()
                     total += loss.detach()
                 optimizer.step()

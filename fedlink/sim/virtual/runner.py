@@ -150,9 +150,9 @@ def _check_plugs(config: ExperimentConfig, plugs: Plugs | None) -> None:
 
 
 def _build(config: ExperimentConfig, plugs: Plugs | None = None, evaluates: bool = True,
-           ) -> tuple[Population, np.ndarray, Evaluate | None, Any]:
+           worker: int = 0) -> tuple[Population, np.ndarray, Evaluate | None, Any]:
     """(population, initial model, evaluator, experiment or None); ``evaluates = False``:
-    no evaluator (a training worker's copy)."""
+    no evaluator (a training worker's copy, ``worker``: which one)."""
     section = config.virtual
     if section.population > 0:
         spec = SyntheticSpec(section.features, section.classes, seed=config.run.seed)
@@ -164,7 +164,7 @@ def _build(config: ExperimentConfig, plugs: Plugs | None = None, evaluates: bool
     from fedlink.experiment.setup import Experiment
 
     torch.set_num_threads(config.run.torch_threads)
-    experiment = Experiment.build(config, plugs)
+    experiment = Experiment.build(config, plugs, worker=worker)
     size = experiment.data.num_clients
     population = ExperimentPopulation(Links(config.network, size), _task_trainers(experiment),
                                       size, experiment.client_examples)
@@ -182,9 +182,10 @@ def _task_trainers(experiment: Experiment) -> Callable[[int], Trainer]:
     return functools.partial(experiment.trainer, model=experiment.new_model())
 
 
-def build_population(config: ExperimentConfig) -> Population:
-    """The clients of a virtual run of ``config`` (what each training worker builds once)."""
-    return _build(config, evaluates=False)[0]
+def build_population(config: ExperimentConfig, worker: int = 0) -> Population:
+    """The clients of a virtual run of ``config`` (what training worker ``worker`` builds
+    once; its number picks its device, ``[client] device``)."""
+    return _build(config, evaluates=False, worker=worker)[0]
 
 
 def _profile_names(population: Population) -> Any:

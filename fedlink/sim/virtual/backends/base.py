@@ -73,9 +73,11 @@ def do_job(population: Population, pipeline: Callable[[], UpdatePipeline], job: 
            model: np.ndarray) -> ClientUpload:
     """Client ``job.index``'s work from ``model`` (read-only), as its device does it: local
     training, then the delta through a pipeline of its own (stateless but for the residual)."""
-    result = population.trainer(job.index).train(model, job.plan)
+    trainer = population.trainer(job.index)
+    result = trainer.train(model, job.plan)
     stages = pipeline()
     stages.configure(job.options)
+    stages.bind(getattr(trainer, "spec", None))  # privacy acts on the trainable part
     if stages.feedback is not None:
         stages.feedback.residual = job.residual
     payload = stages.process(result.params - model, job.rng)
@@ -133,6 +135,13 @@ class BackendContext:
     address: str = ""
     pipeline: Callable[[], UpdatePipeline] = UpdatePipeline
 
+    def build_for(self, worker: int) -> Callable[[], Population]:
+        """``build`` for worker ``worker`` (0, 1, ...): the population a worker makes knows
+        which worker it is (``[client] device`` gives each its own device) when ``build``
+        has a ``for_worker(worker)``; else ``build`` itself."""
+        for_worker = getattr(self.build, "for_worker", None)
+        return self.build if for_worker is None else for_worker(worker)
+
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 """A worker's environment: it trains on one core, so its math libraries get one thread each
@@ -147,16 +156,22 @@ BACKENDS: Registry[TrainingBackend] = Registry("training backend")
 
 
 class ConfigPopulation:
-    """Picklable: builds a virtual run's population from its config, in a worker process."""
+    """Picklable: builds a virtual run's population from its config, in worker process
+    ``worker`` (which picks that worker's device, ``[client] device``)."""
 
-    def __init__(self, config: ExperimentConfig) -> None:
+    def __init__(self, config: ExperimentConfig, worker: int = 0) -> None:
         self.config = config
+        self.worker = worker
+
+    def for_worker(self, worker: int) -> ConfigPopulation:
+        """The same population, built by worker ``worker``."""
+        return ConfigPopulation(self.config, worker)
 
     def __call__(self) -> Population:
         """The population ``run_virtual`` builds for ``config`` (data and trainers included)."""
         from fedlink.sim.virtual.runner import build_population
 
-        return build_population(self.config)
+        return build_population(self.config, self.worker)
 
 
 def warmed(population: Population) -> Population:

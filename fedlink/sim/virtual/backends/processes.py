@@ -79,7 +79,9 @@ class ProcessTraining:
     making each job's pipeline with ``pipeline``."""
 
     def __init__(self, workers: int, build: Callable[[], Population],
-                 pipeline: Callable[[], UpdatePipeline] = UpdatePipeline) -> None:
+                 pipeline: Callable[[], UpdatePipeline] = UpdatePipeline,
+                 build_for: Callable[[int], Callable[[], Population]] | None = None) -> None:
+        own = build_for or (lambda number: build)  # worker number -> what it builds
         if workers < 1:
             raise ConfigError(f"virtual.workers: a process pool needs >= 1 worker, got {workers}")
         # spawn, not fork: the loop's process has torch's thread pools running already
@@ -90,8 +92,8 @@ class ProcessTraining:
         try:
             for number in range(workers):
                 here, there = spawn.Pipe()
-                process = spawn.Process(target=_serve, args=(build, pipeline, there), daemon=True,
-                                        name=f"fedlink-training-{number}")
+                process = spawn.Process(target=_serve, args=(own(number), pipeline, there),
+                                        daemon=True, name=f"fedlink-training-{number}")
                 with _environment(ONE_THREAD):  # read by the new process's libraries as they load
                     process.start()
                 there.close()
@@ -109,7 +111,7 @@ class ProcessTraining:
     @classmethod
     def started(cls, context: BackendContext) -> ProcessTraining:
         """The registered factory: ``context.workers`` processes building ``context.build``."""
-        return cls(context.workers, context.build, context.pipeline)
+        return cls(context.workers, context.build, context.pipeline, context.build_for)
 
     def submit(self, task: TrainingTask) -> Future[ClientUpload]:
         """Queue client ``task.job.index``'s job for the next free worker."""

@@ -108,7 +108,8 @@ class RayTraining:
     """``workers`` Ray actors, each holding the population ``build`` makes once."""
 
     def __init__(self, workers: int, build: Callable[[], Population], address: str = "",
-                 pipeline: Callable[[], UpdatePipeline] = UpdatePipeline) -> None:
+                 pipeline: Callable[[], UpdatePipeline] = UpdatePipeline,
+                 build_for: Callable[[int], Callable[[], Population]] | None = None) -> None:
         if workers < 1:
             raise ConfigError(f"virtual.workers: the Ray backend needs >= 1 actor, got {workers}")
         try:
@@ -128,7 +129,8 @@ class RayTraining:
         try:
             actor = ray.remote(num_cpus=1, runtime_env={"env_vars": dict(ONE_THREAD)})(
                 TrainingActor)
-            self._actors = [actor.remote(build, pipeline) for _ in range(workers)]
+            own = build_for or (lambda number: build)  # worker number -> what it builds
+            self._actors = [actor.remote(own(number), pipeline) for number in range(workers)]
             ray.get([a.ready.remote() for a in self._actors], timeout=READY_TIMEOUT_S)
         except BaseException as exc:
             self.close()
@@ -145,7 +147,8 @@ class RayTraining:
     @classmethod
     def started(cls, context: BackendContext) -> RayTraining:
         """The registered factory: ``context.workers`` actors, on ``context.address``."""
-        return cls(context.workers, context.build, context.address, context.pipeline)
+        return cls(context.workers, context.build, context.address, context.pipeline,
+                   context.build_for)
 
     def submit(self, task: TrainingTask) -> Future[ClientUpload]:
         """Queue client ``task.job.index``'s job for the next free actor."""
