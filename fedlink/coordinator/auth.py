@@ -38,11 +38,28 @@ from fedlink.coordinator.tokens import (
 )
 from fedlink.errors import PermissionDenied, Unauthenticated
 
-__all__ = ["MAX_CLIENT_NAME", "MAX_TOKEN_CHARS", "MIN_SECRET_BYTES", "METADATA_KEY",
-           "TokenVerifier", "acting_as", "authenticate", "caller_name", "calling_from",
-           "check_caller", "issue_legacy_token", "issue_token", "load_public_keys",
-           "load_secret", "load_verifier", "peer_address", "peer_host", "principal",
-           "token_from_metadata", "verify_token"]
+__all__ = [
+    "MAX_CLIENT_NAME",
+    "MAX_TOKEN_CHARS",
+    "METADATA_KEY",
+    "MIN_SECRET_BYTES",
+    "TokenVerifier",
+    "acting_as",
+    "authenticate",
+    "caller_name",
+    "calling_from",
+    "check_caller",
+    "issue_legacy_token",
+    "issue_token",
+    "load_public_keys",
+    "load_secret",
+    "load_verifier",
+    "peer_address",
+    "peer_host",
+    "principal",
+    "token_from_metadata",
+    "verify_token",
+]
 
 METADATA_KEY = "authorization"
 

@@ -109,7 +109,7 @@ class ClientRegistry:
         return record
 
     def budget_key(self, client_id: str) -> str:
-        """The identity whose request budget ``client_id`` spends (``fedlink.coordinator.admission``).
+        """The identity whose request budget ``client_id`` spends (``coordinator.admission``).
 
         The principal it joined as (token name, or peer address) with the name it joined under,
         so that an id joined again under the same identity shares its predecessor's budget;
