@@ -293,7 +293,7 @@ class LimitsConfig:
     max_upload_bytes_per_client: int = 0
     max_spool_bytes: int = 0
     join_per_peer_per_s: float = 20.0
-    join_burst_per_peer: int = 200
+    join_burst_per_peer: int = 1000
     join_global_per_s: float = 20.0
     join_global_burst: int = 1000
     join_per_token_per_s: float = 1.0

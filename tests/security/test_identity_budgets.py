@@ -104,7 +104,7 @@ def test_rotated_addresses_cannot_fill_the_registry_and_lock_out_an_honest_join(
             return [c for per_source in codes for c in per_source], registered, honest
 
     codes, registered, honest = run_async(scenario())
-    # the global budget (burst 1,000, then 20/s), not twelve per-address ones (200 each),
+    # the global budget (burst 1,000, then 20/s), not twelve per-address ones (1,000 each),
     # bounds what the flood registered: the places are not all taken ...
     assert codes.count("RESOURCE_EXHAUSTED") > 0
     assert registered == codes.count("OK") < 1500
