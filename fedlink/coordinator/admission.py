@@ -1,56 +1,46 @@
-"""Who may ``Join``: rate limits per peer address and per token, and live ids per token.
+"""Who may ``Join``, and how fast a registered caller may call: budgets that survive new ids.
 
-A ``Join`` is cheap for a client and costs the coordinator a registry entry, so an
-unauthenticated flood (or one holder of a per-client token minting ids) must be slowed down
-before it fills ``max_clients``. ``JoinGate.admit`` takes one token from the bucket of the
-caller's peer address (``ipv4:10.0.0.7``: the port is left out, a new connection is no new
-identity) and, under per-client tokens, from the bucket of the token's client name, and
-refuses a name that already holds ``max_ids_per_token`` live ids. Every refusal is
-``ResourceExhausted`` with a retry hint.
+A ``Join`` is cheap for a client and costs the coordinator a registry entry, so new identities
+are budgeted before they fill ``max_clients``. ``JoinGate.admit`` spends one token of each
+budget that applies, and refuses with ``ResourceExhausted`` and a retry hint when one is empty:
 
-The peer address reaches the gate through ``calling_from`` (a context variable the gRPC
-servicer sets around ``Join``), the way ``fedlink.coordinator.auth`` passes the caller's name.
-The buckets live in a bounded LRU, so a flood from many addresses cannot grow them either.
+- **global**: every new id, whoever asks (``join_global_per_s``, ``join_global_burst``): what
+  an attacker rotating source addresses (or holding many tokens) cannot get around;
+- **per peer address**, without per-client tokens (``join_per_peer_per_s``,
+  ``join_burst_per_peer``): the port is left out, a new connection is no new identity. Under
+  per-client tokens the token is the identity, and devices behind one NAT are not throttled
+  together;
+- **per token** (``join_per_token_per_s``, ``join_burst_per_token``) with at most
+  ``max_ids_per_token`` live ids per token name.
+
+Once registered, a caller spends the **request-rate budget of its identity**, not of its id
+(``CallerCheck``): under per-client tokens the token's client name, without them the peer
+address together with the name the client joined under. An id that joins again under the same
+identity (after it expired, was refused, or left) inherits what its identity had left instead
+of a fresh bucket. Without tokens a client that joins under a new name is a new identity, and
+only the Join budgets bound those (``server/README.md``, "Threat model").
+
+The peer address reaches the gate through ``calling_from`` (``fedlink.coordinator.auth``: a
+context variable the gRPC edge sets around every call). Buckets live in bounded LRUs, so a
+flood from many addresses or names cannot grow them either.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
+from fedlink.coordinator.auth import calling_from, peer_address, peer_host
 from fedlink.coordinator.config import LimitsConfig
 from fedlink.coordinator.limits import Limiter, TokenBucket
 from fedlink.coordinator.registry import ClientRegistry
 from fedlink.errors import ResourceExhausted
 
+__all__ = ["MAX_TRACKED", "CallerCheck", "JoinGate", "calling_from", "peer_host"]
+
 MAX_TRACKED = 65_536
 """Buckets kept per kind; the least recently used go first (a full bucket is lost then)."""
-
-_PEER: contextvars.ContextVar[str] = contextvars.ContextVar("fedlink_peer", default="")
-
-
-@contextlib.contextmanager
-def calling_from(peer: str) -> Iterator[None]:
-    """Handle the enclosed call as coming from gRPC peer ``peer`` (``ipv4:1.2.3.4:5678``)."""
-    reset = _PEER.set(peer_host(peer))
-    try:
-        yield
-    finally:
-        # A streaming handler cut short is closed by whichever task finalises its generator,
-        # in another context: there is nothing of this call's to restore there.
-        with contextlib.suppress(ValueError):
-            _PEER.reset(reset)
-
-
-def peer_host(peer: str) -> str:
-    """The address of a gRPC peer string without its port (``ipv6:[::1]:5`` -> ``ipv6:[::1]``)."""
-    if peer.startswith(("ipv4:", "ipv6:")):
-        host, _, port = peer.rpartition(":")
-        return host if port.isdigit() else peer
-    return peer
 
 
 class _Buckets:
@@ -75,7 +65,7 @@ class _Buckets:
 
 
 class JoinGate:
-    """Enforces ``LimitsConfig``'s ``Join`` limits; see the module docstring."""
+    """Enforces ``LimitsConfig``'s ``Join`` budgets; see the module docstring."""
 
     def __init__(self, limits: LimitsConfig,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -83,45 +73,60 @@ class JoinGate:
         self._clock = clock
         self._peers = _Buckets(limits.join_per_peer_per_s, limits.join_burst_per_peer)
         self._tokens = _Buckets(limits.join_per_token_per_s, limits.join_burst_per_token)
+        self._everyone = _Buckets(limits.join_global_per_s, limits.join_global_burst)
 
     def admit(self, token_name: str | None, live_ids: Callable[[str], int]) -> None:
-        """Let one ``Join`` through, or raise ``ResourceExhausted``.
+        """Let one new id through, or raise ``ResourceExhausted``.
 
         ``token_name``: the caller's per-client token name (``None`` without per-client
         tokens); ``live_ids(name)`` counts the ids that name holds now.
         """
         now = self._clock()
-        peer = _PEER.get()
-        if peer:
-            self._refuse_if(self._peers.take(peer, now), f"Joins from {peer}",
-                            self.limits.join_per_peer_per_s)
         if token_name is None:
-            return
-        cap = self.limits.max_ids_per_token
-        if cap and live_ids(token_name) >= cap:
-            raise ResourceExhausted(
-                f"token {token_name[:64]!r} already holds {cap} live client ids "
-                "(limits.max_ids_per_token); Leave with one, or wait for it to expire",
-                retry_after_s=self.limits.retry_after_s)
-        self._refuse_if(self._tokens.take(token_name, now), f"Joins with token "
-                        f"{token_name[:64]!r}", self.limits.join_per_token_per_s)
+            peer = peer_address()
+            if peer:
+                self._refuse_if(self._peers.take(peer, now), f"Joins from {peer}",
+                                self.limits.join_per_peer_per_s, "join_per_peer_per_s")
+        else:
+            cap = self.limits.max_ids_per_token
+            if cap and live_ids(token_name) >= cap:
+                raise ResourceExhausted(
+                    f"token {token_name[:64]!r} already holds {cap} live client ids "
+                    "(limits.max_ids_per_token); Leave with one, or wait for it to expire",
+                    retry_after_s=self.limits.retry_after_s)
+            self._refuse_if(self._tokens.take(token_name, now), f"Joins with token "
+                            f"{token_name[:64]!r}", self.limits.join_per_token_per_s,
+                            "join_per_token_per_s")
+        self._refuse_if(self._everyone.take("", now), "new client ids",
+                        self.limits.join_global_per_s, "join_global_per_s")
 
     @staticmethod
-    def _refuse_if(wait: float, what: str, rate: float) -> None:
+    def _refuse_if(wait: float, what: str, rate: float, key: str) -> None:
         if wait > 0:
-            raise ResourceExhausted(f"{what} exceed {rate:g}/s; retry in {wait:.3f}s",
-                                    retry_after_s=wait)
+            raise ResourceExhausted(f"{what} exceed {rate:g}/s (limits.{key}); retry in "
+                                    f"{wait:.3f}s", retry_after_s=wait)
 
 
 class CallerCheck:
     """Admission of a registered caller on every call but ``Join``: known (and marked seen),
-    then within its request rate. Shared by the coordinator's pieces."""
+    then within its identity's request rate (module docstring). Shared by the coordinator's
+    pieces."""
 
-    def __init__(self, registry: ClientRegistry, limiter: Limiter) -> None:
+    def __init__(self, registry: ClientRegistry, limiter: Limiter,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.registry = registry
         self.limiter = limiter
+        self._clock = clock
+        limits = limiter.limits
+        self._rates = _Buckets(limits.requests_per_s, limits.request_burst)
 
     def admit(self, client_id: str) -> None:
         """``Unauthenticated`` for an unknown id; ``ResourceExhausted`` over its rate."""
         self.registry.touch(client_id)
-        self.limiter.admit(client_id)
+        wait = self._rates.take(self.registry.budget_key(client_id), self._clock())
+        if wait > 0:
+            limits = self.limiter.limits
+            raise ResourceExhausted(
+                f"client {client_id!r} exceeds {limits.requests_per_s:g} requests/s (burst "
+                f"{limits.request_burst}, limits.requests_per_s); retry in {wait:.3f}s",
+                retry_after_s=wait)

@@ -1,135 +1,125 @@
-"""Per-client authentication: HMAC-signed bearer tokens, and who the current call acts as.
+"""Per-client authentication: who the current call acts as, and from where.
 
-A token names one client and when it expires; the coordinator and ``fedlink token issue`` share
-a secret, and nothing else needs to be stored server-side. The format is::
-
-    fl1.<base64url(JSON {"sub": name, "iat": issued_at, "exp": expires_at})>.<base64url(mac)>
-
-where ``mac = HMAC-SHA256(secret, "fl1." + payload)`` (base64url without padding; times are
-Unix seconds). Clients send ``authorization: Bearer <token>`` as metadata on every call.
+Tokens are JSON Web Tokens (``fedlink.coordinator.tokens``): ``HS256`` under a secret the
+coordinator shares with ``fedlink token issue``, or ``ES256`` / ``RS256`` under an operator's
+public key or JWKS file. Clients send ``authorization: Bearer <token>`` as metadata on every call.
 
 The server's interceptor (``fedlink.coordinator.server``, the grpc-aware side) checks the token
 on every ``fedlink.v1.Coordinator`` call (health and reflection stay open, for probes) with
 ``authenticate`` and runs the call ``acting_as`` the token's client name (``caller_name()``).
 ``Join`` records that name for the new client id, and every later call naming a client id
 checks it (``check_caller``): a client may act only on its own id, tasks and uploads, else
-``PERMISSION_DENIED``. Without a configured secret there is no interceptor, ``caller_name()``
-is ``None`` and nothing is checked. This module is grpc-free.
+``PERMISSION_DENIED``. Without ``[coordinator.auth]`` there is no interceptor, ``caller_name()``
+is ``None`` and nothing is checked.
+
+``principal()`` names whose budget a call spends (``fedlink.coordinator.admission``): the token's
+client name under per-client tokens, else the peer address the edge recorded (``calling_from``).
+This module is grpc-free.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import contextvars
-import hashlib
-import hmac
-import json
-import os
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-from fedlink.errors import ConfigError, PermissionDenied, Unauthenticated
-from fedlink.private import warn_if_loose
+from fedlink.coordinator.config import AuthConfig
+from fedlink.coordinator.tokens import (
+    MAX_CLIENT_NAME,
+    MAX_TOKEN_CHARS,
+    MIN_SECRET_BYTES,
+    TokenVerifier,
+    issue_legacy_token,
+    issue_token,
+    load_public_keys,
+    load_secret,
+    verify_token,
+)
+from fedlink.errors import PermissionDenied, Unauthenticated
 
-TOKEN_PREFIX = "fl1"
-MIN_SECRET_BYTES = 16
-MAX_TOKEN_CHARS = 1024
-MAX_CLIENT_NAME = 128
+__all__ = [
+    "MAX_CLIENT_NAME",
+    "MAX_TOKEN_CHARS",
+    "METADATA_KEY",
+    "MIN_SECRET_BYTES",
+    "TokenVerifier",
+    "acting_as",
+    "authenticate",
+    "caller_name",
+    "calling_from",
+    "check_caller",
+    "issue_legacy_token",
+    "issue_token",
+    "load_public_keys",
+    "load_secret",
+    "load_verifier",
+    "peer_address",
+    "peer_host",
+    "principal",
+    "token_from_metadata",
+    "verify_token",
+]
+
 METADATA_KEY = "authorization"
 
 _CALLER: contextvars.ContextVar[str | None] = contextvars.ContextVar("fedlink_caller",
                                                                      default=None)
+_PEER: contextvars.ContextVar[str] = contextvars.ContextVar("fedlink_peer", default="")
 
 
-def _b64encode(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+def load_verifier(auth: AuthConfig, run_name: str = "") -> TokenVerifier:
+    """The token verifier ``[coordinator.auth]`` describes (keys and secret read now).
 
-
-def _b64decode(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
-def _mac(secret: bytes, signed: str) -> bytes:
-    return hmac.new(secret, signed.encode("ascii"), hashlib.sha256).digest()
-
-
-def _check_secret(secret: bytes) -> None:
-    if len(secret) < MIN_SECRET_BYTES:
-        raise ConfigError(f"the token secret must be at least {MIN_SECRET_BYTES} bytes, "
-                          f"got {len(secret)}")
-
-
-def issue_token(secret: bytes, client: str, ttl_s: float, now: float | None = None) -> str:
-    """A token for ``client`` valid for ``ttl_s`` seconds from ``now`` (default: the time)."""
-    _check_secret(secret)
-    if not client or len(client) > MAX_CLIENT_NAME:
-        raise ConfigError(f"client name must be 1 to {MAX_CLIENT_NAME} characters")
-    if not ttl_s > 0:
-        raise ConfigError(f"ttl_s must be > 0, got {ttl_s}")
-    issued = int(time.time() if now is None else now)
-    claims = {"sub": client, "iat": issued, "exp": issued + int(max(1, round(ttl_s)))}
-    payload = _b64encode(json.dumps(claims, separators=(",", ":"),
-                                    sort_keys=True).encode("utf-8"))
-    signed = f"{TOKEN_PREFIX}.{payload}"
-    return f"{signed}.{_b64encode(_mac(secret, signed))}"
-
-
-def verify_token(secret: bytes, token: str, now: float | None = None) -> str:
-    """The client name ``token`` was issued to; ``Unauthenticated`` if it is not valid now.
-
-    Refuses malformed tokens, a signature that does not match ``secret`` (checked in constant
-    time, before anything in the payload is trusted) and expired tokens.
+    ``run_name``: the coordinator's run, which a token's ``run`` claim must name.
     """
-    if not token or len(token) > MAX_TOKEN_CHARS:
-        raise Unauthenticated("malformed token")
-    parts = token.split(".")
-    if len(parts) != 3 or parts[0] != TOKEN_PREFIX:
-        raise Unauthenticated("malformed token")
+    secret = (load_secret(auth.secret_file, auth.secret_env)
+              if auth.secret_file or auth.secret_env else None)
+    legacy = secret if auth.legacy_tokens else None
+    options: dict[str, Any] = {"run_name": run_name, "require_run": auth.require_run,
+                               "issuer": auth.issuer, "audience": auth.audience,
+                               "legacy_secret": legacy}
+    if auth.algorithm == "HS256":
+        assert secret is not None  # AuthConfig refuses HS256 without a secret
+        return TokenVerifier("HS256", {"": secret}, **options)
+    keys = load_public_keys(auth.algorithm, auth.public_key_file, auth.jwks_file)
+    return TokenVerifier(auth.algorithm, keys, **options)
+
+
+@contextlib.contextmanager
+def calling_from(peer: str) -> Iterator[None]:
+    """Handle the enclosed call as coming from gRPC peer ``peer`` (``ipv4:1.2.3.4:5678``)."""
+    reset = _PEER.set(peer_host(peer))
     try:
-        signature = _b64decode(parts[2])
-    except (binascii.Error, ValueError):
-        raise Unauthenticated("malformed token") from None
-    if not hmac.compare_digest(signature, _mac(secret, f"{parts[0]}.{parts[1]}")):
-        raise Unauthenticated("token signature is not valid")
-    try:
-        claims = json.loads(_b64decode(parts[1]))
-    except (binascii.Error, ValueError):
-        raise Unauthenticated("malformed token") from None
-    if not isinstance(claims, dict):
-        raise Unauthenticated("malformed token")
-    name, expires = claims.get("sub"), claims.get("exp")
-    if not isinstance(name, str) or not name or not isinstance(expires, int):
-        raise Unauthenticated("malformed token")
-    if (time.time() if now is None else now) >= expires:
-        raise Unauthenticated("token expired; ask for a new one")
-    return name
+        yield
+    finally:
+        # A streaming handler cut short is closed by whichever task finalises its generator,
+        # in another context: there is nothing of this call's to restore there.
+        with contextlib.suppress(ValueError):
+            _PEER.reset(reset)
 
 
-def load_secret(secret_file: str = "", secret_env: str = "") -> bytes:
-    """Read the token secret from a file (surrounding whitespace stripped) or an env variable.
+def peer_host(peer: str) -> str:
+    """The address of a gRPC peer string without its port (``ipv6:[::1]:5`` -> ``ipv6:[::1]``)."""
+    if peer.startswith(("ipv4:", "ipv6:")):
+        host, _, port = peer.rpartition(":")
+        return host if port.isdigit() else peer
+    return peer
 
-    ``ConfigError`` when it is missing or shorter than ``MIN_SECRET_BYTES``; the secret itself
-    never appears in a message.
-    """
-    if secret_file:
-        warn_if_loose(secret_file, "auth.secret_file")
-        try:
-            secret = Path(secret_file).read_bytes().strip()
-        except OSError as exc:
-            raise ConfigError(f"token secret file {secret_file}: {exc.strerror}") from None
-    elif secret_env:
-        value = os.environ.get(secret_env)
-        if value is None:
-            raise ConfigError(f"environment variable {secret_env} (the token secret) is not set")
-        secret = value.strip().encode("utf-8")
-    else:
-        raise ConfigError("no token secret configured: set secret_file or secret_env")
-    _check_secret(secret)
-    return secret
+
+def peer_address() -> str:
+    """The peer address (no port) of the call being handled ("": not a gRPC call)."""
+    return _PEER.get()
+
+
+def principal() -> str:
+    """Whose budget the call being handled spends: ``token:<name>`` under per-client tokens,
+    ``peer:<address>`` without, ``""`` for a call from inside the process (simulation)."""
+    name = _CALLER.get()
+    if name is not None:
+        return f"token:{name}"
+    peer = _PEER.get()
+    return f"peer:{peer}" if peer else ""
 
 
 def caller_name() -> str | None:
@@ -166,6 +156,12 @@ def acting_as(name: str | None) -> Iterator[None]:
             _CALLER.reset(reset)
 
 
-def authenticate(secret: bytes, metadata: Any, now: float | None = None) -> str:
-    """The client name of a call's ``authorization: Bearer`` metadata (``Unauthenticated``)."""
-    return verify_token(secret, token_from_metadata(metadata), now)
+def authenticate(verifier: TokenVerifier | bytes, metadata: Any,
+                 now: float | None = None) -> str:
+    """The client name of a call's ``authorization: Bearer`` metadata (``Unauthenticated``).
+
+    ``verifier``: the coordinator's ``TokenVerifier`` (an HMAC secret: HS256 under it).
+    """
+    if isinstance(verifier, bytes):
+        verifier = TokenVerifier.hs256(verifier)
+    return verifier.verify(token_from_metadata(metadata), now)

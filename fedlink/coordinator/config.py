@@ -255,9 +255,13 @@ class LimitsConfig:
       and ``max_upload_bytes_per_client`` (0: two full updates) bound what one client holds
       (beyond, its least recently written upload is dropped, never another client's);
       ``max_spool_bytes`` (0: ``SPOOL_UPDATES x`` the largest update) bounds all uploads.
-    - ``join_per_peer_per_s`` / ``join_burst_per_peer``: a token bucket on ``Join`` per peer
-      address; ``join_per_token_per_s`` / ``join_burst_per_token`` the same per client token
-      name, and ``max_ids_per_token`` live ids per token name (per-client tokens).
+    - ``join_global_per_s`` / ``join_global_burst``: a token bucket on new client ids, whoever
+      asks (what survives rotated source addresses). ``join_per_peer_per_s`` /
+      ``join_burst_per_peer``: the same per peer address, without per-client tokens;
+      ``join_per_token_per_s`` / ``join_burst_per_token`` per client token name, and
+      ``max_ids_per_token`` live ids per token name (per-client tokens). The request rate
+      (``requests_per_s``) is a budget per identity, not per id: an id joined again under the
+      same token (or, without tokens, the same address and name) inherits what was left.
     - ``client_ttl_s``: a client silent this long is forgotten (its task, cohort place and
       uploads freed); the SDK joins again if it comes back. ``max_task_s``: a task not
       delivered this long after it was issued stops holding a cohort place, heartbeats or not.
@@ -290,6 +294,8 @@ class LimitsConfig:
     max_spool_bytes: int = 0
     join_per_peer_per_s: float = 20.0
     join_burst_per_peer: int = 1000
+    join_global_per_s: float = 20.0
+    join_global_burst: int = 1000
     join_per_token_per_s: float = 1.0
     join_burst_per_token: int = 20
     max_ids_per_token: int = 8
@@ -337,14 +343,15 @@ class LimitsConfig:
                 f"must be >= 64, got {self.max_string_bytes}")
         for name in ("max_metadata_bytes", "max_examples_per_update", "upload_idle_s",
                      "max_open_uploads_per_client", "max_upload_bytes_per_client",
-                     "max_spool_bytes", "join_per_peer_per_s",
+                     "max_spool_bytes", "join_per_peer_per_s", "join_global_per_s",
                      "join_per_token_per_s", "max_ids_per_token", "client_ttl_s", "max_task_s",
                      "max_streams_per_connection", "connection_idle_s", "connection_age_s",
                      "checkins_per_s"):
             require(getattr(self, name) >= 0, f"coordinator.limits.{name}",
                     f"must be >= 0 (0 = no limit), got {getattr(self, name)}")
         for rate, burst in (("join_per_peer_per_s", "join_burst_per_peer"),
-                            ("join_per_token_per_s", "join_burst_per_token")):
+                            ("join_per_token_per_s", "join_burst_per_token"),
+                            ("join_global_per_s", "join_global_burst")):
             require(getattr(self, rate) == 0 or getattr(self, burst) >= 1,
                     f"coordinator.limits.{burst}",
                     f"must be >= 1 when {rate} is set, got {getattr(self, burst)}")
@@ -416,26 +423,59 @@ class TLSConfig:
 
 @dataclass(frozen=True)
 class AuthConfig:
-    """Per-client tokens (``[coordinator.auth]``, ``fedlink.coordinator.auth``).
+    """Per-client tokens (``[coordinator.auth]``, ``fedlink.coordinator.tokens``): JWTs.
 
-    The HMAC secret that signs tokens comes from ``secret_file`` or the environment variable
-    named by ``secret_env`` (one of them; both empty: no per-client tokens). The secret itself
-    never sits in the config, so it never reaches the event log. ``fedlink simulate``, which
-    holds the secret, issues each of its own clients a token.
+    ``algorithm``: ``HS256`` (default) checks tokens with an HMAC secret read from
+    ``secret_file`` or the environment variable named by ``secret_env``; ``ES256`` / ``RS256``
+    check them with an identity provider's public key, ``public_key_file`` (PEM) or
+    ``jwks_file`` (a JWKS document; the token's ``kid`` picks the key). The secret itself never
+    sits in the config, so it never reaches the event log. ``fedlink simulate``, which holds the
+    secret, issues each of its own clients a token.
+
+    ``issuer`` / ``audience``: when set, a token's ``iss`` / ``aud`` must match. A token's
+    ``run`` claim must name the coordinator's ``run_name``; ``require_run`` refuses tokens
+    without one. ``legacy_tokens``: still accept the deprecated ``fl1`` tokens signed with the
+    secret (with a deprecation warning); to be removed in the next release.
     """
 
     secret_file: str = ""
     secret_env: str = ""
+    algorithm: str = "HS256"
+    public_key_file: str = ""
+    jwks_file: str = ""
+    issuer: str = ""
+    audience: str = ""
+    require_run: bool = False
+    legacy_tokens: bool = True
 
     def __post_init__(self) -> None:
         check_fields(self, "coordinator.auth")
         require(not (self.secret_file and self.secret_env), "coordinator.auth.secret_env",
                 "set secret_file or secret_env, not both")
+        require(self.algorithm in ("HS256", "ES256", "RS256"), "coordinator.auth.algorithm",
+                f"must be HS256, ES256 or RS256, got {self.algorithm!r}")
+        public = bool(self.public_key_file or self.jwks_file)
+        require(not (self.public_key_file and self.jwks_file), "coordinator.auth.jwks_file",
+                "set public_key_file or jwks_file, not both")
+        if self.algorithm == "HS256":
+            require(not public, "coordinator.auth.public_key_file",
+                    "public_key_file / jwks_file verify ES256 or RS256 tokens: set "
+                    "coordinator.auth.algorithm (HS256 takes secret_file or secret_env)")
+            require(self.enabled or not self._verifying_keys_set, "coordinator.auth.secret_file",
+                    "HS256 needs secret_file or secret_env")
+        else:
+            require(public, "coordinator.auth.public_key_file",
+                    f"{self.algorithm} needs public_key_file or jwks_file")
+
+    @property
+    def _verifying_keys_set(self) -> bool:
+        return any((self.issuer, self.audience, self.require_run, self.algorithm != "HS256"))
 
     @property
     def enabled(self) -> bool:
         """Whether every call must carry a valid per-client token."""
-        return bool(self.secret_file or self.secret_env)
+        return bool(self.secret_file or self.secret_env or self.public_key_file
+                    or self.jwks_file)
 
 
 @dataclass(frozen=True)

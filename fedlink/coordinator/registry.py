@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from fedlink.clock import RealClock
-from fedlink.coordinator.auth import check_caller
+from fedlink.coordinator.auth import check_caller, principal
 from fedlink.coordinator.records import ClientRecord
 from fedlink.errors import InvalidArgument, Unauthenticated
 
@@ -30,6 +30,7 @@ class ClientRegistry:
     def __init__(self, clock: Callable[[], float] | None = None) -> None:
         self._clients: dict[str, ClientRecord] = {}
         self._by_instance: dict[tuple[str, str], str] = {}  # (name, instance key) -> id
+        self._principals: dict[str, str] = {}  # id -> whose budget it spends (auth.principal)
         self._ids = itertools.count(1)
         self._clock = clock if clock is not None else RealClock().now
 
@@ -63,6 +64,9 @@ class ClientRegistry:
         self._clients[client_id] = record
         if instance_key:
             self._by_instance[(name, instance_key)] = client_id
+        who = principal()
+        if who:
+            self._principals[client_id] = who
         return record
 
     def restore(self, records: list[ClientRecord]) -> None:
@@ -101,7 +105,22 @@ class ClientRegistry:
         record = self.touch(client_id)
         del self._clients[client_id]
         self._by_instance.pop((record.name, record.instance_key), None)
+        self._principals.pop(client_id, None)
         return record
+
+    def budget_key(self, client_id: str) -> str:
+        """The identity whose request budget ``client_id`` spends (``coordinator.admission``).
+
+        The principal it joined as (token name, or peer address) with the name it joined under,
+        so that an id joined again under the same identity shares its predecessor's budget;
+        the id itself for a client joined from inside the process, restored after a restart,
+        or joined without a name (each such Join is a new identity).
+        """
+        record = self._clients.get(client_id)
+        who = self._principals.get(client_id)
+        if record is None or not who or record.name == client_id:
+            return client_id
+        return f"{who}/{record.name}"
 
     def live_ids_of(self, name: str) -> int:
         """How many registered ids carry the client name ``name``."""

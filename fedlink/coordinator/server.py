@@ -17,7 +17,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from fedlink.clock import Clock, RealClock
-from fedlink.coordinator.auth import acting_as, authenticate, load_secret
+from fedlink.coordinator.auth import TokenVerifier, acting_as, authenticate, load_verifier
 from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.edge import EdgeInterceptor, connection_options, insecurity_warnings
 from fedlink.coordinator.faults import NO_FAULTS, FaultPlan
@@ -75,8 +75,8 @@ class CoordinatorServer:
         # the observers' interceptors first (outermost): they see what the edge refuses too
         interceptors: list[grpc.aio.ServerInterceptor] = [*self.interceptors, EdgeInterceptor()]
         if self.config.auth.enabled:  # the secret is read here, never logged
-            auth = self.config.auth
-            interceptors.append(AuthInterceptor(load_secret(auth.secret_file, auth.secret_env)))
+            interceptors.append(AuthInterceptor(load_verifier(self.config.auth,
+                                                              self.config.run_name)))
         options = server_options() + connection_options(self.config.limits)
         server = grpc.aio.server(options=options, interceptors=interceptors)
         pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(self.service), server)
@@ -167,7 +167,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     Health checks and reflection pass unchecked, so that probes need no token.
     """
 
-    def __init__(self, secret: bytes, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, secret: TokenVerifier | bytes,
+                 clock: Callable[[], float] = time.time) -> None:
         self._secret = secret
         self._clock = clock
 

@@ -3,13 +3,14 @@ that shares one address and one connection.
 
 The coordinator's defaults assume one device per peer address and per HTTP/2 connection
 (``fedlink.coordinator.config.LimitsConfig``): at most ``join_burst_per_peer`` Joins at once
-from one address, ``max_streams_per_connection`` concurrent calls on one connection,
-``max_clients`` in all. ``fedlink simulate`` runs every client in one process, from
-127.0.0.1, and gRPC gives channels to the same target one shared connection, so those caps
-would refuse a population larger than a device's worth of calls: at 10,000 clients the Joins
-met ``REFUSED_STREAM`` (stream cap) and per-peer Join throttling until their retry budgets ran
-out. A simulation raises those three caps to what its population needs (never lowers them);
-caps per client id (request rate, uploads, tokens) are kept, as each simulated client is one.
+from one address (``join_global_burst`` from all), ``max_streams_per_connection``
+concurrent calls on one connection, ``max_clients`` in all. ``fedlink simulate`` runs every
+client in one process, from 127.0.0.1, and gRPC gives channels to the same target one shared
+connection, so those caps would refuse a population larger than a device's worth of calls:
+at 10,000 clients the Joins met ``REFUSED_STREAM`` (stream cap) and per-peer Join throttling
+until their retry budgets ran out. A simulation raises those caps to what its population needs
+(never lowers them); caps per client (request rate, uploads, tokens) are kept, as each
+simulated client is one (with its own name, so its own request budget).
 
 A large population also gets pace steering (``limits.checkins_per_s``, unless the config sets
 it): one process serves every idle client's long polls, and 10,000 of them asking again every
@@ -47,6 +48,7 @@ def for_population(config: CoordinatorConfig, clients: int) -> CoordinatorConfig
     wanted: dict[str, Any] = {
         "max_clients": max(limits.max_clients, clients),
         "join_burst_per_peer": max(limits.join_burst_per_peer, clients),
+        "join_global_burst": max(limits.join_global_burst, clients),
         "max_streams_per_connection": max(limits.max_streams_per_connection,
                                           STREAMS_PER_CLIENT * clients + STREAM_HEADROOM),
     }

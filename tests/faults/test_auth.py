@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import jwt
 import numpy as np
 import pytest
 from conftest import (
@@ -23,12 +24,15 @@ from conftest import (
     run_async,
     target_of,
 )
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from jwt.algorithms import ECAlgorithm
 
 from fedlink.cli import main as fedlink_main
 from fedlink.client import ClientOptions, ClientSession, RetryPolicy, Transport
 from fedlink.coordinator import CoordinatorConfig, CoordinatorServer, FlushRule, LimitsConfig
-from fedlink.coordinator.auth import issue_token, load_secret, verify_token
+from fedlink.coordinator.auth import issue_legacy_token, issue_token, load_secret, verify_token
 from fedlink.coordinator.config import AuthConfig
 from fedlink.errors import ConfigError, PermissionDenied, RemoteError, Unauthenticated
 from fedlink.messages import (
@@ -158,6 +162,10 @@ async def _join(server: CoordinatorServer, credential: str, name: str = "") -> s
     pytest.param(issue_token(SECRET, "alice", 60, now=time.time() - 3600), id="expired"),
     pytest.param(issue_token(OTHER_SECRET, "alice", 600), id="forged-signature"),
     pytest.param("not-a-token", id="malformed"),
+    pytest.param(jwt.encode({"sub": "alice", "exp": int(time.time()) + 600}, None,
+                            algorithm="none"), id="alg-none"),
+    pytest.param(issue_token(SECRET, "alice", 600, run="another-run"), id="another-run"),
+    pytest.param(issue_legacy_token(OTHER_SECRET, "alice", 600), id="forged-fl1"),
 ])
 def test_bad_credentials_are_unauthenticated_on_every_call(
         coordinator: CoordinatorFactory, tmp_path: Path, credential: str) -> None:
@@ -260,6 +268,40 @@ def test_sessions_with_their_own_tokens_complete_a_run(coordinator: CoordinatorF
     server = run_async(scenario())
     assert server.service.engine.version == rounds
     assert not server.events.of_kind("update_refused")
+
+
+def test_identity_provider_es256_tokens_and_legacy_fl1_tokens_complete_a_run(
+        coordinator: CoordinatorFactory, tmp_path: Path) -> None:
+    """An operator's provider signs ES256 device tokens (the coordinator holds its JWKS); an old
+    device still has an ``fl1`` token under the secret, accepted with a deprecation warning."""
+    signing = ec.generate_private_key(ec.SECP256R1())
+    jwks = tmp_path / "jwks.json"
+    jwks.write_text(json.dumps({"keys": [
+        ECAlgorithm.to_jwk(signing.public_key(), as_dict=True) | {"kid": "idp-1"}]}))
+    pem = signing.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    config = CoordinatorConfig(
+        rounds=1, run_name="fleet-a", flush=FlushRule(goal=2, deadline_s=None), limits=LIMITS,
+        auth=AuthConfig(algorithm="ES256", jwks_file=str(jwks),
+                        secret_file=str(_secret_file(tmp_path))))
+    tokens = {"new": issue_token(pem, "new", 600, run="fleet-a", algorithm="ES256",
+                                 key_id="idp-1"),
+              "old": issue_legacy_token(SECRET, "old", 600)}
+
+    async def scenario() -> list[int]:
+        async with coordinator(config, X0) as server:
+            sessions = [ClientSession(target_of(server), TowardTrainer(np.ones(DIM, np.float32)),
+                                      ClientOptions(name=name, token=credential,
+                                                    retry=FAST_RETRY))
+                        for name, credential in tokens.items()]
+            await gather_bounded(*(s.run() for s in sessions))
+            await asyncio.wait_for(server.wait_finished(), 10)
+            hs256 = await _refusal(_join(server, token("new")))  # not what this run takes
+            assert isinstance(hs256, Unauthenticated) and "HS256" in hs256.detail
+            return [s.stats.accepted for s in sessions]
+
+    with pytest.warns(DeprecationWarning, match="fl1"):
+        assert run_async(scenario()) == [1, 1]
 
 
 def test_a_missing_secret_stops_the_coordinator_from_starting(

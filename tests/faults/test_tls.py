@@ -185,7 +185,7 @@ def test_fedlink_serve_and_client_run_with_mutual_tls_and_a_token(
     config = tmp_path / "secure.toml"
     config.write_text(SERVE_CONFIG.format(**{k: certs[k] for k in
                                              ("server_pem", "server_key", "ca_pem")}))
-    secret = "command-line-secret-0123456789"
+    secret = "command-line-secret-0123456789abcdef"
     env = {**os.environ, "FEDLINK_TEST_TOKEN_SECRET": secret}
     fedlink = [sys.executable, "-m", "fedlink"]
     token = subprocess.run([*fedlink, "token", "issue", "--client", "edge-9", "--secret-env",

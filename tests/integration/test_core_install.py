@@ -23,9 +23,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.xdist_grou
 
 CORE_DISTRIBUTIONS = {"fedlink", "grpcio", "grpcio_health_checking", "grpcio_reflection",
                       "grpcio_status", "googleapis_common_protos", "numpy", "protobuf",
-                      "tenacity", "typing_extensions"}
+                      "pyjwt", "tenacity", "typing_extensions"}
 """What ``pip install fedlink`` brings (typing_extensions comes with grpcio,
-googleapis_common_protos with grpcio_status: ``google.rpc.RetryInfo``)."""
+googleapis_common_protos with grpcio_status: ``google.rpc.RetryInfo``; pyjwt checks the
+coordinator's per-client tokens)."""
 CORE_BUDGET_MB = 85
 """Site-packages of the core install without .pyc files (``core_install_nocompile_mb`` of
 ``benchmarks/startup.py``): 79.6 MB measured, 97.9 MB as pip installs it by default (.pyc
