@@ -1,4 +1,5 @@
-"""The client registry: who joined, under which id, with how much data, seen when."""
+"""The client registry: who joined, under which id, with how much data, seen when, and the
+gaps between its signs of life (``fedlink.coordinator.heartbeat``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import replace
 
 from fedlink.clock import RealClock
 from fedlink.coordinator.auth import check_caller
+from fedlink.coordinator.heartbeat import LinkGaps
 from fedlink.coordinator.records import ClientRecord
 from fedlink.errors import InvalidArgument, Unauthenticated
 
@@ -32,6 +34,7 @@ class ClientRegistry:
         self._by_instance: dict[tuple[str, str], str] = {}  # (name, instance key) -> id
         self._ids = itertools.count(1)
         self._clock = clock if clock is not None else RealClock().now
+        self.gaps = LinkGaps()  # what each client's link has shown: its silence bound
 
     def __len__(self) -> int:
         return len(self._clients)
@@ -75,6 +78,7 @@ class ClientRegistry:
         numbers = [0]
         for record in records:
             self._clients[record.client_id] = replace(record, joined_at=now, last_seen=now)
+            self.gaps.pause(record.client_id)  # the restart's gap is the coordinator's own
             if record.instance_key:
                 self._by_instance[(record.name, record.instance_key)] = record.client_id
             number = _ID_NUMBER.match(record.client_id)
@@ -88,8 +92,16 @@ class ClientRegistry:
         if record is None:
             raise Unauthenticated(f"unknown client id {client_id!r}: call Join first")
         check_caller(record.name)  # per-client tokens: only its own id (PERMISSION_DENIED)
-        record.last_seen = self._clock()
+        now = self._clock()
+        self.gaps.seen(client_id, record.last_seen, now)
+        record.last_seen = now
         return record
+
+    def pause(self, client_id: str) -> None:
+        """``client_id`` may stay away by choice until its next call (it was answered a
+        ``GetTask``): that gap says nothing about its link."""
+        if client_id in self._clients:
+            self.gaps.pause(client_id)
 
     def last_seen(self, client_id: str) -> float | None:
         """When ``client_id`` last made a call (any call), or None if it is not registered."""
@@ -100,6 +112,7 @@ class ClientRegistry:
         """Forget ``client_id`` (``Unauthenticated`` if unknown)."""
         record = self.touch(client_id)
         del self._clients[client_id]
+        self.gaps.forget(client_id)
         self._by_instance.pop((record.name, record.instance_key), None)
         return record
 
