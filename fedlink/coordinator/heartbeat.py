@@ -11,10 +11,18 @@ client's silence bound follows the gaps between its own signs of life::
     bound = clamp(gap_multiple x p99(recent gaps), base, max_s)
 
 ``base`` is ``limits.liveness_timeout`` (what a clean link gets), ``max_s`` is
-``limits.max_liveness_timeout_s``. A gap the client chose (it was told to wait, or its long
-poll returned with nothing to do) is not a sample: after ``GetTask`` answers anything but a
-task the next gap is skipped (``pause``). A client that was released and comes back teaches
+``limits.max_liveness_timeout_s``. A gap the client chose (after ``GetTask`` answers, it may
+wait or train) is not a sample (``pause``). A client that was released and comes back teaches
 the gap that misled the coordinator, so the same link never fools it twice.
+
+Progress counts too. The coordinator sees a transfer's bytes only a whole chunk (up to a
+MiB) at a time, and on a lossy uplink the client's heartbeats queue behind its upload's data
+in the socket buffers: a client uploading at 40 kB/s may show nothing for half a minute while
+its bytes arrive. So while one of its transfer streams is open (a download being sent, an
+upload whose first chunk arrived), a client's bound is ``max_s``: the stream is evidence of a
+connection that answers the coordinator's keepalive pings (a dead one is cut within the
+server's ping timeout, and the stream with it). When the stream ends, the client counts as
+seen then.
 """
 
 from __future__ import annotations
@@ -54,16 +62,19 @@ class GapWindow:
         return self._p99
 
 
-class LinkGaps:
-    """The gaps of every registered client (kept by ``ClientRegistry``)."""
+class ClientLinks:
+    """What the coordinator has seen of every registered client's link: the gaps between its
+    signs of life, and its transfer streams open now (kept by ``ClientRegistry``)."""
 
     def __init__(self) -> None:
         self._windows: dict[str, GapWindow] = {}
+        self._streams: dict[str, int] = {}
 
-    def seen(self, client_id: str, previous: float, now: float) -> None:
-        """``client_id`` showed life at ``now``; it last did at ``previous``."""
+    def seen(self, client_id: str, previous: float, now: float, sample: bool = True) -> None:
+        """``client_id`` showed life at ``now``; it last did at ``previous``. ``sample=False``:
+        the time between says nothing about its link (a stream was open meanwhile)."""
         window = self._windows.setdefault(client_id, GapWindow())
-        if window.paused:  # the gap since ``pause`` was the client's own choice
+        if window.paused or not sample:  # the gap was the client's choice, or not silence
             window.paused = False
         elif now > previous:
             window.add(now - previous)
@@ -71,6 +82,23 @@ class LinkGaps:
     def pause(self, client_id: str) -> None:
         """The client may now stay away by choice (told to wait): skip its next gap."""
         self._windows.setdefault(client_id, GapWindow()).paused = True
+
+    def opened(self, client_id: str) -> None:
+        """A transfer stream of ``client_id`` is open (a download, or an upload whose first
+        chunk named its client)."""
+        self._streams[client_id] = self._streams.get(client_id, 0) + 1
+
+    def closed(self, client_id: str) -> None:
+        """One of ``client_id``'s transfer streams ended (done, cancelled or cut)."""
+        left = self._streams.get(client_id, 0) - 1
+        if left > 0:
+            self._streams[client_id] = left
+        else:
+            self._streams.pop(client_id, None)
+
+    def transferring(self, client_id: str) -> bool:
+        """Whether a transfer stream of ``client_id`` is open now."""
+        return client_id in self._streams
 
     def p99(self, client_id: str) -> float:
         """The p99 gap of ``client_id`` (0 before any)."""
@@ -85,6 +113,7 @@ class LinkGaps:
     def forget(self, client_id: str) -> None:
         """``client_id`` left or expired."""
         self._windows.pop(client_id, None)
+        self._streams.pop(client_id, None)
 
 
 def silence_bound(p99_gap_s: float, base_s: float, gap_multiple: float, max_s: float) -> float:

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from fedlink.clock import RealClock
 from fedlink.coordinator.auth import check_caller
-from fedlink.coordinator.heartbeat import LinkGaps
+from fedlink.coordinator.heartbeat import ClientLinks
 from fedlink.coordinator.records import ClientRecord
 from fedlink.errors import InvalidArgument, Unauthenticated
 
@@ -34,7 +34,7 @@ class ClientRegistry:
         self._by_instance: dict[tuple[str, str], str] = {}  # (name, instance key) -> id
         self._ids = itertools.count(1)
         self._clock = clock if clock is not None else RealClock().now
-        self.gaps = LinkGaps()  # what each client's link has shown: its silence bound
+        self.gaps = ClientLinks()  # what each client's link has shown: its silence bound
 
     def __len__(self) -> int:
         return len(self._clients)
@@ -86,16 +86,31 @@ class ClientRegistry:
                 numbers.append(int(number[1]))
         self._ids = itertools.count(max(numbers) + 1)
 
-    def touch(self, client_id: str) -> ClientRecord:
-        """The record of ``client_id``, marked as seen now (``Unauthenticated`` if unknown)."""
+    def touch(self, client_id: str, sample: bool = True) -> ClientRecord:
+        """The record of ``client_id``, marked as seen now (``Unauthenticated`` if unknown).
+
+        ``sample=False``: the time since it was last seen is not a gap of its link (one of
+        its transfer streams was open meanwhile)."""
         record = self._clients.get(client_id)
         if record is None:
             raise Unauthenticated(f"unknown client id {client_id!r}: call Join first")
         check_caller(record.name)  # per-client tokens: only its own id (PERMISSION_DENIED)
         now = self._clock()
-        self.gaps.seen(client_id, record.last_seen, now)
+        self.gaps.seen(client_id, record.last_seen, now, sample)
         record.last_seen = now
         return record
+
+    def transfer_opened(self, client_id: str) -> None:
+        """A transfer stream of ``client_id`` is open: it counts as a sign of life until it
+        ends (``fedlink.coordinator.heartbeat``)."""
+        if client_id in self._clients:
+            self.gaps.opened(client_id)
+
+    def transfer_closed(self, client_id: str) -> None:
+        """A transfer stream of ``client_id`` ended: the client counts as seen now."""
+        if client_id in self._clients:
+            self.gaps.closed(client_id)
+            self._clients[client_id].last_seen = self._clock()  # not a gap: the stream was on
 
     def pause(self, client_id: str) -> None:
         """``client_id`` may stay away by choice until its next call (it was answered a

@@ -102,10 +102,13 @@ class TimeKeeper:
     def silence_bound(self, client_id: str) -> float | None:
         """How long ``client_id`` may be silent while holding a task (``None``: the check is
         off): ``limits.liveness_timeout``, or a multiple of the p99 gap between its signs of
-        life when its link has shown longer ones (``fedlink.coordinator.heartbeat``)."""
+        life when its link has shown longer ones, or ``limits.max_liveness_timeout`` while one
+        of its transfer streams is open (``fedlink.coordinator.heartbeat``)."""
         base, most = self.limits.liveness_timeout, self.limits.max_liveness_timeout
         if base is None or most is None:
             return None
+        if self.registry.gaps.transferring(client_id):
+            return most  # a stream of its own is open: its connection answers keepalives
         return silence_bound(self.registry.gaps.p99(client_id), base,
                              self.limits.liveness_gap_multiple, most)
 

@@ -5,8 +5,9 @@ and model time moves only when the test says.
 A lossy link delays a client's heartbeats (TCP backing off under loss): one whose late
 heartbeats have shown gaps of up to 20 s is not taken for dead after 25 s of silence, while a
 client whose heartbeats came on time is, exactly as before; a lossy client that really dies is
-still released, at a multiple of its gaps. A timeout whose client delivers later is counted
-(``false_client_timeouts``)."""
+still released, at a multiple of its gaps. A client with a transfer stream open is alive
+(its chunks may take a minute each on a lossy link), up to the longest bound. A timeout whose
+client delivers later is counted (``false_client_timeouts``)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from fedlink.coordinator.heartbeat import GapWindow, silence_bound
 from fedlink.errors import ConfigError
 from fedlink.messages import (
     CommitRequest,
+    DownloadRequest,
     GetTaskRequest,
     HeartbeatRequest,
     JoinRequest,
@@ -182,18 +184,49 @@ def test_the_bound_is_capped_by_max_liveness_timeout() -> None:
     scenario(ManualClock(start=100.0), body, max_liveness_timeout_s=40.0)
 
 
-def test_upload_chunks_arriving_are_signs_of_life() -> None:
+def test_an_open_upload_stream_is_a_sign_of_life() -> None:
     async def body(world: Coordinator) -> None:
         await world.start("uploading", "clean")
         data = pack(np.full(SIZE, 1.0, np.float32), get_codec("fp32")).data
         pieces = [data[:4], data[4:8], data[8:]]
-        # no heartbeat at all: only the chunks, 20 s apart, say the client is there
-        upload_id = await world.upload("uploading", pieces, between_s=20.0)
-        await world.after(20.0)
+        # no heartbeat at all: a lossy uplink takes a minute to carry each further chunk
+        upload_id = await world.upload("uploading", pieces, between_s=60.0)
         assert world.timed_out() == []
         await world.commit("uploading", upload_id)
 
     scenario(ManualClock(start=100.0), body)
+
+
+def test_an_open_download_stream_is_a_sign_of_life_until_it_ends() -> None:
+    async def body(world: Coordinator) -> None:
+        await world.start("downloading", "clean")
+        stream = world.service.download(DownloadRequest(
+            world.ids["downloading"], world.tasks["downloading"].task_id, max_chunk_bytes=4))
+        await anext(stream)  # the first chunk is on its way; the rest waits on the link
+        await world.after(100.0)
+        assert world.timed_out() == []
+        await stream.aclose()  # the stream ends (the client cancelled, or its link died)
+        await world.after(25.0)
+        assert world.timed_out() == []  # seen when its stream ended, 25 s ago
+        await world.after(1.0)
+        assert world.timed_out() == ["downloading"]
+
+    scenario(ManualClock(start=100.0), body)
+
+
+def test_a_client_silent_in_an_open_stream_is_released_at_the_longest_bound() -> None:
+    async def body(world: Coordinator) -> None:
+        await world.start("stuck", "clean")
+        stream = world.service.download(DownloadRequest(
+            world.ids["stuck"], world.tasks["stuck"].task_id, max_chunk_bytes=4))
+        await anext(stream)
+        await world.after(40.0)
+        assert world.timed_out() == []
+        await world.after(1.0)  # max_liveness_timeout_s: a stream does not hold a place forever
+        assert world.timed_out() == ["stuck"]
+        await stream.aclose()
+
+    scenario(ManualClock(start=100.0), body, max_liveness_timeout_s=40.0)
 
 
 def test_a_wait_the_client_was_told_to_take_does_not_widen_its_bound() -> None:
