@@ -47,6 +47,8 @@ T = TypeVar("T")
 
 MIN_CHUNK_BYTES = 16 << 10
 MAX_CHUNK_BYTES = 1 << 20
+FIRST_CHUNK_BYTES = 64 << 10
+"""The most an upload stream's first chunk carries (it tells the coordinator whose it is)."""
 MIN_SEGMENT_BYTES = 64 << 10
 START_SEGMENT_BYTES = 1 << 20
 MAX_SEGMENT_BYTES = 64 << 20
@@ -366,8 +368,14 @@ class Transfers:
                 end: int) -> Iterator[UploadChunk]:
         """The upload's chunks in ``[start, end)``, made one at a time as the stream wants them."""
         size = min(self.up.size, max(self.up.minimum, self.segment.size // 4))
+        # the first chunk is small: the coordinator knows whose stream it is only from a
+        # chunk, and counts an open stream as a sign of life (a lossy uplink may take half a
+        # minute to carry a whole chunk, while heartbeats queue behind it)
+        step = min(size, FIRST_CHUNK_BYTES)
         view = memoryview(data)
-        for offset in range(start, end, size):
-            piece = bytes(view[offset:min(offset + size, end)])
+        offset = start
+        while offset < end:
+            piece = bytes(view[offset:min(offset + step, end)])
             self.stats.bytes_up += len(piece)
             yield UploadChunk(client_id, upload_id, offset, piece)
+            offset, step = offset + len(piece), size

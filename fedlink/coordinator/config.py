@@ -197,6 +197,8 @@ REDACTED = "<redacted>"
 UPDATE_BYTES_MULTIPLE = 3
 """Default ``max_update_bytes``: three times the model's fp32 size (a dense fp32 update is
 once; sparse codes with indices stay under twice), plus 64 KiB for small models."""
+LIVENESS_MAX_MULTIPLE = 10
+"""Default ``max_liveness_timeout_s``: this many times the liveness timeout."""
 SPOOL_UPDATES = 256
 """Default ``max_spool_bytes``: room for this many largest-possible updates at once."""
 
@@ -210,6 +212,11 @@ class LimitsConfig:
     holding a place in the cohort (it may still deliver, like a task released at the
     deadline). ``None`` (the default) means ``3 x heartbeat_interval_s + long_poll_s``;
     ``0`` disables the check.
+    That is the bound of a client on a clean link; one whose link has shown long gaps between
+    its signs of life (calls, heartbeats, transfer chunks: TCP backing off under loss) gets
+    ``liveness_gap_multiple`` times its p99 gap, at most ``max_liveness_timeout_s`` (``0``,
+    the default: ten times the liveness timeout; see ``fedlink.coordinator.heartbeat``), so
+    that a lossy client making progress is not timed out.
 
     ``inline_bytes``: a payload of at most this many bytes travels inside the message that
     announces it, saving a call and its round trip: the model (or delta) of a task inside
@@ -276,6 +283,8 @@ class LimitsConfig:
     long_poll_s: float = 10.0
     retry_after_s: float = 1.0
     liveness_timeout_s: float | None = None
+    liveness_gap_multiple: float = 3.0
+    max_liveness_timeout_s: float = 0.0
     delta_history: int = 4
     inline_bytes: int = 64 << 10
     max_clients: int = 10_000
@@ -327,6 +336,10 @@ class LimitsConfig:
                 "coordinator.limits.liveness_timeout_s",
                 f"must exceed heartbeat_interval_s={self.heartbeat_interval_s}, or be 0 to "
                 f"disable the check, got {self.liveness_timeout_s}")
+        require(math.isfinite(self.liveness_gap_multiple) and self.liveness_gap_multiple >= 1,
+                "coordinator.limits.liveness_gap_multiple",
+                f"must be >= 1, got {self.liveness_gap_multiple}")
+        self._check_max_liveness()
         require(self.inline_bytes >= 0, "coordinator.limits.inline_bytes",
                 f"must be >= 0 (0: nothing inline), got {self.inline_bytes}")
         require(self.delta_history >= 0, "coordinator.limits.delta_history",
@@ -359,6 +372,24 @@ class LimitsConfig:
                 "coordinator.limits.client_ttl_s",
                 f"must exceed heartbeat_interval_s={self.heartbeat_interval_s}, or be 0")
 
+    def _check_max_liveness(self) -> None:
+        """``max_liveness_timeout_s``: 0 (the default multiple), or at least the liveness
+        timeout it caps (and refused when the liveness check it would cap is off)."""
+        require(math.isfinite(self.max_liveness_timeout_s) and self.max_liveness_timeout_s >= 0,
+                "coordinator.limits.max_liveness_timeout_s",
+                f"must be >= 0 (0: {LIVENESS_MAX_MULTIPLE} x the liveness timeout), got "
+                f"{self.max_liveness_timeout_s}")
+        if not self.max_liveness_timeout_s:
+            return
+        base = self.liveness_timeout
+        require(base is not None, "coordinator.limits.max_liveness_timeout_s",
+                "cannot take effect: the liveness check is off "
+                "(coordinator.limits.liveness_timeout_s = 0)")
+        require(base is None or self.max_liveness_timeout_s >= base,
+                "coordinator.limits.max_liveness_timeout_s",
+                f"must be >= the liveness timeout ({base} s: "
+                f"coordinator.limits.liveness_timeout_s), got {self.max_liveness_timeout_s}")
+
     def update_bytes_for(self, num_parameters: int) -> int:
         """``max_update_bytes`` in force for a model of ``num_parameters`` float32 values."""
         if self.max_update_bytes:
@@ -386,6 +417,14 @@ class LimitsConfig:
             return self.finished_grace_s
         window = self.long_poll_s + self.retry_after_s + 1.0
         return max(window, 2 * (self.liveness_timeout or 0.0))
+
+    @property
+    def max_liveness_timeout(self) -> float | None:
+        """The longest silence bound of any client (seconds), ``None`` when the check is off."""
+        base = self.liveness_timeout
+        if base is None:
+            return None
+        return self.max_liveness_timeout_s or LIVENESS_MAX_MULTIPLE * base
 
     @property
     def liveness_timeout(self) -> float | None:

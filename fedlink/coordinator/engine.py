@@ -15,10 +15,11 @@ download (``max_staleness + 1``) and ``limits.delta_history`` raw versions.
 
 A task holds a place in its version's cohort until it delivers or is *released*. Release
 happens for two reasons, through one mechanism (``_release``): the deadline passed with fewer
-than ``min_updates`` in (``poll``), or the task's client went silent for longer than
-``limits.liveness_timeout_s`` (``release_silent``). A released task is not closed: its client
-may still deliver while the update is within ``max_staleness``; the task only stops keeping
-another client out.
+than ``min_updates`` in (``poll``), or the task's client went silent for longer than its
+silence bound (``release_silent``: ``limits.liveness_timeout_s``, or more for a client whose
+link has shown long gaps, ``fedlink.coordinator.heartbeat``). A released task is not closed:
+its client may still deliver while the update is within ``max_staleness``; the task only
+stops keeping another client out.
 """
 
 from __future__ import annotations
@@ -545,36 +546,45 @@ class RoundEngine:
                   f"{self.rule.min_updates} updates in")
         for record in self._holding_places():
             if record.version == self._version:
-                self._release(record, reason)
+                self._release(record, reason, cause="deadline")
         self._round_started = self._clock()
 
-    def release_silent(self, last_seen: Callable[[str], float | None]) -> list[TaskRecord]:
-        """Release the tasks of clients not seen for ``limits.liveness_timeout_s``, and tasks
-        not delivered ``limits.max_task_s`` after they were issued.
+    def release_silent(self, last_seen: Callable[[str], float | None],
+                       bound: Callable[[str], float | None] | None = None) -> list[TaskRecord]:
+        """Release the tasks of clients silent for longer than their bound, and tasks not
+        delivered ``limits.max_task_s`` after they were issued.
 
         ``last_seen(client_id)`` is when the client last made any call (None: the client is
-        gone). Returns the released tasks, so the caller can wake clients waiting for a place.
+        gone); ``bound(client_id)`` how long it may be silent (``None``: no check; default
+        ``limits.liveness_timeout_s`` for all, see ``fedlink.coordinator.heartbeat``).
+        Returns the released tasks, so the caller can wake clients waiting for a place.
         """
         if self.finished:
             return []
-        timeout = self.config.limits.liveness_timeout
+        bound = bound or self._fixed_bound
         max_task_s = self.config.limits.max_task_s
         now = self._clock()
         released = []
         for record in self._holding_places():
             seen = last_seen(record.client_id)
+            timeout = bound(record.client_id)
             if seen is None:
-                self._release(record, "the client is no longer registered")
+                self._release(record, "the client is no longer registered", cause="gone")
             elif timeout is not None and now - seen > timeout:
-                self._release(record, f"no heartbeat for {now - seen:.1f} s")
+                self._release(record, f"no heartbeat for {now - seen:.1f} s",
+                              cause="silent")
             elif max_task_s and now - record.issued_at > max_task_s:
                 # Heartbeats alone must not hold a place forever (limits.max_task_s).
                 self._release(record, f"not delivered {now - record.issued_at:.1f} s after "
-                              "it was issued", ask_again=False)
+                              "it was issued", ask_again=False, cause="overdue")
             else:
                 continue
             released.append(record)
         return released
+
+    def _fixed_bound(self, client_id: str) -> float | None:
+        """Every client's silence bound when none is given: ``limits.liveness_timeout``."""
+        return self.config.limits.liveness_timeout
 
     def deadline_at(self) -> float | None:
         """When this version's deadline passes (``None``: no deadline, or no round started).
@@ -589,15 +599,19 @@ class RoundEngine:
             return None
         return self._round_started + self.rule.deadline_s
 
-    def next_due(self, last_seen: Callable[[str], float | None]) -> float | None:
-        """The earliest instant ``poll`` or ``release_silent`` has something to do, as things
-        stand (``None``: nothing, until the engine changes). O(tasks holding a place)."""
+    def next_due(self, last_seen: Callable[[str], float | None],
+                 bound: Callable[[str], float | None] | None = None) -> float | None:
+        """The earliest instant ``poll`` or ``release_silent`` (with the same ``bound``) has
+        something to do, as things stand (``None``: nothing, until the engine changes).
+        O(tasks holding a place)."""
         due = [t for t in (self.deadline_at(),) if t is not None]
         if self.finished:
             return None
-        timeout, max_task_s = self.config.limits.liveness_timeout, self.config.limits.max_task_s
+        bound = bound or self._fixed_bound
+        max_task_s = self.config.limits.max_task_s
         for record in self._holding_places():
             seen = last_seen(record.client_id)
+            timeout = bound(record.client_id)
             if seen is None:
                 due.append(self._clock())
             elif timeout is not None:
@@ -617,17 +631,19 @@ class RoundEngine:
         """Open tasks that still hold a place in a cohort."""
         return [r for r in self._tasks.values() if r.state.holds_place and self.is_open(r)]
 
-    def _release(self, record: TaskRecord, reason: str, ask_again: bool = True) -> None:
+    def _release(self, record: TaskRecord, reason: str, ask_again: bool = True,
+                 cause: str = "") -> None:
         """Stop ``record`` holding a place; it may still deliver while within staleness.
 
         ``ask_again=False``: its client is not offered another task for the same version (it
-        held one for too long already).
+        held one for too long already). ``cause``: one word for the event (``silent``,
+        ``deadline``, ``overdue``, ``gone``).
         """
         self._move(record, TaskState.RELEASED if ask_again else TaskState.OVERDUE)
         self._save(record)
         self.events.emit(kinds.ClientTimeout.build(
             client_id=record.client_id, task_id=record.task_id, model_version=record.version,
-            reason=reason))
+            reason=reason, cause=cause or None))
 
     def _flush(self) -> FlushOutcome:
         now = self._clock()

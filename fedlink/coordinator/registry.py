@@ -1,4 +1,5 @@
-"""The client registry: who joined, under which id, with how much data, seen when."""
+"""The client registry: who joined, under which id, with how much data, seen when, and the
+gaps between its signs of life (``fedlink.coordinator.heartbeat``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import replace
 
 from fedlink.clock import RealClock
 from fedlink.coordinator.auth import check_caller, principal
+from fedlink.coordinator.heartbeat import ClientLinks
 from fedlink.coordinator.records import ClientRecord
 from fedlink.errors import InvalidArgument, Unauthenticated
 
@@ -33,6 +35,7 @@ class ClientRegistry:
         self._principals: dict[str, str] = {}  # id -> whose budget it spends (auth.principal)
         self._ids = itertools.count(1)
         self._clock = clock if clock is not None else RealClock().now
+        self.gaps = ClientLinks()  # what each client's link has shown: its silence bound
 
     def __len__(self) -> int:
         return len(self._clients)
@@ -79,6 +82,7 @@ class ClientRegistry:
         numbers = [0]
         for record in records:
             self._clients[record.client_id] = replace(record, joined_at=now, last_seen=now)
+            self.gaps.pause(record.client_id)  # the restart's gap is the coordinator's own
             if record.instance_key:
                 self._by_instance[(record.name, record.instance_key)] = record.client_id
             number = _ID_NUMBER.match(record.client_id)
@@ -86,14 +90,37 @@ class ClientRegistry:
                 numbers.append(int(number[1]))
         self._ids = itertools.count(max(numbers) + 1)
 
-    def touch(self, client_id: str) -> ClientRecord:
-        """The record of ``client_id``, marked as seen now (``Unauthenticated`` if unknown)."""
+    def touch(self, client_id: str, sample: bool = True) -> ClientRecord:
+        """The record of ``client_id``, marked as seen now (``Unauthenticated`` if unknown).
+
+        ``sample=False``: the time since it was last seen is not a gap of its link (one of
+        its transfer streams was open meanwhile)."""
         record = self._clients.get(client_id)
         if record is None:
             raise Unauthenticated(f"unknown client id {client_id!r}: call Join first")
         check_caller(record.name)  # per-client tokens: only its own id (PERMISSION_DENIED)
-        record.last_seen = self._clock()
+        now = self._clock()
+        self.gaps.seen(client_id, record.last_seen, now, sample)
+        record.last_seen = now
         return record
+
+    def transfer_opened(self, client_id: str) -> None:
+        """A transfer stream of ``client_id`` is open: it counts as a sign of life until it
+        ends (``fedlink.coordinator.heartbeat``)."""
+        if client_id in self._clients:
+            self.gaps.opened(client_id)
+
+    def transfer_closed(self, client_id: str) -> None:
+        """A transfer stream of ``client_id`` ended: the client counts as seen now."""
+        if client_id in self._clients:
+            self.gaps.closed(client_id)
+            self._clients[client_id].last_seen = self._clock()  # not a gap: the stream was on
+
+    def pause(self, client_id: str) -> None:
+        """``client_id`` may stay away by choice until its next call (it was answered a
+        ``GetTask``): that gap says nothing about its link."""
+        if client_id in self._clients:
+            self.gaps.pause(client_id)
 
     def last_seen(self, client_id: str) -> float | None:
         """When ``client_id`` last made a call (any call), or None if it is not registered."""
@@ -104,6 +131,7 @@ class ClientRegistry:
         """Forget ``client_id`` (``Unauthenticated`` if unknown)."""
         record = self.touch(client_id)
         del self._clients[client_id]
+        self.gaps.forget(client_id)
         self._by_instance.pop((record.name, record.instance_key), None)
         self._principals.pop(client_id, None)
         return record

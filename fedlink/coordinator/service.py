@@ -227,6 +227,7 @@ class CoordinatorService:
                                   f"coordinator published (current {self.engine.version}; "
                                   "-1 = none held)")
         reply = self._paced(await self._next_task(request.client_id, request.held_version))
+        self.registry.pause(request.client_id)  # a long poll or a Wait: no link gap follows
         if isinstance(reply, Task | Finished):  # a new task, or the run's end, was journaled
             await self.state.sync()
         if isinstance(reply, Task):

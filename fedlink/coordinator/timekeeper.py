@@ -1,5 +1,6 @@
 """The coordinator's time rules, applied when they fall due: a round's deadline, releasing
-silent clients' tasks, forgetting silent clients and idle uploads, the stuck line.
+silent clients' tasks (each client judged against its own link: ``silence_bound``),
+forgetting silent clients and idle uploads, the stuck line.
 
 The alarm (``fedlink.coordinator.timers.Alarm``) rings from ``Clock.call_at`` at the earliest
 instant a rule can have something to do; after each change it is re-armed with an O(1)
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from fedlink.clock import Clock
 from fedlink.coordinator.config import LimitsConfig
 from fedlink.coordinator.engine import FlushOutcome, RoundEngine
+from fedlink.coordinator.heartbeat import silence_bound
 from fedlink.coordinator.journal import Journal
 from fedlink.coordinator.progress import ProgressLog
 from fedlink.coordinator.registry import ClientRegistry
@@ -72,7 +74,8 @@ class TimeKeeper:
         """
         with self._journal.durably():
             expired = self._expire()
-            released = self.engine.release_silent(self.registry.last_seen) or expired
+            released = self.engine.release_silent(self.registry.last_seen,
+                                                  self.silence_bound) or expired
             outcome = self.engine.poll()
         if outcome is not None:
             self._on_flush(outcome)
@@ -88,17 +91,32 @@ class TimeKeeper:
     def next_due(self) -> float | None:
         """The earliest instant a time rule (deadline, liveness, expiry, stuck line) has
         something to do, as things stand; a scan of tasks, clients and uploads."""
-        due = [self.engine.next_due(self.registry.last_seen), self._stuck_due()]
+        due = [self.engine.next_due(self.registry.last_seen, self.silence_bound),
+               self._stuck_due()]
         oldest_seen = self.registry.oldest_seen()
         if self.limits.client_ttl_s and oldest_seen is not None:
             due.append(oldest_seen + self.limits.client_ttl_s)
         due.append(self.uploads.next_expiry())
         return min((t for t in due if t is not None), default=None)
 
+    def silence_bound(self, client_id: str) -> float | None:
+        """How long ``client_id`` may be silent while holding a task (``None``: the check is
+        off): ``limits.liveness_timeout``, or a multiple of the p99 gap between its signs of
+        life when its link has shown longer ones, or ``limits.max_liveness_timeout`` while one
+        of its transfer streams is open (``fedlink.coordinator.heartbeat``)."""
+        base, most = self.limits.liveness_timeout, self.limits.max_liveness_timeout
+        if base is None or most is None:
+            return None
+        if self.registry.gaps.transferring(client_id):
+            return most  # a stream of its own is open: its connection answers keepalives
+        return silence_bound(self.registry.gaps.p99(client_id), base,
+                             self.limits.liveness_gap_multiple, most)
+
     def _soonest_new_due(self) -> float | None:
         """A bound on when a rule can fall due after a change, in O(1): the round's deadline
         and stuck line exactly, and for the rules counted from a client's last activity
-        (liveness, task age, expiry) the shortest of their periods from now. ``keep_time``
+        (liveness, task age, expiry) the shortest of their periods from now (no client's
+        silence bound is below ``liveness_timeout``). ``keep_time``
         computes the exact instant once woken."""
         limits, now = self.limits, self._clock.now()
         periods = [p for p in (limits.liveness_timeout, limits.max_task_s, limits.client_ttl_s,

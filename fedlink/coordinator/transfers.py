@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from fedlink.coordinator.admission import CallerCheck
 from fedlink.coordinator.config import LimitsConfig
@@ -85,9 +85,14 @@ class Transfers:
         self._offer(record, full, payload, delta=request.delta)
         kind = _what(request)
         self.downloads.streaming(record.client_id, record.task_id, kind, request.offset)
-        for offset, piece in iter_chunks(payload.data, chunk_bytes, request.offset):
-            yield DataChunk(offset, piece)
-            self._callers.registry.touch(request.client_id)
+        registry = self._callers.registry
+        registry.transfer_opened(request.client_id)  # an open stream is a sign of life
+        try:
+            for offset, piece in iter_chunks(payload.data, chunk_bytes, request.offset):
+                yield DataChunk(offset, piece)
+                registry.touch(request.client_id, sample=False)
+        finally:
+            registry.transfer_closed(request.client_id)
         self.downloads.streamed(record.client_id, record.task_id, kind)
 
     def with_inline_payload(self, client_id: str, task: Task, held_version: int = -1) -> Task:
@@ -145,8 +150,9 @@ class Transfers:
                         self._callers.admit(chunk.client_id)
                         slot.enter_context(self._callers.limiter.upload_slot(
                             chunk.client_id, chunk.upload_id))
+                        slot.enter_context(self._streaming(chunk.client_id))
                     else:
-                        self._callers.registry.touch(chunk.client_id)
+                        self._callers.registry.touch(chunk.client_id, sample=False)
                         if chunk.client_id != written[0] or chunk.upload_id != written[1]:
                             raise InvalidArgument("one Upload stream must carry a single "
                                                   "client_id and upload_id")
@@ -161,6 +167,16 @@ class Transfers:
         if written is None:
             raise InvalidArgument("Upload stream carried no chunk")
         return UploadReply(written[1], self.uploads.status(*written))
+
+    @contextlib.contextmanager
+    def _streaming(self, client_id: str) -> Iterator[None]:
+        """A transfer stream of ``client_id`` is open meanwhile: a sign of life
+        (``fedlink.coordinator.heartbeat``)."""
+        self._callers.registry.transfer_opened(client_id)
+        try:
+            yield
+        finally:
+            self._callers.registry.transfer_closed(client_id)
 
     async def make_durable(self, client_id: str, upload_id: str) -> None:
         """fsync what the upload received, off the event loop (nothing to do in memory)."""

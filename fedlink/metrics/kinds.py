@@ -276,13 +276,19 @@ class ClientExpired(Event):
 
 @dataclass(frozen=True, eq=False, kw_only=True, repr=False)
 class ClientTimeout(Event):
-    """A task stopped holding its place in the cohort (its client was too slow or silent)."""
+    """A task stopped holding its place in the cohort (its client was too slow or silent).
+
+    ``cause``: ``silent`` (no sign of life within the client's silence bound), ``deadline``
+    (the round's deadline passed short of ``min_updates``), ``overdue`` (``max_task_s``) or
+    ``gone`` (the client is no longer registered); absent in logs written before it.
+    """
 
     KIND: ClassVar[str] = "client_timeout"
     client_id: str | None = None
     task_id: str | None = None
     model_version: int | None = None
     reason: str | None = None
+    cause: str | None = None
 
 
 @dataclass(frozen=True, eq=False, kw_only=True, repr=False)

@@ -47,6 +47,8 @@
 ``clients``              number of distinct ``client_id`` values in ``client_joined`` events
 ``clients_left``         number of ``client_left`` events
 ``client_timeouts``      number of ``client_timeout`` events
+``false_client_timeouts``  ``client_timeout`` events for silence (``cause`` ``silent``) whose
+                         task's update was accepted later: live clients taken for dead
 ``client_retries_reported``  sum of ``retries`` the clients reported with their updates
                          (``update_accepted``, ``update_refused``) and when they left
                          (``client_left``); 0 when none reported
@@ -261,8 +263,27 @@ def _client_figures(events: list[Event]) -> dict[str, Any]:
         "clients": len(joined),
         "clients_left": len(of_kind(events, CLIENT_LEFT)),
         "client_timeouts": len(of_kind(events, CLIENT_TIMEOUT)),
+        "false_client_timeouts": false_client_timeouts(events),
         "finish_reason": finished[-1].get("reason") if finished else None,
     }
+
+
+def false_client_timeouts(events: Iterable[Mapping[str, Any]]) -> int:
+    """``client_timeout`` events for silence whose task's update was accepted later: the
+    coordinator took a live client for dead. Older logs (no ``cause``) count those whose
+    reason says ``no heartbeat``."""
+    timed_out: set[tuple[Any, Any]] = set()
+    false = 0
+    for event in events:
+        kind, key = event.get("kind"), (event.get("client_id"), event.get("task_id"))
+        if kind == CLIENT_TIMEOUT and (event.get("cause") == "silent" or (
+                event.get("cause") is None
+                and str(event.get("reason") or "").startswith("no heartbeat"))):
+            timed_out.add(key)
+        elif kind == UPDATE_ACCEPTED and key in timed_out:
+            timed_out.discard(key)
+            false += 1
+    return false
 
 
 def _resilience_figures(events: list[Event]) -> dict[str, Any]:
