@@ -75,6 +75,8 @@ def test_the_mutant_fails_its_check(name: str, data: Path, tmp_path: Path) -> No
     failed = [verdict for verdict, passed in verdicts.items() if not passed]
     assert failed and all(v.split(": ")[-1] == check for v in failed), output
     assert f"FAIL  {failed[0]}" in output
+    if name == "exit_3":  # the client's own status, as it gave it
+        assert "client exit code 3" in output
 
 
 @pytest.mark.parametrize("check", ["heartbeat", "retry_hint", "metrics", "new_upload_id"])
