@@ -210,7 +210,9 @@ class CommitReply:
     upload_id: str
     model_version: int
     staleness: int
-    accepted_version: int = 0
+    accepted_version: int | None = None
+    """The version current when the update was accepted (``None``: not said, as in a
+    refusal's details or a coordinator before protocol 1.1; 0 is a real version)."""
     flushed_version: int = 0
     """The version this commit's flush made; 0 when it triggered none."""
     refusal: RefusalCode = RefusalCode.NONE

@@ -121,6 +121,16 @@ class LogisticRegressionTrainer:
         return TrainResult(params=local, num_examples=self.num_examples(),
                            steps_completed=steps, steps_planned=steps_planned, metrics=metrics)
 
+    def evaluate(self, params: np.ndarray) -> dict[str, float]:
+        """Mean cross-entropy and accuracy of the model ``params`` on the local data (the
+        SDK answers the coordinator's evaluation tasks with them)."""
+        weight, bias = split_params(np.asarray(params, dtype=np.float32), self.num_features,
+                                    self.num_classes)
+        logits = self.x @ weight.T + bias
+        loss, _ = softmax_cross_entropy(logits, self.y)
+        accuracy = float((logits.argmax(axis=1) == self.y).mean())
+        return {"loss": loss, "accuracy": accuracy, "examples": float(self.num_examples())}
+
     def _run(self, params: np.ndarray, anchor: np.ndarray, plan: TrainPlan,
              steps_planned: int) -> tuple[float, int]:
         """SGD on ``params`` in place; (summed minibatch loss, steps completed)."""

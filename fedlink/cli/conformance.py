@@ -25,6 +25,18 @@ def add_conformance_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--codecs", default=None,
                    help="downlink codecs to check, comma-separated (default: all of them: "
                         "fp32, fp16, bf16, fp32-zlib)")
+    p.add_argument("--update-codecs", default=None,
+                   help="lossy update codecs the client is asked to send, comma-separated, "
+                        "each in a run of its own with {update_codec} in --client-cmd "
+                        "replaced by its name (default: qsgd, sign, topk+q4, randk+q8; "
+                        "'' checks none)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address the coordinators listen on (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=0,
+                   help="port the coordinators listen on, one after the other (default: 0, "
+                        "a free port for each)")
+    p.add_argument("--only", default=None,
+                   help="check names to run alone, comma-separated (default: every check)")
     p.add_argument("--timeout-s", type=float, default=120.0,
                    help="seconds one client run may take")
     p.add_argument("--json", type=Path, default=None, metavar="FILE",
@@ -35,19 +47,25 @@ def add_conformance_parser(sub: argparse._SubParsersAction) -> None:
 def _conformance(args: argparse.Namespace) -> int:
     from fedlink.conformance import (
         DOWNLINK_CODECS,
+        LOSSY_CODECS,
         ConformanceOptions,
         format_report,
         run_conformance,
     )
 
-    codecs = DOWNLINK_CODECS if args.codecs is None else \
-        tuple(c for c in args.codecs.split(",") if c)
     options = ConformanceOptions(
         client_cmd=args.client_cmd, num_parameters=args.num_parameters,
-        codecs=codecs, timeout_s=args.timeout_s)
+        codecs=_names(args.codecs, DOWNLINK_CODECS),
+        update_codecs=_names(args.update_codecs, LOSSY_CODECS), timeout_s=args.timeout_s,
+        host=args.host, port=args.port, only=_names(args.only, ()))
     results = asyncio.run(run_conformance(options))
     print(format_report(results), flush=True)
     verdicts = [v for r in results for v in r.verdicts]
     if args.json is not None:
         args.json.write_text(json.dumps({v.name: v.passed for v in verdicts}, indent=1))
     return 0 if all(v.passed for v in verdicts) else 1
+
+
+def _names(value: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
+    """A comma-separated list of names; ``default`` when the option was not given."""
+    return default if value is None else tuple(n.strip() for n in value.split(",") if n.strip())

@@ -1,15 +1,19 @@
 """Protocol conformance of an external client: ``fedlink conformance --client-cmd "..."``.
 
-Starts real coordinators on loopback, runs the client command against each, injects faults
-(a cut download, a cut upload, a lost commit reply, a corrupted upload) and reports which
-protocol behaviours the client showed: join, task, resume download, resume upload, idempotent
-commit, delta, refusal handling, inline payloads and each downlink codec (``docs/protocol.md``).
+Starts real coordinators (on loopback unless told otherwise), runs the client command against
+each, injects faults (cut transfers, a lost commit reply, corrupted bytes both ways, a slow
+commit, an overload refusal, a forgotten client) and reports by name which protocol behaviours
+the client showed: join, task, resume download, resume upload, idempotent commit, delta,
+refusal handling, a new upload id after ``DATA_LOSS``, model verification, heartbeats, the
+retry hint, re-joining, evaluation tasks, metrics, leave, inline payloads, each downlink codec
+and each lossy update codec (``docs/protocol.md``).
 """
 
 from fedlink.conformance.checks import CHECKS, Verdict
 from fedlink.conformance.probe import FaultPlan
 from fedlink.conformance.runner import (
     DOWNLINK_CODECS,
+    LOSSY_CODECS,
     ConformanceOptions,
     Scenario,
     ScenarioResult,
@@ -20,6 +24,7 @@ from fedlink.conformance.runner import (
 __all__ = [
     "CHECKS",
     "DOWNLINK_CODECS",
+    "LOSSY_CODECS",
     "ConformanceOptions",
     "FaultPlan",
     "Scenario",

@@ -7,6 +7,7 @@ are registered by name in ``CHECKS`` in the order a client meets the behaviours
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -15,6 +16,9 @@ from fedlink.metrics import Event
 
 REPEATED_REFUSAL_LIMIT = 3
 """A refused upload id committed more often than this is a client looping on its refusal."""
+
+REPORTED_METRICS = ("retries", "resumed_bytes", "offline_seconds", "train_seconds", "train_loss")
+"""The ``CommitRequest.metrics`` keys the run summary reads (``docs/protocol.md`` section 9)."""
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,20 @@ class RunRecord:
     log: CallLog
     events: Sequence[Event]
     exit_code: int | None
+    """The client's own exit status (negative: the signal that ended it); None: not run."""
     rounds: int
+    killed: bool = False
+    """The client was still running at the timeout and was killed."""
+    codec: str = ""
+    """The update codec the client was asked to send (lossy scenarios), else empty."""
+    slow_commit_s: float = 0.0
+
+    @property
+    def exit_text(self) -> str:
+        """The client's exit, for a verdict's detail."""
+        if self.killed:
+            return f"client killed at the timeout (exit status {self.exit_code})"
+        return f"client exit code {self.exit_code}"
 
     def accepted_tasks(self) -> list[str]:
         """Task ids of accepted updates, in order."""
@@ -80,7 +97,7 @@ def _task(record: RunRecord) -> tuple[bool, str]:
     accepted = record.accepted_tasks()
     passed = bool(tasks) and len(set(accepted)) >= record.rounds and record.exit_code == 0
     return passed, (f"{len(tasks)} task replies, {len(accepted)} updates accepted for "
-                    f"{record.rounds} rounds, client exit code {record.exit_code}")
+                    f"{record.rounds} rounds, {record.exit_text}")
 
 
 @check("resume_download")
@@ -102,12 +119,26 @@ def _resume_upload(record: RunRecord) -> tuple[bool, str]:
         return False, "no streamed upload to cut: did the client use Upload?"
     upload_id = cut["upload_id"]
     asked = [c for c in record.log.of("UploadStatus") if c.fields["upload_id"] == upload_id]
-    resumed = [c for c in record.log.of("Upload")
-               if c.fields.get("upload_id") == upload_id and c.fields["offset"] > 0]
-    passed = bool(asked) and bool(resumed) and upload_id in record.accepted_uploads()
+    streams = [c for c in record.log.of("Upload") if c.fields.get("upload_id") == upload_id]
+    later = streams[1:]  # after the cut one
+    sizes = [c.fields["num_bytes"] for c in record.log.of("Commit")
+             if c.fields["upload_id"] == upload_id]
+    held = asked[-1].fields["committed_offset"] if asked else None
+    accepted = upload_id in record.accepted_uploads()
+    if asked and sizes and held == sizes[0]:
+        # the first chunk was the whole update: nothing left to resume, commit at once
+        passed = accepted and not later
+        seen = (f"its first chunk held all {held} bytes: {len(later)} further stream(s), "
+                f"then {'accepted' if accepted else 'not accepted'}")
+    else:
+        resumed = [c for c in later if c.fields["offset"] > 0]
+        passed = bool(asked) and bool(resumed) and accepted and not any(
+            c.fields["offset"] == 0 for c in later)
+        seen = (f"UploadStatus said {held} bytes held; resumed at offset "
+                f"{resumed[0].fields['offset'] if resumed else 'none'}"
+                f"{'' if accepted else ', not accepted'}")
     return passed, (f"upload {upload_id} cut after its first chunk; {len(asked)} UploadStatus "
-                    f"queries, resumed at offset "
-                    f"{resumed[0].fields['offset'] if resumed else None}")
+                    f"queries; {seen}")
 
 
 @check("idempotent_commit")
@@ -120,6 +151,27 @@ def _idempotent_commit(record: RunRecord) -> tuple[bool, str]:
     passed = len(repeats) >= 2 and repeats[-1].outcome == "OK" and counted == 1
     return passed, (f"reply to commit {lost['upload_id']} lost; committed {len(repeats)} "
                     f"times with the same id, counted {counted} time(s)")
+
+
+@check("new_upload_id")
+def _new_upload_id(record: RunRecord) -> tuple[bool, str]:
+    """After ``DATA_LOSS`` an upload id is spent: no byte or commit goes to it again."""
+    corrupt = record.log.injected.get("corrupt_upload")
+    if corrupt is None:
+        return False, "no streamed upload to corrupt"
+    upload_id = corrupt["upload_id"]
+    refused = [c for c in record.log.of("Commit")
+               if c.fields["upload_id"] == upload_id and c.outcome == "DATA_LOSS"]
+    if not refused:
+        return False, f"upload {upload_id} was corrupted but never committed"
+    reused = [c for c in record.log.after(refused[0].done)
+              if c.name in ("Upload", "Commit") and c.fields.get("upload_id") == upload_id]
+    fresh = [c for c in record.log.after(refused[0].done) if c.name == "Commit"
+             and c.fields["upload_id"] != upload_id and c.outcome == "OK"]
+    calls = ", ".join(sorted({f"{c.name} ({c.outcome})" for c in reused})) or "none"
+    return not reused and bool(fresh), (
+        f"after DATA_LOSS on {upload_id}: calls with that id again: {calls}; "
+        f"{len(fresh)} later update(s) under a new id accepted")
 
 
 @check("delta")
@@ -176,4 +228,130 @@ def _codec(record: RunRecord) -> tuple[bool, str]:
               and record.exit_code == 0)
     return passed, (f"{accepted} updates accepted for {record.rounds} rounds, "
                     f"{len(failed)} failed call(s), {len(offered)} delta(s) offered and "
-                    f"{len(fell_back)} refetched in full, client exit code {record.exit_code}")
+                    f"{len(fell_back)} refetched in full, {record.exit_text}")
+
+
+@check("heartbeat")
+def _heartbeat(record: RunRecord) -> tuple[bool, str]:
+    """A task held longer than ``heartbeat_interval_s`` (its commit slowed) is heartbeated."""
+    slow = record.log.injected.get("slow_commit_s")
+    if slow is None:
+        return False, "no commit to slow down: did the client commit?"
+    beats = [c for c in record.log.of("Heartbeat") if c.fields["task_id"] == slow["task_id"]]
+    return bool(beats), (f"commit of task {slow['task_id']} held {record.slow_commit_s:g} s; "
+                         f"{len(beats)} heartbeat(s) for it, "
+                         f"{len(record.log.of('Heartbeat'))} in all")
+
+
+@check("leave")
+def _leave(record: RunRecord) -> tuple[bool, str]:
+    """The client says goodbye once the run is over."""
+    finished = [c for c in record.log.of("GetTask") if c.fields.get("reply") == "Finished"]
+    if not finished:
+        return False, "the client never heard that the run was over"
+    left = [c for c in record.log.after(finished[0].at) if c.name == "Leave"]
+    return bool(left), f"{len(left)} Leave call(s) after the run finished"
+
+
+@check("verify_model")
+def _verify_model(record: RunRecord) -> tuple[bool, str]:
+    """A model whose bytes do not match ``model.checksum`` is never used: downloaded again."""
+    corrupt = record.log.injected.get("corrupt_model")
+    if corrupt is None:
+        return False, "no full model download to corrupt: did the client download the model?"
+    task_id = corrupt["task_id"]
+    calls = [c for c in record.log.calls if c.fields.get("task_id") == task_id]
+    first = next(i for i, c in enumerate(calls) if c.name == "Download")
+    used = next((i for i, c in enumerate(calls) if i > first
+                 and c.name in ("Commit", "ReportEvaluation")), None)
+    again = [c for c in calls[first + 1:used] if c.name == "Download"]
+    passed = used is None or bool(again)
+    if used is None:
+        seen = "the task was dropped (no result sent for it)"
+    else:
+        seen = (f"{len(again)} download(s) again before its {calls[used].name}"
+                + ("" if again else ": the corrupted model was used"))
+    return passed, f"first model download of task {task_id} corrupted; {seen}"
+
+
+@check("metrics")
+def _metrics(record: RunRecord) -> tuple[bool, str]:
+    """Every commit reports at least one of the metrics section 9 defines, all finite and
+    non-negative (``train_loss``: finite)."""
+    commits = [c for c in record.log.of("Commit") if c.outcome == "OK"]
+    if not commits:
+        return False, "no commit accepted"
+    bare = [c for c in commits if not set(c.fields["metrics"]) & set(REPORTED_METRICS)]
+    bad = sorted({key for c in commits for key, value in c.fields["metrics"].items()
+                  if key in REPORTED_METRICS and not _valid_metric(key, value)})
+    keys = sorted({k for c in commits for k in c.fields["metrics"]})
+    return not bare and not bad, (f"{len(commits) - len(bare)} of {len(commits)} commit(s) "
+                                  f"report metrics ({', '.join(keys) or 'none'})"
+                                  + (f"; invalid: {', '.join(bad)}" if bad else ""))
+
+
+def _valid_metric(key: str, value: float) -> bool:
+    return math.isfinite(value) and (key == "train_loss" or value >= 0)
+
+
+@check("evaluate")
+def _evaluate(record: RunRecord) -> tuple[bool, str]:
+    """The client advertises ``evaluate`` and answers evaluation tasks with a report."""
+    advertised = any("evaluate" in c.fields["capabilities"] for c in record.log.of("Join"))
+    tasks = {c.fields["task_id"] for c in record.log.of("GetTask")
+             if c.fields.get("kind") == "EVALUATE"}
+    reported = {c.fields["task_id"] for c in record.log.of("ReportEvaluation")
+                if c.outcome == "OK"}
+    committed = tasks & {c.fields["task_id"] for c in record.log.of("Commit")}
+    passed = advertised and bool(reported) and not committed
+    return passed, (f"capability {'advertised' if advertised else 'not advertised'}; "
+                    f"{len(tasks)} evaluation task(s), {len(reported & tasks)} reported"
+                    + (f", {len(committed)} answered with a Commit" if committed else ""))
+
+
+@check("retry_hint")
+def _retry_hint(record: RunRecord) -> tuple[bool, str]:
+    """After ``RESOURCE_EXHAUSTED`` with a ``RetryInfo``, the next call waits at least that."""
+    overload = record.log.injected.get("overload_s")
+    if overload is None:
+        return False, "no GetTask to refuse: did the client ask for a task?"
+    refused = next(c for c in record.log.of("GetTask") if c.outcome == "RESOURCE_EXHAUSTED")
+    after = record.log.after(refused.done)
+    if not after:
+        return False, "no call after the overload refusal"
+    waited = after[0].at - refused.done
+    hint = overload["retry_after_s"]
+    return waited >= hint, (f"GetTask refused with a {hint:g} s retry hint; next call "
+                            f"({after[0].name}) {waited:.2f} s later")
+
+
+@check("rejoin")
+def _rejoin(record: RunRecord) -> tuple[bool, str]:
+    """A client the coordinator no longer knows (``UNAUTHENTICATED``) joins again, once."""
+    forgot = record.log.injected.get("forget_client")
+    if forgot is None:
+        return False, "no GetTask after an accepted update to refuse"
+    joins = [c for c in record.log.after(forgot["at"]) if c.name == "Join"]
+    accepted = [c for c in record.log.after(forgot["at"])
+                if c.name == "Commit" and c.outcome == "OK"]
+    passed = 1 <= len(joins) <= 2 and bool(accepted)
+    return passed, (f"GetTask refused UNAUTHENTICATED; {len(joins)} Join(s) after it, "
+                    f"{len(accepted)} update(s) accepted after it")
+
+
+@check("lossy_update")
+def _lossy_update(record: RunRecord) -> tuple[bool, str]:
+    """Every round's update sent with the lossy codec asked for, and accepted: its bytes and
+    its ``values_checksum`` (of what the coordinator decodes) agree with the spec."""
+    if not record.codec:
+        return False, "the client command has no {update_codec} placeholder"
+    commits = record.log.of("Commit")
+    encodings = sorted({c.fields["encoding"] for c in commits})
+    refused = [c for c in commits if c.outcome not in ("OK", "REPLY_LOST")]
+    accepted = len(set(record.accepted_tasks()))
+    passed = (accepted >= record.rounds and encodings == [record.codec] and not refused
+              and record.exit_code == 0)
+    outcomes = ", ".join(sorted({c.outcome for c in refused}))
+    return passed, (f"{accepted} updates accepted for {record.rounds} rounds, encodings "
+                    f"{', '.join(encodings) or 'none'}, {len(refused)} refused"
+                    + (f" ({outcomes})" if outcomes else "") + f", {record.exit_text}")

@@ -1,6 +1,7 @@
 """A probe on a running ``CoordinatorService``: it records every call a client makes and
 injects the faults of a ``FaultPlan`` (a cut download, a cut upload, a lost commit reply, a
-corrupted upload), so that what the client does next can be checked.
+corrupted upload, a corrupted model, a slow commit, an overload refusal with a retry hint, a
+forgotten client), so that what the client does next can be checked.
 
 The probe replaces the service's handlers on the instance (the servicer looks them up at each
 call), so the coordinator under test is the real one, over real gRPC: a fault looks to the
@@ -10,19 +11,27 @@ a reply that never came, bytes that do not match their checksum).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from fedlink.coordinator.service import CoordinatorService
-from fedlink.errors import RemoteError, Unavailable
+from fedlink.errors import RemoteError, ResourceExhausted, Unauthenticated, Unavailable
 from fedlink.messages import (
     CommitReply,
     CommitRequest,
     DataChunk,
     DownloadRequest,
+    EvaluationReport,
+    Finished,
     GetTaskRequest,
+    HeartbeatRequest,
+    JoinReply,
+    JoinRequest,
+    LeaveRequest,
     Task,
     TaskReply,
     UploadChunk,
@@ -40,12 +49,23 @@ class FaultPlan:
     ``lose_commit_reply``: the first ``Commit`` is carried out, then answered ``UNAVAILABLE``
     as if its reply was lost. ``corrupt_upload``: the ``n``-th distinct streamed upload id
     (0: none) has its first byte flipped, so its ``Commit`` is refused with ``DATA_LOSS``.
+    ``corrupt_model``: the first full-model ``Download`` from offset 0 has the first byte of
+    its first chunk flipped (the bytes no longer match ``model.checksum``). ``slow_commit_s``:
+    the first ``Commit`` is held that long before it is carried out (a client that heartbeats
+    is heard meanwhile). ``overload_s``: the first ``GetTask`` is refused ``RESOURCE_EXHAUSTED``
+    with a ``RetryInfo`` of that many seconds. ``forget_client``: the first ``GetTask`` after
+    an accepted update is refused ``UNAUTHENTICATED``, as by a coordinator that lost its
+    client registry.
     """
 
     cut_download: bool = False
     cut_upload: bool = False
     lose_commit_reply: bool = False
     corrupt_upload: int = 0
+    corrupt_model: bool = False
+    slow_commit_s: float = 0.0
+    overload_s: float = 0.0
+    forget_client: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,6 +76,10 @@ class Call:
     fields: dict[str, Any]
     outcome: str = "OK"
     """``OK``, or the status code name it was answered with."""
+    at: float = 0.0
+    """When the call arrived (``time.monotonic``)."""
+    done: float = 0.0
+    """When it was answered."""
 
 
 @dataclass
@@ -68,6 +92,16 @@ class CallLog:
     def of(self, name: str) -> list[Call]:
         """The calls named ``name``."""
         return [c for c in self.calls if c.name == name]
+
+    def after(self, moment: float) -> list[Call]:
+        """The calls that arrived after ``moment``, in arrival order."""
+        return sorted((c for c in self.calls if c.at > moment), key=lambda c: c.at)
+
+    def add(self, name: str, fields: dict[str, Any], at: float, outcome: str = "OK") -> Call:
+        """Note a call that arrived at ``at`` and is answered now."""
+        call = Call(name, fields, outcome, at, time.monotonic())
+        self.calls.append(call)
+        return call
 
 
 class Probe:
@@ -82,12 +116,48 @@ class Probe:
     def install(self) -> CallLog:
         """Wrap the service's handlers; returns the log they fill."""
         service: Any = self.service  # instance attributes shadow the methods
+        service.join = self._join(self.service.join)
         service.get_task = self._get_task(self.service.get_task)
         service.download = self._download(self.service.download)
         service.upload = self._upload(self.service.upload)
         service.upload_status = self._upload_status(self.service.upload_status)
         service.commit = self._commit(self.service.commit)
+        service.heartbeat = self._plain("Heartbeat", self.service.heartbeat, _heartbeat_facts)
+        service.leave = self._plain("Leave", self.service.leave, _leave_facts)
+        service.report_evaluation = self._plain("ReportEvaluation",
+                                                self.service.report_evaluation, _report_facts)
         return self.log
+
+    def _plain(self, name: str, original: Callable[[Any], Awaitable[Any]],
+               facts_of: Callable[[Any], dict[str, Any]]) -> Callable[[Any], Awaitable[Any]]:
+        """``original``, noted in the log (no fault is injected into these calls)."""
+        async def handler(request: Any) -> Any:
+            at = time.monotonic()
+            try:
+                reply = await original(request)
+            except RemoteError as err:
+                self.log.add(name, facts_of(request), at, err.code)
+                raise
+            self.log.add(name, facts_of(request), at)
+            return reply
+
+        return handler
+
+    def _join(self, original: Callable[[JoinRequest], Awaitable[JoinReply]]
+              ) -> Callable[[JoinRequest], Awaitable[JoinReply]]:
+        async def join(request: JoinRequest) -> JoinReply:
+            at = time.monotonic()
+            facts: dict[str, Any] = {"capabilities": list(request.capabilities),
+                                     "name": request.client_name}
+            try:
+                reply = await original(request)
+            except RemoteError as err:
+                self.log.add("Join", facts, at, err.code)
+                raise
+            self.log.add("Join", {**facts, "client_id": reply.client_id}, at)
+            return reply
+
+        return join
 
     def _take(self, fault: str, **facts: Any) -> bool:
         """Whether ``fault`` is planned and not yet injected (it is marked injected)."""
@@ -99,27 +169,57 @@ class Probe:
     def _get_task(self, original: Callable[[GetTaskRequest], Awaitable[TaskReply]]
                   ) -> Callable[[GetTaskRequest], Awaitable[TaskReply]]:
         async def get_task(request: GetTaskRequest) -> TaskReply:
-            reply = await original(request)
+            at = time.monotonic()
             facts: dict[str, Any] = {"held_version": request.held_version,
-                                     "reply": type(reply).__name__}
+                                     "client_id": request.client_id}
+            refusal = self._refusal_for_get_task(facts)
+            if refusal is not None:
+                self.log.add("GetTask", {**facts, "reply": None}, at, refusal.code)
+                raise refusal
+            reply = await original(request)
+            facts["reply"] = type(reply).__name__
             if isinstance(reply, Task):
                 facts.update(task_id=reply.task_id, model_version=reply.model_version,
                              delta=reply.has_delta, model_inline=bool(reply.model_data),
-                             delta_inline=bool(reply.delta_data))
-            self.log.calls.append(Call("GetTask", facts))
+                             delta_inline=bool(reply.delta_data), kind=reply.kind.name,
+                             model_bytes=reply.model.num_bytes)
+            elif isinstance(reply, Finished):
+                facts["reason"] = reply.reason
+            self.log.add("GetTask", facts, at)
             return reply
 
         return get_task
 
+    def _refusal_for_get_task(self, facts: dict[str, Any]) -> RemoteError | None:
+        """The injected refusal this ``GetTask`` gets, if any (overload, then forgotten)."""
+        if self._take("overload_s", retry_after_s=self.plan.overload_s):
+            return ResourceExhausted("conformance: overloaded on purpose",
+                                     retry_after_s=self.plan.overload_s)
+        accepted = any(c.name == "Commit" and c.outcome in ("OK", "REPLY_LOST")
+                       for c in self.log.calls)
+        if accepted and self._take("forget_client", client_id=facts["client_id"]):
+            self.log.injected["forget_client"]["at"] = time.monotonic()
+            return Unauthenticated("conformance: this coordinator does not know the client "
+                                   "(forgotten on purpose)")
+        return None
+
     def _download(self, original: Callable[[DownloadRequest], AsyncIterator[DataChunk]]
                   ) -> Callable[[DownloadRequest], AsyncIterator[DataChunk]]:
         async def download(request: DownloadRequest) -> AsyncIterator[DataChunk]:
-            facts = {"task_id": request.task_id, "offset": request.offset,
-                     "delta": request.delta}
+            at = time.monotonic()
+            facts: dict[str, Any] = {"task_id": request.task_id, "offset": request.offset,
+                                     "delta": request.delta, "bytes": 0}
             cut = not request.delta and self._take("cut_download", **facts)
+            corrupt = (not request.delta and request.offset == 0
+                       and self._take("corrupt_model", task_id=request.task_id))
             outcome = "OK"
             try:
                 async for chunk in original(request):
+                    if corrupt and chunk.data:
+                        chunk = dataclasses.replace(
+                            chunk, data=bytes([chunk.data[0] ^ 0xFF]) + chunk.data[1:])
+                        corrupt = False
+                    facts["bytes"] += len(chunk.data)
                     yield chunk
                     if cut:
                         raise Unavailable("conformance: download cut on purpose")
@@ -127,20 +227,21 @@ class Probe:
                 outcome = err.code
                 raise
             finally:
-                self.log.calls.append(Call("Download", facts, outcome))
+                self.log.add("Download", facts, at, outcome)
 
         return download
 
     def _upload(self, original: Callable[[AsyncIterator[UploadChunk]], Awaitable[UploadReply]]
                 ) -> Callable[[AsyncIterator[UploadChunk]], Awaitable[UploadReply]]:
         async def upload(chunks: AsyncIterator[UploadChunk]) -> UploadReply:
+            at = time.monotonic()
             facts: dict[str, Any] = {}
             try:
                 reply = await original(self._watched(chunks, facts))
             except RemoteError as err:
-                self.log.calls.append(Call("Upload", facts, err.code))
+                self.log.add("Upload", facts, at, err.code)
                 raise
-            self.log.calls.append(Call("Upload", facts))
+            self.log.add("Upload", facts, at)
             return reply
 
         return upload
@@ -173,9 +274,10 @@ class Probe:
     def _upload_status(self, original: Callable[[UploadStatusRequest], Awaitable[UploadReply]]
                        ) -> Callable[[UploadStatusRequest], Awaitable[UploadReply]]:
         async def upload_status(request: UploadStatusRequest) -> UploadReply:
+            at = time.monotonic()
             reply = await original(request)
-            self.log.calls.append(Call("UploadStatus", {
-                "upload_id": request.upload_id, "committed_offset": reply.committed_offset}))
+            self.log.add("UploadStatus", {"upload_id": request.upload_id,
+                                          "committed_offset": reply.committed_offset}, at)
             return reply
 
         return upload_status
@@ -183,18 +285,38 @@ class Probe:
     def _commit(self, original: Callable[[CommitRequest], Awaitable[CommitReply]]
                 ) -> Callable[[CommitRequest], Awaitable[CommitReply]]:
         async def commit(request: CommitRequest) -> CommitReply:
+            at = time.monotonic()
             facts = {"upload_id": request.upload_id, "task_id": request.task_id,
                      "base_version": request.base_version,
-                     "inline": bool(request.update_data)}
+                     "inline": bool(request.update_data),
+                     "encoding": request.update.encoding,
+                     "num_bytes": request.update.num_bytes,
+                     "metrics": dict(request.metrics)}
+            if self._take("slow_commit_s", task_id=request.task_id):
+                await asyncio.sleep(self.plan.slow_commit_s)
             try:
                 reply = await original(request)
             except RemoteError as err:
-                self.log.calls.append(Call("Commit", facts, err.code))
+                self.log.add("Commit", facts, at, err.code)
                 raise
             if self._take("lose_commit_reply", **facts):
-                self.log.calls.append(Call("Commit", facts, "REPLY_LOST"))
+                self.log.add("Commit", facts, at, "REPLY_LOST")
                 raise Unavailable("conformance: commit reply lost on purpose")
-            self.log.calls.append(Call("Commit", facts))
+            self.log.add("Commit", facts, at)
             return reply
 
         return commit
+
+
+def _heartbeat_facts(request: HeartbeatRequest) -> dict[str, Any]:
+    return {"client_id": request.client_id, "task_id": request.task_id}
+
+
+def _leave_facts(request: LeaveRequest) -> dict[str, Any]:
+    return {"client_id": request.client_id, "reason": request.reason}
+
+
+def _report_facts(request: EvaluationReport) -> dict[str, Any]:
+    return {"task_id": request.task_id, "model_version": request.model_version,
+            "metrics": dict(request.metrics)}
+

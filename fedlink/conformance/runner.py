@@ -1,32 +1,44 @@
 """Runs an external client command against real coordinators and judges what it did.
 
-Each ``Scenario`` starts a coordinator on 127.0.0.1 (one client, ``goal = 1``: one update per
-round), installs a ``Probe`` with the scenario's faults, runs the client command with
-``{server}`` replaced by the coordinator's address, waits for the run to finish and the client
-to exit, and applies the scenario's checks. The client trains whatever it trains: the
-coordinator's model is a flat vector of ``num_parameters`` values, which it must match
-(``clients/edge`` trains logistic regression, 64 features x 10 classes: 650).
+Each ``Scenario`` starts a coordinator on ``host:port`` (127.0.0.1 and a free port by default;
+one client, ``goal = 1``: one update per round), installs a ``Probe`` with the scenario's
+faults, runs the client command with ``{server}`` replaced by the coordinator's address (and
+``{update_codec}`` by the update codec a lossy scenario asks for), waits for the client to exit,
+and applies the scenario's checks. The client trains whatever it trains: the coordinator's
+model is a flat vector of ``num_parameters`` values, which it must match (``clients/edge``
+trains logistic regression, 64 features x 10 classes: 650).
+
+Scenarios: ``faults`` (cut transfers, a lost commit reply, a corrupted upload),
+``behaviours`` (a corrupted model, a slow commit, an overload refusal with a retry hint, a
+forgotten client, evaluation tasks, the run's end), one per downlink codec, one per lossy
+update codec.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedlink.conformance.checks import RunRecord, Verdict, judge
+from fedlink.conformance.checks import CHECKS, RunRecord, Verdict, judge
 from fedlink.conformance.probe import FaultPlan, Probe
 from fedlink.coordinator import CoordinatorConfig, CoordinatorServer, FlushRule, LimitsConfig
-from fedlink.coordinator.config import TrainingConfig
+from fedlink.coordinator.config import EvaluationConfig, TrainingConfig
 from fedlink.errors import ConfigError
 from fedlink.metrics import EventLog
 
 DOWNLINK_CODECS: tuple[str, ...] = ("fp32", "fp16", "bf16", "fp32-zlib")
+LOSSY_CODECS: tuple[str, ...] = ("qsgd", "sign", "topk+q4", "randk+q8")
+"""Update codecs the lossy scenarios ask for by default: every rule of ``docs/protocol.md``
+section 6 that a client's encoder must follow bit for bit (the ``qsgd`` decode rounding, the
+``sign`` scale, ``topk`` counts and ties, the ``randk`` SplitMix64 indices)."""
 SERVER_PLACEHOLDER = "{server}"
+CODEC_PLACEHOLDER = "{update_codec}"
 
 
 @dataclass(frozen=True)
@@ -41,6 +53,13 @@ class Scenario:
     chunk_bytes: int = 1 << 20
     inline_bytes: int = 64 << 10
     server_lr: float = 1.0
+    heartbeat_interval_s: float = 5.0
+    evaluate: bool = False
+    """Send every client an evaluation task for every version."""
+    update_codec: str = ""
+    """The update codec the client command is asked for (``{update_codec}``)."""
+    prefix: str = ""
+    """Put before each check's name in the report (say, the codec)."""
 
     def coordinator_config(self) -> CoordinatorConfig:
         """The coordinator of this scenario: one update per round, short long-polls."""
@@ -49,16 +68,27 @@ class Scenario:
             flush=FlushRule(goal=1, deadline_s=None), downlink_codec=self.downlink_codec,
             server_optimizer_options={"lr": self.server_lr},
             training=TrainingConfig(local_epochs=1, batch_size=32, learning_rate=0.1),
+            evaluation=EvaluationConfig(fraction=1.0 if self.evaluate else 0.0),
             limits=LimitsConfig(chunk_bytes=self.chunk_bytes, inline_bytes=self.inline_bytes,
-                                long_poll_s=1.0, retry_after_s=0.2))
+                                long_poll_s=1.0, retry_after_s=0.2,
+                                heartbeat_interval_s=self.heartbeat_interval_s))
 
 
 FAULTS = Scenario(
     "faults", ("join", "task", "resume_download", "resume_upload", "idempotent_commit",
-               "delta", "refusal"),
+               "delta", "refusal", "new_upload_id"),
     FaultPlan(cut_download=True, cut_upload=True, lose_commit_reply=True, corrupt_upload=2),
     rounds=3, chunk_bytes=512, inline_bytes=0)
 """Streamed transfers in 512-byte chunks, with every fault injected once."""
+
+BEHAVIOURS = Scenario(
+    "behaviours", ("verify_model", "heartbeat", "retry_hint", "rejoin", "evaluate", "metrics",
+                   "leave"),
+    FaultPlan(corrupt_model=True, slow_commit_s=1.0, overload_s=1.5, forget_client=True),
+    rounds=3, inline_bytes=0, heartbeat_interval_s=0.25, evaluate=True)
+"""Streamed models; the first corrupted, the first commit held for four heartbeat intervals,
+the first ``GetTask`` refused for overload, the first after an update refused as from a
+coordinator that forgot the client; an evaluation task for every version."""
 
 
 def codec_scenario(codec: str) -> Scenario:
@@ -66,17 +96,29 @@ def codec_scenario(codec: str) -> Scenario:
     a delta (the server's step is scaled down so that the delta is smaller than the model
     and is offered, whatever the codec)."""
     return Scenario(f"codec-{codec}", ("codec", "inline"), downlink_codec=codec,
-                    server_lr=1e-4)
+                    server_lr=1e-4, prefix=f"{codec}: ")
+
+
+def lossy_scenario(codec: str) -> Scenario:
+    """Two rounds whose updates the client is asked to send with the lossy ``codec``."""
+    return Scenario(f"lossy-{codec}", ("lossy_update",), update_codec=codec,
+                    prefix=f"{codec}: ")
 
 
 @dataclass(frozen=True)
 class ConformanceOptions:
-    """What to run: the client command (with ``{server}``), the model size, the codecs."""
+    """What to run: the client command (with ``{server}``, and ``{update_codec}`` for the
+    lossy scenarios), the model size, the codecs, where the coordinators listen, and
+    ``only``: check names (without a codec prefix) to run alone (empty: all)."""
 
     client_cmd: str
     num_parameters: int = 650
     codecs: tuple[str, ...] = DOWNLINK_CODECS
+    update_codecs: tuple[str, ...] = LOSSY_CODECS
     timeout_s: float = 120.0
+    host: str = "127.0.0.1"
+    port: int = 0
+    only: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if SERVER_PLACEHOLDER not in self.client_cmd:
@@ -88,10 +130,42 @@ class ConformanceOptions:
         if unknown:
             raise ConfigError(f"unknown downlink codec(s) {sorted(unknown)}; "
                               f"known: {', '.join(DOWNLINK_CODECS)}")
+        not_lossy = [c for c in self.update_codecs if not _lossy(c)]
+        if not_lossy:
+            raise ConfigError(f"update codec(s) {not_lossy} are not lossy update codecs "
+                              f"registered in fedlink.compress (e.g. {', '.join(LOSSY_CODECS)})")
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"port must be in [0, 65535], got {self.port}")
+        unknown_checks = set(self.only) - set(CHECKS)
+        if unknown_checks:
+            raise ConfigError(f"unknown check(s) {sorted(unknown_checks)}; "
+                              f"known: {', '.join(CHECKS)}")
 
     def scenarios(self) -> list[Scenario]:
-        """The fault scenario, then one per codec."""
-        return [FAULTS, *(codec_scenario(c) for c in self.codecs)]
+        """The fault scenarios, then one per downlink codec and one per lossy update codec
+        (those holding a check of ``only``, when it is given)."""
+        every = [FAULTS, BEHAVIOURS, *(codec_scenario(c) for c in self.codecs),
+                 *(lossy_scenario(c) for c in self.update_codecs)]
+        if not self.only:
+            return every
+        return [dataclasses.replace(s, checks=tuple(c for c in s.checks if c in self.only))
+                for s in every if set(s.checks) & set(self.only)]
+
+    def address(self, port: int) -> str:
+        """``host:port`` as a gRPC target (an IPv6 literal in brackets)."""
+        host = f"[{self.host}]" if ":" in self.host and not self.host.startswith("[") \
+            else self.host
+        return f"{host}:{port}"
+
+
+LOSSLESS = ("fp32", "fp32-zlib")
+
+
+def _lossy(name: str) -> bool:
+    """A registered update codec that does not give back every bit."""
+    from fedlink.compress import CODECS
+
+    return name in CODECS.names() and name not in LOSSLESS
 
 
 @dataclass(frozen=True)
@@ -101,6 +175,8 @@ class ScenarioResult:
     scenario: str
     verdicts: list[Verdict]
     client_output: str
+    exit_text: str = ""
+    """The client's exit, as the report shows it."""
 
 
 async def run_conformance(options: ConformanceOptions) -> list[ScenarioResult]:
@@ -110,34 +186,42 @@ async def run_conformance(options: ConformanceOptions) -> list[ScenarioResult]:
 
 async def run_scenario(scenario: Scenario, options: ConformanceOptions) -> ScenarioResult:
     """Serve one run to the client command and judge it."""
+    if scenario.update_codec and CODEC_PLACEHOLDER not in options.client_cmd:
+        detail = (f"the client command has no {CODEC_PLACEHOLDER} placeholder to ask for "
+                  f"{scenario.update_codec} updates (pass --update-codecs '' to check none)")
+        return ScenarioResult(scenario.name, [Verdict(scenario.prefix + name, False, detail)
+                                              for name in scenario.checks], "", "not run")
     initial = np.random.default_rng(0).normal(scale=0.01, size=options.num_parameters)
     events = EventLog(None)
     server = CoordinatorServer(scenario.coordinator_config(), initial.astype(np.float32),
-                               events, address="127.0.0.1:0")
+                               events, address=options.address(options.port))
     async with server:
         log = Probe(server.service, scenario.faults).install()
-        command = options.client_cmd.replace(SERVER_PLACEHOLDER, f"127.0.0.1:{server.port}")
-        exit_code, output = await _run_client(shlex.split(command), server, options.timeout_s)
-    record = RunRecord(log, list(events.events), exit_code, scenario.rounds)
-    prefix = "" if scenario is FAULTS else f"{scenario.downlink_codec}: "
-    return ScenarioResult(scenario.name, judge(scenario.checks, record, prefix), output)
+        command = options.client_cmd.replace(SERVER_PLACEHOLDER, options.address(server.port))
+        command = command.replace(CODEC_PLACEHOLDER, scenario.update_codec or "fp32")
+        exit_code, killed, output = await _run_client(shlex.split(command), options.timeout_s)
+    record = RunRecord(log, list(events.events), exit_code, scenario.rounds, killed,
+                       scenario.update_codec, scenario.faults.slow_commit_s)
+    return ScenarioResult(scenario.name, judge(scenario.checks, record, scenario.prefix),
+                          output, record.exit_text)
 
 
-async def _run_client(argv: Sequence[str], server: CoordinatorServer,
-                      timeout_s: float) -> tuple[int | None, str]:
-    """Run the client until it exits after the run finished (killed at ``timeout_s``)."""
+async def _run_client(argv: Sequence[str], timeout_s: float) -> tuple[int | None, bool, str]:
+    """Run the client until it exits (killed at ``timeout_s``): its exit status, whether it
+    was killed, and its output."""
     process = await asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     reading = asyncio.ensure_future(_read_all(process))
+    killed = False
     try:
         await asyncio.wait_for(asyncio.shield(process.wait()), timeout_s)
     except TimeoutError:
+        killed = True
         with contextlib.suppress(ProcessLookupError):
             process.kill()
         await process.wait()
     output = await reading
-    finished = server.lifecycle.finished.is_set()
-    return (process.returncode if finished else None), output
+    return process.returncode, killed, output
 
 
 async def _read_all(process: asyncio.subprocess.Process) -> str:
@@ -149,6 +233,7 @@ def format_report(results: Sequence[ScenarioResult]) -> str:
     """A table of every behaviour: PASS/FAIL and what was seen."""
     lines = []
     for result in results:
+        lines.append(f"-- {result.scenario} ({result.exit_text})")
         for verdict in result.verdicts:
             mark = "PASS" if verdict.passed else "FAIL"
             lines.append(f"{mark}  {verdict.name:<24} {verdict.detail}")

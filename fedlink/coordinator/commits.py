@@ -59,7 +59,6 @@ class Commits:
         """Turn a complete upload into an accepted update; the same answer on every repeat."""
         self._callers.admit(request.client_id)
         self._checks.commit(request)
-        self._transfers.downloads_confirmed(request.client_id, request.task_id)
         if request.update_data:
             self._transfers.take_inline_update(request)
         await self._transfers.make_durable(request.client_id, request.upload_id)
@@ -94,6 +93,9 @@ class Commits:
                                                         **reported_counters(request.metrics)))
             answer = err
         self.uploads.settle(request.client_id, request.upload_id, answer)
+        # final: an accepted update used what was sent for its task, a refused one none of it
+        self._transfers.downloads_settled(request.client_id, request.task_id,
+                                          isinstance(answer, CommitReply))
         return answer
 
     def _accept(self, request: CommitRequest, session: UploadSession) -> CommitReply:

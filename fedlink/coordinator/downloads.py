@@ -1,13 +1,17 @@
-"""Which downloads a client has: ``download_finished`` when the bytes arrived, counted once.
+"""What the coordinator sent down, counted when it sends it, and which of it a client used.
 
-Handing a chunk to gRPC is not delivering it: a stream cut by the network was "sent" in full
-by the coordinator while the client got a part, and a resumed download sent its tail again.
-Counting per stream gave more bytes down than clients received. So the coordinator only
-*offers* payloads here (per task and kind: the model or a delta), learns what the client holds
-from its next calls (a ``Download`` from offset ``n`` says it has the first ``n`` bytes), and
-settles the count when the client shows it has everything: its ``Commit`` for that task (it
-trained on the model). One ``download_finished`` per task and kind then carries the bytes the
-client has, whatever number of streams it took.
+``bytes_down`` is every payload byte the coordinator sent: each chunk of every ``Download``
+stream once gRPC has taken it (a stream cut by the network counts what went out before the
+cut; a resumed or repeated download counts again what it sends again), and each inline
+payload each time a ``Task`` reply carries it. It is counted by kind: ``model`` and ``delta``
+for training tasks, ``evaluation`` for an evaluation task's model or delta.
+
+A task's bytes are *used* when its accepted ``Commit`` (or accepted evaluation report) shows
+the client has the model: one whole payload, the one the client finished receiving last (the
+model it trained on: a delta, or the full model it fell back to). Everything else sent for
+the task, and everything sent for a task that never gets an accepted result, is
+``bytes_down_wasted``. ``DownloadLedger`` keeps per task what was sent until the task is
+settled.
 """
 
 from __future__ import annotations
@@ -15,67 +19,73 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+MODEL, DELTA, EVALUATION = "model", "delta", "evaluation"
+"""The kinds ``bytes_down`` is split into."""
+
 
 @dataclass
-class Offered:
-    """One payload offered for one task: its size, and what the client is known to hold."""
+class _Payload:
+    """One payload of a task: its size, the bytes sent of it, what a delta saves."""
 
-    total: int
-    bytes_saved: int
-    base_version: int | None
-    inline: bool
-    held: int = 0
-    sent_to_end: bool = False
-    first_offset: int | None = None
+    size: int
+    sent: int = 0
+    bytes_saved: int = 0
+    base_version: int | None = None
+
+
+@dataclass
+class _TaskDownloads:
+    """What was sent for one task, by payload (``model``/``delta``), and which payload was
+    last sent to its end."""
+
+    evaluation: bool
+    payloads: dict[str, _Payload] = field(default_factory=dict)
+    completed: str | None = None
+
+    @property
+    def sent(self) -> int:
+        return sum(p.sent for p in self.payloads.values())
 
 
 @dataclass
 class DownloadLedger:
-    """Payloads offered per ``(client id, task id)``, by kind (``"model"``/``"delta"``)."""
+    """Bytes sent per ``(client id, task id)`` until the task is settled (used or not)."""
 
-    _offers: dict[tuple[str, str], dict[str, Offered]] = field(default_factory=dict)
+    _tasks: dict[tuple[str, str], _TaskDownloads] = field(default_factory=dict)
 
-    def offer(self, client_id: str, task_id: str, kind: str, total: int, bytes_saved: int,
-              base_version: int | None = None, inline: bool = False) -> None:
-        """A payload of ``total`` bytes goes to the client (inline: in the ``Task`` reply)."""
-        offers = self._offers.setdefault((client_id, task_id), {})
-        if kind not in offers:
-            offers[kind] = Offered(total, bytes_saved, base_version, inline)
-        if inline:
-            offers[kind].sent_to_end = True
+    def sent(self, client_id: str, task_id: str, payload: str, size: int, num_bytes: int, *,
+             evaluation: bool = False, to_end: bool = False, bytes_saved: int = 0,
+             base_version: int | None = None) -> None:
+        """``num_bytes`` of ``payload`` (``model``/``delta``, ``size`` bytes in all) went to
+        the client; ``to_end``: the payload's last byte was among them."""
+        task = self._tasks.setdefault((client_id, task_id), _TaskDownloads(evaluation))
+        entry = task.payloads.setdefault(payload, _Payload(size, 0, bytes_saved, base_version))
+        entry.sent += num_bytes
+        if to_end:
+            task.completed = payload
 
-    def streaming(self, client_id: str, task_id: str, kind: str, offset: int) -> None:
-        """A ``Download`` asked for ``kind`` from ``offset``: the client holds that much."""
-        offer = self._offers.get((client_id, task_id), {}).get(kind)
-        if offer is not None:
-            offer.held = max(offer.held, min(offset, offer.total))
-            if offer.first_offset is None:
-                offer.first_offset = offset
-
-    def streamed(self, client_id: str, task_id: str, kind: str) -> None:
-        """A stream handed the payload's last byte to gRPC (delivery still unconfirmed)."""
-        offer = self._offers.get((client_id, task_id), {}).get(kind)
-        if offer is not None:
-            offer.sent_to_end = True
-
-    def confirm(self, client_id: str, task_id: str) -> list[dict[str, Any]]:
-        """The client has its task's payloads (it committed): ``download_finished`` fields
-        for each, once; a payload never sent to its end counts the bytes the client held."""
-        finished = []
-        for kind, offer in self._offers.pop((client_id, task_id), {}).items():
-            held = offer.total if offer.sent_to_end else offer.held
-            fields: dict[str, Any] = {
-                "client_id": client_id, "task_id": task_id, "bytes": held,
-                "offset": offer.first_offset or 0, "delta": kind == "delta",
-                "bytes_saved": offer.bytes_saved if kind == "delta" else 0}
-            if offer.base_version is not None:
-                fields["base_version"] = offer.base_version
-            if offer.inline:
-                fields["inline"] = True
-            finished.append(fields)
-        return finished
+    def settle(self, client_id: str, task_id: str, used: bool) -> dict[str, Any] | None:
+        """The task is over for its downloads: ``used`` (an accepted result) or not. Returns
+        the ``download_used`` event's fields when a payload was used, else None."""
+        task = self._tasks.pop((client_id, task_id), None)
+        if task is None or not used or task.completed is None:
+            return None
+        payload = task.payloads[task.completed]
+        used_bytes = min(payload.size, task.sent)  # a restart forgets what was sent before it
+        fields: dict[str, Any] = {
+            "client_id": client_id, "task_id": task_id, "bytes": used_bytes,
+            "wasted": task.sent - used_bytes, "delta": task.completed == DELTA,
+            "bytes_saved": payload.bytes_saved if task.completed == DELTA else 0,
+            "evaluation": task.evaluation}
+        if payload.base_version is not None:
+            fields["base_version"] = payload.base_version
+        return fields
 
     def forget_client(self, client_id: str) -> None:
-        """Drop what was offered to a client that left."""
-        for key in [k for k in self._offers if k[0] == client_id]:
-            del self._offers[key]
+        """Drop what was sent to a client that left (none of it was used)."""
+        for key in [k for k in self._tasks if k[0] == client_id]:
+            del self._tasks[key]
+
+    def __len__(self) -> int:
+        """Tasks with bytes sent and not yet settled."""
+        return len(self._tasks)

@@ -118,7 +118,7 @@ class CoordinatorService:
         self.reporter = FlushReporter(self._journal, events, self.progress, self.lifecycle,
                                       evaluator, self._signal.notify)
         self.transfers = Transfers(config.limits, self.engine, self.uploads, self.downloads,
-                                   self._callers, self.checks, events, self.reporter.downloaded,
+                                   self._callers, self.checks, events, self.reporter.sent,
                                    self.evaluations.lookup)
         self.commits = Commits(config.limits, self.engine, self.uploads, self._callers,
                                self.checks, self.transfers, self._journal, events,
@@ -287,8 +287,8 @@ class CoordinatorService:
         self.checks.evaluation(request)
         with self._journal.durably():
             ack = self.evaluations.report(request)
-            if not ack.duplicate:  # it scored the model: it has the bytes it was sent
-                self.transfers.downloads_confirmed(request.client_id, request.task_id)
+            if not ack.duplicate:  # it scored the model: it used the bytes it was sent
+                self.transfers.downloads_settled(request.client_id, request.task_id, True)
         await self.state.sync()
         return ack
 

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 from fedlink.coordinator.admission import CallerCheck
 from fedlink.coordinator.config import LimitsConfig
-from fedlink.coordinator.downloads import DownloadLedger
+from fedlink.coordinator.downloads import DELTA, EVALUATION, MODEL, DownloadLedger
 from fedlink.coordinator.engine import RoundEngine
 from fedlink.coordinator.records import TaskRecord
 from fedlink.coordinator.uploads import UploadStore
@@ -41,15 +41,16 @@ TaskLookup = Callable[[str, str], tuple[TaskRecord, bool]]
 class Transfers:
     """``Download``, ``Upload`` and ``UploadStatus``, and the inline payloads.
 
-    ``on_downloaded(bytes)`` is told the bytes a client confirmed it has (its ``Commit``, or
-    an evaluation task's report, shows it): the flush reporter counts them into the round's
-    ``bytes_down``. ``lookup`` finds the task a download is for (default: the engine's
-    training tasks; the service adds evaluation tasks, ``fedlink.coordinator.evaluations``).
+    ``on_sent(kind, bytes)`` is told every payload byte sent, as it is sent (``kind``:
+    ``model``, ``delta`` or ``evaluation``, ``fedlink.coordinator.downloads``): the flush
+    reporter counts them into the round's ``bytes_down``. ``lookup`` finds the task a download
+    is for (default: the engine's training tasks; the service adds evaluation tasks,
+    ``fedlink.coordinator.evaluations``).
     """
 
     def __init__(self, limits: LimitsConfig, engine: RoundEngine, uploads: UploadStore,
                  downloads: DownloadLedger, callers: CallerCheck, checks: RequestChecks,
-                 events: EventLog, on_downloaded: Callable[[int], None],
+                 events: EventLog, on_sent: Callable[[str, int], None],
                  lookup: TaskLookup | None = None) -> None:
         self.limits = limits
         self.engine = engine
@@ -59,7 +60,7 @@ class Transfers:
         self._callers = callers
         self._checks = checks
         self._events = events
-        self._on_downloaded = on_downloaded
+        self._on_sent = on_sent
 
     # -- down -----------------------------------------------------------------------------
 
@@ -67,8 +68,9 @@ class Transfers:
         """Stream a task's model, or with ``request.delta`` its delta, from ``request.offset``.
 
         Every chunk sent counts as a sign of life of the client (a slow download is not a
-        dead client). The bytes count as downloaded once the client shows it has them
-        (``fedlink.coordinator.downloads``): ``download_finished`` comes with its ``Commit``.
+        dead client), and into ``bytes_down`` once gRPC has taken it; the stream's end (or
+        cut) logs ``download_finished`` with the bytes it sent
+        (``fedlink.coordinator.downloads``).
         """
         self._callers.admit(request.client_id)
         self._checks.download(request)
@@ -82,18 +84,23 @@ class Transfers:
                                   f"{len(payload.data)}-byte {_what(request)}")
         chunk_bytes = min(request.max_chunk_bytes or self.limits.chunk_bytes,
                           self.limits.max_chunk_bytes)
-        self._offer(record, full, payload, delta=request.delta)
-        kind = _what(request)
-        self.downloads.streaming(record.client_id, record.task_id, kind, request.offset)
+        sent = 0
         registry = self._callers.registry
         registry.transfer_opened(request.client_id)  # an open stream is a sign of life
         try:
             for offset, piece in iter_chunks(payload.data, chunk_bytes, request.offset):
-                yield DataChunk(offset, piece)
+                yield DataChunk(offset, piece)  # resumed: gRPC took the chunk
                 registry.touch(request.client_id, sample=False)
+                sent += len(piece)
+                self._sent(record, full, payload, request.delta, len(piece),
+                           to_end=offset + len(piece) == len(payload.data))
         finally:
             registry.transfer_closed(request.client_id)
-        self.downloads.streamed(record.client_id, record.task_id, kind)
+            self._events.emit(kinds.DownloadFinished.build(
+                client_id=record.client_id, task_id=record.task_id, bytes=sent,
+                offset=request.offset, delta=request.delta,
+                evaluation=record.state.evaluation,
+                completed=request.offset + sent == len(payload.data)))
 
     def with_inline_payload(self, client_id: str, task: Task, held_version: int = -1) -> Task:
         """``task`` carrying its delta, else its model, when that fits ``inline_limit``.
@@ -109,10 +116,10 @@ class Transfers:
         if task.has_delta:
             delta = self.engine.delta_payload(record)
             if len(delta.data) <= limit:
-                self._offer(record, full, delta, delta=True, inline=True)
+                self._sent_inline(record, full, delta, delta=True)
                 return dataclasses.replace(task, delta_data=delta.data)
         if len(full.data) <= limit:
-            self._offer(record, full, full, delta=False, inline=True)
+            self._sent_inline(record, full, full, delta=False)
             return dataclasses.replace(task, model_data=full.data)
         return task
 
@@ -120,19 +127,32 @@ class Transfers:
         record = self.engine.task(client_id, task_id)
         return record, self.engine.is_open(record)
 
-    def downloads_confirmed(self, client_id: str, task_id: str) -> None:
-        """The client has its task's payloads (it commits): log ``download_finished``, once."""
-        for fields in self.downloads.confirm(client_id, task_id):
-            self._on_downloaded(fields["bytes"])
-            self._events.emit(kinds.DownloadFinished.build(**fields))
+    def downloads_settled(self, client_id: str, task_id: str, used: bool) -> None:
+        """The task's result was answered: ``used`` (accepted: the client had the model,
+        ``download_used`` is logged once) or not (all its bytes were wasted)."""
+        fields = self.downloads.settle(client_id, task_id, used)
+        if fields is not None:
+            self._events.emit(kinds.DownloadUsed.build(**fields))
 
-    def _offer(self, record: TaskRecord, full: Payload, payload: Payload, delta: bool,
-               inline: bool = False) -> None:
-        """Note that ``payload`` (the task's model ``full``, or a delta) goes to the client."""
-        self.downloads.offer(record.client_id, record.task_id, "delta" if delta else "model",
-                             len(payload.data),
-                             len(full.data) - len(payload.data) if delta else 0,
-                             record.delta_base if delta else None, inline)
+    def _sent_inline(self, record: TaskRecord, full: Payload, payload: Payload,
+                     delta: bool) -> None:
+        """``payload`` goes inside the ``Task`` reply: all of it is sent, now."""
+        self._sent(record, full, payload, delta, len(payload.data), to_end=True)
+        self._events.emit(kinds.DownloadFinished.build(
+            client_id=record.client_id, task_id=record.task_id, bytes=len(payload.data),
+            offset=0, delta=delta, inline=True, evaluation=record.state.evaluation,
+            completed=True))
+
+    def _sent(self, record: TaskRecord, full: Payload, payload: Payload, delta: bool,
+              num_bytes: int, to_end: bool) -> None:
+        """``num_bytes`` of ``payload`` (the task's model ``full``, or a delta) were sent."""
+        evaluation = record.state.evaluation
+        self.downloads.sent(record.client_id, record.task_id, DELTA if delta else MODEL,
+                            len(payload.data), num_bytes, evaluation=evaluation,
+                            to_end=to_end,
+                            bytes_saved=len(full.data) - len(payload.data) if delta else 0,
+                            base_version=record.delta_base if delta else None)
+        self._on_sent(EVALUATION if evaluation else DELTA if delta else MODEL, num_bytes)
 
     # -- up -------------------------------------------------------------------------------
 

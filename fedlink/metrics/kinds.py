@@ -155,7 +155,10 @@ class TaskIssued(Event):
 
 @dataclass(frozen=True, eq=False, kw_only=True, repr=False)
 class DownloadFinished(Event):
-    """A client has a task's payload: ``bytes`` sent (``bytes_saved`` by a delta)."""
+    """A download stream ended (to the payload's end, ``completed``, or cut), or an inline
+    payload went out in a ``Task`` reply: ``bytes`` the coordinator sent in it
+    (``fedlink.coordinator.downloads``). Logs from before protocol 1.1 have one per task at
+    its commit, with ``bytes_saved`` and ``base_version``."""
 
     KIND: ClassVar[str] = "download_finished"
     client_id: str | None = None
@@ -166,6 +169,24 @@ class DownloadFinished(Event):
     bytes_saved: int | None = None
     base_version: int | None = None
     inline: bool | None = None
+    evaluation: bool | None = None
+    completed: bool | None = None
+
+
+@dataclass(frozen=True, eq=False, kw_only=True, repr=False)
+class DownloadUsed(Event):
+    """A task's result was accepted: of the bytes sent for it, ``bytes`` (one whole payload,
+    a delta when ``delta``, saving ``bytes_saved``) were used and ``wasted`` were not."""
+
+    KIND: ClassVar[str] = "download_used"
+    client_id: str | None = None
+    task_id: str | None = None
+    bytes: int | None = None
+    wasted: int | None = None
+    delta: bool | None = None
+    bytes_saved: int | None = None
+    base_version: int | None = None
+    evaluation: bool | None = None
 
 
 @dataclass(frozen=True, eq=False, kw_only=True, repr=False)
@@ -236,6 +257,9 @@ class Flush(Event):
     round_seconds: float | None = None
     bytes_up: int | None = None
     bytes_down: int | None = None
+    bytes_down_model: int | None = None
+    bytes_down_delta: int | None = None
+    bytes_down_evaluation: int | None = None
     updates: list[str] | None = None
     model_seconds: float | None = None
     accuracy: float | None = None
@@ -382,7 +406,8 @@ class OtherEvent(Event):
 
 EVENT_TYPES: Mapping[str, type[Event]] = {
     cls.KIND: cls for cls in (
-        RunStarted, ClientJoined, TaskIssued, DownloadFinished, UpdateAccepted, UpdateRefused,
+        RunStarted, ClientJoined, TaskIssued, DownloadFinished, DownloadUsed, UpdateAccepted,
+        UpdateRefused,
         Flush, FlushRefused, ClientLeft, ClientExpired, ClientTimeout, RunFinished,
         CoordinatorRestored, ClientNetwork, EvaluationIssued, EvaluationReported)
 }

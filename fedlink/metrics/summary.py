@@ -18,7 +18,14 @@
                          wait for clients to start, not part of ``wall_seconds``
 ``bytes_up``             sum of ``bytes_up`` over ``update_accepted`` and ``update_refused``
                          events (a refused update that was received still cost its upload)
-``bytes_down``           sum of ``bytes`` over ``download_finished`` events
+``bytes_down``           sum of ``bytes`` over ``download_finished`` events: every payload
+                         byte the coordinator sent (each stream, cut or whole, and each
+                         inline payload; ``fedlink.coordinator.downloads``)
+``bytes_down_model``, ``bytes_down_delta``, ``bytes_down_evaluation``  the same for training
+                         tasks' full models, training tasks' deltas, and evaluation tasks
+``bytes_down_wasted``    ``bytes_down`` less the ``bytes`` of ``download_used`` events (one
+                         payload per accepted result): what no accepted update or
+                         evaluation used; None for a log written before it was counted
 ``uplink_compression_ratio``  what the accepted updates would have cost as fp32
                          (``4 x num_parameters`` of ``run_started`` each) over the
                          ``bytes_up`` they did cost; 1.0 for fp32, None without accepted
@@ -28,7 +35,8 @@
                          ``download_finished`` event) over the ``bytes_down`` they did cost
                          (the broadcast codec and delta downloads both count); None without
                          downloads or a ``num_parameters``
-``delta_bytes_saved``    sum of ``bytes_saved`` over ``download_finished`` events: bytes a
+``delta_bytes_saved``    sum of ``bytes_saved`` over ``download_used`` (and, in older logs,
+                         ``download_finished``) events: bytes a
                          delta download saved against downloading the whole model (0 when
                          no client downloaded a delta)
 ``tasks_issued``         number of ``task_issued`` events
@@ -92,6 +100,7 @@ from fedlink.metrics.events import (
     CLIENT_LEFT,
     CLIENT_TIMEOUT,
     DOWNLOAD_FINISHED,
+    DOWNLOAD_USED,
     FLUSH,
     RUN_FINISHED,
     RUN_STARTED,
@@ -210,9 +219,26 @@ def _traffic_figures(events: list[Event]) -> dict[str, Any]:
     uploads = of_kind(events, UPDATE_ACCEPTED) + of_kind(events, UPDATE_REFUSED)
     return {
         "bytes_up": _total(uploads, "bytes_up"),
-        "bytes_down": _total(of_kind(events, DOWNLOAD_FINISHED), "bytes"),
+        **bytes_down_figures(events),
         "uplink_compression_ratio": uplink_compression_ratio(events),
         "downlink_compression_ratio": downlink_compression_ratio(events),
+    }
+
+
+def bytes_down_figures(events: list[Event]) -> dict[str, Any]:
+    """``bytes_down`` in all and by kind, and the part no accepted result used."""
+    sent = of_kind(events, DOWNLOAD_FINISHED)
+    evaluation = [e for e in sent if e.get("evaluation")]
+    training = [e for e in sent if not e.get("evaluation")]
+    total = _total(sent, "bytes")
+    counted = any(e.get("completed") is not None for e in sent)  # written since 1.1
+    return {
+        "bytes_down": total,
+        "bytes_down_model": _total([e for e in training if not e.get("delta")], "bytes"),
+        "bytes_down_delta": _total([e for e in training if e.get("delta")], "bytes"),
+        "bytes_down_evaluation": _total(evaluation, "bytes"),
+        "bytes_down_wasted": (total - _total(of_kind(events, DOWNLOAD_USED), "bytes")
+                              if counted or not sent else None),
     }
 
 
@@ -291,7 +317,8 @@ def _resilience_figures(events: list[Event]) -> dict[str, Any]:
     reports = (of_kind(events, UPDATE_ACCEPTED) + of_kind(events, UPDATE_REFUSED)
                + of_kind(events, CLIENT_LEFT))
     return {
-        "delta_bytes_saved": _total(of_kind(events, DOWNLOAD_FINISHED), "bytes_saved"),
+        "delta_bytes_saved": _total(of_kind(events, DOWNLOAD_FINISHED)
+                                    + of_kind(events, DOWNLOAD_USED), "bytes_saved"),
         "client_retries_reported": _total(reports, "retries"),
         "resumed_bytes": _total(reports, "resumed_bytes"),
         "offline_seconds": float(sum(float(e.get("offline_seconds") or 0.0)

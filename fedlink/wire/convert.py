@@ -79,9 +79,10 @@ def from_proto(msg: Message) -> Any:
 
 def _field_from_proto(msg: Message, descriptor: FieldDescriptor,
                       field: dataclasses.Field[Any]) -> Any:
-    # An optional nested message (default None in fedlink) that is unset stays None.
-    if (field.default is None and descriptor.type == FieldDescriptor.TYPE_MESSAGE
-            and not descriptor.is_repeated and not msg.HasField(descriptor.name)):
+    # A field with presence (a nested message, a proto3 ``optional`` scalar) whose fedlink
+    # default is None and that is unset stays None: 0 and "not set" differ there.
+    if (field.default is None and not descriptor.is_repeated and descriptor.has_presence
+            and not msg.HasField(descriptor.name)):
         return None
     return _value_from_proto(descriptor, getattr(msg, descriptor.name))
 

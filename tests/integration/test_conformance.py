@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedlink.conformance import CHECKS, ConformanceOptions
+from fedlink.conformance import CHECKS, LOSSY_CODECS, ConformanceOptions
 from fedlink.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(240)
@@ -30,18 +30,36 @@ def test_the_edge_client_passes_every_behaviour(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)  # 64 features, 10 classes: the edge client's logreg
     np.savez(tmp_path / "local.npz", x=rng.normal(size=(200, 64)).astype(np.float32),
              y=rng.integers(0, 10, size=200))
-    cmd = f"{sys.executable} {EDGE} --server {{server}} --data {tmp_path / 'local.npz'}"
+    cmd = (f"{sys.executable} {EDGE} --server {{server}} --data {tmp_path / 'local.npz'} "
+           "--compression {update_codec}")
     result = conformance(cmd, tmp_path / "verdicts.json")
 
     assert result.returncode == 0, result.stdout + result.stderr
     verdicts = json.loads((tmp_path / "verdicts.json").read_text())
     behaviours = {"join", "task", "resume_download", "resume_upload", "idempotent_commit",
-                  "delta", "refusal"}
+                  "delta", "refusal", "new_upload_id", "verify_model", "heartbeat",
+                  "retry_hint", "rejoin", "evaluate", "metrics", "leave"}
     codecs = {f"{codec}: {check}" for codec in ("fp32", "fp16", "bf16", "fp32-zlib")
               for check in ("codec", "inline")}
-    assert set(verdicts) == behaviours | codecs
+    lossy = {f"{codec}: lossy_update" for codec in LOSSY_CODECS}
+    assert set(verdicts) == behaviours | codecs | lossy
     assert all(verdicts.values()), result.stdout
-    assert "15/15 behaviours passed" in result.stdout
+    assert f"{len(verdicts)}/{len(verdicts)} behaviours passed" in result.stdout
+    assert "(client exit code 0)" in result.stdout
+
+
+def test_a_correct_client_whose_update_fits_one_chunk_resumes_nothing(tmp_path: Path) -> None:
+    """topk+q8 of 650 values is far below the 512-byte chunk: the cut upload stream carried it
+    all, UploadStatus says so, and the client commits without a second stream."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "local.npz", x=rng.normal(size=(200, 64)).astype(np.float32),
+             y=rng.integers(0, 10, size=200))
+    cmd = (f"{sys.executable} {EDGE} --server {{server}} --data {tmp_path / 'local.npz'} "
+           "--compression topk+q8")
+    result = conformance(cmd, tmp_path / "verdicts.json", "--only", "resume_upload")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "its first chunk held all" in result.stdout
 
 
 def test_a_client_that_never_connects_fails_every_behaviour(tmp_path: Path) -> None:
@@ -53,6 +71,22 @@ def test_a_client_that_never_connects_fails_every_behaviour(tmp_path: Path) -> N
     verdicts = json.loads((tmp_path / "verdicts.json").read_text())
     assert verdicts and not any(verdicts.values()), result.stdout
     assert "FAIL  resume_upload" in result.stdout
+    assert "client exit code 3" in result.stdout  # its own status, not "None"
+    assert "no {update_codec} placeholder" in result.stdout
+
+
+def test_the_coordinators_listen_where_they_are_told(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as probe:  # a free port, released for the coordinator to take
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cmd = f"{sys.executable} -c 'import sys; print(sys.argv[1])' {{server}}"
+    result = conformance(cmd, tmp_path / "verdicts.json", "--only", "join", "--host",
+                         "127.0.0.1", "--port", str(port), "--timeout-s", "30")
+
+    assert result.returncode == 1
+    assert f"| 127.0.0.1:{port}" in result.stdout  # the client was given that address
 
 
 def test_options_need_the_server_placeholder_and_known_codecs() -> None:
@@ -60,4 +94,10 @@ def test_options_need_the_server_placeholder_and_known_codecs() -> None:
         ConformanceOptions(client_cmd="python client.py")
     with pytest.raises(ConfigError, match="codec"):
         ConformanceOptions(client_cmd="c {server}", codecs=("fp8",))
-    assert {"join", "refusal", "codec"} <= set(CHECKS)
+    with pytest.raises(ConfigError, match="lossy"):
+        ConformanceOptions(client_cmd="c {server}", update_codecs=("fp32",))
+    with pytest.raises(ConfigError, match="check"):
+        ConformanceOptions(client_cmd="c {server}", only=("no_such_check",))
+    with pytest.raises(ConfigError, match="port"):
+        ConformanceOptions(client_cmd="c {server}", port=70000)
+    assert {"join", "refusal", "codec", "heartbeat", "lossy_update"} <= set(CHECKS)

@@ -108,16 +108,24 @@ def test_held_version_gets_a_delta_that_rebuilds_the_exact_model(
             assert await client.download(task, delta=True, offset=1000) == data[1000:]
             await client.deliver(task, sparse_step(2))  # the commit shows it has the bytes
 
-        # counted when the client has the bytes (its commit), once per task however many
-        # streams it took
-        (full, delta) = server.events.of_kind("download_finished")
-        assert full["delta"] is False and full["bytes_saved"] == 0
+        # every stream counts what it sent; each accepted commit used one whole payload
+        sent = server.events.of_kind("download_finished")
+        assert [(e["task_id"], e["delta"], e["bytes"]) for e in sent] == [
+            (first.task_id, False, first.model.num_bytes),
+            (task.task_id, True, header.num_bytes),
+            (task.task_id, True, header.num_bytes - 1000)]
+        full, delta = server.events.of_kind("download_used")
+        assert full["delta"] is False and full["bytes_saved"] == 0 and full["wasted"] == 0
         assert delta["delta"] and delta["base_version"] == 0
         assert delta["bytes"] == header.num_bytes
+        assert delta["wasted"] == header.num_bytes - 1000  # the second, resumed stream
         saved = task.model.num_bytes - header.num_bytes
         assert saved > 0 and delta["bytes_saved"] == saved
         summary = summarize(server.events.events, {})
         assert summary["delta_bytes_saved"] == saved
+        assert summary["bytes_down"] == first.model.num_bytes + 2 * header.num_bytes - 1000
+        assert summary["bytes_down_delta"] == 2 * header.num_bytes - 1000
+        assert summary["bytes_down_wasted"] == header.num_bytes - 1000
 
     run_async(main())
 

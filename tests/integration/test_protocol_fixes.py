@@ -217,6 +217,8 @@ def test_commit_reply_says_the_version_accepted_at_and_the_version_it_flushed(
         == (0, 0, 0)
     assert (flushed.accepted_version, flushed.flushed_version, flushed.model_version) \
         == (0, 1, 1)
+    # protocol 1.1: version 0 is said explicitly, not left as the unset default
+    assert no_flush.HasField("accepted_version") and flushed.HasField("accepted_version")
 
 
 def test_run_config_carries_every_limit_a_client_must_respect(

@@ -246,3 +246,25 @@ def test_sign_scale_is_a_float64_mean_rounded_once(vector: dict[str, Any]) -> No
     values = floats(vector["input_bits"]).astype(np.float64)
     scale = np.frombuffer(bytes.fromhex(vector["data_hex"])[:4], "<f4")[0]
     assert scale == np.float32(sum(abs(values)) / values.size)
+
+
+def spec_kept_count(density: float, n: int) -> int:
+    """docs/protocol.md section 6: ``min(n, max(1, ceil(density * n - 1e-9)))``, 0 for n = 0."""
+    import math
+    return min(n, max(1, math.ceil(density * n - 1e-9))) if n else 0
+
+
+@pytest.mark.parametrize("density", [1e-6, 0.01, 0.07, 0.1, 0.25, 1 / 3, 0.5, 0.999, 1.0])
+@pytest.mark.parametrize("n", [0, 1, 7, 12, 100, 330, 10_001])
+def test_topk_and_randk_keep_the_count_the_spec_states(density: float, n: int) -> None:
+    values = np.linspace(-1.0, 1.0, n, dtype=np.float32) + np.float32(0.001)
+    for name in ("topk", "randk"):
+        data = pack(values, get_codec(name, density=density), np.random.default_rng(SEED)).data
+        k = int.from_bytes(data[1:5] if name == "topk" else data[:4], "little")
+        assert k == spec_kept_count(density, n), (name, density, n)
+
+
+def test_every_topk_vector_keeps_the_count_the_spec_states() -> None:
+    for vector in [*V11["topk_ties"], *(v for v in CODEC_VECTORS if v["codec"].startswith("topk"))]:
+        k = int.from_bytes(bytes.fromhex(vector["data_hex"])[1:5], "little")
+        assert k == spec_kept_count(vector["options"]["density"], len(vector["input_bits"]))

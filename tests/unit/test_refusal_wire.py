@@ -39,6 +39,17 @@ def test_a_commit_reply_round_trips_with_its_refusal(code: RefusalCode) -> None:
     assert from_proto(to_proto(reply)) == reply
 
 
+def test_accepted_version_zero_is_told_from_not_set() -> None:
+    zero = to_proto(CommitReply("u1", 1, 0, accepted_version=0, flushed_version=1))
+    unset = to_proto(CommitReply("u1", 0, 0, refusal=RefusalCode.TOO_STALE))
+    assert zero.HasField("accepted_version") and not unset.HasField("accepted_version")
+    assert from_proto(zero).accepted_version == 0
+    assert from_proto(unset).accepted_version is None
+    # a 1.0 reader sees the same bytes as before for a non-zero version
+    assert pb.CommitReply.FromString(to_proto(CommitReply("u", 2, 0, 2)).SerializeToString()
+                                     ).accepted_version == 2
+
+
 def test_a_reply_read_back_from_json_gets_its_code_back() -> None:
     assert CommitReply("u", 1, 0, refusal="too_stale").refusal is RefusalCode.TOO_STALE  # type: ignore[arg-type]
     assert refusal_code("no_such_code") is RefusalCode.NONE

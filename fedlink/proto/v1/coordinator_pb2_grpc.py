@@ -149,7 +149,8 @@ class CoordinatorServicer:
         """Measure the link (fedlink netcheck): the request carries filler bytes up, the reply
         `reply_bytes` of filler down. Answered only where the coordinator's config allows it
         ([coordinator.netcheck]), within a rate limit: FAILED_PRECONDITION when off,
-        RESOURCE_EXHAUSTED (with retry-after-ms) over the limit or the size cap.
+        RESOURCE_EXHAUSTED over the limit (with a google.rpc.RetryInfo in the
+        grpc-status-details-bin trailer: wait its retry_delay) or the size cap (no RetryInfo).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -51,7 +51,8 @@ class VirtualWorld:
     evaluations draw their timing from a generator of their own, so that turning them on
     leaves the training tasks' timing as it was. ``count_network(index, seconds, transfer)``
     and ``count_download(bytes)`` add to the loop's totals and to the next flush's
-    ``bytes_down``, as the real coordinator counts an evaluation task's download.
+    ``bytes_down``, as the real coordinator counts an evaluation task's download;
+    ``count_used(bytes)``: a download whose report was accepted.
     """
 
     engine: RoundEngine
@@ -63,6 +64,7 @@ class VirtualWorld:
     step_cost_s: float
     count_network: Callable[[int, float, Any], None]
     count_download: Callable[[int], None]
+    count_used: Callable[[int], None] = lambda num_bytes: None
 
 
 class VirtualEvaluations:
@@ -139,3 +141,4 @@ class VirtualEvaluations:
             client_id=f"sim-{index}", task_id=task.task_id, model_version=task.model_version,
             num_examples=examples, loss=metrics.get("loss"), accuracy=metrics.get("accuracy"),
             metrics=metrics))
+        self.world.count_used(task.model.num_bytes)

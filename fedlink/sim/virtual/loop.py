@@ -90,6 +90,7 @@ class _Busy:
     seen: float = 0.0
     network_s: float = 0.0
     compute_s: float = 0.0
+    bytes_down: int = 0
 
 
 @dataclass(frozen=True)
@@ -125,8 +126,13 @@ class LoopTotals:
     wall_s: float = 0.0
     model_s: float = 0.0
     bytes_down: int = 0
-    """Every model download's bytes (training and evaluation tasks), as the clients received
-    them: the real run's ``bytes_down``."""
+    """Every model download's bytes (training and evaluation tasks), sent when the task
+    starts: the real run's ``bytes_down`` (a virtual link never cuts a download)."""
+    bytes_down_evaluation: int = 0
+    """The evaluation tasks' part of ``bytes_down`` (the rest is full models: no deltas)."""
+    bytes_down_used: int = 0
+    """The downloads of tasks whose update or evaluation report was accepted; the rest of
+    ``bytes_down`` is the real run's ``bytes_down_wasted``."""
     clients: int = 0
     """Distinct clients that checked in with the coordinator (asked for a task): the real
     run's ``clients`` (distinct clients joined)."""
@@ -163,12 +169,14 @@ class VirtualLoop:
         self._waiting: set[int] = set()  # told to wait: they ask again after retry_after_s
         self._evaluations = VirtualEvaluations(config, VirtualWorld(
             self.engine, population, clock, self.availability, events, options.deterministic,
-            options.step_cost_s, self._count_evaluation_network, self._count_download))
+            options.step_cost_s, self._count_evaluation_network, self._count_download,
+            self._count_used))
         self._select = np.random.default_rng([options.seed, 0x5E1EC7])
         self._timing = None if options.deterministic else np.random.default_rng(
             [options.seed, 0x714E])
         self.totals = LoopTotals()
         self._bytes_down = 0  # since the last flush, as the servicer counts it
+        self._bytes_down_evaluation = 0  # its evaluation tasks' part
         self._checked_in = np.zeros(population.size, dtype=bool)  # 1 byte a client
         self._model: tuple[int, np.ndarray] | None = None  # the last version decoded
 
@@ -247,6 +255,7 @@ class VirtualLoop:
         header = self.engine.payload(reply.model_version).header
         self._bytes_down += header.num_bytes
         self.totals.bytes_down += header.num_bytes
+        busy.bytes_down = header.num_bytes
         down = transfer_time(profile, header.num_bytes, DOWN, self._timing)
         self._count_network(busy, rtt + down.seconds, down)
         done = finish(self.availability, index, now, rtt + down.seconds)
@@ -363,6 +372,7 @@ class VirtualLoop:
             except RemoteError as err:
                 self._refused(update, err.detail, err.refusal, err.code)
             else:
+                self._count_used(busy.bytes_down)
                 if acceptance.flush is not None:
                     self._flushed(acceptance.flush)
         self._fill()
@@ -418,11 +428,14 @@ class VirtualLoop:
     def _flushed(self, outcome: FlushOutcome) -> None:
         metrics = self._central_metrics(outcome.model)
         self._bytes_down, bytes_down = 0, self._bytes_down
+        self._bytes_down_evaluation, evaluation = 0, self._bytes_down_evaluation
         wall = time.perf_counter()
         self.events.emit(kinds.Flush.build(
             model_version=outcome.version, num_updates=outcome.num_updates,
             total_weight=outcome.total_weight, round_seconds=outcome.round_seconds,
-            bytes_up=outcome.bytes_up, bytes_down=bytes_down, updates=list(outcome.task_ids),
+            bytes_up=outcome.bytes_up, bytes_down=bytes_down,
+            bytes_down_model=bytes_down - evaluation, bytes_down_delta=0,
+            bytes_down_evaluation=evaluation, updates=list(outcome.task_ids),
             model_seconds=self.clock.now(), **dict(outcome.hook_report), **metrics))
         if self._on_flush is not None:
             self._on_flush(outcome, wall)
@@ -443,7 +456,13 @@ class VirtualLoop:
     def _count_download(self, num_bytes: int) -> None:
         """A download outside a training task (an evaluation's): in the next flush's count."""
         self._bytes_down += num_bytes
+        self._bytes_down_evaluation += num_bytes
         self.totals.bytes_down += num_bytes
+        self.totals.bytes_down_evaluation += num_bytes
+
+    def _count_used(self, num_bytes: int) -> None:
+        """A task's download was used: its update or evaluation report was accepted."""
+        self.totals.bytes_down_used += num_bytes
 
     def _count_evaluation_network(self, index: int, seconds: float, transfer: Any) -> None:
         """An evaluation task's network time: in the totals, not in the per-round and

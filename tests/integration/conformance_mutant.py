@@ -1,0 +1,256 @@
+"""The edge client (``clients/edge``) with one protocol behaviour broken on purpose.
+
+``python conformance_mutant.py MUTANT EDGE-CLIENT-ARGS...`` runs the edge client with the
+mutation ``MUTANT`` applied to the SDK in this process only: the conformance check must fail
+every one of them (``test_conformance_mutants.py``). Each mutation is the smallest change that
+breaks one behaviour of ``docs/protocol.md``; ``honest`` changes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "clients" / "edge"))
+
+import edge_client
+
+from fedlink.client import retry, session, transfer
+from fedlink.client.transport import Transport
+from fedlink.compress.quantize import StochasticQuantizer, unpack_codes
+from fedlink.errors import DataLoss, RemoteError, Unavailable, UpdateRefused
+from fedlink.messages import UploadChunk
+from fedlink.wire import payload
+
+MUTANTS: dict[str, Callable[[], None]] = {}
+
+
+def mutant(name: str) -> Callable[[Callable[[], None]], Callable[[], None]]:
+    """Register the mutation ``name``."""
+
+    def register(fn: Callable[[], None]) -> Callable[[], None]:
+        MUTANTS[name] = fn
+        return fn
+
+    return register
+
+
+def wrap(cls: type, method: str, make: Callable[[Any], Any]) -> None:
+    """Replace ``cls.method`` with ``make(original)``."""
+    setattr(cls, method, make(getattr(cls, method)))
+
+
+@mutant("honest")
+def _honest() -> None:
+    """No change."""
+
+
+@mutant("restart_download")
+def _restart_download() -> None:
+    """After a cut download, start again from offset 0 (keep nothing)."""
+
+    def receive(make: Any) -> Any:
+        async def _receive(self: Any, request: Any, buffer: bytearray, total: int) -> None:
+            buffer.clear()
+            await make(self, dataclasses.replace(request, offset=0), buffer, total)
+        return _receive
+
+    wrap(transfer.Transfers, "_receive", receive)
+
+
+@mutant("restart_upload")
+def _restart_upload() -> None:
+    """After a cut upload, send it all again without asking ``UploadStatus``."""
+
+    async def held(self: Any, client_id: str, upload_id: str, total: int) -> int:
+        return 0
+
+    transfer.Transfers._held = held  # type: ignore[method-assign]
+
+
+@mutant("drop_on_lost_reply")
+def _drop_on_lost_reply() -> None:
+    """A ``Commit`` whose reply is lost is given up, not repeated with the same id."""
+
+    def make(original: Any) -> Any:
+        async def commit(self: Transport, request: Any) -> Any:
+            try:
+                return await original(self, request)
+            except Unavailable as err:
+                raise UpdateRefused(f"mutant: giving up after {err.code}") from err
+        return commit
+
+    wrap(Transport, "commit", make)
+
+
+@mutant("reuse_upload_id")
+def _reuse_upload_id() -> None:
+    """After ``DATA_LOSS``, upload and commit under the same upload id again."""
+
+    def make(original: Any) -> Any:
+        async def commit(self: Transport, request: Any) -> Any:
+            try:
+                return await original(self, request)
+            except DataLoss:
+                first = UploadChunk(request.client_id, request.upload_id, 0, b"\0")
+                with contextlib.suppress(RemoteError):
+                    await self.upload(iter([first]))
+                return await original(self, request)
+        return commit
+
+    wrap(Transport, "commit", make)
+
+
+@mutant("no_delta")
+def _no_delta() -> None:
+    """Never say which version it holds: never offered a delta, always the full model."""
+
+    def make(original: Any) -> Any:
+        async def get_task(self: Transport, request: Any) -> Any:
+            return await original(self, dataclasses.replace(request, held_version=-1))
+        return get_task
+
+    wrap(Transport, "get_task", make)
+
+
+@mutant("no_inline")
+def _no_inline() -> None:
+    """Ignore ``inline_bytes``: every update is uploaded, never inline."""
+
+    def make(original: Any) -> Any:
+        async def join(self: Transport, request: Any) -> Any:
+            reply = await original(self, request)
+            config = dataclasses.replace(reply.config, inline_bytes=0)
+            return dataclasses.replace(reply, config=config)
+        return join
+
+    wrap(Transport, "join", make)
+
+
+@mutant("no_heartbeat")
+def _no_heartbeat() -> None:
+    """Send no ``Heartbeat``."""
+
+    async def heartbeat(self: Any, task: Any) -> None:
+        return None
+
+    session.ClientSession._heartbeat = heartbeat  # type: ignore[method-assign]
+
+
+@mutant("no_leave")
+def _no_leave() -> None:
+    """Stop at the run's end without ``Leave``."""
+
+    async def leave(self: Any, reason: str) -> None:
+        return None
+
+    session.ClientSession._leave = leave  # type: ignore[method-assign]
+
+
+@mutant("no_verify")
+def _no_verify() -> None:
+    """Decode a downloaded model without checking its checksums."""
+
+    def unpack(header: Any, data: bytes, size: int, verify: bool = True) -> np.ndarray:
+        return payload.unpack(header, data, size, verify=False)
+
+    transfer.unpack = unpack  # type: ignore[assignment]
+
+
+@mutant("no_evaluate")
+def _no_evaluate() -> None:
+    """A trainer that cannot evaluate: the ``evaluate`` capability is never advertised."""
+    del edge_client.LogisticRegressionTrainer.evaluate
+
+
+@mutant("no_metrics")
+def _no_metrics() -> None:
+    """Commit with no metrics."""
+
+    def make(original: Any) -> Any:
+        async def commit(self: Transport, request: Any) -> Any:
+            return await original(self, dataclasses.replace(request, metrics={}))
+        return commit
+
+    wrap(Transport, "commit", make)
+
+
+@mutant("ignore_retry_hint")
+def _ignore_retry_hint() -> None:
+    """Back off as for any transient error, ignoring the ``RetryInfo``."""
+    retry._honouring_hint = lambda backoff: backoff  # type: ignore[assignment]
+
+
+@mutant("no_rejoin")
+def _no_rejoin() -> None:
+    """Give up when the coordinator no longer knows the client (``UNAUTHENTICATED``)."""
+
+    async def next_task(self: Any) -> Any:
+        return await self._call(self._get_task, "GetTask")
+
+    session.ClientSession._next_task = next_task  # type: ignore[method-assign]
+
+
+@mutant("naive_qsgd")
+def _naive_qsgd() -> None:
+    """``values_checksum`` of a ``qsgd`` update decoded as ``(code - s) * c / s`` in float64
+    (the rounding the spec rules out)."""
+
+    def decode(self: Any, data: bytes, params: Any, size: int) -> np.ndarray:
+        bits = int(params["bits"])
+        s = (1 << (bits - 1)) - 1
+        scale = float(np.frombuffer(data[:4], dtype="<f4")[0])
+        codes = unpack_codes(data[4:], bits, size).astype(np.float64)
+        return ((codes - s) * scale / s).astype(np.float32)
+
+    StochasticQuantizer.decode = decode  # type: ignore[method-assign]
+
+
+@mutant("stop_on_refusal")
+def _stop_on_refusal() -> None:
+    """Exit (status 4) when an update is refused ``DATA_LOSS`` instead of going on."""
+
+    def make(original: Any) -> Any:
+        async def commit(self: Transport, request: Any) -> Any:
+            try:
+                return await original(self, request)
+            except DataLoss:
+                sys.exit(4)
+        return commit
+
+    wrap(Transport, "commit", make)
+
+
+@mutant("distrust_delta")
+def _distrust_delta() -> None:
+    """Never accept a model rebuilt from a delta: always download the full model after it."""
+    transfer.rebuilt_matches = lambda model, header: False  # type: ignore[assignment]
+
+
+@mutant("never_join")
+def _never_join() -> None:
+    """Exit at once with status 3, never calling the coordinator."""
+    sys.exit(3)
+
+
+@mutant("exit_3")
+def _exit_3() -> None:
+    """Take part in the whole run, then exit with status 3 (``main`` does)."""
+
+
+def main() -> int:
+    """Apply the mutation named first, then run the edge client with the other arguments."""
+    name, *args = sys.argv[1:]
+    MUTANTS[name]()
+    status = edge_client.main(args)
+    return 3 if name == "exit_3" else status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
