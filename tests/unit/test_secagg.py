@@ -1,0 +1,195 @@
+"""Secure aggregation's pieces and a whole round with dropouts (fedlink.secagg)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+
+from fedlink.errors import ConfigError
+from fedlink.secagg import (
+    SecAggAborted,
+    SecAggConfig,
+    SecAggError,
+    SecureClient,
+    SecureSum,
+    UnmaskRequest,
+    crypto,
+    decode_sum,
+    encode,
+    run_round,
+    shamir,
+    weighted_mean,
+)
+from fedlink.secagg.graph import neighbours
+
+
+def _seeded(seed: int) -> shamir.RandomBelow:
+    rng = random.Random(seed)
+    return lambda n: rng.randrange(n)
+
+
+def test_any_threshold_shares_rebuild_the_secret_and_fewer_do_not() -> None:
+    secret = shamir.PRIME - 12345
+    shares = shamir.split(secret, list(range(1, 8)), 4, _seeded(1))
+    for subset in itertools.combinations(shares.items(), 4):
+        assert shamir.reconstruct(subset, 4) == secret
+    # three shares interpolated as if they were enough give some other value
+    assert shamir.reconstruct(list(shares.items())[:3], 3) != secret
+    with pytest.raises(SecAggError, match="3 shares given, 4 needed"):
+        shamir.reconstruct(list(shares.items())[:3], 4)
+
+
+def test_shamir_matches_its_polynomial() -> None:
+    # f(x) = 7 + 3x + 5x^2 over the field: coefficients drawn from a fixed sequence
+    draws = iter([3, 5])
+    shares = shamir.split(7, [1, 2, 3], 3, lambda n: next(draws))
+    assert shares == {1: 15, 2: 33, 3: 61}
+    assert shamir.reconstruct(shares.items(), 3) == 7
+
+
+def test_shamir_refuses_bad_points_and_secrets() -> None:
+    with pytest.raises(SecAggError, match="distinct and non-zero"):
+        shamir.split(1, [0, 1, 2], 2, _seeded(0))
+    with pytest.raises(SecAggError, match="field element"):
+        shamir.split(shamir.PRIME, [1, 2], 2, _seeded(0))
+    with pytest.raises(SecAggError, match="two shares at one point"):
+        shamir.reconstruct([(1, 5), (1, 6)], 2)
+
+
+def test_key_agreement_is_symmetric_and_bound_to_purpose_and_round() -> None:
+    a, b = crypto.private_key(_seeded(1)), crypto.private_key(_seeded(2))
+    ab = crypto.agree(a, crypto.public_key(b), "mask", 7)
+    assert ab == crypto.agree(b, crypto.public_key(a), "mask", 7)
+    assert ab != crypto.agree(a, crypto.public_key(b), "share", 7)
+    assert ab != crypto.agree(a, crypto.public_key(b), "mask", 8)
+
+
+def test_a_share_altered_or_misdirected_does_not_decrypt() -> None:
+    key = bytes(range(32))
+    sealed = crypto.encrypt(key, b"share", 1, 2, 3)
+    assert crypto.decrypt(key, sealed, 1, 2, 3) == b"share"
+    tampered = bytes([sealed[0] ^ 1]) + sealed[1:]
+    for args in ((tampered, 1, 2, 3), (sealed, 1, 2, 4), (sealed, 2, 2, 3)):
+        with pytest.raises(SecAggError, match="does not decrypt"):
+            crypto.decrypt(key, *args)
+
+
+def test_mask_expansion_is_aes_ctr_of_the_seed() -> None:
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    seed = bytes(range(32))
+    words = crypto.expand(seed, 5)
+    enc = Cipher(algorithms.AES(seed), modes.CTR(bytes(16))).encryptor()
+    expected = np.frombuffer(enc.update(bytes(20)), dtype="<u4")
+    assert words.dtype == np.uint32 and np.array_equal(words, expected)
+    assert np.array_equal(crypto.expand(seed, 3), words[:3])
+
+
+def test_encoding_is_unbiased_and_the_sum_decodes_exactly() -> None:
+    config = SecAggConfig(max_clients=10)
+    rng = np.random.default_rng(0)
+    values = np.array([-2.0, -1.0, -0.3, 0.0, 0.123456, 1.0, 5.0])
+    encoded = encode(values, config, rng)
+    assert encoded.clipped == 2
+    assert encoded.values.dtype == np.uint32 and encoded.values.max() <= config.levels
+    # the mean of many stochastic roundings is the value (within the sampling error)
+    many = [decode_sum(encode(np.full(2000, 0.123456), config, rng).values, 1, config).mean()
+            for _ in range(5)]
+    assert abs(np.mean(many) - 0.123456) < config.step / 10
+    total = sum(encode(values, config, rng).values for _ in range(10))
+    decoded = decode_sum(total, 10, config)
+    assert np.allclose(decoded, 10 * np.clip(values, -1, 1), atol=10 * config.step)
+
+
+def test_config_refuses_a_modulus_that_cannot_hold_the_sum() -> None:
+    assert SecAggConfig().bits == 16  # 24-bit ring, up to 255 clients
+    with pytest.raises(ConfigError, match="does not fit in Z_m"):
+        SecAggConfig(modulus_bits=24, quantization_bits=20, max_clients=100)
+    with pytest.raises(ConfigError, match="threshold"):
+        SecAggConfig(threshold=1.0)
+
+
+def test_the_sparse_graph_is_symmetric_and_regular() -> None:
+    graph = neighbours(range(50), 8, seed=3)
+    assert all(len(n) == 8 for n in graph.values())
+    assert all(i in graph[j] for i, n in graph.items() for j in n)
+    assert graph == neighbours(range(50), 8, seed=3)
+    assert neighbours(range(5), None, 0)[2] == (0, 1, 3, 4)
+
+
+@pytest.mark.parametrize("k", [None, 12])
+def test_a_round_with_dropouts_unmasks_exactly_the_survivors_sum(k: int | None) -> None:
+    rng = np.random.default_rng(1)
+    n, d = 30, 50
+    updates = [rng.normal(0, 0.1, d) for _ in range(n)]
+    weights = [float(w) for w in rng.uniform(0.1, 1.0, n)]
+    config = SecAggConfig(neighbours=k, threshold=0.4 if k else 0.5)
+    result = run_round(updates, weights, config, drop_after_sharing={3, 7, 11},
+                       drop_after_input={5}, seed=4, random_below=_seeded(5))
+    assert result.exact
+    assert result.delivered == frozenset(range(n)) - {3, 7, 11}
+    mean, weight = weighted_mean(result.total, len(result.delivered), config)
+    alive = sorted(result.delivered)
+    expected = sum(weights[i] * updates[i] for i in alive) / sum(weights[i] for i in alive)
+    assert weight == pytest.approx(sum(weights[i] for i in alive), abs=n * config.step)
+    assert np.allclose(mean, expected, atol=n * config.step)
+
+
+def test_too_many_dropouts_abort_the_round_naming_the_client() -> None:
+    rng = np.random.default_rng(2)
+    updates = [rng.normal(0, 0.1, 10) for _ in range(6)]
+    with pytest.raises(SecAggAborted, match="cannot be rebuilt"):
+        run_round(updates, [1.0] * 6, SecAggConfig(), drop_after_sharing={0},
+                  drop_after_input={1, 2, 3}, seed=1)
+
+
+def test_the_coordinator_holds_no_individual_input() -> None:
+    config, size = SecAggConfig(), 20
+    clients = [SecureClient(i, config, 1, size) for i in range(4)]
+    server = SecureSum(config, 1, size, graph_seed=1)
+    roster = server.collect_keys([c.advertise() for c in clients])
+    for c in clients:
+        server.collect_shares(c.client, c.share_keys(roster, 1))
+    server.close_sharing()
+    inputs = [np.full(size, 1000 * (i + 1), dtype=np.uint32) for i in range(4)]
+    for c, x in zip(clients, inputs, strict=True):
+        c.receive_shares(server.shares_for(c.client))
+        masked = c.masked_input(x)
+        assert not np.array_equal(masked.values, x)
+        server.collect_masked(masked)
+    held = [v for v in vars(server).values() if isinstance(v, np.ndarray)]
+    assert all(not np.array_equal(h, x) for h in held for x in inputs)
+    total, count = server.finish([c.unmask(server.unmask_request()) for c in clients])
+    assert count == 4 and np.array_equal(total, sum(inputs))
+
+
+def test_a_client_never_reveals_both_secrets_of_one_client() -> None:
+    config = SecAggConfig()
+    clients = [SecureClient(i, config, 1, 4) for i in range(3)]
+    server = SecureSum(config, 1, 4, graph_seed=1)
+    roster = server.collect_keys([c.advertise() for c in clients])
+    for c in clients:
+        server.collect_shares(c.client, c.share_keys(roster, 1))
+    server.close_sharing()
+    clients[0].receive_shares(server.shares_for(0))
+    with pytest.raises(SecAggError, match="both delivered and dropped"):
+        clients[0].unmask(UnmaskRequest(frozenset({1}), frozenset({1})))
+    clients[0].unmask(UnmaskRequest(frozenset({0, 1}), frozenset({2})))
+    with pytest.raises(SecAggError, match="already answered"):
+        clients[0].unmask(UnmaskRequest(frozenset({0, 2}), frozenset({1})))
+
+
+def test_shares_are_handed_out_only_after_phase_two_closes() -> None:
+    config = SecAggConfig()
+    clients = [SecureClient(i, config, 1, 4) for i in range(3)]
+    server = SecureSum(config, 1, 4, graph_seed=1)
+    roster = server.collect_keys([c.advertise() for c in clients])
+    server.collect_shares(0, clients[0].share_keys(roster, 1))
+    with pytest.raises(SecAggError, match="once phase 2 is closed"):
+        server.shares_for(0)
+    server.close_sharing()
+    with pytest.raises(SecAggError, match="cannot share keys now"):
+        server.collect_shares(1, clients[1].share_keys(roster, 1))
