@@ -168,7 +168,7 @@ def epsilon_costs(repeats: int) -> dict[str, Any]:
         diff = max(diff, abs(cached.epsilon(d) - _uncached_epsilon(z, q, n, d)))
     accountant = Accountant("rdp")
     times: dict[str, list[float]] = {"cached": [], "uncached": []}
-    for rep in range(repeats):
+    for _ in range(repeats):
         accountant.step(1.0, 0.064, 50)  # one task's steps, as a client's history grows
         steps = accountant.steps
         began = time.perf_counter()

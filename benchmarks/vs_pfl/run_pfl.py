@@ -6,7 +6,9 @@ installed, not fedlink's::
     PYTHON benchmarks/vs_pfl/run_pfl.py DATA.npz USERS COHORT ROUNDS OUT.json [--per-user-eval]
 
 ``DATA.npz`` holds the digits arrays (``x_train``, ``y_train``, ``x_test``, ``y_test``) the
-fedlink side uses. Users' data is lazy (``FederatedDataset`` with a per-user make-data
+fedlink side uses; with ``offsets`` as well, user ``u`` holds rows ``offsets[u]:offsets[u+1]``
+of the training arrays (a split fedlink made: ``benchmarks/small_run.py``), else the rows
+``task.user_indices`` draws. Users' data is lazy (``FederatedDataset`` with a per-user make-data
 function, users drawn at random), FedAvg weighted by data points, central accuracy on the test
 set after every round.
 
@@ -16,9 +18,10 @@ also evaluates every sampled user's data before and after its local training in 
 whose ``evaluation_frequency`` divides the iteration, iteration 0 always included; that is
 work the fedlink side does not do, so ``LikeForLikeFedAvg`` turns it off in every round.
 ``--per-user-eval`` restores pfl's ``evaluation_frequency = 1`` (the comparison's old,
-unequal configuration, kept as a named extra figure). Writes ``{"wall_s", "accuracy", "rounds"}``: ``wall_s`` runs from
-building the model to the end of the last round (imports and loading the arrays excluded, as
-on the fedlink side).
+unequal configuration, kept as a named extra figure).
+
+Writes ``{"wall_s", "accuracy", "rounds"}``: ``wall_s`` runs from building the model to the
+end of the last round (imports and loading the arrays excluded, as on the fedlink side).
 """
 
 from __future__ import annotations
@@ -99,8 +102,12 @@ def main() -> None:
     y_train = torch.from_numpy(arrays["y_train"])
     test = Dataset((torch.from_numpy(arrays["x_test"]), torch.from_numpy(arrays["y_test"])))
 
+    offsets = arrays["offsets"] if "offsets" in arrays.files else None
+
     def make_user(user: int) -> Dataset:
-        rows = torch.from_numpy(task.user_indices(user, len(y_train)))
+        rows = torch.from_numpy(
+            task.user_indices(user, len(y_train)) if offsets is None
+            else np.arange(offsets[user], offsets[user + 1]))
         return Dataset((x_train[rows], y_train[rows]), user_id=str(user))
 
     started = time.perf_counter()
