@@ -21,8 +21,15 @@ Three parts, all in this process:
    the ratio within it, and the figure is the median over repeats (pairing keeps a burst of
    load on a shared machine from landing on one side only); the first repeat warms up and is
    not counted. Figures ``sgd_step_ms``, ``dpsgd_step_ms``, ``dpsgd_per_sample_step_ms``
-   (medians), ``dpsgd_step_slowdown`` (target <= 3.5) and
+   (medians), ``dpsgd_step_slowdown`` (target <= 3.0) and
    ``dpsgd_per_sample_step_slowdown``.
+4. **Epsilon cost**: what one ``epsilon()`` call costs a client after a task's DP-SGD steps
+   (``epsilon_call_ms``, with fedlink's cached accounting) against a fresh ``dp-accounting``
+   RDP accountant composing the same history (``epsilon_call_ms_uncached``, what every call
+   cost before the cache), their ratio ``epsilon_call_speedup``, and
+   ``epsilon_max_abs_diff``: the largest difference between the two answers over a grid of
+   ``(z, q, steps, delta)`` (must be <= 1e-9; the cache performs the same float operations,
+   so it is 0).
 
 Run: ``python benchmarks/privacy.py [--quick] [--json FILE]`` (``--quick``: fewer rounds and
 steps; the same epsilon grid).
@@ -135,11 +142,54 @@ def step_times(steps: int, repeats: int) -> dict[str, Any]:
             "dpsgd_per_sample_step_slowdown": paired("per_sample")}
 
 
+def _uncached_epsilon(z: float, q: float, steps: int, delta: float) -> float:
+    """Epsilon from a fresh dp-accounting RDP accountant, as every call computed it uncached."""
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
+
+    from fedlink.privacy.accounting import RDP_ORDERS
+
+    accountant = RdpAccountant(list(RDP_ORDERS))
+    event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z))
+    accountant.compose(dp_accounting.SelfComposedDpEvent(event, steps))
+    return float(accountant.get_epsilon(delta))
+
+
+def epsilon_costs(repeats: int) -> dict[str, Any]:
+    """ms per ``epsilon()`` call cached (fedlink) and uncached; largest difference of answers."""
+    from fedlink.privacy.accounting import Accountant
+
+    grid = [(z, q, n, d) for z in (0.6, 1.0, 2.0) for q in (0.01, 0.064, 0.2)
+            for n in (1, 50, 3000) for d in (1e-5, 1e-3)]
+    diff = 0.0
+    for z, q, n, d in grid:
+        cached = Accountant("rdp")
+        cached.step(z, q, n)
+        diff = max(diff, abs(cached.epsilon(d) - _uncached_epsilon(z, q, n, d)))
+    accountant = Accountant("rdp")
+    times: dict[str, list[float]] = {"cached": [], "uncached": []}
+    for _ in range(repeats):
+        accountant.step(1.0, 0.064, 50)  # one task's steps, as a client's history grows
+        steps = accountant.steps
+        began = time.perf_counter()
+        accountant.epsilon(1e-5)
+        times["cached"].append((time.perf_counter() - began) * 1e3)
+        began = time.perf_counter()
+        _uncached_epsilon(1.0, 0.064, steps, 1e-5)
+        times["uncached"].append((time.perf_counter() - began) * 1e3)
+    cached_ms = statistics.median(times["cached"][1:])  # the first call fills the cache
+    uncached_ms = statistics.median(times["uncached"][1:])
+    return {"epsilon_call_ms": cached_ms, "epsilon_call_ms_uncached": uncached_ms,
+            "epsilon_call_speedup": uncached_ms / cached_ms,
+            "epsilon_max_abs_diff": diff}
+
+
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0])
     started = time.monotonic()
     figures: dict[str, Any] = {}
     figures.update(step_times(steps=50, repeats=20 if args.quick else 40))
+    figures.update(epsilon_costs(repeats=10 if args.quick else 30))
     with tempfile.TemporaryDirectory() as tmp:
         figures.update(user_level(rounds=8 if args.quick else 30, out=Path(tmp)))
         figures.update(sample_level(rounds=4 if args.quick else 15, out=Path(tmp)))

@@ -29,6 +29,9 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output-dir", type=Path, default=None,
                    help="where the run folder goes (default: [run] output_dir)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-report", action="store_true",
+                   help="write no report.md and no plots (events, summary and model as "
+                        "always): for sweeps")
     p.set_defaults(func=_simulate)
 
 
@@ -83,15 +86,22 @@ def _add_client(sub: argparse._SubParsersAction) -> None:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from fedlink.metrics import print_summary
-    from fedlink.sim import ExperimentConfig, run_simulation
+    from fedlink.metrics.report_worker import ReportWriter
 
-    with_config_folder_on_path(args.config)
-    config = ExperimentConfig.from_toml(args.config)
-    result = run_simulation(config, args.output_dir, progress=not args.no_progress)
+    # Started first: the helper gets ready to draw on another core while this process
+    # imports torch and runs.
+    with ReportWriter(background=not args.no_report) as writer:
+        from fedlink.metrics import print_summary
+        from fedlink.sim import ExperimentConfig, run_simulation
+
+        with_config_folder_on_path(args.config)
+        config = ExperimentConfig.from_toml(args.config)
+        result = run_simulation(config, args.output_dir, progress=not args.no_progress,
+                                report=False if args.no_report else writer)
     print_summary(result.summary, result.run_dir)
     print(f"final accuracy: {result.summary.get('final_accuracy')}")
-    print(f"report: {result.report}")
+    if result.report is not None:
+        print(f"report: {result.report}")
     return 0
 
 

@@ -35,10 +35,10 @@ from fedlink.metrics import (
     SUMMARY_FILENAME,
     EventLog,
     summarize,
-    write_report,
     write_summary,
 )
 from fedlink.metrics.federated import federated_figures
+from fedlink.metrics.report_worker import ReportWriter, write_run_report
 from fedlink.netem import ClientLink
 from fedlink.netem.proxy import TcpProxy
 from fedlink.sim.arrivals import RunOverSleep, start_in_waves
@@ -116,7 +116,8 @@ class SimulationResult:
 
     summary: dict[str, Any]
     run_dir: Path
-    report: Path
+    report: Path | None
+    """``report.md`` in the run folder; None when the run was asked for no report."""
     clients: tuple[ClientOutcome, ...]
     model: dict[str, torch.Tensor] = field(default_factory=dict)
     """The final global model as a ``state_dict`` (``module.load_state_dict(result.model)``)."""
@@ -132,19 +133,23 @@ class SimulationResult:
 def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
                    progress: bool = True, *, model: Any = None, data: Any = None,
                    trainer: Any = None, evaluate: Any = None,
-                   loss: Any = None) -> SimulationResult:
+                   loss: Any = None, report: bool | ReportWriter = True) -> SimulationResult:
     """Run the experiment to the end and write its run folder; returns the summary and model.
 
     ``model``, ``data``, ``trainer``, ``evaluate`` and ``loss`` plug your own objects (or import
     strings) in place of what the config names; see ``fedlink.experiment.setup`` for what each
-    must be.
+    must be. ``report=False`` writes no ``report.md`` and no plots (the events, summary and
+    model are written as always): for sweeps, where drawing the plots is most of a small run's
+    end; a ``fedlink.metrics.report_worker.ReportWriter`` writes it (``fedlink simulate``
+    passes one whose helper process got ready to draw while the run went on).
     """
     if config.run.mode == "virtual":  # the discrete-event loop: no sockets
         from fedlink.experiment.setup import Plugs
         from fedlink.sim.virtual.runner import run_virtual
 
         return run_virtual(config, output_dir, progress, Plugs(
-            model=model, data=data, trainer=trainer, evaluate=evaluate, loss=loss))
+            model=model, data=data, trainer=trainer, evaluate=evaluate, loss=loss),
+            report=report)
     if config.coordinator.tls.enabled:
         raise ConfigError("fedlink simulate runs its clients in this process over loopback in "
                           "plaintext: remove [coordinator.tls], or run `fedlink serve` and "
@@ -174,9 +179,9 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
     if config.network is not None:
         summary["network"] = network_summary(outcomes)
     write_summary(run_dir / SUMMARY_FILENAME, summary)
-    report = write_report(run_dir, recorded, summary)
+    written = write_run_report(report, run_dir, recorded, summary)
     state = experiment.save_model(run_dir, final)
-    return SimulationResult(summary, run_dir, report, outcomes, state, trainers)
+    return SimulationResult(summary, run_dir, written, outcomes, state, trainers)
 
 
 def _links(experiment: Experiment) -> list[ClientLink | None]:
