@@ -21,11 +21,11 @@ from fedlink.client import TrainPlan
 from fedlink.data import load_federated
 from fedlink.data.torch_data import TorchFederatedData
 from fedlink.errors import ConfigError
+from fedlink.experiment.setup import Experiment, Plugs
 from fedlink.params import to_vector
 from fedlink.privacy.dp_sgd import DPSGDTrainer
 from fedlink.sim import ExperimentConfig
 from fedlink.sim.runner import run_simulation
-from fedlink.sim.setup import Experiment, Plugs
 
 DP = {"dp_noise_multiplier": "0.5", "dp_max_grad_norm": "1.0"}
 

@@ -20,11 +20,11 @@ from fedlink.client.device import check_device
 from fedlink.client.torch_trainer import TorchTrainer, resolve_device
 from fedlink.data import load_federated
 from fedlink.errors import ConfigError
+from fedlink.experiment.setup import Experiment, Plugs
 from fedlink.models import build_model
 from fedlink.params import to_vector
 from fedlink.privacy.dp_sgd import DPSGDTrainer
 from fedlink.sim import ExperimentConfig
-from fedlink.sim.setup import Experiment, Plugs
 from fedlink.sim.virtual.backends import ConfigPopulation
 
 CUDA = torch.cuda.is_available()

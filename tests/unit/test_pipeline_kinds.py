@@ -15,9 +15,9 @@ from torch import nn
 
 from fedlink.client.pipeline import UpdatePipeline, check_state, shared_state
 from fedlink.errors import ConfigError
+from fedlink.experiment.setup import Experiment, Plugs
 from fedlink.params import BUFFER, COUNTER, TRAINABLE, ParamSpec
 from fedlink.sim import ExperimentConfig
-from fedlink.sim.setup import Experiment, Plugs
 from fedlink.wire import unpack
 
 SPEC = ParamSpec(names=("w", "bn.running_var", "bn.num_batches_tracked"),
