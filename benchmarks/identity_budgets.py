@@ -4,7 +4,7 @@ Two attacks on an unauthenticated coordinator (``CoordinatorConfig()``, in this 
 loopback), each beside what an honest client gets in the same run:
 
 - **rotated addresses**: ``ROTATED`` (12) loopback source addresses send ``JOINS`` Joins
-  (10,000; 2,400 with ``--quick``) under fresh names, one relay per address binding its
+  (10,200, past ``max_clients``; 2,400 with ``--quick``) under fresh names, one relay per address binding its
   upstream connection to that address. ``flood_ids_registered`` is how many ids they got,
   ``flood_seconds`` how long the flood took, ``flood_share_of_max_clients`` the registry's
   fill; then an honest client from a thirteenth address joins, following retry hints as the SDK
@@ -44,7 +44,7 @@ from fedlink.wire.status import retry_delay
 
 ROTATED = [f"127.0.0.{i}" for i in range(2, 14)]
 HONEST = "127.0.0.99"
-JOINS, QUICK_JOINS = 10_000, 2_400
+JOINS, QUICK_JOINS = 10_200, 2_400
 WINDOW_S, QUICK_WINDOW_S = 3.0, 1.0
 TIMEOUT_S = 10.0
 
