@@ -4,11 +4,11 @@ Two attacks on an unauthenticated coordinator (``CoordinatorConfig()``, in this 
 loopback), each beside what an honest client gets in the same run:
 
 - **rotated addresses**: ``ROTATED`` (12) loopback source addresses send ``JOINS`` Joins
-  (10,200, past ``max_clients``; 2,400 with ``--quick``) under fresh names, one relay per address binding its
-  upstream connection to that address. ``flood_ids_registered`` is how many ids they got,
-  ``flood_seconds`` how long the flood took, ``flood_share_of_max_clients`` the registry's
-  fill; then an honest client from a thirteenth address joins, following retry hints as the SDK
-  does: ``honest_join_ok`` (1 or 0) and ``honest_join_attempts``.
+  (10,200, past ``max_clients``; 2,400 with ``--quick``) under fresh names, one relay per
+  address binding its upstream connection to that address. ``flood_ids_registered`` is how
+  many ids they got, ``flood_seconds`` how long the flood took, ``flood_share_of_max_clients``
+  the registry's fill; then an honest client from a thirteenth address joins, following retry
+  hints as the SDK does: ``honest_join_ok`` (1 or 0) and ``honest_join_attempts``.
 - **re-joined ids**: for ``WINDOW_S`` seconds (3; 1 with ``--quick``) a client heartbeats as
   fast as it can and, each time it is refused, joins again under its name and carries on; an
   honest client beside it, on its own connection, heartbeats as fast without re-joining.
