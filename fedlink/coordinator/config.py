@@ -508,7 +508,8 @@ class AuthConfig:
 
     @property
     def _verifying_keys_set(self) -> bool:
-        return any((self.issuer, self.audience, self.require_run, self.algorithm != "HS256"))
+        return any((self.issuer, self.audience, self.require_run, not self.legacy_tokens,
+                    self.algorithm != "HS256"))
 
     @property
     def enabled(self) -> bool:

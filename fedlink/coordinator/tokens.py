@@ -282,18 +282,27 @@ def load_public_keys(algorithm: str, public_key_file: str = "",
     if public_key_file:
         pem = _read(public_key_file, "coordinator.auth.public_key_file")
         try:
-            return {"": verifier.prepare_key(pem)}
+            keys = {"": verifier.prepare_key(pem)}
         except (jwt.PyJWTError, ValueError, TypeError) as exc:
             raise ConfigError(f"coordinator.auth.public_key_file {public_key_file}: not an "
                               f"{algorithm} public key ({exc})") from None
-    text = _read(jwks_file, "coordinator.auth.jwks_file")
-    try:
-        jwks = jwt.PyJWKSet.from_json(text.decode("utf-8"))
-    except (jwt.PyJWTError, ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"coordinator.auth.jwks_file {jwks_file}: not a JWKS ({exc})") from None
-    keys = {key.key_id or "": key.key for key in jwks.keys if key.algorithm_name == algorithm}
-    if not keys:
-        raise ConfigError(f"coordinator.auth.jwks_file {jwks_file} holds no {algorithm} key")
+        where = f"coordinator.auth.public_key_file {public_key_file}"
+    else:
+        text = _read(jwks_file, "coordinator.auth.jwks_file")
+        try:
+            jwks = jwt.PyJWKSet.from_json(text.decode("utf-8"))
+        except (jwt.PyJWTError, ValueError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"coordinator.auth.jwks_file {jwks_file}: not a JWKS "
+                              f"({exc})") from None
+        keys = {key.key_id or "": key.key for key in jwks.keys
+                if key.algorithm_name == algorithm}
+        where = f"coordinator.auth.jwks_file {jwks_file}"
+        if not keys:
+            raise ConfigError(f"{where} holds no {algorithm} key")
+    for key in keys.values():
+        weak = verifier.check_key_length(key)  # a 1024-bit RSA key, say: refused at start-up
+        if weak:
+            raise ConfigError(f"{where}: {weak}")
     return keys
 
 

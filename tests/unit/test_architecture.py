@@ -212,7 +212,7 @@ CLOCK_ALLOW_LIST: dict[str, str] = {
     "fedlink.coordinator.admission": RATE_BUCKETS,
     "fedlink.coordinator.limits": RATE_BUCKETS,
     "fedlink.coordinator.probe": RATE_BUCKETS,
-    "fedlink.coordinator.auth": TOKEN_EXPIRY,
+    "fedlink.coordinator.tokens": TOKEN_EXPIRY,
     "fedlink.coordinator.server": TOKEN_EXPIRY,
 }
 

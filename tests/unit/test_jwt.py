@@ -222,12 +222,17 @@ def test_auth_config_refuses_keys_that_cannot_take_effect(tmp_path: Path) -> Non
         AuthConfig(algorithm="RS256", public_key_file="a.pem", jwks_file="b.json")
     with pytest.raises(ConfigError, match=r"coordinator\.auth\.algorithm"):
         AuthConfig(algorithm="HS512", secret_env="X")
-    with pytest.raises(ConfigError, match=r"coordinator\.auth\.secret_file"):
-        AuthConfig(audience="fedlink")
+    for alone in ({"audience": "fedlink"}, {"require_run": True}, {"legacy_tokens": False}):
+        with pytest.raises(ConfigError, match=r"coordinator\.auth\.secret_file"):
+            AuthConfig(**alone)  # type: ignore[arg-type]
     empty = tmp_path / "empty.json"
     empty.write_text(json.dumps({"keys": [{"kty": "oct", "k": b64(SECRET)}]}))
     with pytest.raises(ConfigError, match="no ES256 key"):
         load_verifier(AuthConfig(algorithm="ES256", jwks_file=str(empty)))
+    weak = tmp_path / "weak.pem"
+    weak.write_bytes(pem_public(rsa.generate_private_key(public_exponent=65537, key_size=1024)))
+    with pytest.raises(ConfigError, match="1024"):
+        load_verifier(AuthConfig(algorithm="RS256", public_key_file=str(weak)))
     with pytest.raises(ConfigError, match=r"missing\.pem"):
         load_verifier(AuthConfig(algorithm="ES256",
                                  public_key_file=str(tmp_path / "missing.pem")))
