@@ -261,7 +261,8 @@ def _verify_model(record: RunRecord) -> tuple[bool, str]:
         return False, "no full model download to corrupt: did the client download the model?"
     task_id = corrupt["task_id"]
     calls = [c for c in record.log.calls if c.fields.get("task_id") == task_id]
-    first = next(i for i, c in enumerate(calls) if c.name == "Download")
+    first = next(i for i, c in enumerate(calls) if c.name == "Download"
+                 and not c.fields["delta"] and c.fields["offset"] == 0)
     used = next((i for i, c in enumerate(calls) if i > first
                  and c.name in ("Commit", "ReportEvaluation")), None)
     again = [c for c in calls[first + 1:used] if c.name == "Download"]

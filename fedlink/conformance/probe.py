@@ -11,13 +11,12 @@ a reply that never came, bytes that do not match their checksum).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fedlink.clock import Clock, RealClock, sleep_on
 from fedlink.coordinator.service import CoordinatorService
 from fedlink.errors import RemoteError, ResourceExhausted, Unauthenticated, Unavailable
 from fedlink.messages import (
@@ -77,7 +76,7 @@ class Call:
     outcome: str = "OK"
     """``OK``, or the status code name it was answered with."""
     at: float = 0.0
-    """When the call arrived (``time.monotonic``)."""
+    """When the call arrived (on the log's clock)."""
     done: float = 0.0
     """When it was answered."""
 
@@ -88,6 +87,7 @@ class CallLog:
 
     calls: list[Call] = field(default_factory=list)
     injected: dict[str, dict[str, Any]] = field(default_factory=dict)
+    clock: Clock = field(default_factory=RealClock)
 
     def of(self, name: str) -> list[Call]:
         """The calls named ``name``."""
@@ -99,7 +99,7 @@ class CallLog:
 
     def add(self, name: str, fields: dict[str, Any], at: float, outcome: str = "OK") -> Call:
         """Note a call that arrived at ``at`` and is answered now."""
-        call = Call(name, fields, outcome, at, time.monotonic())
+        call = Call(name, fields, outcome, at, self.clock.now())
         self.calls.append(call)
         return call
 
@@ -107,10 +107,12 @@ class CallLog:
 class Probe:
     """Records the calls of one ``CoordinatorService`` and injects ``plan``'s faults."""
 
-    def __init__(self, service: CoordinatorService, plan: FaultPlan) -> None:
+    def __init__(self, service: CoordinatorService, plan: FaultPlan,
+                 clock: Clock | None = None) -> None:
         self.service = service
         self.plan = plan
-        self.log = CallLog()
+        self.clock = clock or RealClock()
+        self.log = CallLog(clock=self.clock)
         self._upload_ids: list[str] = []
 
     def install(self) -> CallLog:
@@ -132,7 +134,7 @@ class Probe:
                facts_of: Callable[[Any], dict[str, Any]]) -> Callable[[Any], Awaitable[Any]]:
         """``original``, noted in the log (no fault is injected into these calls)."""
         async def handler(request: Any) -> Any:
-            at = time.monotonic()
+            at = self.clock.now()
             try:
                 reply = await original(request)
             except RemoteError as err:
@@ -146,7 +148,7 @@ class Probe:
     def _join(self, original: Callable[[JoinRequest], Awaitable[JoinReply]]
               ) -> Callable[[JoinRequest], Awaitable[JoinReply]]:
         async def join(request: JoinRequest) -> JoinReply:
-            at = time.monotonic()
+            at = self.clock.now()
             facts: dict[str, Any] = {"capabilities": list(request.capabilities),
                                      "name": request.client_name}
             try:
@@ -169,7 +171,7 @@ class Probe:
     def _get_task(self, original: Callable[[GetTaskRequest], Awaitable[TaskReply]]
                   ) -> Callable[[GetTaskRequest], Awaitable[TaskReply]]:
         async def get_task(request: GetTaskRequest) -> TaskReply:
-            at = time.monotonic()
+            at = self.clock.now()
             facts: dict[str, Any] = {"held_version": request.held_version,
                                      "client_id": request.client_id}
             refusal = self._refusal_for_get_task(facts)
@@ -198,7 +200,7 @@ class Probe:
         accepted = any(c.name == "Commit" and c.outcome in ("OK", "REPLY_LOST")
                        for c in self.log.calls)
         if accepted and self._take("forget_client", client_id=facts["client_id"]):
-            self.log.injected["forget_client"]["at"] = time.monotonic()
+            self.log.injected["forget_client"]["at"] = self.clock.now()
             return Unauthenticated("conformance: this coordinator does not know the client "
                                    "(forgotten on purpose)")
         return None
@@ -206,7 +208,7 @@ class Probe:
     def _download(self, original: Callable[[DownloadRequest], AsyncIterator[DataChunk]]
                   ) -> Callable[[DownloadRequest], AsyncIterator[DataChunk]]:
         async def download(request: DownloadRequest) -> AsyncIterator[DataChunk]:
-            at = time.monotonic()
+            at = self.clock.now()
             facts: dict[str, Any] = {"task_id": request.task_id, "offset": request.offset,
                                      "delta": request.delta, "bytes": 0}
             cut = not request.delta and self._take("cut_download", **facts)
@@ -234,7 +236,7 @@ class Probe:
     def _upload(self, original: Callable[[AsyncIterator[UploadChunk]], Awaitable[UploadReply]]
                 ) -> Callable[[AsyncIterator[UploadChunk]], Awaitable[UploadReply]]:
         async def upload(chunks: AsyncIterator[UploadChunk]) -> UploadReply:
-            at = time.monotonic()
+            at = self.clock.now()
             facts: dict[str, Any] = {}
             try:
                 reply = await original(self._watched(chunks, facts))
@@ -274,7 +276,7 @@ class Probe:
     def _upload_status(self, original: Callable[[UploadStatusRequest], Awaitable[UploadReply]]
                        ) -> Callable[[UploadStatusRequest], Awaitable[UploadReply]]:
         async def upload_status(request: UploadStatusRequest) -> UploadReply:
-            at = time.monotonic()
+            at = self.clock.now()
             reply = await original(request)
             self.log.add("UploadStatus", {"upload_id": request.upload_id,
                                           "committed_offset": reply.committed_offset}, at)
@@ -285,7 +287,7 @@ class Probe:
     def _commit(self, original: Callable[[CommitRequest], Awaitable[CommitReply]]
                 ) -> Callable[[CommitRequest], Awaitable[CommitReply]]:
         async def commit(request: CommitRequest) -> CommitReply:
-            at = time.monotonic()
+            at = self.clock.now()
             facts = {"upload_id": request.upload_id, "task_id": request.task_id,
                      "base_version": request.base_version,
                      "inline": bool(request.update_data),
@@ -293,7 +295,7 @@ class Probe:
                      "num_bytes": request.update.num_bytes,
                      "metrics": dict(request.metrics)}
             if self._take("slow_commit_s", task_id=request.task_id):
-                await asyncio.sleep(self.plan.slow_commit_s)
+                await sleep_on(self.clock, self.plan.slow_commit_s)
             try:
                 reply = await original(request)
             except RemoteError as err:

@@ -61,6 +61,8 @@ def key_figures(summary: dict[str, Any]) -> list[tuple[str, str]]:
         ("Updates refused", str(summary.get("updates_refused", 0))),
         ("Bytes up", human_bytes(summary.get("bytes_up", 0))),
         ("Bytes down", human_bytes(summary.get("bytes_down", 0))),
+        *([("Bytes down wasted", human_bytes(summary["bytes_down_wasted"]))]
+          if summary.get("bytes_down_wasted") else []),
         *([("Central evaluation FAILED", f"{summary['evaluation_errors']} flushes: "
             f"{summary.get('evaluation_error')}")] if summary.get("evaluation_errors") else []),
     ]
