@@ -58,6 +58,13 @@ def attribute_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+def prose(doc: str) -> str:
+    """A docstring as Markdown: reStructuredText's ``text::`` before a literal block reads
+    ``text:`` (the indented block after it is a code block in Markdown too)."""
+    lines = inspect.cleandoc(doc).splitlines()
+    return "\n".join(line[:-1] if line.endswith("::") else line for line in lines)
+
+
 def default_of(field: dataclasses.Field[Any]) -> Any:
     """A field's default value (made by its factory when it has one)."""
     if field.default is not dataclasses.MISSING:
@@ -103,7 +110,7 @@ def section(cls: type, table: str, extra: Mapping[str, tuple[str, str, str]] = {
     yield f"{'#' * depth} `[{table}]`\n"
     yield f"`{cls.__module__}.{cls.__qualname__}`\n"
     if cls.__doc__:
-        yield inspect.cleandoc(cls.__doc__) + "\n"
+        yield prose(cls.__doc__) + "\n"
     docs = attribute_docs(cls)
     rows: list[tuple[str, str, str, str]] = []
     nested: list[tuple[str, type]] = []
@@ -129,7 +136,7 @@ def network() -> Iterator[str]:
     """``[network]`` is parsed by ``fedlink.netem.fleet.parse_network``, not a dataclass."""
     yield "## `[network]`\n"
     yield "`fedlink.netem.fleet.parse_network`\n"
-    yield inspect.cleandoc(fleet.__doc__ or "") + "\n"
+    yield prose(fleet.__doc__ or "") + "\n"
     yield f"Keys: {', '.join(f'`{k}`' for k in sorted(fleet.NETWORK_KEYS))}.\n"
 
 

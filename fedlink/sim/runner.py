@@ -106,8 +106,8 @@ class PopulationCeiling(ClientsGaveUp):
     def _why(clients: int) -> str:
         return (". The coordinator and every client session share one event loop in this mode, "
                 f"and {clients:,} of them saturate it (its ceiling is a few thousand clients on "
-                'two cores; README, "A million clients on one machine"): use [run] mode = '
-                '"virtual" for populations of this size')
+                'two cores; docs/simulation.md, "Large populations over real gRPC"): use '
+                '[run] mode = "virtual" for populations of this size')
 
 
 @dataclass(frozen=True)

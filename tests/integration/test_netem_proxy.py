@@ -216,17 +216,20 @@ def test_latency_doubles_into_rtt() -> None:
 
     rtts = run_async(main())
     assert min(rtts) >= 0.195  # never early
-    assert statistics.median(rtts) < 0.400  # one delay each way, not two
+    # one delay each way, not two: a doubled delay makes every ping >= 400 ms, whereas load
+    # only delays some of them (how close to 200 ms they come is benchmarks/netem_fidelity.py)
+    assert min(rtts) < 0.400
 
 
 @pytest.mark.timeout(20)
 def test_bandwidth_paces_a_transfer_each_way() -> None:
-    """1000 kbit/s: 250 KB takes at least 2 s, up and down at once (independent directions:
-    sharing one budget would take 4 s)."""
+    """1000 kbit/s: 250 KB takes at least 2 s, up and down at once. The directions are
+    independent: both at once take about as long as one alone (sharing one budget would take
+    twice as long), compared within this test so that a loaded host slows both alike."""
     size = 250_000
+    profile = LinkProfile(up_kbps=1000, down_kbps=1000)
 
-    async def main() -> tuple[float, float]:
-        profile = LinkProfile(up_kbps=1000, down_kbps=1000)
+    async def both_ways() -> tuple[float, float]:
         async with Peer(send=size) as peer, TcpProxy(profile, peer.address) as proxy:
             reader, writer = await dial(proxy.address)
             started = time.perf_counter()
@@ -239,18 +242,7 @@ def test_bandwidth_paces_a_transfer_each_way() -> None:
             writer.close()
             return got.times[-1] - started, down
 
-    up, down = run_async(main())
-    for elapsed in (up, down):
-        assert 2.0 * 0.95 <= elapsed < 3.5
-
-
-@pytest.mark.timeout(20)
-def test_throughput_is_bandwidth_bound_not_latency_bound() -> None:
-    """100 ms + 8000 kbit/s: 1 MB in ~1.1 s (a sleep-per-chunk proxy would need > 6 s)."""
-    size = 1_000_000
-
-    async def main() -> float:
-        profile = LinkProfile(latency_ms=100, up_kbps=8000)
+    async def up_alone() -> float:
         async with Peer() as peer, TcpProxy(profile, peer.address) as proxy:
             started, writer = await send_all(proxy.address, size)
             got = await peer.connection()
@@ -258,9 +250,33 @@ def test_throughput_is_bandwidth_bound_not_latency_bound() -> None:
             assert got.nbytes == size
             return got.times[-1] - started
 
-    elapsed = run_async(main())
+    alone = run_async(up_alone())
+    up, down = run_async(both_ways())
+    for elapsed in (alone, up, down):
+        assert elapsed >= 2.0 * 0.95  # paced: never faster than the bandwidth
+    assert max(up, down) < 1.5 * alone  # one shared budget: 2 x alone
+
+
+@pytest.mark.timeout(30)
+def test_throughput_is_bandwidth_bound_not_latency_bound() -> None:
+    """100 ms + 8000 kbit/s: 1 MB takes about what it takes without the latency, plus 100 ms
+    (a sleep-per-chunk proxy would need more than 6 times as long); the two are measured in
+    this test, so that a loaded host slows both alike."""
+    size = 1_000_000
+
+    async def main(latency_ms: float) -> float:
+        profile = LinkProfile(latency_ms=latency_ms, up_kbps=8000)
+        async with Peer() as peer, TcpProxy(profile, peer.address) as proxy:
+            started, writer = await send_all(proxy.address, size)
+            got = await peer.connection()
+            writer.close()
+            assert got.nbytes == size
+            return got.times[-1] - started
+
+    without = run_async(main(0))
+    elapsed = run_async(main(100))
     assert elapsed >= (size * 8 / 8e6 + 0.100) * 0.95
-    assert elapsed < 4.0  # a sleep-per-chunk proxy needs > 6 s
+    assert elapsed < 3 * without  # a sleep-per-chunk proxy: > 6 x
 
 
 @pytest.mark.timeout(20)
@@ -353,7 +369,7 @@ def test_scheduled_blackouts_come_from_the_profile() -> None:
     rtts, proxy = run_async(main())
     counters = proxy.counters
     assert counters.blackouts >= 2
-    assert 0 < counters.stalled_s < 1.5
+    assert counters.stalled_s > 0
     stalled = [rtt for rtt in rtts if rtt > 0.01]  # a clear link answers in well under 1 ms
     assert len(stalled) >= 2
     # pings in flight cover the stalls (load only adds to them: that side is the benchmark's)
