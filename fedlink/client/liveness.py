@@ -36,7 +36,10 @@ none for ``stall_s`` is abandoned and resumed on a fresh connection::
 
 Without it a connection whose segments TCP keeps losing waits on TCP's exponential backoff
 (retransmission timeouts of tens of seconds) until the ping check notices, which on a link that
-taught a long ping-ack timeout is a minute.
+taught a long ping-ack timeout is a minute. Progress can only be as fine as the chunks: a
+download asks for chunks that take at most a quarter of ``min_stall_s`` at the measured
+goodput (``progress_chunk_bytes``), so that a slow download that moves is never taken for a
+stalled one.
 
 The sockets' ``TCP_USER_TIMEOUT`` is a separate, fixed bound (``tcp_user_timeout_s``). gRPC
 sets it from ``grpc.keepalive_timeout_ms``; the ping-ack wait itself is
@@ -57,6 +60,14 @@ from fedlink.config import check_fields, from_table, require
 
 SRTT_GAIN = 0.25
 """Weight of a new round-trip sample in the smoothed estimate (TCP uses 1/8; calls are rarer)."""
+CHUNKS_PER_STALL = 4
+"""Download chunks that fit in ``min_stall_s`` at the measured goodput
+(``progress_chunk_bytes``)."""
+FIRST_PROGRESS_BYTES = 128 << 10
+"""The download chunk asked for before any goodput is measured (it arrives within a 10 s
+stall bound from 13 kB/s up)."""
+MIN_PROGRESS_BYTES = 16 << 10
+"""The smallest download chunk asked for, however slow the link."""
 
 
 @dataclass(frozen=True)
@@ -229,6 +240,22 @@ class LinkEstimate:
             learned += self.queued_bytes / self.goodput_bps
         wanted = self.widen * max(cfg.min_stall_s, learned)
         return min(max(wanted, cfg.min_stall_s), cfg.max_ping_timeout_s)
+
+    def progress_chunk_bytes(self, ceiling: int) -> int:
+        """The largest download chunk to ask for, at most ``ceiling`` (0: no ceiling).
+
+        Progress shows a whole chunk at a time, so a chunk must arrive well within the stall
+        bound or a slow but moving download looks stalled (a 1 MiB chunk takes 25 s at
+        40 kB/s): at the measured goodput a chunk takes at most ``min_stall_s /
+        CHUNKS_PER_STALL``; before any goodput is measured it is ``FIRST_PROGRESS_BYTES``.
+        Never below ``MIN_PROGRESS_BYTES``.
+        """
+        if self.goodput_bps is None:
+            fits = FIRST_PROGRESS_BYTES
+        else:
+            fits = int(self.goodput_bps * self.config.min_stall_s / CHUNKS_PER_STALL)
+        fits = max(MIN_PROGRESS_BYTES, fits)
+        return min(fits, ceiling) if ceiling > 0 else fits
 
     def unary_deadline_s(self, floor_s: float) -> float:
         """The deadline of a short call, at least ``floor_s`` (the configured one)."""

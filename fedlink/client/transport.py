@@ -8,6 +8,7 @@ and user code never see a grpc type.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
@@ -291,7 +292,11 @@ class Transport:
     async def download(self, request: DownloadRequest) -> AsyncIterator[DataChunk]:
         """Stream ``Download``; chunks arrive as they come (an error may cut the stream).
 
-        A stream that brings no chunk for ``link.stall_s()`` is cancelled as stalled."""
+        A stream that brings no chunk for ``link.stall_s()`` is cancelled as stalled; its
+        chunks are asked small enough to show progress well within that
+        (``LinkEstimate.progress_chunk_bytes``)."""
+        request = dataclasses.replace(request, max_chunk_bytes=self.link.progress_chunk_bytes(
+            request.max_chunk_bytes))
         call = self._fit_channel().Download(to_proto(request), timeout=self.timeouts.transfer_s,
                                             metadata=self._metadata)
         started, received = self._now(), 0

@@ -74,6 +74,19 @@ def test_the_stall_window_follows_the_link_within_its_bounds() -> None:
         LivenessConfig(max_ping_timeout_s=60.0, min_stall_s=61.0)
 
 
+def test_download_chunks_are_asked_small_enough_to_show_progress_within_the_stall_bound() -> None:
+    link = LinkEstimate(CFG)
+    assert link.progress_chunk_bytes(1 << 20) == 128 << 10  # no goodput measured yet
+    link.observe_transfer(1 << 20, 25.0)  # 40 kB/s: a MiB chunk would take 25 s > 10 s
+    assert link.progress_chunk_bytes(1 << 20) == int((1 << 20) / 25.0 * 10.0 / 4)
+    link.observe_transfer(1 << 30, 1.0)  # fast: the coordinator's ceiling wins
+    assert link.progress_chunk_bytes(1 << 20) == 1 << 20
+    assert link.progress_chunk_bytes(0) > 1 << 20  # 0: no ceiling asked
+    slow = LinkEstimate(CFG)
+    slow.observe_transfer(64 << 10, 600.0)
+    assert slow.progress_chunk_bytes(1 << 20) == 16 << 10  # never below the floor
+
+
 def test_the_transport_opens_no_connection_when_the_estimate_moves() -> None:
     async def main() -> None:
         async with Transport(NOWHERE, liveness=CFG) as transport:
