@@ -1,12 +1,19 @@
 """Federated evaluation tasks: which clients score which global model, and their reports.
 
 ``[coordinator.evaluation] fraction, every`` (``EvaluationConfig``): on every version that is
-a multiple of ``every``, each joined client that advertised the ``evaluate`` capability at
-``Join`` is picked with probability ``fraction`` by a coin seeded with the run's seed, the
-client's *name* and the version (ids are random; names are the client's choice, so the same
-run and fleet pick the same clients). A picked client gets one evaluation task for that
-version at its next ``GetTask``, ahead of any training task; a client that never advertised
-the capability (an SDK before 0.3, the edge client) is never sent one.
+a multiple of ``every``, and on the run's final version whatever ``every`` says, the same
+number of clients evaluate: ``evaluators(n, fraction)`` of the ``n`` joined clients that
+advertised the ``evaluate`` capability at ``Join`` (when the version's first check-in comes),
+those with the smallest coins seeded by the run's seed, the client's *name* and the version
+(ids are random; names are the client's choice, so the same run and fleet pick the same
+clients). A picked client gets one evaluation task for that version at its next ``GetTask``,
+ahead of any training task; a client that never advertised the capability (an SDK before
+0.3, the edge client) is never sent one.
+
+The final version: when the run's rounds are done, its picked clients still get their
+evaluation task (the others hear ``Finished``), and the run's end (``run_finished``) waits
+until each has reported, left, or ``limits.max_task_s`` has passed since the end
+(``final_pending``), so ``final_federated_accuracy`` is the final model's.
 
 An evaluation task (``TaskKind.EVALUATE``, ids ``e<number>-v<version>``) takes no place in the
 cohort, never counts toward a flush and carries no update: its client downloads the model as
@@ -64,14 +71,29 @@ def with_capabilities(metadata: Mapping[str, str],
     return {**metadata, CAPABILITIES_KEY: ",".join(sorted(set(capabilities)))}
 
 
-def asked(config: EvaluationConfig, seed: int, name: str, version: int) -> bool:
-    """Whether the client called ``name`` is to evaluate ``version``: a multiple of ``every``,
-    and the coin seeded by ``(seed, version, name)`` fell below ``fraction``."""
-    if not config.enabled or version < 0 or version % config.every:
-        return False
+def evaluators(capable: int, fraction: float) -> int:
+    """How many of ``capable`` clients evaluate a due version: ``fraction`` of them rounded,
+    at least one while ``fraction > 0`` (the same count every version)."""
+    if fraction <= 0 or capable <= 0:
+        return 0
+    return min(capable, max(1, round(fraction * capable)))
+
+
+def coin(seed: int, name: str, version: int) -> float:
+    """The draw in [0, 1) of the client called ``name`` for ``version``, seeded by the run."""
     name_key = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
-    coin = np.random.default_rng([seed & (2**63 - 1), version, name_key]).random()
-    return bool(coin < config.fraction)
+    return float(np.random.default_rng([seed & (2**63 - 1), version, name_key]).random())
+
+
+def chosen(config: EvaluationConfig, seed: int, names: Iterable[str], version: int,
+           final: bool = False) -> frozenset[str]:
+    """The clients (by name) of ``names`` that evaluate ``version``: none unless it is a
+    multiple of ``every`` (or the ``final`` one); else the ``evaluators(len(names),
+    fraction)`` with the smallest coins."""
+    if not config.enabled or version < 0 or (version % config.every and not final):
+        return frozenset()
+    ranked = sorted(set(names), key=lambda name: (coin(seed, name, version), name))
+    return frozenset(ranked[:evaluators(len(ranked), config.fraction)])
 
 
 class EvaluationDesk:
@@ -79,12 +101,16 @@ class EvaluationDesk:
 
     ``name_of(client_id)`` is the registered name of a client (the coin's key);
     ``declared_examples(client_id)`` what it declared at ``Join`` (bounds a report's weight);
-    ``clock()`` the coordinator's time.
+    ``clock()`` the coordinator's time; ``on_final_change`` is called when the final
+    version's evaluations may have ended (a report, a departure; the service re-checks the
+    run's end), and ``call_at(when, callback)`` (a ``Clock``'s) calls it once more when their
+    time is up.
     """
 
     def __init__(self, config: CoordinatorConfig, engine: RoundEngine, events: EventLog,
                  name_of: Callable[[str], str], declared_examples: Callable[[str], int],
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float],
+                 call_at: Callable[[float, Callable[[], None]], object] | None = None) -> None:
         self.config = config.evaluation
         self._seed = config.seed
         self._limits = config.limits
@@ -97,6 +123,12 @@ class EvaluationDesk:
         self._latest: dict[str, TaskRecord] = {}  # client id -> its latest evaluation task
         self._by_id: dict[str, TaskRecord] = {}  # the same records, by task id
         self._drawn: dict[str, int] = {}  # client id -> the last version its coin was drawn for
+        self._chosen: tuple[int, frozenset[str]] = (-1, frozenset())  # version, client ids
+        self._final_since: float | None = None  # when the final version's evaluations began
+        self._call_at = call_at
+        self.on_final_change: Callable[[], None] = lambda: None
+        self.final_evaluations = True
+        """Whether the final version is evaluated (off for a run restarted after its end)."""
         self._next = 1
 
     # -- who evaluates ---------------------------------------------------------------------
@@ -123,15 +155,56 @@ class EvaluationDesk:
             del self._by_id[record.task_id]
             if record.state is TaskState.EVALUATING:
                 record.move(TaskState.CLOSED)
+        if self._final_since is not None:
+            self.on_final_change()
 
     def due(self, client_id: str) -> bool:
         """Whether ``client_id`` is to evaluate the current version and was not asked yet."""
         version = self.engine.version
-        if (self.engine.finished or client_id not in self._capable
+        if self.engine.finished and not self._final_window():
+            return False
+        if (client_id not in self._capable
                 or self._drawn.get(client_id, -1) >= version):  # once per client and version
             return False
         self._drawn[client_id] = version
-        return asked(self.config, self._seed, self._name_of(client_id), version)
+        return client_id in self._chosen_for(version)
+
+    def _chosen_for(self, version: int) -> frozenset[str]:
+        """The client ids picked for ``version``, drawn once among the capable clients
+        joined at its first check-in."""
+        if self._chosen[0] != version:
+            ids = {self._name_of(c): c for c in self._capable}
+            names = chosen(self.config, self._seed, ids, version, final=self.engine.finished)
+            self._chosen = (version, frozenset(ids[n] for n in names))
+        return self._chosen[1]
+
+    def _final_window(self) -> bool:
+        """Whether the final version's evaluations are still under way (the run's end
+        waits ``limits.max_task_s`` for them at most); starts them on the first call."""
+        if not self.config.enabled or not self.final_evaluations:
+            return False
+        now = self._clock()
+        if self._final_since is None:
+            self._final_since = now
+            if self._chosen[0] == self.engine.version and self.engine.version % self.config.every:
+                self._chosen = (-1, frozenset())  # drawn before the end: draw the final's
+            if self._call_at is not None:
+                self._call_at(now + self._limits.max_task_s, self.on_final_change)
+        return now - self._final_since <= self._limits.max_task_s
+
+    def final_pending(self) -> bool:
+        """Whether the run's end waits for evaluations of its final version: a picked client
+        has neither reported, nor left, nor run out of time (``limits.max_task_s`` after the
+        end). ``False`` while the run goes on."""
+        if not self.engine.finished or not self._final_window():
+            return False
+        version = self.engine.version
+        for client_id in self._chosen_for(version):
+            record = self._latest.get(client_id)
+            if record is None or record.version != version or self.is_open(record):
+                if client_id in self._capable:
+                    return True
+        return False
 
     # -- issuing ---------------------------------------------------------------------------
 
@@ -192,7 +265,10 @@ class EvaluationDesk:
         """Whether a report for ``record`` could still be accepted (closes an expired one)."""
         if record.state is not TaskState.EVALUATING:
             return False
-        if self.engine.finished or self._clock() - record.issued_at > self._limits.max_task_s:
+        final = (self.engine.finished and record.version == self.engine.version
+                 and self._final_window())
+        if (self.engine.finished and not final) \
+                or self._clock() - record.issued_at > self._limits.max_task_s:
             record.move(TaskState.CLOSED)
             return False
         return True
@@ -237,6 +313,8 @@ class EvaluationDesk:
             client_id=request.client_id, task_id=request.task_id, model_version=record.version,
             num_examples=examples, loss=metrics.get("loss"), accuracy=metrics.get("accuracy"),
             metrics=metrics))
+        if self.engine.finished:
+            self.on_final_change()
         return EvaluationAck(request.task_id)
 
 

@@ -62,12 +62,15 @@ class RunLifecycle:
     """Owns the run's phase, its end and its one ``run_started``/``run_finished`` pair.
 
     ``durably()`` journals what a change did (the service's durable-commit context) and
-    ``wake()`` wakes callers waiting for a change (long-polling ``GetTask``).
+    ``wake()`` wakes callers waiting for a change (long-polling ``GetTask``). ``holds()``
+    says whether the end must still wait (the final version's evaluation tasks,
+    ``EvaluationDesk.final_pending``); whoever ends the wait calls ``check`` again.
     """
 
     def __init__(self, engine: RoundEngine, events: EventLog,
                  durably: Callable[[], contextlib.AbstractContextManager[None]],
-                 wake: Callable[[], None], stop_rules: Sequence[StopRule] = ()) -> None:
+                 wake: Callable[[], None], stop_rules: Sequence[StopRule] = (),
+                 holds: Callable[[], bool] = lambda: False) -> None:
         self.phase = Phase.STARTING
         self.finished = asyncio.Event()
         """Set once ``run_finished`` was emitted (the server then drains)."""
@@ -76,6 +79,7 @@ class RunLifecycle:
         self._durably = durably
         self._wake = wake
         self._stop_rules = tuple(stop_rules)
+        self._holds = holds
         self._reported = engine.version  # the last version whose flush was reported
         self.ended_on: int | None = None
         """The version a stop rule ended the run on (later flushes are not reported)."""
@@ -135,7 +139,7 @@ class RunLifecycle:
         if self.phase is Phase.RUNNING:
             self._enter(Phase.FINISHING)
         last = self._engine.version if self.ended_on is None else self.ended_on
-        if self._reported >= last:
+        if self._reported >= last and not self._holds():
             self._announce(last)
 
     def close(self) -> None:

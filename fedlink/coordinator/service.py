@@ -110,11 +110,14 @@ class CoordinatorService:
         self._signal = ChangeSignal()
         self._journal = Journal(self.state, events)
         self.lifecycle = RunLifecycle(self.engine, events, self._journal.durably,
-                                      self._signal.notify, stop_rules)
+                                      self._signal.notify, stop_rules,
+                                      holds=lambda: self.evaluations.final_pending())
         self._callers = CallerCheck(self.registry, self.limiter)
         self.checks = RequestChecks(config.limits)
         self.evaluations = EvaluationDesk(config, self.engine, events, self.registry.name_of,
-                                          self.registry.declared_examples, clock.now)
+                                          self.registry.declared_examples, clock.now,
+                                          clock.call_at)
+        self.evaluations.on_final_change = self._final_evaluations_changed
         self.reporter = FlushReporter(self._journal, events, self.progress, self.lifecycle,
                                       evaluator, self._signal.notify)
         self.transfers = Transfers(config.limits, self.engine, self.uploads, self.downloads,
@@ -149,6 +152,8 @@ class CoordinatorService:
         self.engine.restore(saved)
         self.registry.restore(saved.clients)
         self.evaluations.restore(saved.clients)
+        # the final version's evaluation tasks lived in the process that ended the run
+        self.evaluations.final_evaluations = not self.engine.finished
         self.uploads.restore(saved.settled)
         self.restored_version = self.engine.version
         models = {c.version: c.model for c in saved.checkpoints}
@@ -320,6 +325,12 @@ class CoordinatorService:
         self._signal.notify()
         await self.state.sync()
         return LeaveReply()
+
+    def _final_evaluations_changed(self) -> None:
+        """A final-version evaluation reported, its client left, or their time ran out: the
+        run's end may be due (``RunLifecycle.check``); long-polls hear of it."""
+        self.lifecycle.check()
+        self._signal.notify()
 
     def _forget_client(self, client_id: str) -> None:
         """Everything the coordinator holds for ``client_id`` goes (Leave, or expiry)."""

@@ -37,7 +37,12 @@ def test_federated_curve_is_example_weighted_and_reported(tmp_path: Path) -> Non
     })
     result = run_simulation(config, tmp_path, progress=False)
     curve = result.summary["federated_evaluation"]
-    assert curve["versions"] == [0, 2]
+    # every 2nd version, and the final one (4) scored at the run's end
+    assert curve["versions"] == [0, 2, 4]
+    assert result.summary["final_federated_accuracy"] == curve["accuracy"][-1]
+    # the same number of clients each version: 60% of 6, rounded (version 0's are drawn
+    # among the clients joined at its first check-in)
+    assert curve["clients"][1:] == [4, 4] and 1 <= curve["clients"][0] <= 4
     events = read_events(result.run_dir / "events.jsonl")
     for version, accuracy, clients in zip(curve["versions"], curve["accuracy"],
                                           curve["clients"], strict=True):

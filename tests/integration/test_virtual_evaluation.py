@@ -45,7 +45,11 @@ def test_virtual_evaluation_tasks_reach_beyond_the_cohort_and_are_reported(
     events = read_events(result.run_dir / "events.jsonl")
     reports = _reports(result.run_dir)
     curve = result.summary["federated_evaluation"]
-    assert curve["versions"] == [0, 2]  # every 2nd version; the run ends at 4
+    # every 2nd version, and the final one (4) whatever `every` says, each by the same
+    # number of clients: 5% of 400
+    assert curve["versions"] == [0, 2, 4]
+    assert curve["clients"] == [20, 20, 20]
+    assert result.summary["final_federated_accuracy"] == curve["accuracy"][-1]
     trained = {e["client_id"] for e in events if e["kind"] == "task_issued"}
     assert {r["client_id"] for r in reports} - trained  # clients outside every cohort
     for version, accuracy, clients in zip(curve["versions"], curve["accuracy"],

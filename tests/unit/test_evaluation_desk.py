@@ -12,7 +12,7 @@ from conftest import FakeClock, run_async
 from fedlink.coordinator import CoordinatorConfig, FlushRule, LimitsConfig
 from fedlink.coordinator.config import EvaluationConfig
 from fedlink.coordinator.engine import RoundEngine
-from fedlink.coordinator.evaluations import EvaluationDesk, asked
+from fedlink.coordinator.evaluations import EvaluationDesk, chosen, evaluators
 from fedlink.coordinator.records import ReceivedUpdate
 from fedlink.coordinator.tasks import TaskState
 from fedlink.errors import InvalidArgument, NotFound, PermissionDenied, UpdateRefused
@@ -54,15 +54,17 @@ def flush_once(engine: RoundEngine, client: str = "cb") -> None:
 
 def test_a_seeded_fraction_of_clients_evaluates_every_nth_version() -> None:
     config = EvaluationConfig(fraction=0.3, every=2)
-    due = {(name, version): asked(config, 7, f"client-{name}", version)
-           for name in range(400) for version in range(4)}
-    assert not any(d for (_, version), d in due.items() if version % 2)
-    share = np.mean([d for (_, version), d in due.items() if version % 2 == 0])
-    assert 0.22 < share < 0.38
-    assert asked(config, 7, "client-9", 2) == due[(9, 2)]  # reproducible
-    other_seed = [asked(config, 8, f"client-{n}", 2) for n in range(400)]
-    assert other_seed != [due[(n, 2)] for n in range(400)]
-    assert not any(asked(EvaluationConfig(), 7, f"client-{n}", 2) for n in range(50))  # off
+    names = [f"client-{n}" for n in range(400)]
+    picked = {version: chosen(config, 7, names, version) for version in range(6)}
+    assert not any(picked[v] for v in (1, 3, 5))
+    assert [len(picked[v]) for v in (0, 2, 4)] == [120, 120, 120]  # the same count each time
+    assert picked[0] != picked[2]  # ... not the same clients
+    assert chosen(config, 7, reversed(names), 2) == picked[2]  # reproducible, order-free
+    assert chosen(config, 8, names, 2) != picked[2]
+    assert len(chosen(config, 7, names, 3, final=True)) == 120  # the final version always
+    assert not chosen(EvaluationConfig(), 7, names, 2)  # off
+    assert [evaluators(n, 0.5) for n in (0, 1, 3, 10)] == [0, 1, 2, 5]
+    assert evaluators(7, 0.01) == 1  # at least one while on
 
 
 def test_an_evaluation_task_goes_to_capable_clients_only_and_takes_no_place(
@@ -179,3 +181,47 @@ def test_what_a_client_can_do_survives_a_restart(tmp_path: Path) -> None:
         reply = run_async(second.get_task(GetTaskRequest(client_id)))
         assert isinstance(reply, Task) and reply.kind is kind
     second.close()
+
+
+def test_the_final_version_is_evaluated_even_when_every_skips_it(
+        fake_clock: FakeClock) -> None:
+    evaluations, engine, events = desk(fake_clock, every=2)
+    changes: list[int] = []
+    evaluations.on_final_change = lambda: changes.append(engine.version)
+    for _ in range(5):  # versions 1..5: the run's rounds are done at 5, not a multiple of 2
+        task = evaluations.offer("ca", -1)
+        if task is not None:
+            evaluations.report(report(task))
+        flush_once(engine)
+    assert engine.finished and engine.version == 5
+    assert evaluations.final_pending()  # the run's end waits for version 5's reports
+    final = [evaluations.offer(c, -1) for c in ("ca", "cb", "old")]
+    assert [t.model_version for t in final if t is not None] == [5, 5]
+    assert final[2] is None  # never advertised the capability
+    evaluations.report(report(final[0], "ca"))  # type: ignore[arg-type]
+    assert evaluations.final_pending() and changes == [5]
+    evaluations.report(report(final[1], "cb"))  # type: ignore[arg-type]
+    assert not evaluations.final_pending()
+    versions = [e["model_version"] for e in events.of_kind("evaluation_reported")]
+    assert versions[-2:] == [5, 5]
+
+
+def test_the_final_evaluations_wait_for_a_client_that_left_or_time_out(
+        fake_clock: FakeClock) -> None:
+    evaluations, engine, _ = desk(fake_clock)
+    for _ in range(5):
+        flush_once(engine)
+    assert evaluations.final_pending()
+    evaluations.forget_client("cb")  # left without evaluating: not waited for
+    assert evaluations.final_pending()  # "ca" still may
+    fake_clock.advance(101.0)  # limits.max_task_s after the end: the run ends without it
+    assert not evaluations.final_pending()
+    assert evaluations.offer("ca", -1) is None
+
+
+def test_a_run_restarted_after_its_end_does_not_wait(fake_clock: FakeClock) -> None:
+    evaluations, engine, _ = desk(fake_clock)
+    for _ in range(5):
+        flush_once(engine)
+    evaluations.final_evaluations = False
+    assert not evaluations.final_pending()

@@ -1,10 +1,12 @@
 """Evaluation tasks in virtual-clock mode: ``[coordinator.evaluation]`` as timed events.
 
-The real coordinator (``fedlink.coordinator.evaluations``) asks each joined client that can
-evaluate with a coin per client and version. A virtual population is lazy (10^6 clients, none
-"joined"), so here the same share is drawn at once: when a due version is published (a
-multiple of ``every``), ``Binomial(size, fraction)`` distinct clients are drawn from a
-generator seeded by the run's seed and the version. Each lives through the real client's
+The real coordinator (``fedlink.coordinator.evaluations``) asks ``evaluators(n, fraction)``
+of the ``n`` joined clients that can evaluate, the same number for every version. A virtual
+population is lazy (10^6 clients, none "joined"), so here the same count of the population is
+drawn at once: when a due version is published (a multiple of ``every``, and the run's final
+version whatever ``every`` says), that many distinct clients are drawn from a generator seeded
+by the run's seed and the version. The run goes on after its last flush until the final
+version's reports are in (``pending``), as a real coordinator waits for them. Each lives through the real client's
 steps in model time: a check-in round trip, the model's download, one forward pass over its
 examples (``ceil(examples / batch_size)`` steps at ``step_cost_s x speed``: a simplification,
 the same per-batch cost as a training step), the report's round trip, all paused while the
@@ -15,7 +17,8 @@ a real client does not advertise the capability. The report becomes one
 ``fedlink.metrics.federated`` exactly as a real run's.
 
 Simplifications, said: a client drawn to evaluate while it trains does both at once (a real
-one evaluates before its next task); a report that arrives after the run's end is dropped.
+one evaluates before its next task); a report of an earlier version that arrives after the
+run's end is dropped.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from fedlink.client.evaluation import evaluation_report, evaluator_of
+from fedlink.coordinator.evaluations import evaluators
 from fedlink.clock import ManualClock
 from fedlink.coordinator.commits import bounded_examples
 from fedlink.coordinator.config import CoordinatorConfig
@@ -79,18 +83,29 @@ class VirtualEvaluations:
         self._timing = None if world.deterministic else np.random.default_rng(
             [self._seed & (2**63 - 1), _STREAM])
         self._next = 1
+        self._final: set[str] = set()  # the final version's tasks not yet reported or lost
+
+    @property
+    def pending(self) -> bool:
+        """Whether evaluation tasks of the run's final version are still under way."""
+        return bool(self._final)
 
     def published(self, version: int) -> None:
-        """Version ``version`` is out: start the evaluation tasks it is due for."""
-        if not self.config.enabled or version % self.config.every or self.world.engine.finished:
+        """Version ``version`` is out: start the evaluation tasks it is due for (the run's
+        final version always is)."""
+        final = self.world.engine.finished
+        if not self.config.enabled or (version % self.config.every and not final):
             return
         size = self.world.population.size
         rng = np.random.default_rng([self._seed & (2**63 - 1), version, _STREAM])
-        count = int(rng.binomial(size, self.config.fraction))
+        count = evaluators(size, self.config.fraction)
         for index in sorted(int(i) for i in rng.choice(size, count, replace=False)):
-            self._check_in(index, version)
+            task_id = self._check_in(index, version)
+            if final:
+                self._final.add(task_id)
 
-    def _check_in(self, index: int, version: int) -> None:
+    def _check_in(self, index: int, version: int) -> str:
+        """Start client ``index``'s evaluation of ``version``; its task id."""
         world = self.world
         task_id = f"e{self._next}-v{version}"
         self._next += 1
@@ -106,6 +121,7 @@ class VirtualEvaluations:
         task = Task(task_id, version, 0, 0, 0.0, header, kind=TaskKind.EVALUATE)
         done = finish(world.availability, index, world.clock.now(), check_in + down.seconds)
         world.clock.call_at(done, lambda: self._score(index, task, report))
+        return task_id
 
     def _score(self, index: int, task: Task, report_s: float) -> None:
         """Downloaded: score the model with the client's trainer; report after the pass."""
@@ -113,16 +129,19 @@ class VirtualEvaluations:
         try:
             payload = world.engine.payload(task.model_version)
         except RemoteError:  # no longer served: the task is lost, as a real client's is
+            self._final.discard(task.task_id)
             return
         trainer = world.population.trainer(index)
         evaluator = evaluator_of(trainer)
         if evaluator is None:
+            self._final.discard(task.task_id)
             return
         model = unpack(payload.header, payload.data, world.engine.num_parameters,
                        verify=False)  # the engine's own bytes
         try:
             report = evaluation_report(f"sim-{index}", task, trainer, evaluator.evaluate(model))
         except ConfigError:  # a non-finite score: a real client does not report it either
+            self._final.discard(task.task_id)
             return
         passes = math.ceil(max(report.num_examples, 1) / self._batch)
         compute = passes * world.step_cost_s * world.population.speed(index)
@@ -134,8 +153,11 @@ class VirtualEvaluations:
 
     def _arrive(self, task: Task, index: int, examples: int,
                 metrics: dict[str, float]) -> None:
-        """The report reaches the coordinator (dropped once the run is over)."""
-        if self.world.engine.finished or examples < 1:
+        """The report reaches the coordinator (once the run is over, only the final
+        version's are taken)."""
+        final = task.task_id in self._final
+        self._final.discard(task.task_id)
+        if (self.world.engine.finished and not final) or examples < 1:
             return
         self.world.events.emit(kinds.EvaluationReported.build(
             client_id=f"sim-{index}", task_id=task.task_id, model_version=task.model_version,

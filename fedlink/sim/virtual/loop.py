@@ -183,7 +183,8 @@ class VirtualLoop:
     # -- the run ----------------------------------------------------------------------------
 
     def run(self) -> LoopTotals:
-        """Process events until the engine finishes (or ``max_model_s`` passes)."""
+        """Process events until the engine finishes (or ``max_model_s`` passes), then until
+        the final version's evaluation tasks have reported (``[coordinator.evaluation]``)."""
         started = time.perf_counter()
         self.engine.start()
         self.clock.call_at(self.clock.now(), self._fill)
@@ -193,6 +194,9 @@ class VirtualLoop:
         while not self.engine.finished and self.clock.run_next():
             if self.clock.now() > self.options.max_model_s:
                 self.engine.finish(f"model time limit {self.options.max_model_s} s reached")
+        # the training tasks still out end unheard (a real client's commit is refused)
+        while self._evaluations.pending and self.clock.run_next():
+            pass
         self.totals.wall_s = time.perf_counter() - started
         self.totals.model_s = self.clock.now()
         self.totals.clients = int(np.count_nonzero(self._checked_in))
@@ -269,6 +273,9 @@ class VirtualLoop:
         ends."""
         task, index = busy.task, busy.index
         busy.seen = self.clock.now()
+        if self.engine.finished:  # the run ended while it downloaded: nothing to train for
+            self._done(busy)
+            return
         try:
             payload = self.engine.payload(task.model_version)
         except RemoteError:  # the version is no longer served: the task is lost
@@ -363,6 +370,8 @@ class VirtualLoop:
         task's model time reported as a real client reports its own (``train_seconds``,
         ``network_seconds``, ``offline_seconds``)."""
         self._done(busy)
+        if self.engine.finished:  # after the end (the final evaluations): refused unheard
+            return
         update = replace(update, metrics={**update.metrics, **self._task_times(busy)})
         if update.steps_completed == 0:
             self._refused(update, "no local work before the deadline", RefusalCode.NO_WORK)
