@@ -425,8 +425,8 @@ SETTING_KEYS = {"loss": "[client] loss", "optimizer": "[client] optimizer / opti
 
 def with_settings(factory: Any, settings: Mapping[str, Any]) -> TrainerFactory:
     """``factory`` given the ``settings`` it takes by keyword (``loss=``, ``optimizer=``,
-    ``keep_local=``, ``device=`` (a ``torch.device``), or ``**kwargs``); a setting it cannot take is refused, naming the key
-    and the factory, rather than dropped."""
+    ``keep_local=``, ``device=`` (a ``torch.device``), or ``**kwargs``); a setting it cannot
+    take is refused, naming the key and the factory, rather than dropped."""
     if not settings:
         return factory  # type: ignore[no-any-return]
     accepted = _option_names(factory)
