@@ -200,8 +200,8 @@ class Experiment:
 
     def check_model_state(self, model: nn.Module) -> None:
         """Refuse, naming the keys, a model whose state the configured privacy cannot treat:
-        DP-SGD with layers Opacus refuses; clipping, noise or a lossy codec with buffers that
-        would leave the clients (``fedlink.client.pipeline.check_state``)."""
+        DP-SGD with layers Opacus refuses (``check_dp_model``); clipping and noise with
+        buffers that would leave the clients (``fedlink.client.pipeline.check_state``)."""
         from fedlink.client.pipeline import check_state
 
         section = self.config.client
