@@ -13,6 +13,10 @@ only. Buffers and counters are not a gradient: clipping would shrink a running v
 noise could make it negative. Nor can they leave a private client un-noised, so with a privacy
 stage their delta must be zero (kept on the client, ``keep_local``): ``check_state`` refuses
 such a configuration before a run, and ``process`` refuses an update that breaks the rule.
+Compression likewise: a codec that is not lossless is wrapped in ``split``
+(``fedlink.compress.split``), so it encodes the trainable weights and buffers and counters
+travel as their exact float32 values (a sparsifier would drop a running variance's change,
+``sign`` replace it, stochastic quantization could make it negative).
 
 Compression: error feedback (``fedlink.client.feedback``) runs between the privacy stage and
 the codec, on by default for biased codecs (``error_feedback=None``); with a
@@ -31,6 +35,7 @@ import numpy as np
 from fedlink.client.density import DensityPolicy, GoodputMeter
 from fedlink.client.feedback import RESIDUAL_FILENAME, ErrorFeedback
 from fedlink.compress import Codec, Sparsifier, get_codec
+from fedlink.compress.split import SplitCodec, ranges_of
 from fedlink.errors import ConfigError
 from fedlink.params import TRAINABLE, ParamSpec
 from fedlink.privacy import PRIVACY_STAGES, NoPrivacy, UpdatePrivacy
@@ -58,6 +63,7 @@ class UpdatePipeline:
     spec: ParamSpec | None = field(default=None, init=False)
     """The model's spec once ``bind`` gave it (``None``: every element is a weight)."""
     _trainable: np.ndarray | None = field(default=None, init=False, repr=False)
+    _plain: list[tuple[int, int]] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         wanted = self.codec.biased if self.error_feedback is None else self.error_feedback
@@ -74,11 +80,15 @@ class UpdatePipeline:
         stage = PRIVACY_STAGES.create(privacy, **dict(privacy_options or {}))
         return cls(stage, codec, error_feedback, density)
 
-    def bind(self, spec: ParamSpec | None) -> None:
+    def bind(self, spec: object) -> None:
         """Learn the kinds of the model's state (``spec``, e.g. a trainer's ``.spec``), so that
-        privacy acts on its trainable weights only (see the module docstring)."""
+        privacy and compression treat them apart (see the module docstring). Anything but a
+        ``ParamSpec`` (a trainer without one, or whose ``spec`` means something else) means
+        every element is a weight."""
+        spec = spec if isinstance(spec, ParamSpec) else None
         self.spec = spec
         self._trainable = None if spec is None else spec.trainable_mask()
+        self._plain = [] if self._trainable is None else ranges_of(~self._trainable)
 
     def process(self, delta: np.ndarray, rng: np.random.Generator,
                 time_left_s: float | None = None) -> Payload:
@@ -131,10 +141,15 @@ class UpdatePipeline:
         return payload
 
     def codec_for(self, size: int, time_left_s: float | None) -> Codec:
-        """The codec for the next update: the configured one, or at the policy's density."""
-        if self.density is None or not isinstance(self.codec, Sparsifier):
-            return self.codec
-        return self.density.choose(self.codec, size, self.goodput.bytes_per_s, time_left_s)
+        """The codec for the next update: the configured one, or at the policy's density;
+        wrapped in ``split`` when the bound model has non-trainable state and the codec is
+        not lossless (see the module docstring)."""
+        codec = self.codec
+        if self.density is not None and isinstance(codec, Sparsifier):
+            codec = self.density.choose(codec, size, self.goodput.bytes_per_s, time_left_s)
+        if self._plain and not codec.lossless:
+            return SplitCodec(codec, self._plain)
+        return codec
 
     def observe_upload(self, num_bytes: int, seconds: float) -> None:
         """An upload of ``num_bytes`` (with its commit) took ``seconds``: feeds the density."""

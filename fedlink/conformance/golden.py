@@ -45,6 +45,7 @@ VECTOR = np.array([0.0, -0.0, 1.0, -1.5, 3.140625, 1e-3, -2.5e-4, 65504.0, 1e-8,
 
 OPTIONS: dict[str, dict[str, Any]] = {
     "qsgd": {"bits": 4}, "topk": {"density": 0.25}, "randk": {"density": 0.25},
+    "split": {"inner": "topk", "plain": "2:3,9:1", "density": 0.5},
 }
 """Codec options used for the vectors (sparsifiers with value codecs take the base's)."""
 

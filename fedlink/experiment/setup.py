@@ -126,8 +126,8 @@ class Experiment:
 
     def check_model_state(self, model: nn.Module) -> None:
         """Refuse, naming the keys, a model whose state the configured privacy cannot treat:
-        DP-SGD with layers Opacus refuses; clipping, noise or a lossy codec with buffers that
-        would leave the clients (``fedlink.client.pipeline.check_state``)."""
+        DP-SGD with layers Opacus refuses (``check_dp_model``); clipping and noise with
+        buffers that would leave the clients (``fedlink.client.pipeline.check_state``)."""
         from fedlink.client.pipeline import check_state
 
         section = self.config.client
@@ -351,8 +351,8 @@ SETTING_KEYS = {"loss": "[client] loss", "optimizer": "[client] optimizer / opti
 
 def with_settings(factory: Any, settings: Mapping[str, Any]) -> TrainerFactory:
     """``factory`` given the ``settings`` it takes by keyword (``loss=``, ``optimizer=``,
-    ``keep_local=``, ``device=`` (a ``torch.device``), or ``**kwargs``); a setting it cannot take is refused, naming the key
-    and the factory, rather than dropped."""
+    ``keep_local=``, ``device=`` (a ``torch.device``), or ``**kwargs``); a setting it cannot
+    take is refused, naming the key and the factory, rather than dropped."""
     if not settings:
         return factory  # type: ignore[no-any-return]
     accepted = keyword_names(factory)

@@ -78,6 +78,7 @@ from opacus.accountants import create_accountant
 from opacus.accountants.utils import get_noise_multiplier
 from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
 from opacus.validators import ModuleValidator
+from opacus.validators.errors import ShouldReplaceModuleError
 from torch import nn
 
 from fedlink.client.base import TrainPlan, TrainResult, planned_steps, proximal_mu
@@ -208,10 +209,9 @@ def check_dp_model(model: nn.Module) -> None:
     errors = ModuleValidator.validate(model, strict=False)
     if not errors:
         return
-    fixable = [e for e in errors if type(e).__name__ == "ShouldReplaceModuleError"]
+    fixable = [e for e in errors if isinstance(e, ShouldReplaceModuleError)]
     names = [name for name, module in model.named_modules()
-             if isinstance(module, nn.modules.batchnorm._BatchNorm | nn.modules.instancenorm._InstanceNorm)
-             and getattr(module, "track_running_stats", True)]
+             if isinstance(module, nn.modules.batchnorm._NormBase) and module.track_running_stats]
     where = f" (layers {', '.join(names)})" if names else ""
     if fixable:
         raise ConfigError(f"DP-SGD cannot train this model: it has layers that mix the examples "

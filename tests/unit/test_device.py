@@ -188,3 +188,13 @@ def test_a_run_on_cuda_trains_and_evaluates_there(tmp_path: Any) -> None:
     result = run_simulation(cfg, tmp_path, progress=False)
     assert result.summary["config"]["client"]["device"] == "cuda"
     assert result.summary["final_accuracy"] > 0.5
+
+
+def test_backends_give_each_worker_its_own_build() -> None:
+    from fedlink.sim.virtual.backends import BackendContext
+
+    built = ConfigPopulation(config(device="auto"))
+    context = BackendContext(workers=3, population=None, build=built)  # type: ignore[arg-type]
+    assert [context.build_for(n).worker for n in range(3)] == [0, 1, 2]  # type: ignore[attr-defined]
+    plain = BackendContext(workers=2, population=None, build=len)  # type: ignore[arg-type]
+    assert plain.build_for(1) is len  # a build without for_worker is used as it is

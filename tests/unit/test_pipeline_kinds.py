@@ -123,3 +123,62 @@ def test_dp_fedavg_with_batchnorm_kept_local_trains_and_uploads_no_buffer() -> N
     buffers = experiment.spec().mask(BUFFER, COUNTER)
     np.testing.assert_array_equal(out[buffers], 0)
     assert 0 < np.linalg.norm(out) <= 1.0
+
+
+# -- compression by kind ----------------------------------------------------------------------
+
+SIGNS = np.array([0.5, -0.25, 0.125, -1.0, 2.0, -0.5, 0.75, 3.0, 0.0], dtype=np.float32)
+
+
+@pytest.mark.parametrize("codec", ["sign", "topk", "topk+q8", "randk", "qsgd", "fp16"])
+def test_a_lossy_codec_encodes_the_weights_and_buffers_travel_exactly(codec: str) -> None:
+    options = {"density": 0.34} if codec.startswith(("topk", "randk")) else {}
+    pipeline = UpdatePipeline.from_names("none", codec, options, error_feedback=False)
+    pipeline.bind(SPEC)
+    payload = pipeline.process(SIGNS, np.random.default_rng(1))
+    assert payload.header.encoding == "split"
+    assert payload.header.codec_params["inner"] == codec
+    out = unpack(payload.header, payload.data, SIGNS.size)
+    np.testing.assert_array_equal(out[6:], SIGNS[6:])  # running_var, counter: as they were
+
+
+def test_lossless_codecs_and_models_without_buffers_are_not_wrapped() -> None:
+    for codec in ("fp32", "fp32-zlib"):
+        pipeline = UpdatePipeline.from_names("none", codec)
+        pipeline.bind(SPEC)
+        assert pipeline.process(SIGNS, np.random.default_rng(0)).header.encoding == codec
+    weights_only = ParamSpec(names=("w",), shapes=((9,),), dtypes=("float32",))
+    pipeline = UpdatePipeline.from_names("none", "sign")
+    pipeline.bind(weights_only)
+    assert pipeline.process(SIGNS, np.random.default_rng(0)).header.encoding == "sign"
+
+
+def test_error_feedback_keeps_no_residual_on_buffers() -> None:
+    pipeline = UpdatePipeline.from_names("none", "topk", {"density": 0.2})
+    pipeline.bind(SPEC)
+    pipeline.process(SIGNS, np.random.default_rng(0))
+    assert pipeline.feedback is not None and pipeline.feedback.residual is not None
+    np.testing.assert_array_equal(pipeline.feedback.residual[6:], 0)
+    assert np.any(pipeline.feedback.residual[:6] != 0)
+
+
+def test_a_sign_compressed_batchnorm_model_keeps_sane_running_statistics() -> None:
+    """What silently went wrong before: ``sign`` sent every unchanged running variance as
+    +scale, so averaged variances drifted up each round (and a negative delta's sign could
+    push one below zero)."""
+    experiment = Experiment.build(ExperimentConfig.from_dict({
+        "run": {"name": "kinds-sign", "seed": 1},
+        "data": {"dataset": "digits", "clients": 2},
+        "client": {"compression": "sign"},
+        "coordinator": {"rounds": 1, "flush": {"goal": 2}},
+    }), Plugs(model=bn_mlp))
+    from fedlink.client import TrainPlan
+
+    start = experiment.initial_vector()
+    trainer = experiment.trainer(0)
+    result = trainer.train(start, TrainPlan(local_steps=5, batch_size=16, learning_rate=0.1))
+    pipeline = experiment.config.client.pipeline()
+    pipeline.bind(trainer.spec)  # type: ignore[attr-defined]
+    sent = decoded(pipeline, result.params - start)
+    buffers = experiment.spec().mask(BUFFER, COUNTER)
+    np.testing.assert_array_equal(sent[buffers], (result.params - start)[buffers])
