@@ -3,15 +3,20 @@
 ``write_atomic`` writes to a temporary file in the same folder (``.<name>.<random>.tmp``),
 fsyncs it, renames it over ``path`` and fsyncs the folder, so that neither a killed process nor
 a power loss leaves a half-written file or loses the rename. The client's outbox and error
-feedback memory and the coordinator's model checkpoints all write this way.
+feedback memory, the coordinator's model checkpoints and a run's final model all write this way.
+
+The file is created ``0600`` (``tempfile.mkstemp``), whatever the umask, and keeps that mode
+through the rename: a file written here is private from its first byte (``fedlink.private``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import BinaryIO
 
 TEMP_SUFFIX = ".tmp"
 """Suffix of ``write_atomic``'s temporary files (left behind only by a crash mid-write)."""
@@ -38,6 +43,14 @@ def write_atomic(path: Path, parts: Iterable[bytes | memoryview]) -> None:
             os.unlink(temp)
         raise
     fsync_dir(path.parent)
+
+
+def write_atomic_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """``write_atomic`` for a writer that wants a file object (``np.save``, ``torch.save``):
+    ``write(buffer)`` fills a memory buffer whose bytes then go to ``path`` atomically, 0600."""
+    buffer = io.BytesIO()
+    write(buffer)
+    write_atomic(path, [buffer.getbuffer()])
 
 
 def fsync_dir(directory: Path) -> None:

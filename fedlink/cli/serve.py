@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from fedlink.coordinator import CoordinatorServer, serve_until_done
 from fedlink.coordinator.faults import NO_FAULTS, FaultPlan
 from fedlink.coordinator.state import holds_state
+from fedlink.coordinator.stopping import stop_signals
 from fedlink.experiment.config import ExperimentConfig
 from fedlink.metrics import (
     EVENTS_FILENAME,
@@ -32,6 +35,15 @@ async def serve(config_path: Path, address: str, output_dir: Path | None,
     ``metrics_port`` and ``metrics_host`` (else ``[coordinator.metrics]``) serve Prometheus
     metrics; either turns them on. ``faults``: a fault-injection test's plan (none by default).
     """
+    with stop_signals() as stop:  # from the start: a stop while building is a stop too
+        return await _serve(config_path, address, output_dir, state_dir, metrics_port,
+                            metrics_host, faults, stop)
+
+
+async def _serve(config_path: Path, address: str, output_dir: Path | None,
+                 state_dir: Path | None, metrics_port: int | None, metrics_host: str | None,
+                 faults: FaultPlan, stop: asyncio.Event) -> int:
+    """``serve``, with ``stop`` set by a signal."""
     # The set-up imports what the config's model and data need (torch for the built-in
     # models), so it is loaded only once there is a config to serve.
     from fedlink.experiment.setup import Experiment, prepare_run_dir
@@ -54,6 +66,17 @@ async def serve(config_path: Path, address: str, output_dir: Path | None,
         print(f"fedlink coordinator for run {config.run.name!r} listening on {host}:{port}",
               flush=True)
 
+    def record() -> dict[str, Any]:
+        """Write ``summary.json`` and the model (each atomically, 0600) from what is logged
+        so far; returns the summary."""
+        everything = read_events(run_dir / EVENTS_FILENAME)  # every process's, when resumed
+        summary = summarize(everything, config.to_dict())
+        summary.update(experiment.data_figures())
+        summary.update(federated_figures(everything))
+        write_summary(run_dir / SUMMARY_FILENAME, summary)
+        experiment.save_model(run_dir, server.service.lifecycle.final_model)
+        return summary
+
     with EventLog(run_dir / EVENTS_FILENAME) as events, contextlib.ExitStack() as stack:
         server = CoordinatorServer(config.coordinator, experiment.initial_vector(), events,
                                    evaluator=experiment.evaluator(), address=address,
@@ -64,14 +87,10 @@ async def serve(config_path: Path, address: str, output_dir: Path | None,
             from fedlink.observe import tensorboard  # an optional extra
 
             tensorboard.attach(events, run_dir, stack)
-        await serve_until_done(server, on_started=announce)
-    everything = read_events(run_dir / EVENTS_FILENAME)  # every process's, when resumed
-    summary = summarize(everything, config.to_dict())
-    summary.update(experiment.data_figures())
-    summary.update(federated_figures(everything))
-    write_summary(run_dir / SUMMARY_FILENAME, summary)
-    experiment.save_model(run_dir, server.service.engine.model)  # model.npy and model.pt
-    print(f"report: {write_report(run_dir, everything, summary)}", flush=True)
+        await serve_until_done(server, on_started=announce, stop=stop, on_record=record)
+    summary = record()  # again, complete: the run's end and everything drained is in
+    print(f"report: {write_report(run_dir, read_events(run_dir / EVENTS_FILENAME), summary)}",
+          flush=True)
     return 0
 
 

@@ -562,6 +562,11 @@ class CoordinatorConfig:
     saturate) perturbs where clients start, never how their updates are applied to the
     coordinator's exact float32 model. Delta downloads are exact between the served vectors.
 
+    ``drain_s``: how long a stop (SIGTERM, SIGINT) may take. The run's summary and model are
+    written first; then callers are told to come back (``UNAVAILABLE`` with a retry hint),
+    calls already running get what is left of ``drain_s`` to finish, and the process exits
+    (``fedlink.coordinator.stopping``). Keep the supervisor's stop timeout above it.
+
     ``metrics`` and ``netcheck``: the Prometheus endpoint and the ``Probe`` call that
     ``fedlink netcheck`` uses, both off by default (``fedlink.coordinator.operations``).
     ``evaluation``: federated evaluation tasks (``EvaluationConfig``), off by default.
@@ -587,6 +592,7 @@ class CoordinatorConfig:
     auth: AuthConfig = field(default_factory=AuthConfig)
     seed: int = 0
     state_dir: str = ""
+    drain_s: float = 5.0
     hooks: tuple[Mapping[str, Any], ...] = ()
     downlink_codec: str = "fp32"
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -597,6 +603,8 @@ class CoordinatorConfig:
         check_fields(self, "coordinator")
         self._check_hooks()
         require(self.rounds >= 1, "coordinator.rounds", f"must be >= 1, got {self.rounds}")
+        require(math.isfinite(self.drain_s) and self.drain_s >= 0, "coordinator.drain_s",
+                f"must be >= 0 seconds, got {self.drain_s}")
         require(bool(self.run_name), "coordinator.run_name", "must not be empty")
         require(not (self.join_token and self.auth.enabled), "coordinator.join_token",
                 "per-client tokens ([coordinator.auth]) replace the shared join_token: "

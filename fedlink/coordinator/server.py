@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
@@ -16,6 +15,7 @@ import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from fedlink.atomic import write_atomic_with
 from fedlink.clock import Clock, RealClock
 from fedlink.coordinator.auth import TokenVerifier, acting_as, authenticate, load_verifier
 from fedlink.coordinator.config import CoordinatorConfig
@@ -25,12 +25,13 @@ from fedlink.coordinator.handlers import rewrapped
 from fedlink.coordinator.lifecycle import RunLifecycle, StopRule
 from fedlink.coordinator.service import CoordinatorService, Evaluator
 from fedlink.coordinator.servicer import CoordinatorServicer
+from fedlink.coordinator.stopping import StopGate, stop_signals
 from fedlink.coordinator.timers import strictly_after, wait_event_or
 from fedlink.coordinator.tls import load_server_material
 from fedlink.errors import Unauthenticated
 from fedlink.metrics import EventLog
 from fedlink.params.base import ParamSpec
-from fedlink.private import private_dir, touch_private
+from fedlink.private import private_dir
 from fedlink.proto.v1 import coordinator_pb2 as pb
 from fedlink.proto.v1 import coordinator_pb2_grpc as pb_grpc
 from fedlink.wire.options import server_options
@@ -64,6 +65,8 @@ class CoordinatorServer:
         self.service = CoordinatorService(config, initial_model, events, evaluator, self.clock,
                                           stop_rules, faults, spec)
         self._server: grpc.aio.Server | None = None
+        self.gate = StopGate()
+        """Turns callers away, telling them to come back, once the server is stopping."""
         self._health = health.aio.HealthServicer()
         self._background: list[asyncio.Task[None]] = []
         self.port = 0
@@ -73,7 +76,8 @@ class CoordinatorServer:
         for warning in insecurity_warnings(self.config, self.address):
             log.warning("INSECURE: %s", warning)
         # the observers' interceptors first (outermost): they see what the edge refuses too
-        interceptors: list[grpc.aio.ServerInterceptor] = [*self.interceptors, EdgeInterceptor()]
+        interceptors: list[grpc.aio.ServerInterceptor] = [*self.interceptors, self.gate,
+                                                          EdgeInterceptor()]
         if self.config.auth.enabled:  # the secret is read here, never logged
             interceptors.append(AuthInterceptor(load_verifier(self.config.auth,
                                                               self.config.run_name)))
@@ -135,6 +139,28 @@ class CoordinatorServer:
                 return
             await wait_event_or(self.clock, changed,
                                 strictly_after(now, min(gone_at, give_up_at)))
+
+    async def stop_serving(self, bound_s: float) -> None:
+        """Stop within ``bound_s`` seconds, telling clients to come back (``stopping``).
+
+        Callers are turned away ``UNAVAILABLE`` with a retry hint from now on; calls already
+        running get what is left of ``bound_s`` to finish (an acknowledged update is durable
+        before its answer leaves), then the server stops. The run is ended for this process
+        only (``run_finished``, not durable): a coordinator restarted on the same
+        ``state_dir`` goes on with it.
+        """
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + bound_s
+        self.gate.close(retry_after_s=max(bound_s, self.config.limits.retry_after_s))
+        await self._health.enter_graceful_shutdown()
+        await self.gate.wait_idle(give_up_at - loop.time())
+        if self._server is not None and not self.lifecycle.finished.is_set():
+            self.lifecycle.end("stopped by signal", durable=False)
+            # run_finished comes once the flush the run ended on is reported
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wait_finished(),
+                                       timeout=max(0.0, give_up_at - loop.time()))
+        await self.stop(grace_s=max(0.0, min(0.5, give_up_at - loop.time())))
 
     async def stop(self, grace_s: float = 2.0) -> None:
         """Stop accepting calls, let running ones finish for ``grace_s``, then stop."""
@@ -213,15 +239,24 @@ def _wrap_handler(handler: grpc.RpcMethodHandler, name: str,
 
 
 async def serve_until_done(server: CoordinatorServer,
-                           on_started: Callable[[int], None] | None = None) -> None:
-    """Serve until the run finishes or SIGINT/SIGTERM arrives, then shut down gracefully.
+                           on_started: Callable[[int], None] | None = None,
+                           stop: asyncio.Event | None = None,
+                           on_record: Callable[[], object] | None = None) -> None:
+    """Serve until the run finishes or a stop is asked, then shut down.
 
-    ``on_started`` is called with the bound port once the server listens.
+    ``stop``: set to stop (default: SIGINT/SIGTERM, ``stopping.stop_signals``). A stop ends
+    within ``[coordinator] drain_s`` (``CoordinatorServer.stop_serving``: clients are told to
+    come back). ``on_started`` is called with the bound port once the server listens;
+    ``on_record`` writes the run's record (summary and model) and is called **before** any
+    waiting at the end (draining a finished run, or a stop's drain), so that a kill during
+    either still leaves one; the caller writes it again once the server stopped.
     """
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    if stop is None:
+        with stop_signals() as signalled:
+            await serve_until_done(server, on_started, signalled, on_record)
+        return
+    record = on_record if on_record is not None else (lambda: None)
+    stopped = False
     try:
         port = await server.start()
         if on_started is not None:
@@ -229,27 +264,28 @@ async def serve_until_done(server: CoordinatorServer,
         done = asyncio.ensure_future(server.wait_finished())
         interrupted = asyncio.ensure_future(stop.wait())
         await asyncio.wait({done, interrupted}, return_when=asyncio.FIRST_COMPLETED)
-        if interrupted.done() and not done.done():
-            log.info("signal received: ending the run, telling the clients")
-            # the same end as any other (one run_finished), but not durable: a coordinator
-            # restarted on the same state_dir goes on with the run
-            server.lifecycle.end("stopped by signal", durable=False)
-            stop.clear()
-            interrupted = asyncio.ensure_future(stop.wait())  # a second signal: stop now
-            await asyncio.wait({done, interrupted}, return_when=asyncio.FIRST_COMPLETED)
-        if done.done():
+        if done.done() and not interrupted.done():
+            record()
             draining = asyncio.ensure_future(server.drain())
             await asyncio.wait({draining, interrupted}, return_when=asyncio.FIRST_COMPLETED)
             draining.cancel()
+        if interrupted.done():
+            log.info("stop asked: telling the clients to come back; stopping within %g s",
+                     server.config.drain_s)
+            server.gate.close(retry_after_s=max(server.config.drain_s,
+                                                server.config.limits.retry_after_s))
+            record()  # first: whatever comes next, the run's record is on disk
+            await server.stop_serving(server.config.drain_s)
+            stopped = True
         for fut in (done, interrupted):
             fut.cancel()
     finally:
-        await server.stop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
+        if not stopped:
+            await server.stop()
 
 
 def save_model(path: Path, model: np.ndarray) -> None:
-    """Write the final global model as a ``.npy`` file (parent folders created)."""
+    """Write the final global model as a ``.npy`` file (parent folders created), atomically
+    and ``0600``."""
     private_dir(path.parent)
-    np.save(touch_private(path), model)
+    write_atomic_with(path, lambda f: np.save(f, model))

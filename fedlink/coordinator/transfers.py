@@ -200,7 +200,7 @@ class Transfers:
 
     async def make_durable(self, client_id: str, upload_id: str) -> None:
         """fsync what the upload received, off the event loop (nothing to do in memory)."""
-        if self.uploads.needs_sync(upload_id):
+        if self.uploads.needs_sync(client_id, upload_id):
             await asyncio.to_thread(self.uploads.sync, client_id, upload_id)
 
     async def upload_status(self, request: UploadStatusRequest) -> UploadReply:

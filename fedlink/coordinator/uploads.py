@@ -1,6 +1,9 @@
 """Upload sessions: bytes of an encoded update, received in chunks at offsets, resumable.
 
-An upload is addressed by a client-chosen id that stays the same across reconnects. The store
+An upload is addressed by a client-chosen id that stays the same across reconnects, scoped to its
+client: the store keys everything by ``(client_id, upload_id)``, so two clients may pick the same
+id and neither can squat, read or claim the other's upload (a predictable id is no handle on
+someone else's update). The store
 keeps the bytes contiguous from offset 0: a chunk that overlaps what is held is trimmed (a
 replay after a reconnect), a chunk past the end is a gap and refused. Final commit answers are
 remembered per upload id so that a repeated ``Commit`` gets the same answer; they are journaled
@@ -31,13 +34,15 @@ from fedlink.coordinator.state import NullStore, SettledUpload, StateStore
 from fedlink.errors import (
     InvalidArgument,
     NotFound,
-    PermissionDenied,
     RemoteError,
     ResourceExhausted,
 )
 from fedlink.messages import CommitReply
 
 log = logging.getLogger(__name__)
+
+Key = tuple[str, str]
+"""``(client_id, upload_id)``: what names one upload."""
 
 
 @dataclass(frozen=True)
@@ -99,20 +104,21 @@ class UploadStore:
         self.bounds = bounds if bounds is not None else UploadBounds()
         self._clock = clock if clock is not None else RealClock().now
         self._storage = storage_for(state_dir)
-        self._sessions: dict[str, UploadSession] = {}
-        self._answers: dict[str, CommitReply | RemoteError] = {}
-        self._owners: dict[str, str] = {}
-        self._settled_sizes: dict[str, int] = {}
+        # keyed by (client_id, upload_id): an upload id means something only for its client
+        self._sessions: dict[Key, UploadSession] = {}
+        self._answers: dict[Key, CommitReply | RemoteError] = {}
+        self._settled_sizes: dict[Key, int] = {}
         self._reopen()
 
     def _reopen(self) -> None:
         """Adopt the spools a previous coordinator process left behind."""
         for client_id, upload_id, spool in self._storage.reopen():
-            if upload_id in self._sessions:
+            if (client_id, upload_id) in self._sessions:
                 log.warning("upload %r is spooled twice; keeping the first", upload_id)
                 spool.close()
                 continue
-            self._sessions[upload_id] = UploadSession(upload_id, client_id, spool, self._clock())
+            self._sessions[client_id, upload_id] = UploadSession(upload_id, client_id, spool,
+                                                                 self._clock())
         if self._sessions:
             log.info("reopened %d upload spool(s)", len(self._sessions))
 
@@ -121,13 +127,11 @@ class UploadStore:
         if len(data) > self.max_chunk_bytes:
             raise ResourceExhausted(f"chunk of {len(data)} bytes exceeds the limit of "
                                     f"{self.max_chunk_bytes}")
-        existing = self._sessions.get(upload_id)
+        existing = self._sessions.get((client_id, upload_id))
         if existing is None:
-            self._check_new(upload_id)
+            self._check_new(client_id, upload_id)
         held = 0 if existing is None else existing.received
         if offset > held:
-            if existing is not None:
-                self._check_owner(existing.client_id, client_id, upload_id)
             raise InvalidArgument(f"chunk at offset {offset} leaves a gap: upload "
                                   f"{upload_id[:64]!r} holds {held} bytes; resume from there")
         new = data[held - offset:]
@@ -181,7 +185,7 @@ class UploadStore:
         oldest = min(others, key=lambda s: s.last_write)
         log.info("dropping upload %r of client %r to make room for a new one",
                  oldest.upload_id, client_id)
-        self._drop(oldest.upload_id)
+        self._drop((client_id, oldest.upload_id))
         return True
 
     def held_by(self, client_id: str) -> int:
@@ -201,10 +205,10 @@ class UploadStore:
         if not self.bounds.idle_s:
             return []
         stale_before = self._clock() - self.bounds.idle_s
-        stale = [uid for uid, s in self._sessions.items() if s.last_write < stale_before]
-        for upload_id in stale:
-            self._drop(upload_id)
-        return stale
+        stale = [key for key, s in self._sessions.items() if s.last_write < stale_before]
+        for key in stale:
+            self._drop(key)
+        return [upload_id for _, upload_id in stale]
 
     def next_expiry(self) -> float | None:
         """When the first open upload becomes idle for ``bounds.idle_s`` (``None``: never)."""
@@ -214,18 +218,18 @@ class UploadStore:
 
     def drop_client(self, client_id: str) -> list[str]:
         """Drop every open upload of ``client_id`` (it left or expired); returns their ids."""
-        gone = [uid for uid, s in self._sessions.items() if s.client_id == client_id]
-        for upload_id in gone:
-            self._drop(upload_id)
-        return gone
+        gone = [key for key, s in self._sessions.items() if s.client_id == client_id]
+        for key in gone:
+            self._drop(key)
+        return [upload_id for _, upload_id in gone]
 
-    def _drop(self, upload_id: str) -> None:
-        session = self._sessions.pop(upload_id)
+    def _drop(self, key: Key) -> None:
+        session = self._sessions.pop(key)
         session.spool.discard()
 
-    def needs_sync(self, upload_id: str) -> bool:
+    def needs_sync(self, client_id: str, upload_id: str) -> bool:
         """Whether the upload holds bytes that are received but not yet durable."""
-        session = self._sessions.get(upload_id)
+        session = self._sessions.get((client_id, upload_id))
         return session is not None and session.received > session.committed_offset
 
     def sync(self, client_id: str, upload_id: str) -> int:
@@ -234,10 +238,9 @@ class UploadStore:
         Blocks for an fsync with a ``state_dir``: run it off the event loop. Unknown and
         settled uploads are left alone (their ``status`` is returned).
         """
-        session = self._sessions.get(upload_id)
+        session = self._sessions.get((client_id, upload_id))
         if session is None:
             return self.status(client_id, upload_id)
-        self._check_owner(session.client_id, client_id, upload_id)
         return session.spool.sync()
 
     def status(self, client_id: str, upload_id: str) -> int:
@@ -246,15 +249,10 @@ class UploadStore:
         A committed upload reports the size it had, so a client that resumes after a crash sees
         that nothing is left to send and commits again, getting the remembered answer.
         """
-        session = self._sessions.get(upload_id)
+        session = self._sessions.get((client_id, upload_id))
         if session is None:
             self._check_id(upload_id)
-            owner = self._owners.get(upload_id)
-            if owner is not None:
-                self._check_owner(owner, client_id, upload_id)
-                return self._settled_sizes[upload_id]
-            return 0
-        self._check_owner(session.client_id, client_id, upload_id)
+            return self._settled_sizes.get((client_id, upload_id), 0)
         return session.committed_offset
 
     def get(self, client_id: str, upload_id: str) -> UploadSession:
@@ -265,14 +263,11 @@ class UploadStore:
 
     def answer(self, client_id: str, upload_id: str) -> CommitReply | RemoteError | None:
         """The final commit answer already given for ``upload_id``, if any."""
-        owner = self._owners.get(upload_id)
-        if owner is not None:
-            self._check_owner(owner, client_id, upload_id)
-        return self._answers.get(upload_id)
+        return self._answers.get((client_id, upload_id))
 
     def settle(self, client_id: str, upload_id: str, answer: CommitReply | RemoteError) -> None:
         """Remember (and journal) the final answer for ``upload_id``; free its bytes."""
-        session = self._sessions.pop(upload_id, None)
+        session = self._sessions.pop((client_id, upload_id), None)
         size = session.committed_offset if session else 0
         self._remember(SettledUpload(upload_id, client_id, size, answer))
         self._state.save_settled(SettledUpload(upload_id, client_id, size, answer))
@@ -287,14 +282,14 @@ class UploadStore:
         """
         for upload in settled:
             self._remember(upload)
-            session = self._sessions.pop(upload.upload_id, None)
+            session = self._sessions.pop((upload.client_id, upload.upload_id), None)
             if session is not None:
                 self._state.on_durable(session.spool.discard)
 
     def _remember(self, settled: SettledUpload) -> None:
-        self._answers[settled.upload_id] = settled.answer
-        self._owners[settled.upload_id] = settled.client_id
-        self._settled_sizes[settled.upload_id] = settled.size
+        key = (settled.client_id, settled.upload_id)
+        self._answers[key] = settled.answer
+        self._settled_sizes[key] = settled.size
 
     def close(self) -> None:
         """Release open spools; their bytes stay for the next process to reopen."""
@@ -302,22 +297,21 @@ class UploadStore:
             session.spool.close()
 
     def _session(self, client_id: str, upload_id: str, create: bool) -> UploadSession:
-        session = self._sessions.get(upload_id)
+        session = self._sessions.get((client_id, upload_id))
         if session is not None:
-            self._check_owner(session.client_id, client_id, upload_id)
             return session
-        self._check_new(upload_id)
+        self._check_new(client_id, upload_id)
         if not create:
             raise NotFound(f"unknown upload id {upload_id!r}: nothing was uploaded under it")
         session = UploadSession(upload_id, client_id,
                                 self._storage.create(client_id, upload_id))
-        self._sessions[upload_id] = session
+        self._sessions[client_id, upload_id] = session
         return session
 
-    def _check_new(self, upload_id: str) -> None:
+    def _check_new(self, client_id: str, upload_id: str) -> None:
         """``InvalidArgument`` for a malformed id, or one whose upload was committed."""
         self._check_id(upload_id)
-        if upload_id in self._answers:
+        if (client_id, upload_id) in self._answers:
             raise InvalidArgument(f"upload {upload_id!r} was already committed (its answer, "
                                   "accepted or refused, is final): send a new update under a "
                                   "new upload id")
@@ -325,8 +319,3 @@ class UploadStore:
     @staticmethod
     def _check_id(upload_id: str) -> None:
         check_name(upload_id, "upload_id")
-
-    @staticmethod
-    def _check_owner(owner: str, client_id: str, upload_id: str) -> None:
-        if owner != client_id:
-            raise PermissionDenied(f"upload {upload_id!r} belongs to another client")

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedlink.atomic import write_atomic_with
 from fedlink.client import Trainer
 from fedlink.client.device import DEFAULT_DEVICE
 from fedlink.client.lazy import LazyTrainer
@@ -338,10 +339,14 @@ class Experiment:
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     def save_model(self, run_dir: Path, vector: np.ndarray) -> dict[str, torch.Tensor]:
-        """Write the final model as ``model.pt`` (state_dict) and ``model.npy`` (vector)."""
+        """Write the final model as ``model.pt`` (state_dict) and ``model.npy`` (vector),
+        each atomically and ``0600`` (``fedlink.atomic``): a stop at any instant leaves the
+        previous file or the new one, never a torn or world-readable one."""
         state = self.state_dict(vector)
-        torch.save(state, run_dir / MODEL_FILENAME)
-        np.save(run_dir / VECTOR_FILENAME, np.asarray(vector, dtype=np.float32))
+        private_dir(run_dir)
+        write_atomic_with(run_dir / MODEL_FILENAME, lambda f: torch.save(state, f))
+        flat = np.asarray(vector, dtype=np.float32)
+        write_atomic_with(run_dir / VECTOR_FILENAME, lambda f: np.save(f, flat))
         return state
 
 

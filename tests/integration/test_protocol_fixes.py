@@ -114,7 +114,8 @@ async def _cut_stream(server: CoordinatorServer, stub: pb_grpc.CoordinatorStub, 
 
     call = stub.Upload(chunks(), timeout=1.0 if how == "deadline" else 30.0)
     sessions = server.service.uploads._sessions
-    await wait_until(lambda: "cut-1" in sessions and sessions["cut-1"].received >= 1024,
+    key = (client_id, "cut-1")
+    await wait_until(lambda: key in sessions and sessions[key].received >= 1024,
                      what="the coordinator received the chunk")
     if how == "cancel":
         call.cancel()
@@ -156,7 +157,7 @@ def test_a_cut_upload_stream_is_durable_at_the_next_upload_status(
             await _cut_stream(server, stub, client_id, how)
             status = await stub.UploadStatus(pb.UploadStatusRequest(
                 client_id=client_id, upload_id="cut-1"), timeout=10)
-            spool = server.service.uploads._sessions["cut-1"].spool
+            spool = server.service.uploads._sessions[client_id, "cut-1"].spool
             release.set()
             return status.committed_offset, spool.durable
 

@@ -378,7 +378,7 @@ def test_killed_client_process_delivers_its_update_exactly_once_after_restart(
             # received durable, the durable offset is final.
             upload_id = pending.upload_id
             await wait_until(lambda: proxy.active_connections == 0
-                             and not uploads.needs_sync(upload_id)
+                             and not uploads.needs_sync(client_id, upload_id)
                              and uploads.status(client_id, upload_id) > 0, 30,
                              "the cut upload to be durable")
             held = uploads.status(client_id, upload_id)

@@ -3,8 +3,8 @@
 
 - Two clients are in a 15 s blackout when the last flush happens: the coordinator keeps
   answering "finished" for its grace period, and every client process exits 0 saying so.
-- SIGTERM to the coordinator ends the run through the same path as any end: one
-  ``run_finished``, every connected client told once, every client exits 0.
+- SIGTERM to the coordinator stops it in seconds, its summary and model written, every
+  client told to come back; restarted on its state dir, it finishes the run with them.
 """
 
 from __future__ import annotations
@@ -177,26 +177,35 @@ def test_clients_in_a_blackout_at_the_last_flush_exit_0_saying_the_run_finished(
     assert summary["clients"] == CLIENTS and summary["updates_accepted"] == CLIENTS
 
 
-def test_sigterm_tells_every_connected_client_once_and_finishes_the_run_once(
+def test_sigterm_tells_clients_to_come_back_and_a_restart_finishes_the_run_with_them(
         spawn: Spawner, tmp_path: Path) -> None:
     config = tmp_path / "stop.toml"
-    config.write_text(config_text("stop", rounds=1000))
+    config.write_text(config_text("stop", rounds=3).replace(
+        "[coordinator]\n", f'[coordinator]\nstate_dir = "{tmp_path / "state"}"\n'))
     serve, address = start_serve(spawn, config, tmp_path / "runs")
     run_dir = tmp_path / "runs" / "stop"
     clients = [spawn(client_argv(address, config, i)) for i in range(CLIENTS)]
     wait_for_events(run_dir, lambda ev: any(e["kind"] == "flush" for e in ev), 120,
                     "the first flush")
     serve.popen.send_signal(signal.SIGTERM)
+    assert serve.finish(timeout_s=180) == 0, serve.output
+    events = events_of(run_dir)
+    assert [e["reason"] for e in events if e["kind"] == "run_finished"] == ["stopped by signal"]
+    assert not [e for e in events if e["kind"] == "client_left"]  # told to come back
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["updates_accepted"] >= CLIENTS and (run_dir / "model.npy").exists()
+    # the same coordinator again, same port and state dir: the clients find it and finish
+    host, port = address.rsplit(":", 1)
+    again = spawn([*FEDLINK, "serve", "--config", str(config), "--host", host, "--port", port,
+                   "--output-dir", str(tmp_path / "runs")])
     codes = [client.finish(timeout_s=240) for client in clients]
     assert codes == [0] * CLIENTS, "\n".join(c.output for c in clients)
     for client in clients:
-        assert len(re.findall(r"run finished: stopped by signal", client.output)) == 1, \
+        assert len(re.findall(r"run finished: completed 3 rounds", client.output)) == 1, \
             client.output
-    assert serve.finish(timeout_s=180) == 0, serve.output
-    events = events_of(run_dir)
-    finished = [e for e in events if e["kind"] == "run_finished"]
-    assert [e["reason"] for e in finished] == ["stopped by signal"]
-    assert len([e for e in events if e["kind"] == "client_left"]) == CLIENTS
+    assert again.finish(timeout_s=180) == 0, again.output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["rounds"] == 3 and summary["updates_accepted"] == 3 * CLIENTS
 
 
 def test_a_client_told_the_run_is_over_finds_the_coordinator_gone_and_is_done(

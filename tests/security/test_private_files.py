@@ -1,14 +1,19 @@
-"""Finding 8: run files and state are private, and secrets are never written to them.
+"""Finding 8 (and 7 of the next review): run files and state are private, and secrets are
+never written to them.
 
 ``join_token`` was written in plaintext to ``events.jsonl`` and ``summary.json`` (0644);
 ``state.sqlite`` (+ ``-wal``, ``-shm``), holding every pending raw update, was 0644; a 0644
-secret file was accepted silently.
+secret file was accepted silently. Later, ``fedlink serve`` still wrote ``model.npy`` and
+``model.pt`` 0644: this test had checked a helper ``serve`` does not call; it now checks the
+method ``serve`` writes the model with (``Experiment.save_model``), under a permissive umask.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -19,10 +24,11 @@ from conftest import run_async
 
 from fedlink.coordinator import CoordinatorConfig, CoordinatorServer, FlushRule
 from fedlink.coordinator.auth import load_secret
-from fedlink.coordinator.server import save_model
 from fedlink.metrics import EventLog
 from fedlink.metrics.events import read_events
 from fedlink.metrics.summary import summarize, write_summary
+from fedlink.experiment.config import ExperimentConfig
+from fedlink.experiment.setup import Experiment
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -31,6 +37,16 @@ TOKEN = "a-shared-join-token-nobody-may-read"
 
 def mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.fixture(autouse=True)
+def permissive_umask() -> Iterator[None]:
+    """The usual 022: a file fedlink does not make private comes out 0644."""
+    previous = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(previous)
 
 
 def test_run_files_and_state_are_private_and_hold_no_token(tmp_path: Path) -> None:
@@ -53,7 +69,11 @@ def test_run_files_and_state_are_private_and_hold_no_token(tmp_path: Path) -> No
     model = run_async(scenario())
     events = read_events(run_dir / "events.jsonl")
     write_summary(run_dir / "summary.json", summarize(events, config.to_dict()))
-    save_model(run_dir / "model.npy", model)
+    experiment = Experiment.build(ExperimentConfig.from_dict(
+        {"data": {"dataset": "digits", "clients": 2}, "model": {"name": "logreg"}}))
+    experiment.save_model(run_dir, experiment.initial_vector())  # what `fedlink serve` calls
+    assert {"model.npy", "model.pt"} <= {p.name for p in run_dir.iterdir()}
+    assert model.shape == (8,)
     for folder in (run_dir, state, state / "checkpoints"):
         assert mode(folder) == 0o700, folder
     files = [p for p in (*run_dir.iterdir(), *state.rglob("*")) if p.is_file()]

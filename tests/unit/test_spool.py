@@ -17,7 +17,7 @@ from conftest import CoordinatorFactory, run_async, target_of, wait_until
 
 from fedlink.coordinator import CoordinatorConfig, CoordinatorService
 from fedlink.coordinator.uploads import UploadStore
-from fedlink.errors import InvalidArgument, PermissionDenied, Unavailable
+from fedlink.errors import InvalidArgument, Unavailable
 from fedlink.messages import CommitReply, JoinRequest, UploadChunk, UploadStatusRequest
 from fedlink.metrics import EventLog
 from fedlink.proto.v1 import coordinator_pb2 as pb
@@ -64,11 +64,11 @@ def test_received_bytes_are_reported_only_once_fsynced(tmp_path: Path,
         session = store.write("c1", "up-1", offset, DATA[offset:offset + CHUNK])
     assert session.received == 768
     assert store.status("c1", "up-1") == 0 and session.committed_offset == 0
-    assert store.needs_sync("up-1") and fsyncs.files == 0
+    assert store.needs_sync("c1", "up-1") and fsyncs.files == 0
 
     assert store.sync("c1", "up-1") == 768
     assert fsyncs.files == 1 and fsyncs.folders >= 1  # the file, and its new folder entry
-    assert store.status("c1", "up-1") == 768 and not store.needs_sync("up-1")
+    assert store.status("c1", "up-1") == 768 and not store.needs_sync("c1", "up-1")
     store.sync("c1", "up-1")
     assert fsyncs.files == 1  # nothing new: no fsync
     (path,) = spool_files(tmp_path)
@@ -92,9 +92,8 @@ def test_reopened_store_reports_the_same_offset_and_resumes(tmp_path: Path) -> N
     restarted.write("c1", "up-1", 1024, DATA[1024:])
     restarted.sync("c1", "up-1")
     assert restarted.get("c1", "up-1").data == DATA
-    # ownership survives the restart too
-    with pytest.raises(PermissionDenied, match="another client"):
-        restarted.status("c9", "up-1")
+    # scoping survives the restart too: c9's "up-1" is not c1's
+    assert restarted.status("c9", "up-1") == 0
 
 
 def test_bytes_past_the_last_fsync_survive_a_process_crash(tmp_path: Path) -> None:
@@ -153,7 +152,7 @@ def test_failed_write_is_unavailable_and_undone(tmp_path: Path,
 def test_memory_store_needs_no_sync() -> None:
     store = UploadStore(max_update_bytes=1 << 20, max_chunk_bytes=1024)
     store.write("c1", "up-1", 0, DATA[:100])
-    assert store.status("c1", "up-1") == 100 and not store.needs_sync("up-1")
+    assert store.status("c1", "up-1") == 100 and not store.needs_sync("c1", "up-1")
     assert store.sync("c1", "up-1") == 100
 
 
@@ -219,12 +218,13 @@ def test_stream_cut_by_a_real_grpc_cancel_keeps_what_arrived(
 
             call = stub.Upload(three_then_hang())
             uploads = server.service.uploads
-            await wait_until(lambda: "up-1" in uploads._sessions
+            await wait_until(lambda: (joined.client_id, "up-1") in uploads._sessions
                              and uploads.get(joined.client_id, "up-1").received == 3 * CHUNK,
                              10, "three chunks received")
             call.cancel()  # what a reset looks like to the server
             status = pb.UploadStatusRequest(client_id=joined.client_id, upload_id="up-1")
-            await wait_until(lambda: not uploads.needs_sync("up-1"), 10, "the fsync")
+            await wait_until(lambda: not uploads.needs_sync(joined.client_id, "up-1"), 10,
+                             "the fsync")
             reply = await stub.UploadStatus(status, timeout=5)
             assert reply.committed_offset == 3 * CHUNK
 

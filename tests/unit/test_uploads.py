@@ -8,7 +8,6 @@ from fedlink.coordinator.uploads import UploadStore
 from fedlink.errors import (
     InvalidArgument,
     NotFound,
-    PermissionDenied,
     ResourceExhausted,
     UpdateRefused,
 )
@@ -67,15 +66,17 @@ def test_total_limit_is_resource_exhausted(store: UploadStore) -> None:
     assert store.status("c1", "up-1") == 2048
 
 
-def test_other_clients_upload_is_permission_denied(store: UploadStore) -> None:
+def test_upload_ids_are_scoped_to_their_client(store: UploadStore) -> None:
     store.write("c1", "up-1", 0, DATA[:10])
-    with pytest.raises(PermissionDenied, match="another client"):
+    # c2's "up-1" is its own upload: it neither sees nor extends c1's bytes
+    with pytest.raises(InvalidArgument, match="gap"):
         store.write("c2", "up-1", 10, DATA[10:20])
-    with pytest.raises(PermissionDenied):
-        store.status("c2", "up-1")
-    with pytest.raises(PermissionDenied):
+    assert store.status("c2", "up-1") == 0
+    with pytest.raises(NotFound):
         store.get("c2", "up-1")
-    assert store.status("c1", "up-1") == 10
+    store.write("c2", "up-1", 0, DATA[:3])
+    assert store.status("c1", "up-1") == 10 and store.status("c2", "up-1") == 3
+    assert store.get("c1", "up-1").data == DATA[:10]
 
 
 @pytest.mark.parametrize("upload_id", ["", "has space", "slash/y", "é", "x" * 129])
@@ -105,8 +106,7 @@ def test_answers_are_remembered_and_bytes_freed(store: UploadStore) -> None:
     assert store.answer("c1", "up-1") == reply
     with pytest.raises(InvalidArgument, match="already committed"):
         store.write("c1", "up-1", 100, DATA[100:200])
-    with pytest.raises(PermissionDenied):
-        store.answer("c2", "up-1")
+    assert store.answer("c2", "up-1") is None  # another client's id: nothing of c1's
 
 
 def test_refusals_are_remembered_too(store: UploadStore) -> None:
@@ -123,5 +123,4 @@ def test_committed_upload_reports_its_full_size_for_resuming_clients() -> None:
 
     assert store.status("c1", "up-1") == 100
     assert store.answer("c1", "up-1") == CommitReply("up-1", 3, 0)
-    with pytest.raises(PermissionDenied):
-        store.status("c2", "up-1")
+    assert store.status("c2", "up-1") == 0

@@ -79,8 +79,8 @@ CREATE TABLE IF NOT EXISTS pending (
     steps_completed INTEGER NOT NULL, steps_planned INTEGER NOT NULL,
     bytes_up INTEGER NOT NULL, metrics TEXT NOT NULL, delta BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS settled (
-    upload_id TEXT PRIMARY KEY, client_id TEXT NOT NULL, size INTEGER NOT NULL,
-    answer TEXT NOT NULL);
+    upload_id TEXT NOT NULL, client_id TEXT NOT NULL, size INTEGER NOT NULL,
+    answer TEXT NOT NULL, PRIMARY KEY (client_id, upload_id));
 CREATE TABLE IF NOT EXISTS flushes (
     version INTEGER PRIMARY KEY, record TEXT NOT NULL, reported INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS event_outbox (
