@@ -122,6 +122,15 @@ class BufferedRule(Accumulator):
         self._deltas.append(np.array(delta, dtype=np.float32, copy=True))
         self._weights.append(float(weight))
 
+    def keep(self, delta: np.ndarray, weight: float) -> None:
+        """``add`` without the copy: the rule takes ``delta`` (float32) over, and the caller
+        must not change it until ``reset`` (the flush guard hands over its own copies)."""
+        check_weight(weight)
+        if self._deltas and delta.shape != self._deltas[0].shape:
+            raise ValueError(f"delta shape {delta.shape} != buffered {self._deltas[0].shape}")
+        self._deltas.append(np.asarray(delta, dtype=np.float32))
+        self._weights.append(float(weight))
+
     def mean(self) -> np.ndarray:
         """The rule applied coordinate-wise, ``CHUNK`` coordinates at a time."""
         if not self._deltas:

@@ -53,6 +53,7 @@ from fedlink.metrics.kinds import (
     RunStarted,
     TaskIssued,
     UpdateAccepted,
+    UpdateLimited,
     UpdateRefused,
 )
 from fedlink.metrics.report import REPORT_FILENAME, write_report
@@ -105,6 +106,7 @@ __all__ = [
     "RunStarted",
     "TaskIssued",
     "UpdateAccepted",
+    "UpdateLimited",
     "UpdateRefused",
     "human_bytes",
     "human_seconds",
