@@ -120,6 +120,10 @@ class RobustConfig:
                 raise ConfigError("coordinator.robust.trim: a flush hook in coordinator.hooks "
                                   "(differential privacy) calibrates its noise to the plain "
                                   "weighted mean; set trim = 0")
+            if sparse_uplink:
+                raise ConfigError("coordinator.robust.trim with a sparsifying client.compression "
+                                  "(topk, randk): most coordinates of each update are zero, and "
+                                  "a coordinate-wise trim would average the zeros; set trim = 0")
         return float(self.trim)
 
     def resolved_drop(self, plain_mean: bool) -> bool:

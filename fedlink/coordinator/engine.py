@@ -118,7 +118,8 @@ def build_guard(config: CoordinatorConfig, reference: Callable[[], float],
     robust, plain = config.robust, config.plain_mean
     trim = robust.resolved_trim(config.aggregator, plain, sparse_uplink=False)
     if trim > 0:
-        inner: Accumulator = ACCUMULATORS.create("trimmed_mean", trim=trim, weighted=True)
+        inner: Accumulator = ACCUMULATORS.create("trimmed_mean", trim=trim, weighted=True,
+                                                 trim_by_count=True)
     else:
         inner = ACCUMULATORS.create(config.aggregator, **dict(config.aggregator_options))
     adaptive = config.norm_bound_adaptive and config.norm_bound == 0 and not plain

@@ -79,8 +79,8 @@ def test_sync_fedavg_flushes_weighted_mean_when_goal_reached(fake_clock: FakeClo
     weights = np.array([10.0, 7.5, 20.0])
     if trim == 0:
         expected = X0 + (weights[:, None] * np.stack(deltas)).sum(0) / weights.sum()
-    else:  # the default: 20% of the weight trimmed at each end of every coordinate
-        reference = TrimmedMean(0.2, weighted=True)
+    else:  # the default: 20% of the updates trimmed at each end of every coordinate
+        reference = TrimmedMean(0.2, weighted=True, trim_by_count=True)
         for delta, weight in zip(deltas, weights, strict=True):
             reference.add(delta, weight)
         expected = X0 + reference.mean()
@@ -161,9 +161,8 @@ def test_deadline_with_min_updates_flushes(fake_clock: FakeClock) -> None:
     assert engine.version == 1
     # The plain weighted mean would be (1 x 1 + 3 x 4) / 4. The guard caps c1's weight 3 at
     # 2 x the lower-median weight (1) and clips its 4.0 to 2 x the lower-median norm (of 1.0):
-    # values 1 and 2, weights 1 and 2; trimming 20% of the weight (0.6) at each end keeps
-    # 0.4 of the first and 1.4 of the second: (0.4 x 1 + 1.4 x 2) / 1.8.
-    np.testing.assert_allclose(engine.model, X0 + 3.2 / 1.8, rtol=1e-6)
+    # values 1 and 2 with weights 1 and 2 (a trim of 20% of two updates trims both alike).
+    np.testing.assert_allclose(engine.model, X0 + (1 * 1.0 + 2 * 2.0) / 3, rtol=1e-6)
     assert sorted(e["action"] for e in kinds(engine, "update_limited")) == [
         "clipped", "downweighted"]
     # the straggler's v0 task is closed now
