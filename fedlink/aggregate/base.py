@@ -126,14 +126,27 @@ class FlushInfo:
 class FlushHook(ABC):
     """A server-side stage around aggregation (pfl-style server postprocessor).
 
-    The engine calls ``on_update`` for each accepted update, ``on_flush`` on the weighted mean
+    The engine calls ``on_update`` for each update a flush aggregates, ``on_flush`` on the mean
     delta before the server optimizer (central DP noise, for example), and ``stop_reason``
     before issuing a task: a non-empty reason ends the run (a spent privacy budget, say).
     ``report`` adds fields to the flush event.
     """
 
+    plain_mean: bool = False
+    """True when the hook's guarantee holds only for the weighted mean of every update of the
+    flush (DP noise calibrated to it): the engine's flush guard then only caps weights and
+    clips to ``update_bound()``, and refuses rules that depend on the updates' values
+    (dropping, trimming, a norm bound from their statistics)."""
+
+    def update_bound(self) -> float | None:
+        """An L2 norm every update must meet for the hook's guarantee (a DP clip norm), which
+        the flush guard enforces on each update before the flush (``None``: no such bound)."""
+        return None
+
     def on_update(self, update: UpdateInfo) -> None:  # noqa: B027 (optional hook)
-        """Note one accepted update."""
+        """Note one update of the flush, as aggregated: called at the flush, in the flush's
+        canonical order, with the weight it was folded with (after the guard's cap); an
+        update the guard dropped is not reported."""
 
     @abstractmethod
     def on_flush(self, mean_delta: np.ndarray, flush: FlushInfo) -> np.ndarray:

@@ -122,6 +122,15 @@ class BufferedRule(Accumulator):
         self._deltas.append(np.array(delta, dtype=np.float32, copy=True))
         self._weights.append(float(weight))
 
+    def keep(self, delta: np.ndarray, weight: float) -> None:
+        """``add`` without the copy: the rule takes ``delta`` (float32) over, and the caller
+        must not change it until ``reset`` (the flush guard hands over its own copies)."""
+        check_weight(weight)
+        if self._deltas and delta.shape != self._deltas[0].shape:
+            raise ValueError(f"delta shape {delta.shape} != buffered {self._deltas[0].shape}")
+        self._deltas.append(np.asarray(delta, dtype=np.float32))
+        self._weights.append(float(weight))
+
     def mean(self) -> np.ndarray:
         """The rule applied coordinate-wise, ``CHUNK`` coordinates at a time."""
         if not self._deltas:
@@ -177,18 +186,34 @@ class TrimmedMean(BufferedRule):
         mean = sum_k m_k v_(k) / ((1 - 2 trim) W)
 
     ``trim = 0`` is the weighted mean; ``0 <= trim < 0.5``. Buffers updates (module docstring).
+
+    ``trim_by_count`` (with ``weighted``): *which* values are trimmed is decided by count,
+    every update one unit (``trim x n`` of them at each end, fractionally at the edges), and
+    the values kept are averaged with their weights: the flush guard's rule, under which no
+    weight a client claims keeps its extreme value from being trimmed, while the others keep
+    FedAvg's weighting by examples.
     """
 
-    def __init__(self, trim: float = 0.1, weighted: bool = False) -> None:
+    def __init__(self, trim: float = 0.1, weighted: bool = False,
+                 trim_by_count: bool = False) -> None:
         if not 0 <= trim < 0.5:
             raise ConfigError(f"trimmed_mean: trim must be in [0, 0.5), got {trim}")
+        if not isinstance(trim_by_count, bool):
+            raise ConfigError(f"trim_by_count must be true or false, got {trim_by_count!r}")
         super().__init__(weighted)
         self.trim = float(trim)
+        self.trim_by_count = trim_by_count
 
     def _reduce(self, values: np.ndarray, cum: np.ndarray, mass: np.ndarray) -> np.ndarray:
-        total = cum[-1]
-        low, high = self.trim * total, (1.0 - self.trim) * total
-        kept = np.clip(np.minimum(cum, high) - np.maximum(cum - mass, low), 0.0, None)
+        if self.trim_by_count:
+            units = np.arange(1, len(values) + 1, dtype=np.float64)[:, None]
+            low, high = self.trim * len(values), (1.0 - self.trim) * len(values)
+            share = np.clip(np.minimum(units, high) - np.maximum(units - 1.0, low), 0.0, None)
+            kept = share * mass
+        else:
+            total = cum[-1]
+            low, high = self.trim * total, (1.0 - self.trim) * total
+            kept = np.clip(np.minimum(cum, high) - np.maximum(cum - mass, low), 0.0, None)
         return np.asarray((kept * values).sum(axis=0) / kept.sum(axis=0))
 
 

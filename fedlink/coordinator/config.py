@@ -10,6 +10,7 @@ from typing import Any
 
 import fedlink.privacy.hooks  # noqa: F401  (registers the differential-privacy flush hooks)
 from fedlink.aggregate import ACCUMULATORS, FLUSH_HOOKS, SERVER_OPTIMIZERS, STALENESS_WEIGHTS
+from fedlink.aggregate.flushguard import RobustConfig
 from fedlink.compress import broadcast_codec
 from fedlink.config import check_fields, from_table, require
 from fedlink.coordinator.operations import MetricsConfig, NetcheckConfig
@@ -541,11 +542,17 @@ class CoordinatorConfig:
     ``aggregator`` (``fedlink.aggregate.ACCUMULATORS``) folds the accepted updates of a flush:
     ``"mean"`` (weighted mean, streaming), ``"fednova"`` (FedNova's step-normalised mean,
     streaming), ``"trimmed_mean"`` / ``"median"`` (robust, coordinate-wise; they buffer the
-    updates of a flush). ``norm_bound > 0`` clips every update to that L2 norm first; with
-    ``norm_bound = 0`` (the default) and ``norm_bound_adaptive`` (on by default) every update is
-    clipped to ``norm_bound_multiple`` times the median norm of the recent updates
-    (``fedlink.aggregate.adaptive``), which leaves honest updates alone and bounds a hostile
-    one. Every new model version is checked finite first (``fedlink.aggregate.guard``).
+    updates of a flush). ``robust`` (``[coordinator.robust]``, on by default) is the flush
+    guard (``fedlink.aggregate.flushguard``, docs/robust-aggregation.md): each update's weight
+    capped at a small multiple of the flush's median weight, its norm clipped, updates opposed
+    to the flush's coordinate-wise median dropped, a coordinate-wise trimmed mean for
+    ``"mean"``, all computed over the flush's updates and folded in a canonical order, so a
+    flush does not depend on the order its updates arrived in. ``norm_bound > 0`` clips every
+    update to that L2 norm; with ``norm_bound = 0`` (the default) and ``norm_bound_adaptive``
+    (on by default) every update is clipped to ``norm_bound_multiple`` times the lower-median
+    norm of the flush's updates (of the recent ones too in a small flush; with the guard off,
+    of the recent updates in arrival order: ``fedlink.aggregate.adaptive``). Every new model
+    version is checked finite first (``fedlink.aggregate.guard``).
 
     ``drop_partial``: refuse every update that reports less work than planned
     (``steps_completed < steps_planned``), with a reason, instead of weighting it by its work
@@ -586,6 +593,7 @@ class CoordinatorConfig:
     norm_bound: float = 0.0
     norm_bound_adaptive: bool = True
     norm_bound_multiple: float = 2.0
+    robust: RobustConfig = field(default_factory=RobustConfig)
     drop_partial: bool = False
     join_token: str = ""
     tls: TLSConfig = field(default_factory=TLSConfig)
@@ -622,6 +630,7 @@ class CoordinatorConfig:
                 f"must be >= 0 (0: no bound), got {self.norm_bound}")
         require(math.isfinite(self.norm_bound_multiple) and self.norm_bound_multiple >= 1,
                 "coordinator.norm_bound_multiple", f"must be >= 1, got {self.norm_bound_multiple}")
+        self._check_robust()
         try:
             broadcast_codec(self.downlink_codec)
         except ConfigError as exc:
@@ -638,12 +647,25 @@ class CoordinatorConfig:
             except ConfigError as exc:
                 raise ConfigError(f"coordinator.hooks[{index}]: {exc}") from exc
 
+    @property
+    def plain_mean(self) -> bool:
+        """Whether a flush hook needs the plain weighted mean of every update (DP-FedAvg)."""
+        return any(FLUSH_HOOKS.create(str(t["name"]), **{k: v for k, v in t.items()
+                                                           if k != "name"}).plain_mean
+                   for t in self.hooks)
+
+    def _check_robust(self) -> None:
+        """Robust settings that cannot take effect with the aggregator or hooks are refused."""
+        plain = self.plain_mean
+        self.robust.resolved_trim(self.aggregator, plain, sparse_uplink=False)
+        self.robust.resolved_drop(plain)
+
     @classmethod
     def from_dict(cls, table: Mapping[str, Any]) -> CoordinatorConfig:
         """Build from a ``[coordinator]``-style table with ``flush``/``training``/``limits``."""
         nested = {"training": TrainingConfig, "limits": LimitsConfig, "tls": TLSConfig,
                   "auth": AuthConfig, "metrics": MetricsConfig, "netcheck": NetcheckConfig,
-                  "evaluation": EvaluationConfig}
+                  "evaluation": EvaluationConfig, "robust": RobustConfig}
         values = dict(table)
         for key, sub in nested.items():
             if key in values:

@@ -45,6 +45,7 @@ from fedlink.aggregate import (
     UpdateInfo,
 )
 from fedlink.aggregate.adaptive import AdaptiveNormBound
+from fedlink.aggregate.flushguard import FlushGuard, GuardRules, Limited
 from fedlink.aggregate.guard import step_problem
 from fedlink.aggregate.kinds import KindSplit, hooks_on_trainable, step_by_kind, trainable_mask
 from fedlink.aggregate.robust import l2_norm
@@ -57,7 +58,7 @@ from fedlink.coordinator.progress import RoundState
 from fedlink.coordinator.records import ReceivedUpdate, TaskRecord
 from fedlink.coordinator.state import Checkpoint, FlushRecord, NullStore, SavedState, StateStore
 from fedlink.coordinator.tasks import TaskIds, TaskState
-from fedlink.errors import InvalidArgument, NotFound, PermissionDenied, UpdateRefused
+from fedlink.errors import ConfigError, InvalidArgument, NotFound, PermissionDenied, UpdateRefused
 from fedlink.messages import Finished, Task, TaskReply, Wait
 from fedlink.metrics import EventLog, kinds
 from fedlink.params.base import ParamSpec
@@ -100,9 +101,40 @@ class Acceptance:
 
 
 def build_accumulator(config: CoordinatorConfig,
-                      reference: Callable[[], float] = lambda: 0.0) -> Accumulator:
-    """The configured ``aggregator`` behind a norm bound: ``norm_bound`` when it is set, else
-    the adaptive bound (``norm_bound_adaptive``; ``reference()`` is the model's norm)."""
+                      reference: Callable[[], float] = lambda: 0.0,
+                      mask: np.ndarray | None = None) -> Accumulator:
+    """The configured ``aggregator`` behind the flush guard (``[coordinator.robust]``), or,
+    with the guard off, behind a streaming norm bound: ``norm_bound`` when it is set, else the
+    adaptive bound (``norm_bound_adaptive``). ``reference()`` is the model's trainable norm;
+    ``mask`` marks the trainable elements (``None``: all)."""
+    if config.robust.enabled:
+        return build_guard(config, reference, mask)
+    accumulator = build_streaming(config, reference)
+    return accumulator if mask is None else KindSplit(accumulator, mask)
+
+
+def build_guard(config: CoordinatorConfig, reference: Callable[[], float],
+                mask: np.ndarray | None) -> FlushGuard:
+    """The flush guard with the rules ``config`` resolves to (docs/robust-aggregation.md)."""
+    robust, plain = config.robust, config.plain_mean
+    trim = robust.resolved_trim(config.aggregator, plain, sparse_uplink=False)
+    if trim > 0:
+        inner: Accumulator = ACCUMULATORS.create("trimmed_mean", trim=trim, weighted=True,
+                                                 trim_by_count=True)
+    else:
+        inner = ACCUMULATORS.create(config.aggregator, **dict(config.aggregator_options))
+    adaptive = config.norm_bound_adaptive and config.norm_bound == 0 and not plain
+    rules = GuardRules(weight_cap=robust.weight_cap,
+                       norm_multiple=config.norm_bound_multiple if adaptive else 0.0,
+                       fixed_bound=config.norm_bound, drop_opposed=robust.resolved_drop(plain),
+                       drop_min_updates=robust.drop_min_updates, warmup=robust.warmup,
+                       window=robust.window)
+    return FlushGuard(inner, rules, mask, reference)
+
+
+def build_streaming(config: CoordinatorConfig,
+                    reference: Callable[[], float] = lambda: 0.0) -> Accumulator:
+    """The guard-off chain: the aggregator behind a per-update norm bound, in arrival order."""
     accumulator = ACCUMULATORS.create(config.aggregator, **dict(config.aggregator_options))
     if config.norm_bound > 0:
         return NormBounded(accumulator, config.norm_bound)
@@ -147,10 +179,12 @@ class RoundEngine:
         self._optimizer.bind(spec)
         self._staleness_weight = STALENESS_WEIGHTS.create(
             config.staleness_weight, **dict(config.staleness_weight_options))
-        self._accumulator = build_accumulator(config, self._weights_norm)
-        if self._trainable is not None:  # robust rules and norm bounds see weights only
-            self._accumulator = KindSplit(self._accumulator, self._trainable)
+        # robust rules and norm bounds see trainable weights only (docs/model-state.md)
+        self._accumulator = build_accumulator(config, self._weights_norm, self._trainable)
+        self._check_buffer()
         self._hooks = build_hooks(config.hooks)
+        # the hooks hear of the flush's updates at the flush, as aggregated (by task id)
+        self._pending_infos: dict[str, UpdateInfo] = {}
         self._history = ModelHistory(broadcast_codec(config.downlink_codec),
                                      config.limits.delta_history)
         self._history.publish(0, self._model, oldest_served=0)
@@ -180,6 +214,19 @@ class RoundEngine:
         accumulator = self._accumulator
         return accumulator.inner if isinstance(accumulator, KindSplit) else accumulator
 
+    def _check_buffer(self) -> None:
+        """The guard buffers a flush's updates: refuse a configuration they cannot fit."""
+        if not isinstance(self._accumulator, FlushGuard):
+            return
+        need_mb = self.rule.goal * 4 * self._model.size / 2**20
+        if need_mb > self.config.robust.max_buffer_mb:
+            raise ConfigError(
+                f"coordinator.robust: a flush of coordinator.flush.goal = {self.rule.goal} "
+                f"updates of this model buffers {need_mb:.0f} MiB, over "
+                f"coordinator.robust.max_buffer_mb = {self.config.robust.max_buffer_mb:g}; "
+                "raise it, lower the goal, or set coordinator.robust.enabled = false "
+                "(streaming, arrival-order aggregation)")
+
     def start(self) -> None:
         """Serve: the first round's clock (and deadline) starts at its first task, so that
         clients slow to start are not timed out, and round 1 does not include their start."""
@@ -196,7 +243,7 @@ class RoundEngine:
         """The server optimizer's and flush hooks' ``state_dict``s, for a checkpoint."""
         state: dict[str, Any] = {"optimizer": self._optimizer.state_dict(),
                                  "hooks": [hook.state_dict() for hook in self._hooks]}
-        if isinstance(self._norm_bound, AdaptiveNormBound):
+        if isinstance(self._norm_bound, AdaptiveNormBound | FlushGuard):
             state["recent_norms"] = self._norm_bound.state_dict()
         return state
 
@@ -212,7 +259,7 @@ class RoundEngine:
         self._optimizer.load_state_dict(dict(current.engine_state["optimizer"]))
         for hook, hook_state in zip(self._hooks, current.engine_state["hooks"], strict=True):
             hook.load_state_dict(dict(hook_state))
-        if isinstance(self._norm_bound, AdaptiveNormBound):
+        if isinstance(self._norm_bound, AdaptiveNormBound | FlushGuard):
             self._norm_bound.load_state_dict(list(current.engine_state.get("recent_norms", [])))
         self._history = ModelHistory(broadcast_codec(self.config.downlink_codec),
                                      self.config.limits.delta_history)
@@ -467,13 +514,15 @@ class RoundEngine:
         """
         staleness = self._version - record.version
         weight = self._weight(update, staleness)
-        self._accumulator.add(update.delta, weight, update.steps_completed)
+        if isinstance(self._accumulator, FlushGuard):
+            self._accumulator.add(update.delta, weight, update.steps_completed,
+                                  source=record.task_id)
+        else:
+            self._accumulator.add(update.delta, weight, update.steps_completed)
         self._round_bytes_up += update.bytes_up
         self._pending_ids.append(record.task_id)
-        info = UpdateInfo(update.client_id, staleness, weight, update.num_examples,
-                          dict(update.metrics))
-        for hook in self._hooks:
-            hook.on_update(info)
+        self._pending_infos[record.task_id] = UpdateInfo(
+            update.client_id, staleness, weight, update.num_examples, dict(update.metrics))
         return staleness, weight
 
     def _save(self, record: TaskRecord) -> None:
@@ -648,18 +697,20 @@ class RoundEngine:
     def _flush(self) -> FlushOutcome:
         now = self._clock()
         outcome_updates = self._accumulator.count
-        total_weight = self._accumulator.total_weight
+        total_weight, guarded = 0.0, dict[str, Any]()
         if outcome_updates:  # none only when drop_partial dropped the whole cohort
-            self._model = self._checked_step(
-                FlushInfo(self._version + 1, outcome_updates, total_weight))
+            info, guarded = self._prepare()
+            total_weight = info.total_weight
+            self._model = self._checked_step(info)
         self._version += 1
         self._accumulator.reset()
+        self._pending_infos = {}
         self._dropped = 0
         if self._version >= self.config.rounds:
             self.finished_reason = f"completed {self.config.rounds} rounds"
         outcome = FlushOutcome(self._version, self._model, outcome_updates, total_weight,
                                self._round_age(), self._round_bytes_up, self.finished,
-                               self._hook_report(), tuple(self._pending_ids))
+                               {**guarded, **self._hook_report()}, tuple(self._pending_ids))
         self._state.save_flush(Checkpoint(self._version, self._model, self.engine_state()),
                                outcome.record(), keep_from=self._version - self._kept_versions())
         if self.finished:
@@ -669,6 +720,38 @@ class RoundEngine:
         self._round_bytes_up = 0
         self._pending_ids = []
         return outcome
+
+    def _prepare(self) -> tuple[FlushInfo, dict[str, Any]]:
+        """Plan the flush (the guard's caps, clips and drops, each an ``update_limited``
+        event) and tell the hooks of each update it aggregates, in the flush's canonical order
+        and with the weight it is folded with; the ``FlushInfo`` and the flush's counts."""
+        accumulator = self._norm_bound
+        if not isinstance(accumulator, FlushGuard):  # streaming: arrival order, raw weights
+            heard = list(self._pending_infos.values())
+            counts: dict[str, Any] = {"updates_clipped": int(getattr(accumulator, "clipped", 0))}
+        else:
+            bounds = [b for b in (h.update_bound() for h in self._hooks) if b is not None]
+            accumulator.plan(min(bounds) if bounds else None)
+            heard = [dataclasses.replace(self._pending_infos[source], weight=weight)
+                     for source, weight in accumulator.kept()]
+            report = accumulator.report
+            for limited in report.limited:
+                self._emit_limited(limited)
+            counts = {**report.counts(), "norm_bound": report.norm_bound,
+                      "weight_cap": report.weight_cap}
+        for info in heard:
+            for hook in self._hooks:
+                hook.on_update(info)
+        weight = float(sum(info.weight for info in heard))
+        return FlushInfo(self._version + 1, len(heard), weight), counts
+
+    def _emit_limited(self, limited: Limited) -> None:
+        info = self._pending_infos[limited.source]
+        self.events.emit(kinds.UpdateLimited.build(
+            client_id=info.client_id, task_id=limited.source, model_version=self._version + 1,
+            action=limited.action, reason=limited.reason, norm=limited.norm,
+            bound=limited.bound, weight=limited.weight, limited_weight=limited.limited_weight,
+            cosine=limited.cosine))
 
     def _checked_step(self, info: FlushInfo) -> np.ndarray:
         """The server optimizer's next model, or the current one when that step is refused.

@@ -291,7 +291,8 @@ class ExperimentConfig:
         if "hooks" in coordinator:
             coordinator["hooks"] = privacy_setup.with_sampling_defaults(
                 list(coordinator["hooks"]), values["data"].clients, goal)
-        values["coordinator"] = CoordinatorConfig.from_dict(coordinator)
+        values["coordinator"] = _robust_for_uplink(CoordinatorConfig.from_dict(coordinator),
+                                                   values["client"])
         client = values["client"]
         values["client"] = dataclasses.replace(client, privacy_options=privacy_setup.stage_options(
             client.privacy, client.privacy_options, values["coordinator"].hooks, goal,
@@ -319,6 +320,23 @@ class ExperimentConfig:
         if self.data.loader:  # the data that ran is the loader's, not the default dataset
             plain["data"]["dataset"] = self.data.loader
         return plain
+
+
+def _robust_for_uplink(coordinator: CoordinatorConfig,
+                       client: ClientSection) -> CoordinatorConfig:
+    """The flush guard's trim off by default with a sparsifying uplink codec (most coordinates
+    of each update are zero: a coordinate-wise trim would average zeros); a set one refused."""
+    from fedlink.compress import get_codec
+    from fedlink.compress.sparse import Sparsifier
+
+    codec = get_codec(client.compression, **dict(client.compression_options))
+    if not isinstance(codec, Sparsifier):
+        return coordinator
+    robust = coordinator.robust
+    robust.resolved_trim(coordinator.aggregator, coordinator.plain_mean, sparse_uplink=True)
+    if robust.trim is not None:
+        return coordinator
+    return dataclasses.replace(coordinator, robust=dataclasses.replace(robust, trim=0.0))
 
 
 def _plain(section: Any) -> dict[str, Any]:

@@ -55,6 +55,7 @@ from fedlink.metrics.kinds import (
     RunStarted,
     TaskIssued,
     UpdateAccepted,
+    UpdateLimited,
     UpdateRefused,
 )
 from fedlink.metrics.report import REPORT_FILENAME, write_report
@@ -109,6 +110,7 @@ __all__ = [
     "RunStarted",
     "TaskIssued",
     "UpdateAccepted",
+    "UpdateLimited",
     "UpdateRefused",
     "human_bytes",
     "human_seconds",

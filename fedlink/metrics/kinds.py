@@ -278,6 +278,23 @@ class FlushRefused(Event):
 
 
 @dataclass(frozen=True, eq=False, kw_only=True, repr=False)
+class UpdateLimited(Event):
+    """The flush guard clipped, down-weighted or dropped an accepted update, and why."""
+
+    KIND: ClassVar[str] = "update_limited"
+    client_id: str | None = None
+    task_id: str | None = None
+    model_version: int | None = None
+    action: str | None = None
+    reason: str | None = None
+    norm: float | None = None
+    bound: float | None = None
+    weight: float | None = None
+    limited_weight: float | None = None
+    cosine: float | None = None
+
+
+@dataclass(frozen=True, eq=False, kw_only=True, repr=False)
 class ClientLeft(Event):
     """A client left, with the resilience counters it reported since its last commit."""
 
@@ -407,8 +424,8 @@ class OtherEvent(Event):
 EVENT_TYPES: Mapping[str, type[Event]] = {
     cls.KIND: cls for cls in (
         RunStarted, ClientJoined, TaskIssued, DownloadFinished, DownloadUsed, UpdateAccepted,
-        UpdateRefused,
-        Flush, FlushRefused, ClientLeft, ClientExpired, ClientTimeout, RunFinished,
+        UpdateRefused, Flush, FlushRefused, UpdateLimited, ClientLeft, ClientExpired,
+        ClientTimeout, RunFinished,
         CoordinatorRestored, ClientNetwork, EvaluationIssued, EvaluationReported)
 }
 """Every event kind the framework writes, by name."""

@@ -71,6 +71,10 @@
                          ``network_seconds / (network_seconds + compute_seconds)`` over the
                          accepted updates that report both (None when none does)
 ``finish_reason``        ``reason`` of the last ``run_finished`` (None if it never finished)
+``updates_clipped``      updates whose norm the coordinator clipped (the flush guard's or
+                         the streaming norm bound's), summed over the flushes
+``updates_downweighted`` updates whose weight the flush guard capped, likewise
+``updates_dropped``      updates the flush guard left out of their flush, likewise
 ``evaluation_errors``    number of flushes whose central evaluation raised (their
                          ``evaluation_error``); 0 when none did
 ``evaluation_error``     the ``evaluation_error`` of the last such flush (None when none)
@@ -125,6 +129,7 @@ def summarize(events: list[Event], config: Mapping[str, Any]) -> dict[str, Any]:
     summary.update(_accuracy_figures(flushes))
     summary.update(_traffic_figures(events))
     summary.update(_update_figures(events))
+    summary.update(_guard_figures(flushes))
     summary.update(_client_figures(events))
     summary.update(_resilience_figures(events))
     summary.update(comm_figures(of_kind(events, UPDATE_ACCEPTED)))
@@ -279,6 +284,12 @@ def _update_figures(events: list[Event]) -> dict[str, Any]:
         "mean_staleness": sum(staleness) / len(staleness) if staleness else None,
         "max_staleness": max(staleness) if staleness else None,
     }
+
+
+def _guard_figures(flushes: list[Event]) -> dict[str, Any]:
+    """Updates the flush guard clipped, down-weighted and dropped, over the run's flushes."""
+    return {key: sum(int(e.get(key) or 0) for e in flushes)
+            for key in ("updates_clipped", "updates_downweighted", "updates_dropped")}
 
 
 def _client_figures(events: list[Event]) -> dict[str, Any]:

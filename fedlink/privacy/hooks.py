@@ -173,6 +173,14 @@ class DPFedAvgHook(FlushHook):
 
     # -- FlushHook ---------------------------------------------------------------------------
 
+    plain_mean = True  # the noise is calibrated to the weighted mean of every update
+
+    def update_bound(self) -> float | None:
+        """``S`` in ``"central"`` mode: the coordinator enforces the sensitivity its noise is
+        calibrated to, whatever a client sends. ``None`` in ``"clients"`` mode: each update
+        carries its share of the noise, which scaling it down would remove."""
+        return self.clip_norm if self.noise == "central" else None
+
     def on_update(self, update: UpdateInfo) -> None:
         """Track the largest weight, the clip norms used and the clipped bits of the flush."""
         self._max_weight = max(self._max_weight, float(update.weight))

@@ -7,6 +7,9 @@ clipped to norm ``B`` before the weighted average (FedAvg, server learning rate 
     x1 - x0 = w_h * clip(h) + w_a * clip(a),    w = num_examples / total
 
 and the attacker's pull on the model, ``||x1 - x0 - w_h * clip(h)||``, is at most ``w_a * B``.
+The flush guard (on by default) caps each weight at 2 x the flush's lower-median weight, so the
+attacker's 90 examples count as 20 beside the honest 10; ``trim = 0`` keeps the plain weighted
+mean this arithmetic is about.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import numpy as np
 import pytest
 from conftest import CoordinatorFactory, run_async
 
+from fedlink.aggregate.flushguard import RobustConfig
 from fedlink.compress import get_codec
 from fedlink.coordinator import CoordinatorConfig, FlushRule
 from fedlink.messages import CommitRequest
@@ -61,7 +65,7 @@ def test_norm_bound_limits_a_poisoned_update(coordinator: CoordinatorFactory,
     attack = rng.normal(size=DIM)
     attack = (attack / np.linalg.norm(attack) * 1e6).astype(np.float32)
     assert np.linalg.norm(attack.astype(np.float64)) == pytest.approx(1e6, rel=1e-5)
-    config = CoordinatorConfig(rounds=1, norm_bound=BOUND,
+    config = CoordinatorConfig(rounds=1, norm_bound=BOUND, robust=RobustConfig(trim=0.0),
                                flush=FlushRule(goal=2, deadline_s=None))
 
     async def scenario() -> np.ndarray:
@@ -74,8 +78,9 @@ def test_norm_bound_limits_a_poisoned_update(coordinator: CoordinatorFactory,
             return server.service.engine.model.astype(np.float64)
 
     x1 = run_async(scenario())
-    total = honest_examples + attacker_examples
-    w_honest, w_attacker = honest_examples / total, attacker_examples / total
+    capped = min(attacker_examples, 2 * min(honest_examples, attacker_examples))
+    total = honest_examples + capped
+    w_honest, w_attacker = honest_examples / total, capped / total
     moved = x1 - x0.astype(np.float64)
     pull = moved - w_honest * clip(honest, BOUND)
     tolerance = 1e-5  # float32 arithmetic on the coordinator

@@ -121,3 +121,33 @@ def open_fds(suffix: str = "") -> list[str]:
 def events_of(server: object, kind: str) -> list[dict[str, object]]:
     """The events of ``kind`` a test coordinator logged (its ``EventLog`` in memory)."""
     return [e for e in server.events.events if e["kind"] == kind]  # type: ignore[attr-defined]
+
+
+Delivery = tuple[str, np.ndarray, int]
+"""One client of a flush: its name, its delta and the example count it declares (and claims)."""
+
+
+def run_flushes(coordinator: object, config: object, initial: np.ndarray,
+                flushes: list[list[Delivery]]) -> tuple[list[np.ndarray], object]:
+    """Deliver each flush's updates in order, one raw client each (a new client per update);
+    the model after each flush, and the server (for its events)."""
+    from conftest import run_async
+
+    async def scenario() -> tuple[list[np.ndarray], object]:
+        async with coordinator(config, initial) as server:  # type: ignore[operator]
+            models = []
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                raw = Raw(channel)
+                for version, flush in enumerate(flushes):
+                    for name, delta, declared in flush:
+                        answer = await raw.deliver(delta, f"{name}-v{version}", declared)
+                        assert answer.code == "OK", answer
+                    models.append(server.service.engine.model.copy())
+            await server.wait_finished()
+            return models, server
+    return run_async(scenario())
+
+
+def step_norm(after: np.ndarray, before: np.ndarray) -> float:
+    """``||after - before||`` in float64."""
+    return float(np.linalg.norm(after.astype(np.float64) - before.astype(np.float64)))

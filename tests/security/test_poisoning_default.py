@@ -50,10 +50,16 @@ def test_an_update_of_norm_1e8_is_clipped_by_default(coordinator: CoordinatorFac
     attack = RNG.normal(size=DIM)
     attack = (attack / np.linalg.norm(attack) * 1e8).astype(np.float32)
     config = CoordinatorConfig(rounds=3, flush=FlushRule(goal=3, deadline_s=None))
-    models, _ = run_rounds(coordinator, config, attack)
-    moved = np.linalg.norm(models[-1].astype(np.float64) - X0)
-    # Before the fix the model moved by ~1e8 / 3 per version; now by a few model norms at most.
-    assert moved < 3 * np.linalg.norm(X0)
+    models, server = run_rounds(coordinator, config, attack)
+    # Before the fix the model moved by ~1e8 / 3 per version. Each version's step is at most
+    # the bound its flush reports (2 x the lower-median norm of its updates: an honest one's),
+    # not merely "a few model norms" (which let a step of 3 x the model's norm pass).
+    before = X0
+    for model, flush in zip(models, events_of(server, "flush"), strict=True):
+        step = np.linalg.norm(model.astype(np.float64) - before)
+        assert step <= flush["norm_bound"] * (1 + 1e-6)
+        assert step <= 2 * 0.01 * np.sqrt(DIM) * 1.5  # about twice an honest step at most
+        before = model
     assert all(np.isfinite(m).all() for m in models)
 
 

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 from conftest import FakeClock
 
+from fedlink.aggregate import TrimmedMean
+from fedlink.aggregate.flushguard import RobustConfig
 from fedlink.compress.delta import DELTA_ENCODING, apply_delta
 from fedlink.coordinator import CoordinatorConfig, FlushRule, LimitsConfig, RoundEngine
 from fedlink.coordinator import history as history_module
@@ -20,8 +22,10 @@ DIM = 5
 X0 = np.array([1.0, -2.0, 0.5, 0.0, 3.0], dtype=np.float32)
 
 
-def make_engine(clock: FakeClock, rounds: int = 10, **flush: object) -> RoundEngine:
-    config = CoordinatorConfig(rounds=rounds, flush=FlushRule(**flush))  # type: ignore[arg-type]
+def make_engine(clock: FakeClock, rounds: int = 10, robust: RobustConfig | None = None,
+                **flush: object) -> RoundEngine:
+    config = CoordinatorConfig(rounds=rounds, flush=FlushRule(**flush),  # type: ignore[arg-type]
+                               robust=robust or RobustConfig())
     return RoundEngine(config, X0.copy(), EventLog(None), clock=clock)
 
 
@@ -46,8 +50,14 @@ def kinds(engine: RoundEngine, kind: str) -> list[dict[str, object]]:
 
 # -- synchronous FedAvg ---------------------------------------------------------------------------
 
-def test_sync_fedavg_flushes_weighted_mean_when_goal_reached(fake_clock: FakeClock) -> None:
-    engine = make_engine(fake_clock, goal=3, deadline_s=None)
+@pytest.mark.parametrize("trim", [0.0, None])
+def test_sync_fedavg_flushes_weighted_mean_when_goal_reached(fake_clock: FakeClock,
+                                                             trim: float | None) -> None:
+    """``trim = 0``: the weighted mean; by default (``None``), the weighted trimmed mean.
+
+    The weights are within 2 x their median and the norms within 2 x theirs: the guard caps
+    and clips nothing here."""
+    engine = make_engine(fake_clock, goal=3, deadline_s=None, robust=RobustConfig(trim=trim))
     rng = np.random.default_rng(0)
     deltas = [rng.normal(size=DIM).astype(np.float32) for _ in range(3)]
     # (num_examples, steps_completed, steps_planned) -> weight = n * min(1, done / planned)
@@ -67,7 +77,16 @@ def test_sync_fedavg_flushes_weighted_mean_when_goal_reached(fake_clock: FakeClo
     assert third.flush.total_weight == pytest.approx(37.5)
     assert engine.version == third.flush.version == 1
     weights = np.array([10.0, 7.5, 20.0])
-    expected = X0 + (weights[:, None] * np.stack(deltas)).sum(0) / weights.sum()
+    if trim == 0:
+        expected = X0 + (weights[:, None] * np.stack(deltas)).sum(0) / weights.sum()
+    else:  # the default: 20% of the updates trimmed at each end of every coordinate
+        reference = TrimmedMean(0.2, weighted=True, trim_by_count=True)
+        for delta, weight in zip(deltas, weights, strict=True):
+            reference.add(delta, weight)
+        expected = X0 + reference.mean()
+        assert not np.allclose(reference.mean(), (weights[:, None] * np.stack(deltas)).sum(0)
+                               / weights.sum(), rtol=1e-3)
+    assert [e["action"] for e in kinds(engine, "update_limited")] == []
     np.testing.assert_allclose(engine.model, expected, rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(third.flush.model, engine.model)
     assert [e["weight"] for e in kinds(engine, "update_accepted")] == [10.0, 7.5, 20.0]
@@ -140,7 +159,12 @@ def test_deadline_with_min_updates_flushes(fake_clock: FakeClock) -> None:
     assert outcome.num_updates == 2
     assert outcome.round_seconds == pytest.approx(10.1)
     assert engine.version == 1
-    np.testing.assert_allclose(engine.model, X0 + (1 * 1.0 + 3 * 4.0) / 4, rtol=1e-6)
+    # The plain weighted mean would be (1 x 1 + 3 x 4) / 4. The guard caps c1's weight 3 at
+    # 2 x the lower-median weight (1) and clips its 4.0 to 2 x the lower-median norm (of 1.0):
+    # values 1 and 2 with weights 1 and 2 (a trim of 20% of two updates trims both alike).
+    np.testing.assert_allclose(engine.model, X0 + (1 * 1.0 + 2 * 2.0) / 3, rtol=1e-6)
+    assert sorted(e["action"] for e in kinds(engine, "update_limited")) == [
+        "clipped", "downweighted"]
     # the straggler's v0 task is closed now
     with pytest.raises(UpdateRefused, match="too stale"):
         engine.submit(update("c2", tasks[2], 1.0))
@@ -169,7 +193,8 @@ def test_deadline_below_min_releases_tasks_and_restarts(fake_clock: FakeClock) -
     fake_clock.advance(1.5)
     outcome = engine.poll()
     assert outcome is not None and outcome.num_updates == 2
-    np.testing.assert_allclose(engine.model, X0 + 2.0, rtol=1e-6)
+    # b's 3.0 is clipped to 2 x the lower-median norm (a's 1.0): the mean of 1 and 2
+    np.testing.assert_allclose(engine.model, X0 + 1.5, rtol=1e-6)
 
 
 def test_no_deadline_never_flushes_on_poll(fake_clock: FakeClock) -> None:
@@ -428,7 +453,8 @@ def test_continuous_bounds_tasks_in_flight_not_tasks_per_version(fake_clock: Fak
     assert isinstance(engine.issue("d"), Wait)
     flush = engine.submit(update("b", tasks["b"], 3.0)).flush
     assert flush is not None and engine.version == 1
-    np.testing.assert_allclose(engine.model, X0 + 2.0)
+    # b's 3.0 is clipped to 2 x the lower-median norm (a's 1.0): the mean of 1 and 2
+    np.testing.assert_allclose(engine.model, X0 + 1.5)
     # c's v0 task is still open (stale by 1), and b gets the latest model
     assert task_for(engine, "b").model_version == 1
     late = engine.submit(update("c", tasks["c"], 5.0))

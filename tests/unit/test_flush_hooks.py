@@ -56,7 +56,11 @@ def test_hook_post_processes_the_mean_and_stops_the_run(fake_clock: FakeClock) -
     acceptance = engine.submit(update)
 
     np.testing.assert_array_equal(engine.model, np.full(3, 1.0, np.float32))
-    assert acceptance.flush is not None and acceptance.flush.hook_report == {"halvings": 1}
+    assert acceptance.flush is not None and acceptance.flush.hook_report["halvings"] == 1
+    # beside the hook's fields, the flush guard's counts (a lone update limits nothing)
+    assert {k: acceptance.flush.hook_report[k] for k in (
+        "updates_clipped", "updates_downweighted", "updates_dropped")} == dict.fromkeys((
+            "updates_clipped", "updates_downweighted", "updates_dropped"), 0)
     reply = engine.issue("a")
     assert isinstance(reply, Finished) and reply.reason == "budget spent"
 
