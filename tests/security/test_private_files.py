@@ -24,11 +24,11 @@ from conftest import run_async
 
 from fedlink.coordinator import CoordinatorConfig, CoordinatorServer, FlushRule
 from fedlink.coordinator.auth import load_secret
+from fedlink.experiment.config import ExperimentConfig
+from fedlink.experiment.setup import Experiment
 from fedlink.metrics import EventLog
 from fedlink.metrics.events import read_events
 from fedlink.metrics.summary import summarize, write_summary
-from fedlink.experiment.config import ExperimentConfig
-from fedlink.experiment.setup import Experiment
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -31,11 +31,11 @@ from typing import Any
 import numpy as np
 
 from fedlink.client.evaluation import evaluation_report, evaluator_of
-from fedlink.coordinator.evaluations import evaluators
 from fedlink.clock import ManualClock
 from fedlink.coordinator.commits import bounded_examples
 from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.engine import RoundEngine
+from fedlink.coordinator.evaluations import evaluators
 from fedlink.errors import ConfigError, RemoteError
 from fedlink.messages import Task, TaskKind
 from fedlink.metrics import EventLog, kinds
