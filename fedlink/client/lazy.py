@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -48,6 +49,18 @@ class LazyTrainer:
                                       f"{type(trainer).__name__}, expected a fedlink Trainer")
                 self._trainer = trainer
             return self._trainer
+
+    def client_state(self) -> Any:
+        """The real trainer's ``client_state()`` when it is built and has one (state that
+        must outlive a trainer built per task, such as DP-SGD's accountant), else ``None``."""
+        keep = None if self._trainer is None else getattr(self._trainer, "client_state", None)
+        return None if keep is None else keep()
+
+    def restore_client_state(self, state: Any) -> None:
+        """Build the real trainer and hand it ``state`` (when it takes one)."""
+        restore = getattr(self._get(), "restore_client_state", None)
+        if restore is not None:
+            restore(state)
 
     @property
     def spec(self) -> ParamSpec | None:

@@ -11,6 +11,8 @@ Gaussian noise of standard deviation ``noise_multiplier * max_grad_norm`` added,
 expected batch size (Opacus ``DPOptimizer``). The client keeps one Opacus accountant for its
 whole life, across tasks, so the epsilon it reports bounds what *everything* it sent reveals
 about any one of its examples (example-level DP; parameters uploaded are post-processing).
+Where a client's trainer is built per task (virtual mode), ``client_state`` and
+``restore_client_state`` carry the accountant's history from one trainer to the next.
 Layers that mix the examples of a batch (batch norm) are refused when the trainer is built
 (``check_dp_model``), naming the fix: ``opacus.validators.ModuleValidator.fix`` replaces them
 with ``GroupNorm`` (``[client] dp_fix_model = true`` does it for a run). A buffer that training
@@ -329,6 +331,23 @@ class DPSGDTrainer:
         self._steps = 0
         self._q = 0.0
         self._batch_size = 0
+        self._restored: dict[str, Any] | None = None
+
+    def client_state(self) -> dict[str, Any] | None:
+        """What must outlive this trainer for its client's epsilon to stay true: the
+        accountant's history and the steps taken (``None`` before the first ``train``).
+
+        A simulation that builds a client's trainer per task (virtual mode) hands it to the
+        next one with ``restore_client_state``; a device keeps one trainer and needs neither.
+        """
+        if self.accountant is None:
+            return None
+        return {"history": [tuple(h) for h in self.accountant.history], "steps": self._steps}
+
+    def restore_client_state(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``client_state()`` of the client's earlier trainer: its accountant
+        history and step count count towards this trainer's epsilon and budget."""
+        self._restored = dict(state)
 
     def num_examples(self) -> int:
         """Number of local training examples."""
@@ -429,6 +448,9 @@ class DPSGDTrainer:
                 accountant=options.accountant))
         self._wrap(options)
         self.accountant = create_accountant(options.accountant)
+        if self._restored is not None:  # the client's earlier tasks, under the same settings
+            self.accountant.history = [tuple(h) for h in self._restored["history"]]
+            self._steps = int(self._restored["steps"])
         self._options = options
         return options
 

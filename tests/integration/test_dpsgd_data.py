@@ -172,3 +172,35 @@ def test_a_buffer_that_dp_sgd_training_changes_is_not_sent() -> None:
     plan = TrainPlan(local_steps=2, batch_size=32, learning_rate=0.1, options=DP)
     with pytest.raises(ConfigError, match=r"changed the model's buffer '0\.seen'"):
         trainer.train(to_vector(trainer.model), plan)
+
+
+def test_a_virtual_run_records_epsilon_over_each_clients_whole_life(tmp_path: Path) -> None:
+    """Virtual mode builds a client's trainer per task; the accountant's history travels to
+    the next one (as a device keeps its trainer), so the recorded epsilon covers every step
+    the client took, and equals the gRPC run's."""
+    from fedlink.privacy.accounting import Accountant
+
+    records = {}
+    for mode in ("virtual", "grpc"):
+        table = dp_config(rounds=3).to_dict()
+        config = ExperimentConfig.from_dict({
+            "run": {"name": f"dp-eps-{mode}", "seed": 2, "mode": mode},
+            "data": {"dataset": "digits", "clients": 4},
+            "client": {"trainer": "dp_sgd"},
+            "coordinator": {"rounds": 3, "flush": {"goal": 4, "min_updates": 4},
+                            "training": {**table["coordinator"]["training"],
+                                         "local_steps": 10},
+                            "hooks": [{"name": "dp_sgd"}]},
+        })
+        records[mode] = run_simulation(config, tmp_path, progress=False, model=mlp,
+                                       data=tensors).summary["privacy"]
+    record = records["virtual"]
+    assert record["steps"] == 3 * 10  # every client trained in each of the 3 rounds
+    reference = Accountant("rdp")  # the analysis DPSGDTrainer.epsilon evaluates
+    reference.history = [(0.5, record["sample_rate"], 3 * 10)]
+    assert record["epsilon"] == pytest.approx(reference.epsilon(1e-5), rel=1e-9)
+    once = Accountant("rdp")
+    once.history = [(0.5, record["sample_rate"], 10)]
+    assert record["epsilon"] > 1.2 * once.epsilon(1e-5)  # more than one task's worth
+    assert records["grpc"]["steps"] == record["steps"]
+    assert records["grpc"]["epsilon"] == pytest.approx(record["epsilon"], rel=1e-9)

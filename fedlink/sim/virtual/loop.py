@@ -166,6 +166,7 @@ class VirtualLoop:
         self._busy: dict[int, _Busy] = {}
         self._rngs: dict[int, np.random.Generator] = {}
         self.residuals = residuals or ResidualStore(math.inf)
+        self._trainer_states: dict[int, Any] = {}  # a client's trainer state between tasks
         self._waiting: set[int] = set()  # told to wait: they ask again after retry_after_s
         self._evaluations = VirtualEvaluations(config, VirtualWorld(
             self.engine, population, clock, self.availability, events, options.deterministic,
@@ -297,7 +298,8 @@ class VirtualLoop:
         job = ClientJob(index, plan if fits == steps else TrainPlan(
             local_steps=max(fits, 1), batch_size=plan.batch_size,
             learning_rate=plan.learning_rate, seed=plan.seed, options=plan.options),
-            rng, dict(task.options), self.residuals.take(index))
+            rng, dict(task.options), self.residuals.take(index),
+            self._trainer_states.get(index))
         result = self._training.submit(TrainingTask(job, task.model_version, model, due=trained))
         self._charge(busy, compute_s=compute)
         work = _Training(result, steps, fits, examples)
@@ -309,6 +311,8 @@ class VirtualLoop:
         upload = work.result.result()
         self._rngs[index] = upload.rng  # as the job left it (a worker's copy comes back)
         self.residuals.put(index, upload.residual)
+        if upload.trainer_state is not None:
+            self._trainer_states[index] = upload.trainer_state
         completed = upload.steps_completed if work.fits == work.steps else work.fits
         encoded = upload.payload
         update = ReceivedUpdate(

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -53,6 +53,9 @@ class ClientJob:
     rng: np.random.Generator
     options: Mapping[str, str] = field(default_factory=dict)
     residual: np.ndarray | None = None
+    trainer_state: Any = None
+    """What the client's trainer kept from its earlier tasks (``client_state()``; DP-SGD's
+    privacy accountant): a trainer is built per task here, while a device keeps one."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,7 @@ class ClientUpload:
     steps_completed: int
     rng: np.random.Generator
     residual: np.ndarray | None = None
+    trainer_state: Any = None
 
 
 def do_job(population: Population, pipeline: Callable[[], UpdatePipeline], job: ClientJob,
@@ -74,6 +78,9 @@ def do_job(population: Population, pipeline: Callable[[], UpdatePipeline], job: 
     """Client ``job.index``'s work from ``model`` (read-only), as its device does it: local
     training, then the delta through a pipeline of its own (stateless but for the residual)."""
     trainer = population.trainer(job.index)
+    restore = getattr(trainer, "restore_client_state", None)
+    if job.trainer_state is not None and restore is not None:
+        restore(job.trainer_state)  # e.g. DP-SGD's accountant: epsilon spans all tasks
     result = trainer.train(model, job.plan)
     stages = pipeline()
     stages.configure(job.options)
@@ -81,9 +88,13 @@ def do_job(population: Population, pipeline: Callable[[], UpdatePipeline], job: 
     if stages.feedback is not None:
         stages.feedback.residual = job.residual
     payload = stages.process(result.params - model, job.rng)
-    return ClientUpload(payload, dict(stages.privacy_metrics), result.num_examples,
-                        result.steps_completed, job.rng,
-                        None if stages.feedback is None else stages.feedback.residual)
+    # what a session reports with a commit: the trainer's DP figures and the stage's
+    reported = {**{k: v for k, v in result.metrics.items() if k.startswith("dp_")},
+                **stages.privacy_metrics}
+    keep = getattr(trainer, "client_state", None)
+    return ClientUpload(payload, reported, result.num_examples, result.steps_completed,
+                        job.rng, None if stages.feedback is None else stages.feedback.residual,
+                        None if keep is None else keep())
 
 
 @dataclass(frozen=True)
