@@ -42,8 +42,10 @@ DIM = 10_000
 RTTS_S = (0.1, 1.0, 5.0, 10.0, 20.0)
 KEEP_TRYING = RetryPolicy(initial_backoff_s=0.5, max_backoff_s=5.0, keep_trying=True)
 FIXED_PING = LivenessConfig(min_ping_timeout_s=5.0, max_ping_timeout_s=5.0, widen_factor=1.0,
-                            rtt_multiple=1.0, max_deadline_s=30.0, tcp_user_timeout_s=5.0)
-"""The liveness before it followed the link: 5 s ping timeout, 30 s deadlines, fixed."""
+                            rtt_multiple=1.0, max_deadline_s=30.0, tcp_user_timeout_s=5.0,
+                            min_stall_s=5.0)
+"""The liveness before it followed the link: 5 s ping timeout, 30 s deadlines, fixed (its stall
+bound can be no longer than the ping timeout)."""
 
 
 class Toward:

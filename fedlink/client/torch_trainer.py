@@ -305,7 +305,7 @@ class TorchTrainer:
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         if not self._params:
             raise ConfigError("the model has no trainable parameters")
-        self._vector = BoundVector(self.model)
+        self._vector = BoundVector.of(self.model)
         self.spec = self._vector.spec
         self._data = _bind_data(data, self._params[0].dtype, device)
         if isinstance(self._data, _TensorBatches) and loss == "cross_entropy":

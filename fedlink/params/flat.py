@@ -34,6 +34,7 @@ dtypes
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -169,6 +170,14 @@ def load_vector(module: nn.Module, vector: np.ndarray, spec: ParamSpec | None = 
             tensor.copy_(part if tensor.is_floating_point() else part.round())
 
 
+def _layout_key(module: nn.Module) -> tuple[tuple[object, ...], ...]:
+    """What a ``BoundVector`` of ``module`` depends on: each parameter's and buffer's identity,
+    shape, dtype and ``requires_grad``. (A cached ``BoundVector`` holds its tensors, so their
+    ids cannot be reused by other tensors while it is cached.)"""
+    return tuple((id(t), t.shape, t.dtype, t.requires_grad)
+                 for t in (*module.parameters(), *module.buffers()))
+
+
 class BoundVector:
     """A module's vector tensors, found and checked once: ``load`` and ``read`` as
     ``load_vector`` and ``to_vector`` do, without walking the module each time.
@@ -182,6 +191,20 @@ class BoundVector:
         named = _named_tensors(module)
         self.spec = _spec(named)
         self._tensors = [tensor for _, tensor in named]
+
+    @classmethod
+    def of(cls, module: nn.Module) -> BoundVector:
+        """``module``'s ``BoundVector``, found once and reused while the module's tensors are
+        the same objects with the same shape, dtype and ``requires_grad`` (a simulation builds
+        a trainer per task on one working module; finding and checking its tensors cost more
+        than a small task's training)."""
+        key = _layout_key(module)
+        cached = _BOUND.get(module)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        bound = cls(module)
+        _BOUND[module] = (key, bound)
+        return bound
 
     def load(self, vector: np.ndarray) -> None:
         """Write ``vector`` into the tensors (``ConfigError`` when its length is wrong)."""
@@ -202,3 +225,9 @@ class BoundVector:
         with torch.no_grad():
             return torch.cat([_as_float32(name, t) for name, t in
                               zip(self.spec.names, self._tensors, strict=True)]).numpy()
+
+
+_BOUND: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[tuple[object, ...], ...], BoundVector]] = (
+    weakref.WeakKeyDictionary())
+"""Each working module's ``BoundVector`` and the layout it was found for (``BoundVector.of``);
+an entry goes with its module."""
