@@ -14,8 +14,10 @@ fixed timeout shorter than that kills every call on a long or busy link (a 10 s 
 
 ``srtt`` is a smoothed round trip learned from completed short calls (``Join``, ``Commit``,
 ``Heartbeat`` ...; never ``GetTask``, whose long poll is not a round trip), ``goodput`` from
-completed transfers (bytes over seconds), and ``queued_bytes`` the largest message the client
-sends or receives (a chunk): what a ping's ack may wait behind. ``widen`` starts at 1, grows by
+completed transfers (bytes over seconds; a slower one lowers it at once, a faster one raises it
+gradually: on a lossy link a lucky transfer must not shorten every timeout), and
+``queued_bytes`` the largest message the client sends or receives (a chunk): what a ping's ack
+may wait behind. ``widen`` starts at 1, grows by
 ``widen_factor`` after every failure that came with no reply at all (a ping timeout, a missed
 deadline: the link may be longer than anything seen yet) and shrinks back by the same factor
 after each call that succeeds. Nothing is learned from a reply that did not come.
@@ -198,8 +200,10 @@ class LinkEstimate:
         if seconds <= 0 or num_bytes < 64 << 10:  # small ones measure latency, not rate
             return
         rate = num_bytes / seconds
-        self.goodput_bps = rate if self.goodput_bps is None else \
-            (1 - SRTT_GAIN) * self.goodput_bps + SRTT_GAIN * rate
+        if self.goodput_bps is None or rate < self.goodput_bps:
+            self.goodput_bps = rate  # a slower transfer counts at once: what to count on
+        else:
+            self.goodput_bps = (1 - SRTT_GAIN) * self.goodput_bps + SRTT_GAIN * rate
 
     def succeeded(self) -> None:
         """A call got its reply: shrink a widening back toward 1."""
