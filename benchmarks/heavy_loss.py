@@ -35,6 +35,7 @@ A full run takes tens of minutes. Run: ``python benchmarks/heavy_loss.py [--quic
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import subprocess
@@ -195,12 +196,15 @@ def measure(profile: LinkProfile, rounds: int, work: Path,
     return figures, default, fixed
 
 
+def add_keep(parser: argparse.ArgumentParser) -> None:
+    """``--keep DIR``: keep the runs' event logs, models and client logs."""
+    parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                        help="keep the runs' event logs, models and client logs in DIR")
+
+
 def main() -> None:
     """Run both profiles against their fixed-timeout baselines; print and save the figures."""
-    args = parse_args(__doc__.splitlines()[0] if __doc__ else "heavy_loss", lambda parser:
-                      parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
-                                          help="keep the runs' event logs, models and client "
-                                               "logs in DIR"))
+    args = parse_args(__doc__.splitlines()[0] if __doc__ else "heavy_loss", add_keep)
     available, reason = packet_tier_available()
     if not available:
         print(f"skipped: {reason}")
