@@ -93,6 +93,21 @@ def test_download_chunks_are_asked_small_enough_to_show_progress_within_the_stal
     assert slow.progress_chunk_bytes(1 << 20) == 16 << 10  # never below the floor
 
 
+def test_every_stall_doubles_the_stall_floor() -> None:
+    link = LinkEstimate(CFG)
+    assert link.stall_s() == 10.0
+    link.stalled()
+    assert link.stall_floor_s() == 20.0 and link.stall_s() == 60.0  # widened like a no-reply
+    link.succeeded()  # calls get their replies again: the widening goes, the floor stays
+    assert link.stall_s() == 20.0
+    link.stalled()
+    link.succeeded()
+    assert link.stall_s() == 40.0
+    for _ in range(10):
+        link.stalled()
+    assert link.stall_s() == 120.0  # capped at max_ping_timeout_s
+
+
 def test_the_transport_opens_no_connection_when_the_estimate_moves() -> None:
     async def main() -> None:
         async with Transport(NOWHERE, liveness=CFG) as transport:
