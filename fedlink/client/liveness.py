@@ -72,6 +72,10 @@ CHUNKS_PER_STALL = 4
 FIRST_PROGRESS_BYTES = 128 << 10
 """The download chunk asked for before any goodput is measured (it arrives within a 10 s
 stall bound from 13 kB/s up)."""
+REOPEN_GROWTH = 2.0
+"""A dead channel is replaced when the link asks for a ping-ack timeout this much longer..."""
+REOPEN_SHRINK = 4.0
+"""... or this much shorter (``reopen_reason``)."""
 STALL_BACKOFF = 2.0
 """Each stall multiplies the stall floor by this (``LinkEstimate.stalled``)."""
 MIN_PROGRESS_BYTES = 16 << 10
@@ -149,12 +153,16 @@ def reopen_reason(channel_ping_s: float, wanted_ping_s: float, dead: bool,
     link now asks for (``LinkEstimate.channel_ping_timeout_s``). ``dead``: a call on the channel
     failed with its connection gone; ``stalled``: a transfer on it made no progress. A stalled
     connection is replaced whatever the estimate (its TCP may still be backing off); a dead one
-    only if it would come back with another ping-ack timeout (gRPC reconnects it anyway, so
-    the new channel costs no extra handshake); a live one never.
+    only if it would come back with a ping-ack timeout at least twice as long (a shorter one
+    kills the calls of a slow link) or at most a quarter as long (a much longer one notices a
+    silent link late): gRPC reconnects it anyway, but a new channel is one more connection
+    (and one more handshake over a lossy link) for every client that moves, so smaller moves
+    wait; a live one never.
     """
     if stalled:
         return "a transfer stalled"
-    if dead and wanted_ping_s != channel_ping_s:
+    if dead and not (channel_ping_s / REOPEN_SHRINK < wanted_ping_s
+                     < channel_ping_s * REOPEN_GROWTH):
         return f"connection lost; ping-ack timeout {channel_ping_s:.1f} s -> {wanted_ping_s:.1f} s"
     return None
 

@@ -39,6 +39,9 @@ def test_a_live_channel_is_kept_whatever_the_estimate_says() -> None:
 def test_a_dead_channel_is_replaced_only_to_take_up_another_timeout() -> None:
     assert reopen_reason(5.0, 5.0, dead=True, stalled=False) is None  # gRPC reconnects it
     assert "5.0 s -> 20.0 s" in (reopen_reason(5.0, 20.0, dead=True, stalled=False) or "")
+    assert reopen_reason(80.0, 120.0, dead=True, stalled=False) is None  # not worth one
+    assert reopen_reason(80.0, 40.0, dead=True, stalled=False) is None
+    assert "80.0 s -> 20.0 s" in (reopen_reason(80.0, 20.0, dead=True, stalled=False) or "")
 
 
 def test_a_stalled_channel_is_always_replaced() -> None:
