@@ -1,11 +1,11 @@
-"""Heavy loss with a big model: fedlink's own timeouts against fixed generous ones (packet tier).
+"""Heavy loss with a big model: fedlink's own timeouts against fixed ones (packet tier).
 
-Every run is 5 clients and one coordinator in two network namespaces joined by fedlink's
-user-space packet link (``fedlink.netem.packet``: kernel TCP on both ends sees real packet
-loss), a sync run (every round waits for all 5) of 10 rounds (``--quick``: 2) on a model the
-size of a [512, 512] MLP on 8x8 digits (301,066 float32 parameters, 1.2 MB updates; numpy
-clients moving half way toward a random target of their own, so that the order updates are
-summed in shows in the model's bits).
+Every run is 5 clients (5 processes: devices with a connection each) and one coordinator in two
+network namespaces joined by fedlink's user-space packet link (``fedlink.netem.packet``: kernel
+TCP on both ends sees real packet loss), a sync run (every round waits for all 5) of 10 rounds
+(``--quick``: 2) on a model the size of a [512, 512] MLP on 8x8 digits (301,066 float32
+parameters, 1.2 MB updates; numpy clients moving half way toward a random target of their own,
+so that the order updates are summed in shows in the model's bits).
 
 Two loss profiles, each run twice in the same process: with fedlink's defaults (the client's
 link-following liveness, the coordinator's link-judged heartbeats), and with **fixed
@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -91,15 +92,14 @@ SERVER = textwrap.dedent("""
     asyncio.run(main())
 """)
 
-FLEET = textwrap.dedent("""
+CLIENT = textwrap.dedent("""
     import asyncio, dataclasses, json, logging, sys
     import numpy as np
     from fedlink.client import ClientOptions, ClientSession, TrainResult
     from fedlink.client.liveness import LivenessConfig
 
     logging.basicConfig(level=logging.INFO, format="%(relativeCreated)d %(name)s %(message)s")
-    spec = json.loads(sys.argv[2])
-    liveness = LivenessConfig(**spec["liveness"])
+    spec, index = json.loads(sys.argv[2]), int(sys.argv[3])
 
     class Toward:
         def __init__(self, i):
@@ -111,15 +111,11 @@ FLEET = textwrap.dedent("""
             new = (params + 0.5 * (self.target - params)).astype(np.float32)
             return TrainResult(new, self.examples, 1, 1, {})
 
-    async def main() -> None:
-        sessions = [ClientSession(sys.argv[1], Toward(i),
-                                  ClientOptions(name=f"c{i}", liveness=liveness))
-                    for i in range(spec["clients"])]
-        stats = await asyncio.gather(*(s.run() for s in sessions))
-        print("STATS " + json.dumps([dataclasses.asdict(s) for s in stats]), flush=True)
-
-    asyncio.run(main())
+    options = ClientOptions(name=f"c{index}", liveness=LivenessConfig(**spec["liveness"]))
+    stats = asyncio.run(ClientSession(sys.argv[1], Toward(index), options).run())
+    print("STATS " + json.dumps(dataclasses.asdict(stats)), flush=True)
 """)
+"""One client (a process of its own: a device with its own connection, as in the field)."""
 
 
 def kernel_counters(link: PacketLink) -> dict[str, int]:
@@ -149,21 +145,31 @@ def one_run(profile: LinkProfile, rounds: int, fixed: bool, work: Path,
                                        json.dumps(spec)], stdout=subprocess.PIPE, text=True)
         assert server.stdout is not None
         port = int(server.stdout.readline().split()[1])
+        logs = [(work / f"{name}.c{i}.log").open("w") for i in range(CLIENTS)]
+        clients = [link.popen_in_client([sys.executable, "-c", CLIENT,
+                                         f"{link.server_addr}:{port}", json.dumps(spec), str(i)],
+                                        stdout=log, stderr=subprocess.STDOUT, text=True)
+                   for i, log in enumerate(logs)]
         try:
-            fleet = link.run_in_client([sys.executable, "-c", FLEET,
-                                        f"{link.server_addr}:{port}", json.dumps(spec)],
-                                       capture_output=True, text=True, timeout=limit_s)
-            (work / f"{name}.fleet.log").write_text(fleet.stdout + fleet.stderr)
+            deadline = time.monotonic() + limit_s
+            for client in clients:
+                client.wait(timeout=max(1.0, deadline - time.monotonic()))
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+            for process in (*clients, server):
+                process.kill()
+                process.wait()
             print(f"{name}: did not finish within {limit_s:.0f} s", flush=True)
             return {"completed": 0, "name": name}
+        finally:
+            for log in logs:
+                log.close()
         after = kernel_counters(link)
     summary = summarize(read_events(Path(spec["events"])), {})
-    lines = [x for x in fleet.stdout.splitlines() if x.startswith("STATS ")]
-    stats = json.loads(lines[0].removeprefix("STATS ")) if lines else []
+    stats = [json.loads(line.removeprefix("STATS "))
+             for i in range(CLIENTS)
+             for line in (work / f"{name}.c{i}.log").read_text().splitlines()
+             if line.startswith("STATS ")]
     model = Path(spec["model"])
     return {"name": name, "completed": int(summary["rounds"] == rounds),
             "wall_s": summary["wall_seconds"],
@@ -211,7 +217,7 @@ def main() -> None:
         report({"skipped": reason}, args.json)
         return
     rounds = 2 if args.quick else 10
-    limit_s = 120.0 + 90.0 * rounds
+    limit_s = 120.0 + 60.0 * rounds
     figures: dict[str, Any] = {"quick": args.quick, "clients": CLIENTS, "rounds": rounds,
                                "model_bytes": 4 * DIM}
     runs: dict[str, dict[str, Any]] = {}
