@@ -67,6 +67,9 @@ FIXED = {"liveness": {"min_ping_timeout_s": 5.0, "max_ping_timeout_s": 5.0,
 """The baseline: the client's timeouts as before they followed the link (fixed 5 s ping-ack
 timeout, TCP user timeout and stall bound, 30 s deadlines) and a generous fixed coordinator
 liveness timeout (no client is ever released)."""
+GRACE_S = 20.0
+"""The coordinator's ``finished_grace_s`` in both runs: a client whose ``Leave`` was lost must
+not keep it up for twice the fixed run's liveness timeout."""
 
 SERVER = textwrap.dedent("""
     import asyncio, json, sys
@@ -78,7 +81,8 @@ SERVER = textwrap.dedent("""
     from fedlink.metrics import EventLog
 
     spec = json.loads(sys.argv[2])
-    limits = LimitsConfig(liveness_timeout_s=spec["liveness_timeout_s"])
+    limits = LimitsConfig(liveness_timeout_s=spec["liveness_timeout_s"],
+                          finished_grace_s=spec["grace_s"])
     config = CoordinatorConfig(rounds=spec["rounds"], limits=limits, flush=FlushRule(
         goal=spec["clients"], min_updates=spec["clients"], deadline_s=None))
 
@@ -138,7 +142,8 @@ def one_run(profile: LinkProfile, rounds: int, fixed: bool, work: Path,
         "rounds": rounds, "clients": CLIENTS, "dim": DIM,
         "events": str(work / f"{name}.jsonl"), "model": str(work / f"{name}.npy"),
         "liveness": FIXED["liveness"] if fixed else {},
-        "liveness_timeout_s": FIXED["liveness_timeout_s"] if fixed else None}
+        "liveness_timeout_s": FIXED["liveness_timeout_s"] if fixed else None,
+        "grace_s": GRACE_S}
     with PacketLink(profile) as link:
         before = kernel_counters(link)
         server = link.popen_in_server([sys.executable, "-c", SERVER, link.server_addr,
@@ -154,12 +159,13 @@ def one_run(profile: LinkProfile, rounds: int, fixed: bool, work: Path,
             deadline = time.monotonic() + limit_s
             for client in clients:
                 client.wait(timeout=max(1.0, deadline - time.monotonic()))
-            server.wait(timeout=60)
+            server.wait(timeout=GRACE_S + 60)
         except subprocess.TimeoutExpired:
             for process in (*clients, server):
                 process.kill()
                 process.wait()
-            print(f"{name}: did not finish within {limit_s:.0f} s", flush=True)
+            print(f"{name}: the clients or the coordinator did not end within {limit_s:.0f} s "
+                  f"and {GRACE_S + 60:.0f} s", flush=True)
             return {"completed": 0, "name": name}
         finally:
             for log in logs:
