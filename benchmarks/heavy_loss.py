@@ -216,7 +216,8 @@ def add_keep(parser: argparse.ArgumentParser) -> None:
 
 def main() -> None:
     """Run both profiles against their fixed-timeout baselines; print and save the figures."""
-    args = parse_args(__doc__.splitlines()[0] if __doc__ else "heavy_loss", add_keep)
+    args = parse_args(__doc__.splitlines()[0] if __doc__ else "heavy_loss", add_keep,
+                      parts=tuple(PROFILES))
     available, reason = packet_tier_available()
     if not available:
         print(f"skipped: {reason}")
@@ -231,14 +232,16 @@ def main() -> None:
         work = args.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         for profile in PROFILES.values():
+            if args.only not in (None, profile.name):
+                continue
             found, default, fixed = measure(profile, rounds, work, limit_s)
             figures |= found
             runs[default["name"]], runs[fixed["name"]] = default, fixed
     defaults = [r for r in runs.values() if r["name"].endswith("_default")]
     figures["own_reconnects_per_client"] = max(r.get("reconnects", -1) for r in defaults)
     figures["false_client_timeouts"] = max(r.get("false_client_timeouts", -1) for r in defaults)
-    three = [runs[n].get("model_sha256", "") for n in ("25pct_default", "25pct_fixed",
-                                                        "burst_default")]
+    three = [runs.get(n, {}).get("model_sha256", "") for n in ("25pct_default", "25pct_fixed",
+                                                                 "burst_default")]
     figures["models_identical_across_3_runs"] = int(bool(three[0]) and len(set(three)) == 1)
     figures["models_identical_all_runs"] = int(
         len({r.get("model_sha256", "") for r in runs.values()} - {""}) == 1
