@@ -31,15 +31,21 @@ every chunk an upload's stream takes (gRPC takes one only when HTTP/2 flow contr
 the coordinator has acknowledged what came before) resets a watch, and a transfer that makes
 none for ``stall_s`` is abandoned and resumed on a fresh connection::
 
-    stall_s = clamp(widen x max(min_stall_s, rtt_multiple x srtt + queued_bytes / goodput),
+    stall_s = clamp(widen x max(min_stall_s x 2^stalls, rtt_multiple x srtt
+                                               + queued_bytes / goodput),
                     min_stall_s, max_ping_timeout_s)
 
 Without it a connection whose segments TCP keeps losing waits on TCP's exponential backoff
 (retransmission timeouts of tens of seconds) until the ping check notices, which on a link that
-taught a long ping-ack timeout is a minute. Progress can only be as fine as the chunks: a
-download asks for chunks that take at most a quarter of ``min_stall_s`` at the measured
-goodput (``progress_chunk_bytes``), so that a slow download that moves is never taken for a
-stalled one.
+taught a long ping-ack timeout is a minute. Each stall the link has had doubles the floor
+(``stalls``): under heavy random loss TCP stalls for ten seconds now and then and recovers on
+its own, and every new connection costs a handshake over the same lossy link, so a link that
+keeps stalling is given longer before the next one (a run opens a few, not one per stall).
+
+Progress can only be as fine as the chunks: a download asks for chunks that take at most a
+quarter of ``min_stall_s`` at the goodput the link can be counted on
+(``progress_chunk_bytes``), so that a slow download that moves is never taken for a stalled
+one.
 
 The sockets' ``TCP_USER_TIMEOUT`` is a separate, fixed bound (``tcp_user_timeout_s``). gRPC
 sets it from ``grpc.keepalive_timeout_ms``; the ping-ack wait itself is
@@ -66,6 +72,12 @@ CHUNKS_PER_STALL = 4
 FIRST_PROGRESS_BYTES = 128 << 10
 """The download chunk asked for before any goodput is measured (it arrives within a 10 s
 stall bound from 13 kB/s up)."""
+REOPEN_GROWTH = 2.0
+"""A dead channel is replaced when the link asks for a ping-ack timeout this much longer..."""
+REOPEN_SHRINK = 4.0
+"""... or this much shorter (``reopen_reason``)."""
+STALL_BACKOFF = 2.0
+"""Each stall multiplies the stall floor by this (``LinkEstimate.stalled``)."""
 MIN_PROGRESS_BYTES = 16 << 10
 """The smallest download chunk asked for, however slow the link."""
 
@@ -141,12 +153,16 @@ def reopen_reason(channel_ping_s: float, wanted_ping_s: float, dead: bool,
     link now asks for (``LinkEstimate.channel_ping_timeout_s``). ``dead``: a call on the channel
     failed with its connection gone; ``stalled``: a transfer on it made no progress. A stalled
     connection is replaced whatever the estimate (its TCP may still be backing off); a dead one
-    only if it would come back with another ping-ack timeout (gRPC reconnects it anyway, so
-    the new channel costs no extra handshake); a live one never.
+    only if it would come back with a ping-ack timeout at least twice as long (a shorter one
+    kills the calls of a slow link) or at most a quarter as long (a much longer one notices a
+    silent link late): gRPC reconnects it anyway, but a new channel is one more connection
+    (and one more handshake over a lossy link) for every client that moves, so smaller moves
+    wait; a live one never.
     """
     if stalled:
         return "a transfer stalled"
-    if dead and wanted_ping_s != channel_ping_s:
+    if dead and not (channel_ping_s / REOPEN_SHRINK < wanted_ping_s
+                     < channel_ping_s * REOPEN_GROWTH):
         return f"connection lost; ping-ack timeout {channel_ping_s:.1f} s -> {wanted_ping_s:.1f} s"
     return None
 
@@ -184,6 +200,8 @@ class LinkEstimate:
         self.queued_bytes = queued_bytes
         self.srtt_s: float | None = None
         self.goodput_bps: float | None = None
+        self.floor_goodput_bps: float | None = None  # what a chunk's time can count on
+        self.stalls = 0
         self.widen = 1.0
 
     def observe_rtt(self, seconds: float) -> None:
@@ -200,6 +218,10 @@ class LinkEstimate:
         rate = num_bytes / seconds
         self.goodput_bps = rate if self.goodput_bps is None else \
             (1 - SRTT_GAIN) * self.goodput_bps + SRTT_GAIN * rate
+        if self.floor_goodput_bps is None or rate < self.floor_goodput_bps:
+            self.floor_goodput_bps = rate  # a slower transfer counts at once
+        else:
+            self.floor_goodput_bps += SRTT_GAIN * (rate - self.floor_goodput_bps)
 
     def succeeded(self) -> None:
         """A call got its reply: shrink a widening back toward 1."""
@@ -238,22 +260,34 @@ class LinkEstimate:
         learned = cfg.rtt_multiple * (self.srtt_s or 0.0)
         if self.goodput_bps:
             learned += self.queued_bytes / self.goodput_bps
-        wanted = self.widen * max(cfg.min_stall_s, learned)
+        wanted = self.widen * max(self.stall_floor_s(), learned)
         return min(max(wanted, cfg.min_stall_s), cfg.max_ping_timeout_s)
+
+    def stall_floor_s(self) -> float:
+        """``min_stall_s``, doubled by every stall this link has had (``stalled``)."""
+        return self.config.min_stall_s * STALL_BACKOFF ** min(self.stalls, 16)
+
+    def stalled(self) -> None:
+        """A transfer made no progress for ``stall_s`` and goes to a new connection: widen the
+        timeouts like a call without reply, and double the stall floor for good."""
+        self.stalls += 1
+        self.no_reply()
 
     def progress_chunk_bytes(self, ceiling: int) -> int:
         """The largest download chunk to ask for, at most ``ceiling`` (0: no ceiling).
 
         Progress shows a whole chunk at a time, so a chunk must arrive well within the stall
         bound or a slow but moving download looks stalled (a 1 MiB chunk takes 25 s at
-        40 kB/s): at the measured goodput a chunk takes at most ``min_stall_s /
-        CHUNKS_PER_STALL``; before any goodput is measured it is ``FIRST_PROGRESS_BYTES``.
+        40 kB/s): at the goodput the link can be counted on (a slower transfer lowers it at
+        once, a faster one raises it gradually: one lucky transfer must not bring back 1 MiB
+        chunks) a chunk takes at most ``min_stall_s / CHUNKS_PER_STALL``; before any goodput is
+        measured it is ``FIRST_PROGRESS_BYTES``.
         Never below ``MIN_PROGRESS_BYTES``.
         """
-        if self.goodput_bps is None:
+        if self.floor_goodput_bps is None:
             fits = FIRST_PROGRESS_BYTES
         else:
-            fits = int(self.goodput_bps * self.config.min_stall_s / CHUNKS_PER_STALL)
+            fits = int(self.floor_goodput_bps * self.config.min_stall_s / CHUNKS_PER_STALL)
         fits = max(MIN_PROGRESS_BYTES, fits)
         return min(fits, ceiling) if ceiling > 0 else fits
 

@@ -224,7 +224,7 @@ class Transport:
         """A transfer made no progress for ``idle_s``: the next call gets a fresh connection."""
         self.stalls += 1
         self._stalled = True
-        self.link.no_reply()
+        self.link.stalled()
         log.info("%s: %s made no progress for %.1f s; resuming on a fresh connection",
                  self.target, what, idle_s)
         return Unavailable(f"{what} stalled: no progress for {idle_s:.1f} s")

@@ -11,9 +11,10 @@ client's silence bound follows the gaps between its own signs of life::
     bound = clamp(gap_multiple x p99(recent gaps), base, max_s)
 
 ``base`` is ``limits.liveness_timeout`` (what a clean link gets), ``max_s`` is
-``limits.max_liveness_timeout_s``. A gap the client chose (after ``GetTask`` answers, it may
-wait or train) is not a sample (``pause``). A client that was released and comes back teaches
-the gap that misled the coordinator, so the same link never fools it twice.
+``limits.max_liveness_timeout_s`` (by default ten times ``base``). A gap the client chose
+(after ``GetTask`` answers, it may wait or train) is not a sample (``pause``). A client that
+was released and comes back teaches the gap that misled the coordinator, so the same link never
+fools it twice.
 
 Progress counts too. The coordinator sees a transfer's bytes only a whole chunk (up to a
 MiB) at a time, and on a lossy uplink the client's heartbeats queue behind its upload's data
@@ -23,6 +24,11 @@ upload whose first chunk arrived), a client's bound is ``max_s``: the stream is 
 connection that answers the coordinator's keepalive pings (a dead one is cut within the
 server's ping timeout, and the stream with it). When the stream ends, the client counts as
 seen then.
+
+What this cannot see: clients that share one TCP connection (in-process simulated clients
+whose channel options are identical share one) queue their heartbeats behind each other's
+uploads, and a client between two of its own streams may then look silent while the others'
+bytes arrive. Its bound grows with the first such gap.
 """
 
 from __future__ import annotations

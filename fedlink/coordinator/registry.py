@@ -36,6 +36,7 @@ class ClientRegistry:
         self._ids = itertools.count(1)
         self._clock = clock if clock is not None else RealClock().now
         self.gaps = ClientLinks()  # what each client's link has shown: its silence bound
+        self._after_stream: list[Callable[[], None]] = []
 
     def __len__(self) -> int:
         return len(self._clients)
@@ -111,10 +112,17 @@ class ClientRegistry:
             self.gaps.opened(client_id)
 
     def transfer_closed(self, client_id: str) -> None:
-        """A transfer stream of ``client_id`` ended: the client counts as seen now."""
+        """A transfer stream of ``client_id`` ended: the client counts as seen now (and the
+        ``after_stream`` hooks run: its silence bound may be shorter from now on)."""
         if client_id in self._clients:
             self.gaps.closed(client_id)
             self._clients[client_id].last_seen = self._clock()  # not a gap: the stream was on
+            for hook in self._after_stream:
+                hook()
+
+    def after_stream(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` whenever a client's transfer stream ends (the time rules re-arm)."""
+        self._after_stream.append(hook)
 
     def pause(self, client_id: str) -> None:
         """``client_id`` may stay away by choice until its next call (it was answered a

@@ -49,6 +49,7 @@ class TimeKeeper:
         self._wake = wake
         self._alarm = Alarm(clock)
         journal.after_each(self.changed)
+        registry.after_stream(self.changed)  # a client's bound falls back when it ends
 
     def changed(self) -> None:
         """Something changed: ring by the soonest instant a rule may now fall due (at once

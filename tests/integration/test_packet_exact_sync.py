@@ -17,6 +17,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +106,7 @@ def sync_run(tmp_path: Path, label: str, delays: list[float]) -> tuple[bytes, li
     return model_path.read_bytes(), arrival_orders(read_events(events_path))
 
 
-def arrival_orders(events: list[dict[str, Any]]) -> list[list[str]]:
+def arrival_orders(events: Sequence[Mapping[str, Any]]) -> list[list[str]]:
     """Per model version, the names of the clients whose updates it folded, in order."""
     names = {e["client_id"]: e["name"] for e in events if e["kind"] == "client_joined"}
     orders: dict[int, list[str]] = {}

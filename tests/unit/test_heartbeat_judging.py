@@ -12,8 +12,8 @@ client delivers later is counted (``false_client_timeouts``)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -26,6 +26,7 @@ from fedlink.coordinator.heartbeat import GapWindow, silence_bound
 from fedlink.errors import ConfigError
 from fedlink.messages import (
     CommitRequest,
+    DataChunk,
     DownloadRequest,
     GetTaskRequest,
     HeartbeatRequest,
@@ -200,8 +201,8 @@ def test_an_open_upload_stream_is_a_sign_of_life() -> None:
 def test_an_open_download_stream_is_a_sign_of_life_until_it_ends() -> None:
     async def body(world: Coordinator) -> None:
         await world.start("downloading", "clean")
-        stream = world.service.download(DownloadRequest(
-            world.ids["downloading"], world.tasks["downloading"].task_id, max_chunk_bytes=4))
+        stream = cast(AsyncGenerator[DataChunk, None], world.service.download(DownloadRequest(
+            world.ids["downloading"], world.tasks["downloading"].task_id, max_chunk_bytes=4)))
         await anext(stream)  # the first chunk is on its way; the rest waits on the link
         await world.after(100.0)
         assert world.timed_out() == []
@@ -217,8 +218,8 @@ def test_an_open_download_stream_is_a_sign_of_life_until_it_ends() -> None:
 def test_a_client_silent_in_an_open_stream_is_released_at_the_longest_bound() -> None:
     async def body(world: Coordinator) -> None:
         await world.start("stuck", "clean")
-        stream = world.service.download(DownloadRequest(
-            world.ids["stuck"], world.tasks["stuck"].task_id, max_chunk_bytes=4))
+        stream = cast(AsyncGenerator[DataChunk, None], world.service.download(DownloadRequest(
+            world.ids["stuck"], world.tasks["stuck"].task_id, max_chunk_bytes=4)))
         await anext(stream)
         await world.after(40.0)
         assert world.timed_out() == []

@@ -39,6 +39,9 @@ def test_a_live_channel_is_kept_whatever_the_estimate_says() -> None:
 def test_a_dead_channel_is_replaced_only_to_take_up_another_timeout() -> None:
     assert reopen_reason(5.0, 5.0, dead=True, stalled=False) is None  # gRPC reconnects it
     assert "5.0 s -> 20.0 s" in (reopen_reason(5.0, 20.0, dead=True, stalled=False) or "")
+    assert reopen_reason(80.0, 120.0, dead=True, stalled=False) is None  # not worth one
+    assert reopen_reason(80.0, 40.0, dead=True, stalled=False) is None
+    assert "80.0 s -> 20.0 s" in (reopen_reason(80.0, 20.0, dead=True, stalled=False) or "")
 
 
 def test_a_stalled_channel_is_always_replaced() -> None:
@@ -79,12 +82,33 @@ def test_download_chunks_are_asked_small_enough_to_show_progress_within_the_stal
     assert link.progress_chunk_bytes(1 << 20) == 128 << 10  # no goodput measured yet
     link.observe_transfer(1 << 20, 25.0)  # 40 kB/s: a MiB chunk would take 25 s > 10 s
     assert link.progress_chunk_bytes(1 << 20) == int((1 << 20) / 25.0 * 10.0 / 4)
-    link.observe_transfer(1 << 30, 1.0)  # fast: the coordinator's ceiling wins
+    link.observe_transfer(1 << 20, 2.5)  # one lucky transfer ten times as fast: gradually
+    assert link.progress_chunk_bytes(1 << 20) == int(
+        (0.75 * (1 << 20) / 25.0 + 0.25 * (1 << 20) / 2.5) * 10.0 / 4)
+    link.observe_transfer(1 << 20, 25.0)  # a slow one counts at once
+    assert link.progress_chunk_bytes(1 << 20) == int((1 << 20) / 25.0 * 10.0 / 4)
+    for _ in range(10):
+        link.observe_transfer(1 << 30, 1.0)  # fast again and again: the ceiling wins
     assert link.progress_chunk_bytes(1 << 20) == 1 << 20
     assert link.progress_chunk_bytes(0) > 1 << 20  # 0: no ceiling asked
     slow = LinkEstimate(CFG)
     slow.observe_transfer(64 << 10, 600.0)
     assert slow.progress_chunk_bytes(1 << 20) == 16 << 10  # never below the floor
+
+
+def test_every_stall_doubles_the_stall_floor() -> None:
+    link = LinkEstimate(CFG)
+    assert link.stall_s() == 10.0
+    link.stalled()
+    assert link.stall_floor_s() == 20.0 and link.stall_s() == 60.0  # widened like a no-reply
+    link.succeeded()  # calls get their replies again: the widening goes, the floor stays
+    assert link.stall_s() == 20.0
+    link.stalled()
+    link.succeeded()
+    assert link.stall_s() == 40.0
+    for _ in range(10):
+        link.stalled()
+    assert link.stall_s() == 120.0  # capped at max_ping_timeout_s
 
 
 def test_the_transport_opens_no_connection_when_the_estimate_moves() -> None:
