@@ -263,6 +263,11 @@ class LimitsConfig:
       delivered this long after it was issued stops holding a cohort place, heartbeats or not.
     - ``max_streams_per_connection``, ``connection_idle_s``, ``connection_age_s``: the gRPC
       server's caps on one HTTP/2 connection.
+    - ``max_inflight_bytes`` and ``max_inflight_bytes_per_connection``: bytes of request
+      messages being read at once, in all and per connection; a message's worst case (the
+      largest chunk or probe accepted) is reserved before it is read, and a call that does not
+      fit is refused ``RESOURCE_EXHAUSTED`` with a retry hint, unread
+      (``fedlink.coordinator.inflight``). Each must hold one message of the largest kind.
     """
 
     chunk_bytes: int = 1 << 20
@@ -295,6 +300,8 @@ class LimitsConfig:
     max_ids_per_token: int = 8
     client_ttl_s: float = 600.0
     max_task_s: float = 1800.0
+    max_inflight_bytes: int = 64 << 20
+    max_inflight_bytes_per_connection: int = 16 << 20
     max_streams_per_connection: int = 100
     connection_idle_s: float = 300.0
     connection_age_s: float = 3600.0
@@ -339,6 +346,7 @@ class LimitsConfig:
                      "max_open_uploads_per_client", "max_upload_bytes_per_client",
                      "max_spool_bytes", "join_per_peer_per_s",
                      "join_per_token_per_s", "max_ids_per_token", "client_ttl_s", "max_task_s",
+                     "max_inflight_bytes", "max_inflight_bytes_per_connection",
                      "max_streams_per_connection", "connection_idle_s", "connection_age_s",
                      "checkins_per_s"):
             require(getattr(self, name) >= 0, f"coordinator.limits.{name}",
@@ -438,6 +446,10 @@ class AuthConfig:
         return bool(self.secret_file or self.secret_env)
 
 
+MESSAGE_OVERHEAD_BYTES = 64 << 10
+"""Room in a request message for its fields besides its payload (ids, headers, metadata)."""
+
+
 @dataclass(frozen=True)
 class CoordinatorConfig:
     """Everything a coordinator needs to run one federated training run.
@@ -525,6 +537,7 @@ class CoordinatorConfig:
         require(self.rounds >= 1, "coordinator.rounds", f"must be >= 1, got {self.rounds}")
         require(math.isfinite(self.drain_s) and self.drain_s >= 0, "coordinator.drain_s",
                 f"must be >= 0 seconds, got {self.drain_s}")
+        self._check_inflight()
         require(bool(self.run_name), "coordinator.run_name", "must not be empty")
         require(not (self.join_token and self.auth.enabled), "coordinator.join_token",
                 "per-client tokens ([coordinator.auth]) replace the shared join_token: "
@@ -546,6 +559,25 @@ class CoordinatorConfig:
             broadcast_codec(self.downlink_codec)
         except ConfigError as exc:
             raise ConfigError(f"coordinator.downlink_codec: {exc}") from exc
+
+    @property
+    def message_cap(self) -> int:
+        """The largest request message the coordinator reads: the largest upload chunk,
+        inline payload or netcheck probe it accepts, plus ``MESSAGE_OVERHEAD_BYTES`` for the
+        message's other fields (``fedlink.coordinator.inflight``)."""
+        limits = self.limits
+        payload = max(limits.max_chunk_bytes, limits.inline_limit, self.netcheck.max_bytes)
+        return payload + MESSAGE_OVERHEAD_BYTES
+
+    def _check_inflight(self) -> None:
+        """Each bytes-in-flight budget holds at least one message of the largest kind."""
+        cap = self.message_cap
+        for name in ("max_inflight_bytes", "max_inflight_bytes_per_connection"):
+            value = getattr(self.limits, name)
+            require(value == 0 or value >= cap, f"coordinator.limits.{name}",
+                    f"must hold one message of the largest kind ({cap} bytes: max_chunk_bytes, "
+                    f"inline_bytes or netcheck.max_bytes, plus {MESSAGE_OVERHEAD_BYTES}), or be "
+                    f"0 (no limit); got {value}")
 
     def _check_hooks(self) -> None:
         """Each ``[[coordinator.hooks]]`` table names a registered flush hook that builds."""
