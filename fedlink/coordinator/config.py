@@ -115,11 +115,17 @@ FLUSH_PRESETS: Registry[FlushPreset] = Registry("flush preset")
 FLUSH_PRESETS.register("sync")(lambda: FlushPreset(
     goal=10, min_fraction=1.0, deadline_s=0.0, over_selection=1.0, max_staleness=0,
     continuous=False))
-"""Synchronous FedAvg: every version waits for all ``goal`` clients it asked (``min_updates =
-goal``, no deadline, no over-selection, ``max_staleness = 0``). Dead clients are still
-replaced through the liveness timeout; slow ones are waited for, but not forever: a task not
-delivered ``limits.max_task_s`` after it was issued gives its place to another client (so two
-ids that take tasks and only heartbeat cannot stall the run)."""
+"""Synchronous FedAvg: every version waits for ``goal`` updates from the clients it asked
+(``min_updates = goal``, no deadline, no over-selection, ``max_staleness = 0``). What it
+waits for, exactly: each of the ``goal`` places is held by a task that is making progress.
+A task loses its place, which goes to the next client that asks, when its client is silent
+for the liveness timeout, when it shows no progress (no bytes down or up, no commit) for
+``limits.task_quiet_multiple`` times the run's typical training time
+(``fedlink.coordinator.tasks.TaskPace``), or at the latest ``limits.max_task_s`` after it was
+issued. A client that lost its place may still deliver for that version; its update counts
+if it comes before the flush. So slow clients that are working are waited for, and ids that
+take tasks and only heartbeat hold a round for a few training times, not half an hour; with
+no other client to take the place, the round waits until one comes."""
 
 FLUSH_PRESETS.register("elastic")(lambda: FlushPreset(
     goal=10, min_fraction=0.5, deadline_s=30.0, over_selection=1.3, max_staleness=2,
@@ -261,6 +267,12 @@ class LimitsConfig:
     - ``client_ttl_s``: a client silent this long is forgotten (its task, cohort place and
       uploads freed); the SDK joins again if it comes back. ``max_task_s``: a task not
       delivered this long after it was issued stops holding a cohort place, heartbeats or not.
+      ``task_quiet_multiple``: a task that shows no progress (no bytes of its model down, none
+      of its update up, no commit) for this many times the median quiet stretch of the tasks
+      this run saw delivered (its training), at least the liveness timeout (before any was
+      delivered: this many liveness timeouts), stops holding its place the same way
+      (``fedlink.coordinator.tasks.TaskPace``; 0: off). Heartbeats keep a client alive, not
+      its place.
     - ``max_streams_per_connection``, ``connection_idle_s``, ``connection_age_s``: the gRPC
       server's caps on one HTTP/2 connection.
     - ``max_inflight_bytes`` and ``max_inflight_bytes_per_connection``: bytes of request
@@ -300,6 +312,7 @@ class LimitsConfig:
     max_ids_per_token: int = 8
     client_ttl_s: float = 600.0
     max_task_s: float = 1800.0
+    task_quiet_multiple: float = 4.0
     max_inflight_bytes: int = 64 << 20
     max_inflight_bytes_per_connection: int = 16 << 20
     max_streams_per_connection: int = 100
@@ -346,7 +359,7 @@ class LimitsConfig:
                      "max_open_uploads_per_client", "max_upload_bytes_per_client",
                      "max_spool_bytes", "join_per_peer_per_s",
                      "join_per_token_per_s", "max_ids_per_token", "client_ttl_s", "max_task_s",
-                     "max_inflight_bytes", "max_inflight_bytes_per_connection",
+                     "task_quiet_multiple", "max_inflight_bytes", "max_inflight_bytes_per_connection",
                      "max_streams_per_connection", "connection_idle_s", "connection_age_s",
                      "checkins_per_s"):
             require(getattr(self, name) >= 0, f"coordinator.limits.{name}",

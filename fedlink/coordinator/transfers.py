@@ -88,6 +88,7 @@ class Transfers:
         for offset, piece in iter_chunks(payload.data, chunk_bytes, request.offset):
             yield DataChunk(offset, piece)
             self._callers.registry.touch(request.client_id)
+            self.engine.progressed(record.client_id, record.task_id)
         self.downloads.streamed(record.client_id, record.task_id, kind)
 
     def with_inline_payload(self, client_id: str, task: Task, held_version: int = -1) -> Task:
@@ -154,6 +155,7 @@ class Transfers:
                         raise InvalidArgument(f"offset must be >= 0, got {chunk.offset}")
                     self.uploads.write(chunk.client_id, chunk.upload_id, chunk.offset,
                                        chunk.data)
+                    self.engine.progressed(chunk.client_id)
                     written = (chunk.client_id, chunk.upload_id)
             finally:
                 if written is not None:
