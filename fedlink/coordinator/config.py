@@ -359,7 +359,8 @@ class LimitsConfig:
                      "max_open_uploads_per_client", "max_upload_bytes_per_client",
                      "max_spool_bytes", "join_per_peer_per_s",
                      "join_per_token_per_s", "max_ids_per_token", "client_ttl_s", "max_task_s",
-                     "task_quiet_multiple", "max_inflight_bytes", "max_inflight_bytes_per_connection",
+                     "task_quiet_multiple", "max_inflight_bytes",
+                     "max_inflight_bytes_per_connection",
                      "max_streams_per_connection", "connection_idle_s", "connection_age_s",
                      "checkins_per_s"):
             require(getattr(self, name) >= 0, f"coordinator.limits.{name}",
