@@ -18,7 +18,7 @@ Once registered, a caller spends the **request-rate budget of its identity**, no
 address together with the name the client joined under. An id that joins again under the same
 identity (after it expired, was refused, or left) inherits what its identity had left instead
 of a fresh bucket. Without tokens a client that joins under a new name is a new identity, and
-only the Join budgets bound those (``server/README.md``, "Identities").
+only the Join budgets bound those (``docs/deployment.md``, "Identities").
 
 The peer address reaches the gate through ``calling_from`` (``fedlink.coordinator.auth``: a
 context variable the gRPC edge sets around every call). Buckets live in bounded LRUs, so a

@@ -116,11 +116,17 @@ FLUSH_PRESETS: Registry[FlushPreset] = Registry("flush preset")
 FLUSH_PRESETS.register("sync")(lambda: FlushPreset(
     goal=10, min_fraction=1.0, deadline_s=0.0, over_selection=1.0, max_staleness=0,
     continuous=False))
-"""Synchronous FedAvg: every version waits for all ``goal`` clients it asked (``min_updates =
-goal``, no deadline, no over-selection, ``max_staleness = 0``). Dead clients are still
-replaced through the liveness timeout; slow ones are waited for, but not forever: a task not
-delivered ``limits.max_task_s`` after it was issued gives its place to another client (so two
-ids that take tasks and only heartbeat cannot stall the run)."""
+"""Synchronous FedAvg: every version waits for ``goal`` updates from the clients it asked
+(``min_updates = goal``, no deadline, no over-selection, ``max_staleness = 0``). What it
+waits for, exactly: each of the ``goal`` places is held by a task that is making progress.
+A task loses its place, which goes to the next client that asks, when its client is silent
+for the liveness timeout, when it shows no progress (no bytes down or up, no commit) for
+``limits.task_quiet_multiple`` times the run's typical training time
+(``fedlink.coordinator.tasks.TaskPace``), or at the latest ``limits.max_task_s`` after it was
+issued. A client that lost its place may still deliver for that version; its update counts
+if it comes before the flush. So slow clients that are working are waited for, and ids that
+take tasks and only heartbeat hold a round for a few training times, not half an hour; with
+no other client to take the place, the round waits until one comes."""
 
 FLUSH_PRESETS.register("elastic")(lambda: FlushPreset(
     goal=10, min_fraction=0.5, deadline_s=30.0, over_selection=1.3, max_staleness=2,
@@ -273,8 +279,19 @@ class LimitsConfig:
     - ``client_ttl_s``: a client silent this long is forgotten (its task, cohort place and
       uploads freed); the SDK joins again if it comes back. ``max_task_s``: a task not
       delivered this long after it was issued stops holding a cohort place, heartbeats or not.
+      ``task_quiet_multiple``: a task that shows no progress (no bytes of its model down, none
+      of its update up, no commit) for this many times the median quiet stretch of the tasks
+      this run saw delivered (its training), at least the liveness timeout (before any was
+      delivered: this many liveness timeouts), stops holding its place the same way
+      (``fedlink.coordinator.tasks.TaskPace``; 0: off). Heartbeats keep a client alive, not
+      its place.
     - ``max_streams_per_connection``, ``connection_idle_s``, ``connection_age_s``: the gRPC
       server's caps on one HTTP/2 connection.
+    - ``max_inflight_bytes`` and ``max_inflight_bytes_per_connection``: bytes of request
+      messages being read at once, in all and per connection; a message's worst case (the
+      largest chunk or probe accepted) is reserved before it is read, and a call that does not
+      fit is refused ``RESOURCE_EXHAUSTED`` with a retry hint, unread
+      (``fedlink.coordinator.inflight``). Each must hold one message of the largest kind.
     """
 
     chunk_bytes: int = 1 << 20
@@ -311,6 +328,9 @@ class LimitsConfig:
     max_ids_per_token: int = 8
     client_ttl_s: float = 600.0
     max_task_s: float = 1800.0
+    task_quiet_multiple: float = 4.0
+    max_inflight_bytes: int = 64 << 20
+    max_inflight_bytes_per_connection: int = 16 << 20
     max_streams_per_connection: int = 100
     connection_idle_s: float = 300.0
     connection_age_s: float = 3600.0
@@ -359,6 +379,8 @@ class LimitsConfig:
                      "max_open_uploads_per_client", "max_upload_bytes_per_client",
                      "max_spool_bytes", "join_per_peer_per_s", "join_global_per_s",
                      "join_per_token_per_s", "max_ids_per_token", "client_ttl_s", "max_task_s",
+                     "task_quiet_multiple", "max_inflight_bytes",
+                     "max_inflight_bytes_per_connection",
                      "max_streams_per_connection", "connection_idle_s", "connection_age_s",
                      "checkins_per_s"):
             require(getattr(self, name) >= 0, f"coordinator.limits.{name}",
@@ -519,6 +541,10 @@ class AuthConfig:
                     or self.jwks_file)
 
 
+MESSAGE_OVERHEAD_BYTES = 64 << 10
+"""Room in a request message for its fields besides its payload (ids, headers, metadata)."""
+
+
 @dataclass(frozen=True)
 class CoordinatorConfig:
     """Everything a coordinator needs to run one federated training run.
@@ -613,6 +639,7 @@ class CoordinatorConfig:
         require(self.rounds >= 1, "coordinator.rounds", f"must be >= 1, got {self.rounds}")
         require(math.isfinite(self.drain_s) and self.drain_s >= 0, "coordinator.drain_s",
                 f"must be >= 0 seconds, got {self.drain_s}")
+        self._check_inflight()
         require(bool(self.run_name), "coordinator.run_name", "must not be empty")
         require(not (self.join_token and self.auth.enabled), "coordinator.join_token",
                 "per-client tokens ([coordinator.auth]) replace the shared join_token: "
@@ -635,6 +662,25 @@ class CoordinatorConfig:
             broadcast_codec(self.downlink_codec)
         except ConfigError as exc:
             raise ConfigError(f"coordinator.downlink_codec: {exc}") from exc
+
+    @property
+    def message_cap(self) -> int:
+        """The largest request message the coordinator reads: the largest upload chunk,
+        inline payload or netcheck probe it accepts, plus ``MESSAGE_OVERHEAD_BYTES`` for the
+        message's other fields (``fedlink.coordinator.inflight``)."""
+        limits = self.limits
+        payload = max(limits.max_chunk_bytes, limits.inline_limit, self.netcheck.max_bytes)
+        return payload + MESSAGE_OVERHEAD_BYTES
+
+    def _check_inflight(self) -> None:
+        """Each bytes-in-flight budget holds at least one message of the largest kind."""
+        cap = self.message_cap
+        for name in ("max_inflight_bytes", "max_inflight_bytes_per_connection"):
+            value = getattr(self.limits, name)
+            require(value == 0 or value >= cap, f"coordinator.limits.{name}",
+                    f"must hold one message of the largest kind ({cap} bytes: max_chunk_bytes, "
+                    f"inline_bytes or netcheck.max_bytes, plus {MESSAGE_OVERHEAD_BYTES}), or be "
+                    f"0 (no limit); got {value}")
 
     def _check_hooks(self) -> None:
         """Each ``[[coordinator.hooks]]`` table names a registered flush hook that builds."""

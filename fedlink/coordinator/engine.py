@@ -57,7 +57,7 @@ from fedlink.coordinator.history import ModelHistory
 from fedlink.coordinator.progress import RoundState
 from fedlink.coordinator.records import ReceivedUpdate, TaskRecord
 from fedlink.coordinator.state import Checkpoint, FlushRecord, NullStore, SavedState, StateStore
-from fedlink.coordinator.tasks import TaskIds, TaskState
+from fedlink.coordinator.tasks import TaskIds, TaskPace, TaskState
 from fedlink.errors import ConfigError, InvalidArgument, NotFound, PermissionDenied, UpdateRefused
 from fedlink.messages import Finished, Task, TaskReply, Wait
 from fedlink.metrics import EventLog, kinds
@@ -195,6 +195,8 @@ class RoundEngine:
         self._holding: Counter[int] = Counter()
         self._next_task = 1
         self._ids = TaskIds()
+        self._pace = TaskPace(config.limits.liveness_timeout, config.limits.task_quiet_multiple,
+                              since=self._clock())
         self._pending_ids: list[str] = []
         # None until the run's first task: the wait for clients to start is not round 1's time
         self._round_started: float | None = None
@@ -495,6 +497,7 @@ class RoundEngine:
             self._drop(record, update)
         staleness, weight = self._fold(record, update)
         self._move(record, TaskState.DELIVERED)
+        self._pace.delivered(record.task_id, record.issued_at, self._clock())
         self._save(record)
         self._state.save_pending(update)
         self.events.emit(kinds.UpdateAccepted.build(
@@ -622,6 +625,12 @@ class RoundEngine:
             elif timeout is not None and now - seen > timeout:
                 self._release(record, f"no heartbeat for {now - seen:.1f} s",
                               cause="silent")
+            elif self._quiet_too_long(record, now):
+                # Heartbeats say a client is alive, not that it trains (TaskPace).
+                self._release(record, f"no progress for "
+                              f"{self._pace.quiet_for(record.task_id, record.issued_at, now):.1f}"
+                              f" s (no bytes down or up; {self._pace.allowance():.1f} s "
+                              "allowed)", ask_again=False, cause="stalled")
             elif max_task_s and now - record.issued_at > max_task_s:
                 # Heartbeats alone must not hold a place forever (limits.max_task_s).
                 self._release(record, f"not delivered {now - record.issued_at:.1f} s after "
@@ -667,7 +676,28 @@ class RoundEngine:
                 due.append(seen + timeout)
             if max_task_s:
                 due.append(record.issued_at + max_task_s)
+            quiet_due = self._pace.due(record.task_id, record.issued_at)
+            if quiet_due is not None:
+                due.append(quiet_due)
         return min(due, default=None)
+
+    def progressed(self, client_id: str, task_id: str = "") -> None:
+        """Bytes of ``task_id``'s model went down, or of ``client_id``'s update came up (an
+        upload names no task: its client's open task): the task is making progress."""
+        now = self._clock()
+        if task_id:
+            record = self._tasks.get(task_id)
+            if record is not None and record.client_id == client_id:
+                self._pace.progressed(task_id, record.issued_at, now)
+            return
+        held = self._open_task_of(client_id)
+        if held is not None:
+            self._pace.progressed(held.task_id, held.issued_at, now)
+
+    def _quiet_too_long(self, record: TaskRecord, now: float) -> bool:
+        """Whether ``record`` showed no progress for longer than ``TaskPace`` allows."""
+        due = self._pace.due(record.task_id, record.issued_at)
+        return due is not None and now > due
 
     def round_state(self) -> RoundState:
         """Where the current round stands (for the coordinator's stuck line)."""
@@ -685,10 +715,11 @@ class RoundEngine:
         """Stop ``record`` holding a place; it may still deliver while within staleness.
 
         ``ask_again=False``: its client is not offered another task for the same version (it
-        held one for too long already). ``cause``: one word for the event (``silent``,
+        held one for too long already). ``cause``: one word for the event (``silent``, ``stalled``,
         ``deadline``, ``overdue``, ``gone``).
         """
         self._move(record, TaskState.RELEASED if ask_again else TaskState.OVERDUE)
+        self._pace.forget(record.task_id)
         self._save(record)
         self.events.emit(kinds.ClientTimeout.build(
             client_id=record.client_id, task_id=record.task_id, model_version=record.version,

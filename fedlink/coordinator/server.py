@@ -22,6 +22,7 @@ from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.edge import EdgeInterceptor, connection_options, insecurity_warnings
 from fedlink.coordinator.faults import NO_FAULTS, FaultPlan
 from fedlink.coordinator.handlers import rewrapped
+from fedlink.coordinator.inflight import InflightBudget
 from fedlink.coordinator.lifecycle import RunLifecycle, StopRule
 from fedlink.coordinator.service import CoordinatorService, Evaluator
 from fedlink.coordinator.servicer import CoordinatorServicer
@@ -65,6 +66,8 @@ class CoordinatorServer:
         self.service = CoordinatorService(config, initial_model, events, evaluator, self.clock,
                                           stop_rules, faults, spec)
         self._server: grpc.aio.Server | None = None
+        self.inflight = InflightBudget.for_config(config)
+        """Bytes of request messages being read, per connection and in all."""
         self.gate = StopGate()
         """Turns callers away, telling them to come back, once the server is stopping."""
         self._health = health.aio.HealthServicer()
@@ -76,12 +79,15 @@ class CoordinatorServer:
         for warning in insecurity_warnings(self.config, self.address):
             log.warning("INSECURE: %s", warning)
         # the observers' interceptors first (outermost): they see what the edge refuses too
-        interceptors: list[grpc.aio.ServerInterceptor] = [*self.interceptors, self.gate,
-                                                          EdgeInterceptor()]
+        # then the budget of bytes in flight (it decides before a message is read), the stop
+        # gate, the edge
+        interceptors: list[grpc.aio.ServerInterceptor] = [*self.interceptors, self.inflight,
+                                                          self.gate, EdgeInterceptor()]
         if self.config.auth.enabled:  # the secret is read here, never logged
             interceptors.append(AuthInterceptor(load_verifier(self.config.auth,
                                                               self.config.run_name)))
-        options = server_options() + connection_options(self.config.limits)
+        options = (server_options(self.config.message_cap)
+                   + connection_options(self.config.limits))
         server = grpc.aio.server(options=options, interceptors=interceptors)
         pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(self.service), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)

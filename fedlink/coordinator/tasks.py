@@ -155,3 +155,77 @@ def _number(task_id: str) -> int | None:
     if not dash or head[:1] != "t" or not digits.isdigit() or not digits.isascii():
         return None
     return int(digits)
+
+
+class TaskPace:
+    """How long an open task may show no progress before it stops holding its cohort place.
+
+    Progress is what the coordinator sees a task do: it is issued, bytes of its model go
+    down, bytes of its update come up, its update is committed. A task quiet for longer than
+    ``allowance`` loses its place (it may still deliver, like any released task), whatever
+    heartbeats its client sends: heartbeats say a client is alive, not that it trains.
+
+    The allowance comes from the link and the task, not a fixed half hour: while bytes move,
+    a transfer is progress however slow the link; the quiet part of a task is its training,
+    bounded by ``multiple`` times the median of the longest quiet stretch of the tasks this
+    run saw delivered (the last ``keep``), and never below ``stall_s`` (the liveness timeout,
+    what the link allows for silence). Before any task was delivered: ``multiple x stall_s``.
+    """
+
+    def __init__(self, stall_s: float | None, multiple: float, since: float,
+                 keep: int = 32) -> None:
+        self.stall_s = stall_s
+        self.multiple = multiple
+        self._since = since  # tasks restored from an earlier process count from here
+        self._last: dict[str, float] = {}  # task id -> its last progress
+        self._quietest: dict[str, float] = {}  # task id -> its longest quiet stretch so far
+        self._delivered: list[float] = []  # longest quiet stretch of recent delivered tasks
+        self._keep = keep
+
+    @property
+    def enabled(self) -> bool:
+        """Whether quiet tasks lose their place at all (``multiple`` and ``stall_s`` set)."""
+        return bool(self.multiple and self.stall_s)
+
+    def allowance(self) -> float | None:
+        """How long a task may be quiet now (``None``: no bound)."""
+        if not self.enabled:
+            return None
+        assert self.stall_s is not None
+        if not self._delivered:
+            return self.multiple * self.stall_s
+        ordered = sorted(self._delivered)
+        median = ordered[len(ordered) // 2]
+        return max(self.stall_s, self.multiple * median)
+
+    def progressed(self, task_id: str, issued_at: float, now: float) -> None:
+        """``task_id`` (issued at ``issued_at``) made progress at ``now``."""
+        quiet = now - self._last_progress(task_id, issued_at)
+        self._quietest[task_id] = max(self._quietest.get(task_id, 0.0), quiet)
+        self._last[task_id] = now
+
+    def delivered(self, task_id: str, issued_at: float, now: float) -> None:
+        """``task_id``'s update was accepted at ``now``: its quiet stretch is a measure."""
+        self.progressed(task_id, issued_at, now)
+        self._delivered.append(self._quietest.pop(task_id, 0.0))
+        del self._delivered[:-self._keep]
+        self._last.pop(task_id, None)
+
+    def forget(self, task_id: str) -> None:
+        """``task_id`` ended otherwise (released, closed): nothing more to time."""
+        self._last.pop(task_id, None)
+        self._quietest.pop(task_id, None)
+
+    def due(self, task_id: str, issued_at: float) -> float | None:
+        """When ``task_id`` loses its place unless it progresses (``None``: never)."""
+        allowance = self.allowance()
+        if allowance is None:
+            return None
+        return self._last_progress(task_id, issued_at) + allowance
+
+    def quiet_for(self, task_id: str, issued_at: float, now: float) -> float:
+        """Seconds since ``task_id`` last made progress."""
+        return now - self._last_progress(task_id, issued_at)
+
+    def _last_progress(self, task_id: str, issued_at: float) -> float:
+        return self._last.get(task_id, max(issued_at, self._since))

@@ -91,6 +91,7 @@ class Transfers:
             for offset, piece in iter_chunks(payload.data, chunk_bytes, request.offset):
                 yield DataChunk(offset, piece)  # resumed: gRPC took the chunk
                 registry.touch(request.client_id, sample=False)
+                self.engine.progressed(record.client_id, record.task_id)
                 sent += len(piece)
                 self._sent(record, full, payload, request.delta, len(piece),
                            to_end=offset + len(piece) == len(payload.data))
@@ -180,6 +181,7 @@ class Transfers:
                         raise InvalidArgument(f"offset must be >= 0, got {chunk.offset}")
                     self.uploads.write(chunk.client_id, chunk.upload_id, chunk.offset,
                                        chunk.data)
+                    self.engine.progressed(chunk.client_id)
                     written = (chunk.client_id, chunk.upload_id)
             finally:
                 if written is not None:

@@ -62,11 +62,12 @@ def client_channel_options(ping_timeout_ms: int = PING_TIMEOUT_MS,
     ]
 
 
-def server_options() -> GrpcOptions:
-    """Options for the coordinator's server."""
+def server_options(max_receive_bytes: int = MAX_MESSAGE_BYTES) -> GrpcOptions:
+    """Options for the coordinator's server; it reads no message over ``max_receive_bytes``
+    (gRPC refuses a larger one from its length prefix, before reading it)."""
     return [
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", max_receive_bytes),
         ("grpc.keepalive_time_ms", 10_000),
         ("grpc.keepalive_timeout_ms", SERVER_PING_TIMEOUT_MS),
         ("grpc.http2.ping_timeout_ms", SERVER_PING_TIMEOUT_MS),

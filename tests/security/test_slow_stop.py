@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import stat
 import sys
@@ -272,3 +273,17 @@ def test_a_kill_during_the_drain_still_finds_summary_and_model(
     run_async(scenario(), timeout=90)
     serve.finish(timeout_s=30)
     check_record(run_dir)
+
+
+def test_the_shipped_supervisors_wait_longer_than_the_drain() -> None:
+    """The unit allowed 60 s and compose 10 s (less than a drain plus a model write)."""
+    server_dir = Path(__file__).resolve().parents[2] / "server"
+    unit = (server_dir / "fedlink-coordinator.service").read_text()
+    found = re.search(r"^TimeoutStopSec=(\d+)$", unit, flags=re.MULTILINE)
+    assert found is not None
+    compose = (server_dir / "compose.yaml").read_text()
+    grace = re.search(r"^\s+stop_grace_period: (\d+)s$", compose, flags=re.MULTILINE)
+    assert grace is not None
+    drain = CoordinatorConfig().drain_s
+    for allowed in (int(found[1]), int(grace[1])):
+        assert drain + 10 <= allowed <= 60  # the drain, the record, and no more than a minute

@@ -40,7 +40,8 @@ EXEMPT = {("fedlink.client.torch_trainer", "torch")}
 # Only these modules may talk protobuf-generated code or grpc.
 PROTO_AND_GRPC_ALLOWED = ("fedlink.wire", "fedlink.coordinator.servicer",
                           "fedlink.coordinator.server", "fedlink.coordinator.edge",
-                          "fedlink.coordinator.handlers",
+                          "fedlink.coordinator.handlers", "fedlink.coordinator.stopping",
+                          "fedlink.coordinator.inflight",
                           "fedlink.client.transport", "fedlink.proto", "fedlink.observe.rpc",
                           "fedlink.netcheck.probe", "fedlink.netcheck.health")
 
