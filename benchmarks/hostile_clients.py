@@ -35,11 +35,13 @@ target <= 100; ``clean_rss_growth_mb`` the same for the clean run), ``server_fd_
 ``flush_refused``.
 
 Run: ``python benchmarks/hostile_clients.py [--quick] [--json FILE]`` (``--quick``: 5 rounds
-instead of 10; ``--only SCENARIO`` runs the clean run and that one).
+instead of 10; ``--only SCENARIO`` runs the clean run and that one; ``--streaming`` runs
+everything with the flush guard off, as the coordinator was before it).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -115,11 +117,19 @@ learning_rate = 0.2
 """
 
 
-def write_config(folder: Path, name: str, rounds: int) -> Path:
-    """The experiment TOML both the coordinator and the honest clients read."""
+STREAMING = """
+[coordinator.robust]
+enabled = false
+"""
+
+
+def write_config(folder: Path, name: str, rounds: int, streaming: bool = False) -> Path:
+    """The experiment TOML both the coordinator and the honest clients read (``streaming``:
+    the flush guard off, the default before it)."""
     path = folder / f"{name}.toml"
-    path.write_text(TOML.format(name=name, seed=SEED, clients=CLIENTS, rounds=rounds,
-                                min_updates=CLIENTS // 2))
+    text = TOML.format(name=name, seed=SEED, clients=CLIENTS, rounds=rounds,
+                       min_updates=CLIENTS // 2)
+    path.write_text(text + (STREAMING if streaming else ""))
     return path
 
 
@@ -420,9 +430,9 @@ def backdoor_rate(config_path: Path, model_path: Path) -> float:
     return float((scores.argmax(dim=1).numpy() == TARGET).mean())
 
 
-def one_run(folder: Path, rounds: int, scenario: str) -> dict[str, Any]:
+def one_run(folder: Path, rounds: int, scenario: str, streaming: bool = False) -> dict[str, Any]:
     """A run of ``fedlink serve`` with the 20 clients, some attacking as ``scenario`` says."""
-    config = write_config(folder, scenario, rounds)
+    config = write_config(folder, scenario, rounds, streaming)
     tally = Tally()
     with coordinator(config, folder / "runs") as (process, port):
         probe = Probe(process.pid)
@@ -453,16 +463,24 @@ def one_run(folder: Path, rounds: int, scenario: str) -> dict[str, Any]:
             "tally": tally}
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--streaming``: every run with the flush guard off, for the figures before it."""
+    parser.add_argument("--streaming", action="store_true",
+                        help="[coordinator.robust] enabled = false in every run (the old "
+                             "default: mean behind an arrival-order adaptive norm bound)")
+
+
 def main() -> None:
     """The clean run, the attacked ones, then the figures."""
-    args = parse_args(__doc__.splitlines()[0], parts=SCENARIOS)
+    args = parse_args(__doc__.splitlines()[0], add_arguments, parts=SCENARIOS)
     rounds = 5 if args.quick else 10
     scenarios = [args.only] if args.only else list(SCENARIOS)
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
-        clean = one_run(Path(tmp), rounds, "clean")
-        runs = {name: one_run(Path(tmp), rounds, name) for name in scenarios}
-    figures: dict[str, Any] = {"rounds": rounds, "clean_accuracy": clean["accuracy"],
+        clean = one_run(Path(tmp), rounds, "clean", args.streaming)
+        runs = {name: one_run(Path(tmp), rounds, name, args.streaming) for name in scenarios}
+    figures: dict[str, Any] = {"rounds": rounds, "guard": not args.streaming,
+                               "clean_accuracy": clean["accuracy"],
                                "clean_backdoor_rate": clean["backdoor_rate"]}
     keys = {"weight_lie": "weight_lie", "signflip": "byzantine_20pct_signflip"}
     for name, key in keys.items():
