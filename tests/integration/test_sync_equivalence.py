@@ -6,8 +6,8 @@ in process and in float64: the same trainers, given the same plans (the per-task
 ``ClientSession`` drew, read from what its trainer was asked to do), from the same initial
 model. The two final models must agree to 1e-6: with ``[coordinator.robust] trim = 0`` the
 plain weighted mean (honest clients of equal sizes: the flush guard caps, clips and drops
-nothing), and by default FedAvg with the guard's weighted mean of each coordinate's middle 60%
-(the 20% of updates at each end trimmed).
+nothing), and by default FedAvg with the guard's weighted mean of each coordinate's values but
+the highest and the lowest (``floor(0.2 x 5)`` = 1 update trimmed at each end).
 """
 
 from __future__ import annotations
