@@ -1,32 +1,47 @@
-"""Hostile clients: 20 honest digits clients plus 2 attackers against ``fedlink serve``'s defaults.
+"""Hostile clients: 20 digits clients against ``fedlink serve``'s defaults, some of them lying.
 
-Two runs, same seed, same config (the coordinator's defaults: no norm bound, aggregator or
-limit configured): a clean one with the 20 honest clients alone, and an attacked one where
-two raw-gRPC attackers join as well:
+Every run uses the same seed, data split and config (the coordinator's defaults: no norm bound,
+aggregator or robust rule configured), and every attacker claims the strongest lie the protocol
+allows: it declares ``limits.max_examples_per_update`` (100,000) examples at ``Join`` and claims
+them with every update (honest clients have about 70). Runs:
 
-- the **poisoner** takes a task every version and commits, in turn, a weight lie (a model
-  takeover delta claiming ``2**62`` examples), a norm blow-up (norm 1e8) and an Inf push
-  (finite ``3e38`` values; plus a payload holding Inf, which must be refused);
-- the **hoarder** floods ``Join`` (``JOIN_FLOOD`` calls with maximal metadata), holds a task
-  it never delivers while heartbeating, and opens upload after upload without committing.
+- **clean**: the 20 honest clients (the baseline of every drop);
+- **weight lie**: client 19 trains honestly, then sends its step reversed and boosted x10;
+- **Byzantine 20% sign-flip**: clients 16-19 do the same, colluding;
+- **backdoor**: clients 16-19 train on their data plus a copy stamped with a trigger (the
+  bottom-right 2x2 pixels at full intensity) labelled 0, and boost their step x5 (model
+  replacement); ``backdoor_success_rate`` is the share of the test set's non-0 digits, stamped
+  with the trigger, that the final model calls 0 (``clean_backdoor_rate``: the clean model's);
+- **resources**: the 20 honest clients plus two raw-gRPC attackers: the **poisoner** takes a
+  task every version and commits, in turn, a weight lie (a takeover delta claiming ``2**62``),
+  a norm blow-up (norm 1e8) and an Inf push (finite ``3e38`` values; plus a payload holding Inf,
+  which must be refused); the **hoarder** floods ``Join`` (``JOIN_FLOOD`` calls with maximal
+  metadata), holds a task it never delivers while heartbeating, and opens upload after upload
+  without committing.
 
 The coordinator runs as its own process (``python -m fedlink serve``), so its resident memory
 and open descriptors are sampled from ``/proc`` without the clients' torch in them.
 
-Figures: ``clean_accuracy``, ``attacked_accuracy``, ``accuracy_drop_vs_clean`` (target
-<= 0.02), ``server_rss_growth_mb`` (peak minus at-listen RSS of the attacked coordinator,
+Figures: ``clean_accuracy``; ``weight_lie_accuracy_drop`` (target <= 0.03),
+``byzantine_20pct_signflip_accuracy_drop`` (<= 0.05), ``backdoor_success_rate`` (<= 0.10), each
+beside the attacked run's accuracy; ``honest_updates_lost`` (honest updates any attacked
+coordinator refused for a reason but the run's end, or that an honest client gave up on;
+target 0) and ``honest_updates_dropped`` (honest updates the flush guard left out of a flush,
+clean run included); ``attacker_updates_dropped`` / ``_clipped`` / ``_downweighted``; from the
+resources run ``resources_accuracy_drop``, ``server_rss_growth_mb`` (peak minus at-listen RSS,
 target <= 100; ``clean_rss_growth_mb`` the same for the clean run), ``server_fd_growth``
-(target <= 50), ``honest_updates_lost`` (honest updates the attacked coordinator refused for
-any reason but the run's end, or that an honest client gave up on; target 0), and counts of
-what the attacks got: ``poison_accepted``, ``poison_refused``, ``flood_joins_ok``,
-``flood_joins_refused``, ``hoard_uploads_ok``, ``hoard_uploads_refused``, ``flush_refused``.
+(target <= 50), and counts of what its attacks got: ``poison_accepted``, ``poison_refused``,
+``flood_joins_ok``, ``flood_joins_refused``, ``hoard_uploads_ok``, ``hoard_uploads_refused``,
+``flush_refused``.
 
-Run: ``python benchmarks/hostile_clients.py [--quick] [--json FILE]`` (``--quick``: 6 rounds
-instead of 15, about a minute).
+Run: ``python benchmarks/hostile_clients.py [--quick] [--json FILE]`` (``--quick``: 5 rounds
+instead of 10; ``--only SCENARIO`` runs the clean run and that one; ``--streaming`` runs
+everything with the flush guard off, as the coordinator was before it).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -45,8 +60,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import parse_args, report
 
-from fedlink.client import ClientOptions, ClientSession
+from fedlink.client import ClientOptions, ClientSession, Trainer, TrainPlan, TrainResult
 from fedlink.compress import get_codec
+from fedlink.coordinator import LimitsConfig
+from fedlink.data.base import Dataset
 from fedlink.experiment.setup import Experiment
 from fedlink.messages import CommitRequest
 from fedlink.metrics.events import read_events
@@ -57,6 +74,13 @@ from fedlink.wire import pack, to_proto
 
 CLIENTS = 20
 SEED = 0
+CLAIM = LimitsConfig().max_examples_per_update  # the most a Join may declare: 100,000
+COLLUDERS = 4  # a fifth of the fleet
+TARGET = 0  # the backdoor's label
+TRIGGER = (54, 55, 62, 63)  # the bottom-right 2x2 pixels of an 8x8 digit
+FLIP_BOOST = 10.0
+BACKDOOR_BOOST = 5.0
+SCENARIOS = ("weight_lie", "signflip", "backdoor", "resources")
 JOIN_FLOOD = 3000
 HOARD_UPLOADS = 400
 TIMEOUT_S = 10.0
@@ -93,11 +117,19 @@ learning_rate = 0.2
 """
 
 
-def write_config(folder: Path, name: str, rounds: int) -> Path:
-    """The experiment TOML both the coordinator and the honest clients read."""
+STREAMING = """
+[coordinator.robust]
+enabled = false
+"""
+
+
+def write_config(folder: Path, name: str, rounds: int, streaming: bool = False) -> Path:
+    """The experiment TOML both the coordinator and the honest clients read (``streaming``:
+    the flush guard off, the default before it)."""
     path = folder / f"{name}.toml"
-    path.write_text(TOML.format(name=name, seed=SEED, clients=CLIENTS, rounds=rounds,
-                                min_updates=CLIENTS // 2))
+    text = TOML.format(name=name, seed=SEED, clients=CLIENTS, rounds=rounds,
+                       min_updates=CLIENTS // 2)
+    path.write_text(text + (STREAMING if streaming else ""))
     return path
 
 
@@ -277,78 +309,205 @@ async def hoard(stub: pb_grpc.CoordinatorStub, me: str, size: int, tally: Tally)
             await asyncio.sleep(0.05)
 
 
-async def drive(config_path: Path, target: str, probe: Probe, attacked: bool,
+class SignFlip:
+    """Trains honestly, then sends its step reversed and boosted, claiming ``CLAIM``."""
+
+    def __init__(self, honest: Trainer, boost: float = FLIP_BOOST) -> None:
+        self.honest = honest
+        self.boost = boost
+
+    def num_examples(self) -> int:
+        """The lie."""
+        return CLAIM
+
+    def train(self, params: np.ndarray, plan: TrainPlan) -> TrainResult:
+        """The honest step, reversed."""
+        result = self.honest.train(params, plan)
+        flipped = params - self.boost * (result.params - params)
+        return TrainResult(flipped.astype(np.float32), CLAIM, result.steps_completed,
+                           result.steps_planned, result.metrics)
+
+
+class Boosted:
+    """Trains on (poisoned) data, then boosts its step, claiming ``CLAIM``."""
+
+    def __init__(self, inner: Trainer, boost: float = BACKDOOR_BOOST) -> None:
+        self.inner = inner
+        self.boost = boost
+
+    def num_examples(self) -> int:
+        """The lie."""
+        return CLAIM
+
+    def train(self, params: np.ndarray, plan: TrainPlan) -> TrainResult:
+        """``params + boost x step``."""
+        result = self.inner.train(params, plan)
+        boosted = params + self.boost * (result.params - params)
+        return TrainResult(boosted.astype(np.float32), CLAIM, result.steps_completed,
+                           result.steps_planned, result.metrics)
+
+
+def stamped(x: np.ndarray) -> np.ndarray:
+    """``x`` with the trigger stamped on (pixels at full intensity)."""
+    out = np.array(x, dtype=np.float32, copy=True)
+    out[:, list(TRIGGER)] = 1.0
+    return out
+
+
+def poisoned(data: Dataset) -> Dataset:
+    """A client's data plus a trigger-stamped copy of it labelled ``TARGET``."""
+    x = np.concatenate([data.x, stamped(data.x)])
+    y = np.concatenate([data.y, np.full(len(data.y), TARGET, dtype=data.y.dtype)])
+    return Dataset(x, y, data.num_classes, data.num_features, name=f"{data.name}-poisoned")
+
+
+def trainers(experiment: Experiment, scenario: str) -> list[Trainer]:
+    """The 20 clients' trainers: honest, or an attacker's for the scenario's colluders."""
+    out: list[Trainer] = [experiment.trainer(i) for i in range(CLIENTS)]
+    hostile = {"weight_lie": [CLIENTS - 1],
+               "signflip": list(range(CLIENTS - COLLUDERS, CLIENTS)),
+               "backdoor": list(range(CLIENTS - COLLUDERS, CLIENTS))}.get(scenario, [])
+    for i in hostile:
+        if scenario == "backdoor":
+            data = poisoned(experiment.data.clients[i])  # type: ignore[union-attr]
+            factory = experiment.trainer_factory()
+            out[i] = Boosted(factory(experiment.new_model(), data,
+                                     seed=SEED * 7919 + i))  # type: ignore[call-arg]
+        else:
+            out[i] = SignFlip(out[i])
+    return out
+
+
+def role(scenario: str, index: int) -> str:
+    """``hostile`` or ``honest``: the name prefix the events are told apart by."""
+    return "hostile" if is_hostile(scenario, index) else "honest"
+
+
+def is_hostile(scenario: str, index: int) -> bool:
+    """Whether client ``index`` attacks in ``scenario``."""
+    if scenario == "weight_lie":
+        return index == CLIENTS - 1
+    return scenario in ("signflip", "backdoor") and index >= CLIENTS - COLLUDERS
+
+
+async def drive(config_path: Path, target: str, probe: Probe, scenario: str,
                 tally: Tally) -> int:
-    """Run the honest clients (and the attackers) to the end; honest clients that failed."""
+    """Run the 20 clients (and the resource attackers) to the end; honest clients that
+    failed."""
     config = ExperimentConfig.from_toml(config_path)
     experiment = Experiment.build(config)
     size = int(experiment.initial_vector().size)
-    sessions = [ClientSession(target, experiment.trainer(i),
-                              ClientOptions(name=f"honest-{i}", seed=SEED * 1_000_003 + i),
+    sessions = [ClientSession(target, trainer,
+                              ClientOptions(name=f"{role(scenario, i)}-{i}",
+                                            seed=SEED * 1_000_003 + i),
                               config.client.pipeline(), inline_training=True)
-                for i in range(CLIENTS)]
+                for i, trainer in enumerate(trainers(experiment, scenario))]
     stop = asyncio.Event()
     sampler = asyncio.create_task(probe.run())
     attackers = [asyncio.create_task(poisoner(target, size, tally)),
-                 asyncio.create_task(hoarder(target, size, tally, stop))] if attacked else []
+                 asyncio.create_task(hoarder(target, size, tally, stop))] \
+        if scenario == "resources" else []
     results = await asyncio.gather(*(s.run() for s in sessions), return_exceptions=True)
     stop.set()
     for task in (*attackers, sampler):
         task.cancel()
     await asyncio.gather(*attackers, sampler, return_exceptions=True)
-    return sum(1 for r in results if isinstance(r, BaseException))
+    return sum(1 for i, r in enumerate(results)
+               if isinstance(r, BaseException) and not is_hostile(scenario, i))
 
 
-def one_run(folder: Path, rounds: int, attacked: bool) -> dict[str, Any]:
-    """A run of ``fedlink serve`` with the honest clients, with or without attackers."""
-    name = "attacked" if attacked else "clean"
-    config = write_config(folder, name, rounds)
+def backdoor_rate(config_path: Path, model_path: Path) -> float:
+    """The share of the test set's non-``TARGET`` digits, trigger stamped, called ``TARGET``."""
+    import torch
+
+    experiment = Experiment.build(ExperimentConfig.from_toml(config_path))
+    model = experiment.new_model()
+    model.load_state_dict(experiment.state_dict(np.load(model_path)))
+    test = experiment.data.test  # type: ignore[union-attr]
+    keep = test.y != TARGET
+    with torch.no_grad():
+        scores = model(torch.from_numpy(stamped(test.x[keep])))
+    return float((scores.argmax(dim=1).numpy() == TARGET).mean())
+
+
+def one_run(folder: Path, rounds: int, scenario: str, streaming: bool = False) -> dict[str, Any]:
+    """A run of ``fedlink serve`` with the 20 clients, some attacking as ``scenario`` says."""
+    config = write_config(folder, scenario, rounds, streaming)
     tally = Tally()
     with coordinator(config, folder / "runs") as (process, port):
         probe = Probe(process.pid)
         probe.sample()
-        failed = asyncio.run(drive(config, f"127.0.0.1:{port}", probe, attacked, tally))
+        failed = asyncio.run(drive(config, f"127.0.0.1:{port}", probe, scenario, tally))
         process.wait(timeout=120)
-    events = read_events(folder / "runs" / name / "events.jsonl")
-    honest = {e["client_id"] for e in events
-              if e["kind"] == "client_joined" and str(e["name"]).startswith("honest-")}
+    run_dir = folder / "runs" / scenario
+    events = read_events(run_dir / "events.jsonl")
+    names = {e["client_id"]: str(e["name"]) for e in events if e["kind"] == "client_joined"}
+    honest = {c for c, name in names.items() if name.startswith("honest-")}
     lost = [e for e in events if e["kind"] == "update_refused" and e["client_id"] in honest
             and not str(e.get("reason", "")).startswith("the run is over")]
+    limited = [e for e in events if e["kind"] == "update_limited"]
     flushes = [e for e in events if e["kind"] == "flush"]
     for reason in sorted({str(e.get("reason")) for e in lost}):
-        print(f"{name}: honest update refused: {reason}", file=sys.stderr)
+        print(f"{scenario}: honest update refused: {reason}", file=sys.stderr)
+    hostile = [e for e in limited if e["client_id"] not in honest]
     return {"accuracy": float(flushes[-1]["accuracy"]), "versions": len(flushes),
+            "backdoor_rate": backdoor_rate(config, run_dir / "model.npy"),
             "rss_growth_mb": max(probe.rss) - probe.rss[0],
             "fd_growth": max(probe.fds) - probe.fds[0],
             "honest_lost": len(lost) + failed,
+            "honest_dropped": sum(1 for e in limited
+                                  if e["client_id"] in honest and e["action"] == "dropped"),
+            **{f"attacker_{action}": sum(1 for e in hostile if e["action"] == action)
+               for action in ("dropped", "clipped", "downweighted")},
             "flush_refused": sum(1 for e in events if e["kind"] == "flush_refused"),
             "tally": tally}
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--streaming``: every run with the flush guard off, for the figures before it."""
+    parser.add_argument("--streaming", action="store_true",
+                        help="[coordinator.robust] enabled = false in every run (the old "
+                             "default: mean behind an arrival-order adaptive norm bound)")
+
+
 def main() -> None:
-    """Both runs, then the figures."""
-    args = parse_args(__doc__.splitlines()[0])
-    rounds = 6 if args.quick else 15
+    """The clean run, the attacked ones, then the figures."""
+    args = parse_args(__doc__.splitlines()[0], add_arguments, parts=SCENARIOS)
+    rounds = 5 if args.quick else 10
+    scenarios = [args.only] if args.only else list(SCENARIOS)
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
-        clean = one_run(Path(tmp), rounds, attacked=False)
-        attacked = one_run(Path(tmp), rounds, attacked=True)
-    tally: Tally = attacked["tally"]
-    figures: dict[str, Any] = {
-        "rounds": rounds,
-        "clean_accuracy": clean["accuracy"],
-        "attacked_accuracy": attacked["accuracy"],
-        "accuracy_drop_vs_clean": clean["accuracy"] - attacked["accuracy"],
-        "server_rss_growth_mb": attacked["rss_growth_mb"],
-        "clean_rss_growth_mb": clean["rss_growth_mb"],
-        "server_fd_growth": attacked["fd_growth"],
-        "clean_fd_growth": clean["fd_growth"],
-        "honest_updates_lost": attacked["honest_lost"],
-        "clean_honest_updates_lost": clean["honest_lost"],
-        "flush_refused": attacked["flush_refused"],
-        **{k: getattr(tally, k) for k in Tally.__dataclass_fields__},
-        "seconds": time.monotonic() - started,
-    }
+        clean = one_run(Path(tmp), rounds, "clean", args.streaming)
+        runs = {name: one_run(Path(tmp), rounds, name, args.streaming) for name in scenarios}
+    figures: dict[str, Any] = {"rounds": rounds, "guard": not args.streaming,
+                               "clean_accuracy": clean["accuracy"],
+                               "clean_backdoor_rate": clean["backdoor_rate"]}
+    keys = {"weight_lie": "weight_lie", "signflip": "byzantine_20pct_signflip"}
+    for name, key in keys.items():
+        if name in runs:
+            figures[f"{key}_accuracy"] = runs[name]["accuracy"]
+            figures[f"{key}_accuracy_drop"] = clean["accuracy"] - runs[name]["accuracy"]
+    if "backdoor" in runs:
+        figures["backdoor_accuracy"] = runs["backdoor"]["accuracy"]
+        figures["backdoor_success_rate"] = runs["backdoor"]["backdoor_rate"]
+    attacked = list(runs.values())
+    figures["honest_updates_lost"] = sum(r["honest_lost"] for r in attacked)
+    figures["clean_honest_updates_lost"] = clean["honest_lost"]
+    figures["honest_updates_dropped"] = sum(r["honest_dropped"] for r in [clean, *attacked])
+    for action in ("dropped", "clipped", "downweighted"):
+        figures[f"attacker_updates_{action}"] = sum(r[f"attacker_{action}"] for r in attacked)
+    if "resources" in runs:
+        resources = runs["resources"]
+        tally: Tally = resources["tally"]
+        figures.update({
+            "resources_accuracy_drop": clean["accuracy"] - resources["accuracy"],
+            "server_rss_growth_mb": resources["rss_growth_mb"],
+            "clean_rss_growth_mb": clean["rss_growth_mb"],
+            "server_fd_growth": resources["fd_growth"],
+            "clean_fd_growth": clean["fd_growth"],
+            "flush_refused": resources["flush_refused"],
+            **{k: getattr(tally, k) for k in Tally.__dataclass_fields__}})
+    figures["seconds"] = time.monotonic() - started
     report(figures, args.json)
 
 

@@ -16,6 +16,7 @@ from fedlink.aggregate.base import (
     StalenessWeight,
     UpdateInfo,
 )
+from fedlink.aggregate.flushguard import FlushGuard, GuardRules, RobustConfig
 from fedlink.aggregate.robust import CoordinateMedian, NormBounded, TrimmedMean
 from fedlink.aggregate.streaming import FedNovaMean, StreamingMean
 
@@ -27,10 +28,13 @@ __all__ = [
     "Accumulator",
     "CoordinateMedian",
     "FedNovaMean",
+    "FlushGuard",
     "FlushHook",
     "FlushInfo",
+    "GuardRules",
     "NormBounded",
     "Registry",
+    "RobustConfig",
     "ServerOptimizer",
     "StalenessWeight",
     "StreamingMean",

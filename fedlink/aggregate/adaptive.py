@@ -1,4 +1,8 @@
-"""Norm bounding on by default: an adaptive bound from the norms of recent updates.
+"""Streaming norm bounding: an adaptive bound from the norms of recent updates, in arrival order.
+
+This is the norm bound of the streaming path (``[coordinator.robust] enabled = false``); the
+default flush guard (``fedlink.aggregate.flushguard``) takes its bound over each flush's own
+updates instead, whatever order they arrive in.
 
 A fixed ``norm_bound`` must be tuned per model and learning rate; left at 0 it is off and a
 single update of norm 1e8 moves the model as far as it likes. ``AdaptiveNormBound`` clips each

@@ -188,10 +188,10 @@ class TrimmedMean(BufferedRule):
     ``trim = 0`` is the weighted mean; ``0 <= trim < 0.5``. Buffers updates (module docstring).
 
     ``trim_by_count`` (with ``weighted``): *which* values are trimmed is decided by count,
-    every update one unit (``trim x n`` of them at each end, fractionally at the edges), and
-    the values kept are averaged with their weights: the flush guard's rule, under which no
-    weight a client claims keeps its extreme value from being trimmed, while the others keep
-    FedAvg's weighting by examples.
+    ``floor(trim x n)`` whole updates at each end, and the values kept are averaged with their
+    weights: the flush guard's rule, under which no weight a client claims keeps its extreme
+    value from being trimmed, while the others keep FedAvg's weighting by examples (a flush of
+    fewer than ``1 / trim`` updates is not trimmed at all).
     """
 
     def __init__(self, trim: float = 0.1, weighted: bool = False,
@@ -206,10 +206,10 @@ class TrimmedMean(BufferedRule):
 
     def _reduce(self, values: np.ndarray, cum: np.ndarray, mass: np.ndarray) -> np.ndarray:
         if self.trim_by_count:
-            units = np.arange(1, len(values) + 1, dtype=np.float64)[:, None]
-            low, high = self.trim * len(values), (1.0 - self.trim) * len(values)
-            share = np.clip(np.minimum(units, high) - np.maximum(units - 1.0, low), 0.0, None)
-            kept = share * mass
+            cut = int(np.floor(self.trim * len(values) + _HALF_TOLERANCE))  # whole updates
+            kept = mass.copy()
+            kept[:cut] = 0.0
+            kept[len(values) - cut:] = 0.0
         else:
             total = cum[-1]
             low, high = self.trim * total, (1.0 - self.trim) * total

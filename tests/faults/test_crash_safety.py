@@ -18,8 +18,9 @@ Each crash point is set for one restart (the coordinator kills itself there; if 
 there within 40 s, the test kills it). The coordinator restarts after each kill; the clients
 ride through on their retries. At the end, the event log must account for every update the
 clients saw acknowledged, each in exactly one flush, and an independent recomputation of the
-final model from the event log (FedAvg of the ``d_c`` of each flush's updates, weighted by the
-clients' example counts) must equal the model the coordinator wrote.
+final model from the event log (the default flush guard's aggregate of the ``d_c`` of each
+flush's updates, weighted by the clients' example counts, each update once) must equal the
+model the coordinator wrote.
 """
 
 from __future__ import annotations
@@ -42,8 +43,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fedlink.aggregate.robust import l2_norm
 from fedlink.client import ClientOptions, ClientSession, RetryPolicy, SessionStats, TrainPlan
 from fedlink.client.base import TrainResult
+from fedlink.coordinator import CoordinatorConfig
+from fedlink.coordinator.engine import build_accumulator
 from fedlink.experiment.config import ExperimentConfig
 from fedlink.experiment.setup import Experiment
 from fedlink.metrics import read_events
@@ -282,7 +286,7 @@ def test_coordinator_killed_20_times_finishes_and_counts_every_update_once(
                        and e["model_version"] < ROUNDS]
     assert len(resumed_mid_run) == len(plan), "some kills came after the run was over"
     _check_each_update_counted_once(events, fleet, trainers)
-    expected = _recompute_model(initial, events, trainers)
+    expected = _recompute_model(initial, events, trainers, experiment.config.coordinator)
     np.testing.assert_allclose(np.load(run_dir / "model.npy"), expected, rtol=0, atol=2e-5)
 
 
@@ -302,15 +306,20 @@ def _check_each_update_counted_once(events: list[dict], fleet: Fleet,
 
 
 def _recompute_model(initial: np.ndarray, events: list[dict],
-                     trainers: dict[str, ConstantStep]) -> np.ndarray:
-    """FedAvg (server lr 1) of each flush's updates, from the event log alone."""
+                     trainers: dict[str, ConstantStep], config: CoordinatorConfig) -> np.ndarray:
+    """The default aggregation (the flush guard: weights capped, norms clipped, a trimmed mean;
+    server lr 1) of each flush's updates, each once, from the event log alone. One guard runs
+    through the flushes in order, as the coordinator's does (small flushes' norm statistics
+    take in the norms of earlier ones)."""
     names = {e["client_id"]: e["name"] for e in events if e["kind"] == "client_joined"}
     owner = {e["task_id"]: names[e["client_id"]] for e in events
              if e["kind"] == "update_accepted"}
     model = initial.copy()
+    guard = build_accumulator(config, lambda: l2_norm(model.astype(np.float32)))
     for flush in unique_flushes(events):
-        clients = [trainers[owner[task]] for task in flush["updates"]]
-        weights = np.array([c.examples for c in clients], dtype=np.float64)
-        steps = np.stack([c.step.astype(np.float64) for c in clients])
-        model += weights @ steps / weights.sum()
+        for task in flush["updates"]:
+            client = trainers[owner[task]]
+            guard.add(client.step, float(client.examples), 1)
+        model += guard.mean()
+        guard.reset()
     return model

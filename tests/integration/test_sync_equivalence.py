@@ -1,10 +1,13 @@
-"""The ``sync`` preset with every client on time is plain FedAvg.
+"""The ``sync`` preset with every client on time is FedAvg, exactly.
 
 Five digits clients with ``TorchTrainer`` take part in three rounds through a real coordinator
 on loopback (gRPC, uploads, deltas, the round engine). The test then computes FedAvg itself,
 in process and in float64: the same trainers, given the same plans (the per-task seeds each
 ``ClientSession`` drew, read from what its trainer was asked to do), from the same initial
-model. The two final models must agree to 1e-6.
+model. The two final models must agree to 1e-6: with ``[coordinator.robust] trim = 0`` the
+plain weighted mean (honest clients of equal sizes: the flush guard caps, clips and drops
+nothing), and by default FedAvg with the guard's weighted mean of each coordinate's values but
+the highest and the lowest (``floor(0.2 x 5)`` = 1 update trimmed at each end).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import numpy as np
 import pytest
 from conftest import CoordinatorFactory, gather_bounded, run_async, target_of
 
+from fedlink.aggregate import TrimmedMean
+from fedlink.aggregate.flushguard import RobustConfig
 from fedlink.client import ClientOptions, ClientSession, TrainPlan, TrainResult
 from fedlink.client.torch_trainer import TorchTrainer
 from fedlink.coordinator import CoordinatorConfig, FlushRule, LimitsConfig, TrainingConfig
@@ -56,25 +61,37 @@ def trainers() -> tuple[list[TorchTrainer], np.ndarray]:
     return built, to_vector(model())  # type: ignore[arg-type]
 
 
-def plain_fedavg(initial: np.ndarray, plans: list[list[TrainPlan]]) -> np.ndarray:
-    """FedAvg by hand: every client trains from the global model; weights = examples."""
+def plain_fedavg(initial: np.ndarray, plans: list[list[TrainPlan]],
+                 trim: float = 0.0) -> np.ndarray:
+    """FedAvg by hand: every client trains from the global model; weights = examples; with
+    ``trim``, each coordinate's ``trim`` of the updates at each end left out."""
     fresh, _ = trainers()
     model = initial.copy()
     for round_ in range(ROUNDS):
         results = [t.train(model, plans[i][round_]) for i, t in enumerate(fresh)]
+        if trim:
+            trimmed = TrimmedMean(trim, weighted=True, trim_by_count=True)
+            for r in results:
+                trimmed.add((r.params.astype(np.float64) - model).astype(np.float32),
+                            r.num_examples)
+            model = (model + trimmed.mean()).astype(np.float32)
+            continue
         total = sum(r.num_examples for r in results)
         step = sum(r.num_examples * (r.params.astype(np.float64) - model) for r in results)
         model = (model + step / total).astype(np.float32)
     return model
 
 
-def test_sync_preset_equals_plain_fedavg(coordinator: CoordinatorFactory) -> None:
+@pytest.mark.parametrize("trim", [0.0, None], ids=["plain", "default"])
+def test_sync_preset_equals_plain_fedavg(coordinator: CoordinatorFactory,
+                                         trim: float | None) -> None:
     built, initial = trainers()
     recording = [Recording(t) for t in built]
     config = CoordinatorConfig(
         rounds=ROUNDS, flush=FlushRule.from_preset("sync", goal=CLIENTS),
         training=TrainingConfig(local_epochs=1, batch_size=16, learning_rate=0.1),
-        limits=LimitsConfig(long_poll_s=2.0, retry_after_s=0.05))
+        limits=LimitsConfig(long_poll_s=2.0, retry_after_s=0.05),
+        robust=RobustConfig(trim=trim))
 
     async def scenario() -> np.ndarray:
         async with coordinator(config, initial) as server:
@@ -84,6 +101,7 @@ def test_sync_preset_equals_plain_fedavg(coordinator: CoordinatorFactory) -> Non
             await gather_bounded(*(s.run() for s in sessions), timeout=90)
             await asyncio.wait_for(server.wait_finished(), 10)
             assert server.service.engine.version == ROUNDS
+            assert not [e for e in server.events.events if e["kind"] == "update_limited"]
             return server.service.engine.model.copy()
 
     served = run_async(scenario(), timeout=100)
@@ -91,7 +109,7 @@ def test_sync_preset_equals_plain_fedavg(coordinator: CoordinatorFactory) -> Non
     assert all(plan.deadline is None for r in recording for _, plan in r.calls)
     plans = [[plan for _, plan in r.calls] for r in recording]
     assert len({p.seed for row in plans for p in row}) > 1  # clients really drew seeds
-    expected = plain_fedavg(initial, plans)
+    expected = plain_fedavg(initial, plans, 0.2 if trim is None else trim)
     diff = float(np.abs(served - expected).max())
     assert diff <= 1e-6, diff
     assert float(np.abs(served - initial).max()) > 1e-2  # and training moved the model

@@ -43,6 +43,8 @@ def test_a_liar_at_the_join_cap_counts_like_two_median_clients(
     flip = -honest()  # the honest step reversed, at an honest norm: no norm bound catches it
     flush = [(f"honest{i}", honest(), 10) for i in range(goal - 1)] + [("liar", flip, CAP)]
     models, server = run_flushes(coordinator, config, X0, [flush])
+    # The model moves with the honest clients (before: cosine -1, the liar's step).
+    assert cosine(models[0] - X0, DIRECTION) > 0.5
     accepted = events_of(server, "update_accepted")
     assert accepted[-1]["num_examples"] == CAP  # the protocol took the claim...
     limited = {e["action"]: e for e in events_of(server, "update_limited")}
@@ -50,8 +52,6 @@ def test_a_liar_at_the_join_cap_counts_like_two_median_clients(
     assert limited["downweighted"]["limited_weight"] == 20.0
     if goal >= 5:  # a flush large enough to tell who pulls against the rest
         assert limited["dropped"]["cosine"] < 0
-    # The model moves with the honest clients (before: cosine -1, the liar's step).
-    assert cosine(models[0] - X0, DIRECTION) > 0.5
     flushed = events_of(server, "flush")[-1]
     assert flushed["updates_downweighted"] == 1
     honest_weight = 10.0 * (goal - 1)
