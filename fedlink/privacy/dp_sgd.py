@@ -79,6 +79,7 @@ from opacus import GradSampleModule
 from opacus.accountants import create_accountant
 from opacus.accountants.utils import get_noise_multiplier
 from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
+from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
 from opacus.validators import ModuleValidator
 from opacus.validators.errors import ShouldReplaceModuleError
 from torch import nn
@@ -103,9 +104,10 @@ class _GhostOptimizer(DPOptimizerFastGradientClipping):
     """Opacus's ghost-clipping optimizer, with less Python per step.
 
     Same arithmetic (Opacus's ``add_noise`` and ``scale_grad``); it accumulates with ``clone``
-    instead of ``deepcopy`` (which costs more than the clipping itself on small models), and
-    keeps its list of parameters instead of rebuilding it from the parameter groups several
-    times a step.
+    instead of ``deepcopy`` (which costs more than the clipping itself on small models), keeps
+    its list of parameters instead of rebuilding it from the parameter groups several times a
+    step, and draws the noise as Opacus's ``_generate_noise`` does without allocating the
+    zeros tensor it returns only when ``std == 0`` (the same draws from the same generator).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> None:
@@ -118,6 +120,21 @@ class _GhostOptimizer(DPOptimizerFastGradientClipping):
         """The trainable parameters (fixed: the parameter groups do not change)."""
         cached = self.__dict__.get("_param_list")
         return cached if cached is not None else super().params
+
+    def add_noise(self) -> None:
+        """``grad = summed_grad + N(0, (z * C)^2)``, one draw per parameter, as Opacus's."""
+        std = getattr(self, "_adjusted_noise_multiplier", self.noise_multiplier) * \
+            self.max_grad_norm
+        if self.secure_mode or std == 0:
+            super().add_noise()  # Opacus's own path for the cases it treats apart
+            return
+        for p in self.params:
+            summed = p.summed_grad
+            _check_processed_flag(summed)
+            noise = torch.normal(mean=0, std=std, size=summed.shape, device=summed.device,
+                                 generator=self.generator, dtype=summed.dtype)
+            p.grad = (summed + noise).view_as(p)
+            _mark_as_processed(summed)
 
     def accumulate(self) -> None:
         """``summed_grad += grad`` (the already clipped and summed gradient of the batch)."""

@@ -221,3 +221,25 @@ def test_ghost_clipping_refuses_a_layer_called_twice() -> None:
     ghost = GhostClipping(layer, max_grad_norm=1.0)
     with pytest.raises(ConfigError, match="twice"), ghost.recording():
         layer(layer(torch.randn(2, 4)))
+
+
+def test_the_noise_is_opacus_own_draw() -> None:
+    from fedlink.privacy.dp_sgd import _GhostOptimizer
+
+    def noised(kind: type) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
+        optimizer = kind(torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=1.3,
+                         max_grad_norm=0.7, expected_batch_size=8, loss_reduction="mean")
+        optimizer.generator = torch.Generator().manual_seed(5)
+        for p in model.parameters():
+            p.summed_grad = torch.full_like(p, 0.25)
+        if kind is _GhostOptimizer:
+            optimizer.add_noise()
+        else:
+            DPOptimizerFastGradientClipping.add_noise(optimizer)
+        return [p.grad.clone() for p in model.parameters()]
+
+    ours, opacus = noised(_GhostOptimizer), noised(DPOptimizerFastGradientClipping)
+    assert all(torch.equal(a, b) for a, b in zip(ours, opacus, strict=True))
+    assert not torch.equal(ours[0], torch.full_like(ours[0], 0.25))  # noise was added
