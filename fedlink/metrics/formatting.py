@@ -63,4 +63,8 @@ def key_figures(summary: dict[str, Any]) -> list[tuple[str, str]]:
         ("Bytes down", human_bytes(summary.get("bytes_down", 0))),
         *([("Central evaluation FAILED", f"{summary['evaluation_errors']} flushes: "
             f"{summary.get('evaluation_error')}")] if summary.get("evaluation_errors") else []),
+        *([("Kept-local tensors", f"{len(summary['kept_local']['tensors'])}, in the central "
+            f"model: {summary['kept_local']['filled_with']}")]
+          if isinstance(summary.get("kept_local"), dict) else []),
+        *([("WARNING", str(summary["warning"]))] if summary.get("warning") else []),
     ]

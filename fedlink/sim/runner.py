@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from fedlink.metrics import (
     write_summary,
 )
 from fedlink.metrics.federated import federated_figures
+from fedlink.metrics.summary import near_chance_warning
 from fedlink.netem import ClientLink
 from fedlink.netem.proxy import TcpProxy
 from fedlink.sim.arrivals import RunOverSleep, start_in_waves
@@ -172,10 +174,45 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
     summary.update(federated_figures(recorded))
     if config.network is not None:
         summary["network"] = network_summary(outcomes)
+    final = with_kept_local_filled(experiment, final, trainers, summary)
+    warn_if_near_chance(summary, experiment)
     write_summary(run_dir / SUMMARY_FILENAME, summary)
     report = write_report(run_dir, recorded, summary)
     state = experiment.save_model(run_dir, final)
     return SimulationResult(summary, run_dir, report, outcomes, state, trainers)
+
+
+def with_kept_local_filled(experiment: Experiment, final: np.ndarray,
+                           trainers: tuple[Trainer, ...], summary: dict[str, Any],
+                           ) -> np.ndarray:
+    """With ``[client] keep_local``: the central model filled from the clients' kept values
+    (``Experiment.fill_kept_local``), its record in ``summary["kept_local"]``, and
+    ``final_accuracy``/``final_loss`` that model's (the last flush's, scored with the kept
+    tensors at their initial values, stay as ``final_accuracy_unfilled``)."""
+    filled, record = experiment.fill_kept_local(final, trainers)
+    if not record:
+        return final
+    summary["kept_local"] = record
+    summary["final_accuracy_unfilled"] = summary.get("final_accuracy")
+    if summary.get("final_accuracy") is not None or summary.get("final_loss") is not None:
+        scores = experiment.evaluator()(filled)
+        summary["final_accuracy"] = _number(scores.get("accuracy"))
+        summary["final_loss"] = _number(scores.get("loss"))
+    return filled
+
+
+def warn_if_near_chance(summary: dict[str, Any], experiment: Experiment) -> None:
+    """``summary["warning"]`` (also on the console) when the final accuracy is near chance
+    for the data's classes (``fedlink.metrics.summary.near_chance_warning``)."""
+    warning = near_chance_warning(summary.get("final_accuracy"),
+                                  int(getattr(experiment.data, "num_classes", 0) or 0))
+    summary["warning"] = warning
+    if warning:
+        print(f"fedlink: warning: {warning}", file=sys.stderr)
+
+
+def _number(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _links(experiment: Experiment) -> list[ClientLink | None]:

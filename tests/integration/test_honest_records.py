@@ -92,7 +92,7 @@ def settings_factory(model: Any, data: Any, *, seed: int, loss: Any = "cross_ent
 
 
 def test_settings_a_trainer_factory_cannot_take_are_refused_naming_the_keys() -> None:
-    config = tiny(client={"loss": "nll", "optimizer": "adam", "keep_local": ["0.*"]})
+    config = tiny("grpc", client={"loss": "nll", "optimizer": "adam", "keep_local": ["0.*"]})
     with pytest.raises(ConfigError) as caught:
         Experiment.build(config, Plugs(trainer=plain_factory))
     message = str(caught.value)
@@ -104,7 +104,7 @@ def test_settings_a_trainer_factory_cannot_take_are_refused_naming_the_keys() ->
 
 
 def test_settings_a_trainer_factory_takes_are_given_to_it() -> None:
-    config = tiny(client={"loss": "mse", "keep_local": ["0.*"]})
+    config = tiny("grpc", client={"loss": "mse", "keep_local": ["0.*"]})
     experiment = Experiment.build(config, Plugs(trainer=settings_factory))
     experiment.trainer(0)
     assert received == {"loss": "mse", "keep_local": ("0.*",)}
