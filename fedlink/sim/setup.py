@@ -35,7 +35,6 @@ import torch
 from torch import nn
 
 from fedlink.client import Trainer
-from fedlink.client.evaluation import HeldOutEvaluation
 from fedlink.client.lazy import LazyTrainer
 from fedlink.data import CentralData, Dataset, FederatedData, load_federated
 from fedlink.data.base import NATURAL, partitioner_entry
@@ -347,6 +346,7 @@ class Experiment:
             share = self.config.coordinator.evaluation.holdout
             if not share:
                 return make(data, model)
+            from fedlink.client.evaluation import HeldOutEvaluation
             train_part, held_out = split_holdout(data, share, seed)
             try:
                 return HeldOutEvaluation(make(train_part, model), make(held_out, None))
