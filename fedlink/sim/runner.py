@@ -175,7 +175,7 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
     if config.network is not None:
         summary["network"] = network_summary(outcomes)
     final = with_kept_local_filled(experiment, final, trainers, summary)
-    warn_if_near_chance(summary, experiment)
+    say_what_was_measured(summary, experiment)
     write_summary(run_dir / SUMMARY_FILENAME, summary)
     report = write_report(run_dir, recorded, summary)
     state = experiment.save_model(run_dir, final)
@@ -199,6 +199,18 @@ def with_kept_local_filled(experiment: Experiment, final: np.ndarray,
         summary["final_accuracy"] = _number(scores.get("accuracy"))
         summary["final_loss"] = _number(scores.get("loss"))
     return filled
+
+
+def say_what_was_measured(summary: dict[str, Any], experiment: Experiment) -> None:
+    """The summary entries that say what its figures measured, in both modes: a warning when
+    the final accuracy is near chance, and which examples federated evaluation scored."""
+    warn_if_near_chance(summary, experiment)
+    if "federated_evaluation" in summary:
+        share = experiment.config.coordinator.evaluation.holdout
+        summary["federated_evaluation"]["scored_on"] = (
+            f"a held-out {share:.0%} of each client's examples, never trained on" if share
+            else "each client's training examples (set [coordinator.evaluation] holdout to "
+                 "score held-out ones)")
 
 
 def warn_if_near_chance(summary: dict[str, Any], experiment: Experiment) -> None:

@@ -101,3 +101,4 @@ def test_clients_score_a_held_out_share_they_never_trained_on(tmp_path: Path) ->
     # ... and trained on the rest
     assert Experiment.build(config).client_examples(0) == sizes[0] - held[0]
     assert result.summary["config"]["coordinator"]["evaluation"]["holdout"] == 0.25
+    assert "held-out 25%" in result.summary["federated_evaluation"]["scored_on"]

@@ -149,7 +149,7 @@ def test_virtual_and_real_summaries_have_the_same_keys_meaning_the_same(
     real = run_simulation(tiny("grpc"), tmp_path / "real", progress=False).summary
     virtual = run_simulation(tiny("virtual"), tmp_path / "virtual", progress=False).summary
     shared = {"clients", "bytes_up", "bytes_down", "wall_seconds", "rounds", "updates_accepted",
-              "tasks_issued", "final_accuracy", "simulation_seconds", "config"}
+              "tasks_issued", "final_accuracy", "simulation_seconds", "config", "warning"}
     assert shared <= set(real) and shared <= set(virtual)
     for summary in (real, virtual):
         assert summary["clients"] == 4

@@ -97,9 +97,9 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
         summary.update(federated_figures(recorded))
     summary.update(virtual_figures(totals, time.perf_counter() - started, loop))
     if experiment is not None:
-        from fedlink.sim.runner import warn_if_near_chance
+        from fedlink.sim.runner import say_what_was_measured
 
-        warn_if_near_chance(summary, experiment)
+        say_what_was_measured(summary, experiment)
     else:
         summary["warning"] = None
     summary["training_processes"] = training.processes
