@@ -69,6 +69,11 @@ async def serve(config_path: Path, address: str, output_dir: Path | None,
     summary = summarize(everything, config.to_dict())
     summary.update(experiment.data_figures())
     summary.update(federated_figures(everything))
+    # the coordinator holds no client's kept tensors: its model.pt has their initial values,
+    # and the record says so (a simulation fills them from its clients)
+    kept_local = experiment.fill_kept_local(server.service.engine.model, ())[1]
+    if kept_local:
+        summary["kept_local"] = kept_local
     write_summary(run_dir / SUMMARY_FILENAME, summary)
     experiment.save_model(run_dir, server.service.engine.model)  # model.npy and model.pt
     print(f"report: {write_report(run_dir, everything, summary)}", flush=True)

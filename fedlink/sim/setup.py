@@ -428,6 +428,9 @@ class Experiment:
             _round_counters(filled, spec, mask)
             how = (f"the example-weighted mean of the values {len(kept)} clients kept "
                    f"after their last task")
+        elif not trainers:  # a coordinator alone (fedlink serve): the clients hold them
+            how = ("their initial values: the coordinator never receives the tensors its "
+                   "clients keep (each client's own stay on the client)")
         else:
             how = "their initial values: no client kept values of its own"
         return filled, {"patterns": list(patterns), "tensors": names, "clients": len(kept),

@@ -85,3 +85,13 @@ def test_keep_local_in_virtual_mode_is_refused() -> None:
     with pytest.raises(ConfigError, match="mode = 'virtual'") as refused:
         _config("lost", mode="virtual", keep_local=["batchnorm"])
     assert "[client] keep_local" in str(refused.value)
+
+
+def test_a_coordinator_alone_says_its_kept_tensors_are_the_initial_ones() -> None:
+    experiment = Experiment.build(_config("serve-side", keep_local=["batchnorm"]))
+    start = experiment.initial_vector()
+    vector, record = experiment.fill_kept_local(start, ())  # what fedlink serve records
+    assert np.array_equal(vector, start) and record["clients"] == 0
+    assert "initial values" in record["filled_with"]
+    plain = Experiment.build(_config("no-keep"))
+    assert plain.fill_kept_local(start, ())[1] == {}  # nothing kept: nothing to say
