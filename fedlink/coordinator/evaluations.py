@@ -201,9 +201,9 @@ class EvaluationDesk:
         version = self.engine.version
         for client_id in self._chosen_for(version):
             record = self._latest.get(client_id)
-            if record is None or record.version != version or self.is_open(record):
-                if client_id in self._capable:
-                    return True
+            waiting = record is None or record.version != version or self.is_open(record)
+            if waiting and client_id in self._capable:  # not reported, closed, nor gone
+                return True
         return False
 
     # -- issuing ---------------------------------------------------------------------------

@@ -17,8 +17,9 @@ factor), runs it on the digits and judges it (``judge``):
 - ``silently_wrong``: the run finished, but one of the checks of ``learned`` failed;
 - ``crashed``: anything else (an exception during the run, a refusal that names no key).
 
-``REFUSED`` names the pairs of levels that must be refused at config time. ``pairwise`` picks a small set of cells that covers every pair of levels of
-every two factors (a deterministic greedy all-pairs construction), ``product`` all of them.
+``REFUSED`` names the pairs of levels that must be refused at config time. ``pairwise``
+picks a small set of cells that covers every pair of levels of every two factors (a
+deterministic greedy all-pairs construction), ``product`` all of them.
 ``tests/integration/test_combinations.py`` runs the pairwise set in ``make test``;
 ``benchmarks/combinations.py`` the full product.
 """
@@ -202,13 +203,13 @@ def _check(cell: Cell, summary: Mapping[str, Any], state: Mapping[str, Any],
     finite = all(bool(torch.isfinite(t.float()).all()) for t in state.values())
     variances = [float(t.min()) for k, t in state.items() if k.endswith("running_var")]
     counters = [int(t) for k, t in state.items() if k.endswith("num_batches_tracked")]
-    checks = {"accuracy": accuracy, "floor": floor(cell), "finite": finite,
+    least = floor(cell)
+    checks = {"accuracy": accuracy, "floor": least, "finite": finite,
               "min_running_var": min(variances) if variances else None,
               "buffers_sane": all(v > 0 for v in variances) and all(c >= 0 for c in counters)}
     wrong = []
-    if not isinstance(accuracy, int | float) or not math.isfinite(accuracy) \
-            or accuracy < checks["floor"]:
-        wrong.append(f"accuracy {accuracy} below the floor {checks['floor']:.2f}")
+    if not isinstance(accuracy, int | float) or not math.isfinite(accuracy) or accuracy < least:
+        wrong.append(f"accuracy {accuracy} below the floor {least:.2f}")
     if not finite:
         wrong.append("a non-finite tensor in the final model")
     if not checks["buffers_sane"]:
@@ -216,7 +217,7 @@ def _check(cell: Cell, summary: Mapping[str, Any], state: Mapping[str, Any],
                      f"{checks['min_running_var']}, counters {counters})")
     wrong += _not_in_effect(cell, summary)
     outcome = "silently_wrong" if wrong else "learned"
-    detail = "; ".join(wrong) or f"accuracy {accuracy:.3f} >= {checks['floor']:.2f}"
+    detail = "; ".join(wrong) or f"accuracy {accuracy:.3f} >= {least:.2f}"
     return Verdict(cell, outcome, detail, accuracy, seconds, checks)
 
 

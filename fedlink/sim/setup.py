@@ -291,9 +291,10 @@ class Experiment:
         if errors:
             raise ConfigError(
                 f"[client] trainer = 'dp_sgd' cannot train this [model]: "
-                f"{'; '.join(str(e).split('. ')[0] for e in errors)}. DP-SGD clips each example's gradient, "
-                f"and BatchNorm mixes the examples of a batch: replace it with GroupNorm "
-                f"(opacus.validators.ModuleValidator.fix(model) does that), or use "
+                f"{'; '.join(str(e).split('. ')[0] for e in errors)}. DP-SGD clips each "
+                f"example's gradient, and BatchNorm mixes the examples of a batch: replace "
+                f"it with GroupNorm (opacus.validators.ModuleValidator.fix(model) does "
+                f"that), or use "
                 f"[client] privacy = 'dp_fedavg' (user-level DP), which any model can train")
 
     def trainer_settings(self) -> dict[str, Any]:
