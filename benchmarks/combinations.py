@@ -12,14 +12,17 @@ Figures: ``cells``, ``cells_learned``, ``cells_refused``, ``cells_silently_wrong
 (mean), and ``min_margin`` (the smallest accuracy above its floor among learned cells). Each
 cell that is not ``learned`` or ``refused`` is printed with its reason.
 
-Run: ``python benchmarks/combinations.py [--quick] [--json FILE]`` (``--quick``: the pairwise
-set only, as ``make test`` runs it).
+Run: ``python benchmarks/combinations.py [--quick] [--json FILE] [--workers N]``
+(``--quick``: the pairwise set only, as ``make test`` runs it; ``--workers``: cells judged in
+N processes at once, 2 by default).
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -28,22 +31,26 @@ from _common import parse_args, report
 from fedlink.sim.combinations import OUTCOMES, judge, pairwise, product
 
 
+def _workers(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workers", type=int, default=2, help="processes judging cells")
+
+
 def main() -> None:
     """Run the cells and print the figures."""
-    args = parse_args(__doc__.splitlines()[0])
+    args = parse_args(__doc__.splitlines()[0], _workers)
     cells = pairwise() if args.quick else product()
     started = time.perf_counter()
     counts = dict.fromkeys(OUTCOMES, 0)
     margins = []
-    for number, cell in enumerate(cells, 1):
-        verdict = judge(cell)
-        counts[verdict.outcome] += 1
-        if verdict.outcome == "learned" and verdict.accuracy is not None:
-            margins.append(verdict.accuracy - float(verdict.checks["floor"]))
-        if verdict.outcome not in ("learned", "refused"):
-            print(f"[{number}/{len(cells)}] {verdict.describe()}", flush=True)
-        elif number % 25 == 0:
-            print(f"[{number}/{len(cells)}] {dict(counts)}", flush=True)
+    with ProcessPoolExecutor(max(1, args.workers)) as pool:
+        for number, verdict in enumerate(pool.map(judge, cells), 1):
+            counts[verdict.outcome] += 1
+            if verdict.outcome == "learned" and verdict.accuracy is not None:
+                margins.append(verdict.accuracy - float(verdict.checks["floor"]))
+            if verdict.outcome not in ("learned", "refused"):
+                print(f"[{number}/{len(cells)}] {verdict.describe()}", flush=True)
+            elif number % 25 == 0:
+                print(f"[{number}/{len(cells)}] {counts}", flush=True)
     elapsed = time.perf_counter() - started
     report({"cells": len(cells),
             "cells_learned": counts["learned"],

@@ -69,7 +69,7 @@ every other pair with cells expected to learn (any of them may still be refused 
 time, naming the keys: a combination refused is honest; one that runs wrong is not)."""
 
 CLIENTS = 6
-ROUNDS = 6
+ROUNDS = 5
 BASE_FLOOR = 0.75
 """The accuracy a cell without privacy, compression or skew reaches with room to spare (the
 MLP and the CNN both pass 0.9 on the digits in these rounds)."""
@@ -129,7 +129,7 @@ def config_table(cell: Cell, name: str = "cell") -> dict[str, Any]:
         "rounds": ROUNDS, "server_optimizer": cell["server_optimizer"],
         "flush": {"goal": CLIENTS, "min_updates": CLIENTS, "deadline_s": 0,
                   "max_staleness": 0},
-        "training": {"local_epochs": 2, "batch_size": 16, "learning_rate": 0.1},
+        "training": {"local_epochs": 1, "batch_size": 16, "learning_rate": 0.2},
     }
     if cell["privacy"] == "dp_fedavg":
         client["privacy"] = "dp_fedavg"
