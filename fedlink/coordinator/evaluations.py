@@ -186,8 +186,10 @@ class EvaluationDesk:
         now = self._clock()
         if self._final_since is None:
             self._final_since = now
-            if self._chosen[0] == self.engine.version and self.engine.version % self.config.every:
-                self._chosen = (-1, frozenset())  # drawn before the end: draw the final's
+            version = self.engine.version
+            if version % self.config.every:  # not due while it was current: draw it afresh
+                self._chosen = (-1, frozenset())
+                self._drawn = {c: v for c, v in self._drawn.items() if v != version}
             if self._call_at is not None:
                 self._call_at(now + self._limits.max_task_s, self.on_final_change)
         return now - self._final_since <= self._limits.max_task_s
