@@ -74,8 +74,14 @@ async def _serve(config_path: Path, address: str, output_dir: Path | None,
         summary = summarize(everything, config.to_dict())
         summary.update(experiment.data_figures())
         summary.update(federated_figures(everything))
+        # the coordinator holds no client's kept tensors: its model.pt has their initial
+        # values, and the record says so (a simulation fills them from its clients)
+        final = server.service.lifecycle.final_model
+        kept_local = experiment.fill_kept_local(final, ())[1]
+        if kept_local:
+            summary["kept_local"] = kept_local
         write_summary(run_dir / SUMMARY_FILENAME, summary)
-        experiment.save_model(run_dir, server.service.lifecycle.final_model)
+        experiment.save_model(run_dir, final)
         return summary
 
     with EventLog(run_dir / EVENTS_FILENAME) as events, contextlib.ExitStack() as stack:

@@ -19,7 +19,7 @@ from typing import Protocol, cast, runtime_checkable
 
 import numpy as np
 
-from fedlink.client.base import Trainer
+from fedlink.client.base import Trainer, TrainPlan, TrainResult
 from fedlink.errors import ConfigError
 from fedlink.messages import EVALUATE_CAPABILITY, EvaluationReport, Task
 
@@ -73,3 +73,32 @@ def evaluation_report(client_id: str, task: Task, trainer: Trainer,
     return EvaluationReport(client_id=client_id, task_id=task.task_id,
                             model_version=task.model_version, num_examples=examples,
                             metrics=values)
+
+
+class HeldOutEvaluation:
+    """A client that trains on part of its data and scores evaluation tasks on the rest
+    (``[coordinator.evaluation] holdout``), so its federated accuracy is not measured on
+    the examples it trained on.
+
+    ``trainer`` trains (and holds the client's state: ``keep_local`` tensors are put into a
+    model before it is scored, through its ``personalize`` when it has one); ``held_out`` is
+    the same kind of trainer over the held-out examples, used only to ``evaluate``.
+    """
+
+    def __init__(self, trainer: Trainer, held_out: Trainer) -> None:
+        self.trainer = trainer
+        self._held_out = wrapped_evaluate(held_out)
+
+    def num_examples(self) -> int:
+        """The examples it trains on."""
+        return self.trainer.num_examples()
+
+    def train(self, params: np.ndarray, plan: TrainPlan) -> TrainResult:
+        """Train on the training part."""
+        return self.trainer.train(params, plan)
+
+    def evaluate(self, params: np.ndarray) -> Mapping[str, float]:
+        """Score ``params`` (with this client's kept tensors) on the held-out examples."""
+        personalize = getattr(self.trainer, "personalize", None)
+        return self._held_out(personalize(params) if callable(personalize) else params)
+

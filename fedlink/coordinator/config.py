@@ -150,12 +150,17 @@ class TrainingConfig:
 
     ``trainer_options`` reach the client's trainer as strings; ``TorchTrainer`` reads
     ``prox_mu`` (FedProx's proximal coefficient).
+
+    The defaults (5 local epochs of batches of 10, FedAvg's ``E = 5, B = 10`` of McMahan et
+    al., at learning rate 0.2) learn in the rounds a quick run asks for: the digits split
+    among 50 clients (29 examples each) reach about 0.9 with an MLP in the default 10 rounds,
+    where one epoch of batches of 32 (one step a round) stayed at chance.
     """
 
     local_steps: int = 0
-    local_epochs: int = 1
-    batch_size: int = 32
-    learning_rate: float = 0.05
+    local_epochs: int = 5
+    batch_size: int = 10
+    learning_rate: float = 0.2
     trainer_options: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -183,9 +188,19 @@ class EvaluationConfig:
 
     fraction: float = 0.0
     every: int = 1
+    holdout: float = 0.0
+    """The share of each client's examples kept out of its training and scored by its
+    evaluation tasks (seeded; ``fedlink.experiment.setup``). 0: clients score on their training
+    data."""
 
     def __post_init__(self) -> None:
         check_fields(self, "coordinator.evaluation")
+        require(isinstance(self.holdout, int | float) and 0.0 <= self.holdout < 1.0,
+                "coordinator.evaluation.holdout",
+                f"must be a number in [0, 1), got {self.holdout!r}")
+        require(not self.holdout or self.fraction > 0, "coordinator.evaluation.holdout",
+                "needs coordinator.evaluation.fraction > 0: without evaluation tasks nothing "
+                "would score the held-out examples")
         require(isinstance(self.fraction, int | float) and 0.0 <= self.fraction <= 1.0,
                 "coordinator.evaluation.fraction",
                 f"must be a number in [0, 1], got {self.fraction!r}")

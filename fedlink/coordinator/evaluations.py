@@ -186,8 +186,10 @@ class EvaluationDesk:
         now = self._clock()
         if self._final_since is None:
             self._final_since = now
-            if self._chosen[0] == self.engine.version and self.engine.version % self.config.every:
-                self._chosen = (-1, frozenset())  # drawn before the end: draw the final's
+            version = self.engine.version
+            if version % self.config.every:  # not due while it was current: draw it afresh
+                self._chosen = (-1, frozenset())
+                self._drawn = {c: v for c, v in self._drawn.items() if v != version}
             if self._call_at is not None:
                 self._call_at(now + self._limits.max_task_s, self.on_final_change)
         return now - self._final_since <= self._limits.max_task_s
@@ -201,9 +203,9 @@ class EvaluationDesk:
         version = self.engine.version
         for client_id in self._chosen_for(version):
             record = self._latest.get(client_id)
-            if record is None or record.version != version or self.is_open(record):
-                if client_id in self._capable:
-                    return True
+            waiting = record is None or record.version != version or self.is_open(record)
+            if waiting and client_id in self._capable:  # not reported, closed, nor gone
+                return True
         return False
 
     # -- issuing ---------------------------------------------------------------------------

@@ -169,6 +169,14 @@ class ClientSection:
     (``[client.liveness]``, ``fedlink.client.liveness.LivenessConfig``): how clients retry and
     how long they wait for a link before calling it dead.
 
+    A ``keep_local`` pattern is ``"batchnorm"`` (every BatchNorm layer's tensors), a glob over
+    the full tensor names of ``model.state_dict()`` (``"1.*"``, ``"head.*"``,
+    ``"*.running_*"``), or a bare word matching any dotted part that starts with it (``"bn"``:
+    ``bn1.weight``, ``features.bn.bias``). A pattern ending in ``"."`` names a module's
+    tensors: ``"1."`` is read as the glob ``"1.*"`` (and recorded so). A pattern that matches
+    no tensor is refused when the model is built. With ``[run] mode = "virtual"`` it is
+    refused: a virtual client's trainer is built afresh for each task and could not keep them.
+
     ``privacy`` names the privacy stage (``"dp_fedavg"`` for user-level DP; its options come
     from the coordinator's ``dp_fedavg`` hook, see ``fedlink.privacy.setup``, and
     ``privacy_options`` may repeat them); ``trainer`` is ``"torch"`` (local SGD) or
@@ -221,6 +229,10 @@ class ClientSection:
 
     def __post_init__(self) -> None:
         check_fields(self, "client")
+        # "1." (a module's tensors, as a prefix) reads as the glob "1.*": as a bare word it
+        # would match nothing, since no dotted part of a name holds a dot
+        object.__setattr__(self, "keep_local", tuple(
+            f"{p}*" if isinstance(p, str) and p.endswith(".") else p for p in self.keep_local))
         require(self.trainer in TRAINERS, "client.trainer",
                 f"must be one of {', '.join(TRAINERS.names())} (fedlink.experiment.trainers) or "
                 f"'package.module:attr', got {self.trainer!r}")
@@ -263,6 +275,17 @@ class ExperimentConfig:
         check_fields(self, "")
         require(not self.evaluator or is_import_string(self.evaluator), "coordinator.evaluator",
                 f"must be 'package.module:attr', got {self.evaluator!r}")
+        self._refuse_state_virtual_clients_lose()
+
+    def _refuse_state_virtual_clients_lose(self) -> None:
+        """Virtual mode builds each task's trainer afresh (a population of 10^6 keeps no
+        trainer per client): ``keep_local``'s tensors would be lost between tasks without a
+        word (and each task would start them from the global model's initial values)."""
+        if self.run.mode == "virtual" and self.virtual.population == 0 and self.client.keep_local:
+            raise ConfigError("[client] keep_local with [run] mode = 'virtual': a virtual "
+                              "client's trainer is built afresh for each task, so the tensors "
+                              "it keeps local would be lost between tasks. Use [run] mode = "
+                              "'grpc', or unset [client] keep_local")
 
     @classmethod
     def from_dict(cls, table: Mapping[str, Any],

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -228,9 +228,19 @@ class Experiment:
         return self.plugs.loss if self.plugs.loss is not None else self.config.client.loss
 
     def trainer_factory(self) -> TrainerFactory:
-        """The ``(model, data, *, seed) -> Trainer`` that builds each client's trainer."""
+        """The ``(model, data, *, seed) -> Trainer`` that builds each client's trainer.
+
+        A plugged trainer replaces the built-in ``"torch"`` one only: with ``[client] trainer``
+        set to another (``"dp_sgd"``: the run's privacy) it is refused, naming both, rather
+        than silently training without what that key asked for."""
         plug = resolve(self.plugs.trainer, "trainer")
         name = self.config.client.trainer
+        if plug is not None and name != ClientSection().trainer:
+            raise ConfigError(f"run_simulation(trainer={describe(plug)}) and [client] trainer "
+                              f"= {name!r}: the plugged trainer would replace {name!r} and "
+                              f"what it does (DP-SGD's clipping and noise, say) would silently "
+                              f"not happen. Unset one of them (a trainer of your own that does "
+                              f"DP-SGD goes in run_simulation(trainer=...) alone)")
         if plug is None and TRAINERS.registered(name):
             return self._registered_factory(name)
         factory = plug if plug is not None else resolve(name, "trainer")
@@ -286,15 +296,28 @@ class Experiment:
         factory = self.trainer_factory()
         seed = self.config.run.seed * 7919 + index
 
-        def build() -> Trainer:
-            data = self.data.client(index) if isinstance(self.data, TorchFederatedData) \
-                else self.data.clients[index]
-            trainer = factory(self.new_model() if model is None else model, data, seed=seed)
+        def make(data: Any, working: nn.Module | None) -> Trainer:
+            trainer = factory(self.new_model() if working is None else working, data,
+                              seed=seed)
             if not isinstance(trainer, Trainer):
                 raise ConfigError(f"trainer factory {describe(factory)} returned a "
                                   f"{type(trainer).__name__}, expected a fedlink.client.Trainer "
                                   f"(num_examples() and train(params, plan))")
             return trainer
+
+        def build() -> Trainer:
+            data = self.data.client(index) if isinstance(self.data, TorchFederatedData) \
+                else self.data.clients[index]
+            share = self.config.coordinator.evaluation.holdout
+            if not share:
+                return make(data, model)
+            from fedlink.client.evaluation import HeldOutEvaluation
+            train_part, held_out = split_holdout(data, share, seed)
+            try:
+                return HeldOutEvaluation(make(train_part, model), make(held_out, None))
+            except AttributeError as exc:
+                raise ConfigError(f"[coordinator.evaluation] holdout needs a trainer that "
+                                  f"can evaluate (an evaluate(params) method): {exc}") from exc
 
         if self.data_is_lazy(index):
             # only the built-in torch trainer is known to evaluate without building it
@@ -307,7 +330,8 @@ class Experiment:
         built-in trainer over a fedlink ``Dataset`` trains on all of it."""
         built_in = self.plugs.trainer is None and self.config.client.trainer in TRAINERS
         if built_in and isinstance(self.data, FederatedData):
-            return len(self.data.clients[index])
+            examples = len(self.data.clients[index])
+            return examples - held_out_count(examples, self.config.coordinator.evaluation.holdout)
         return None
 
     def data_is_lazy(self, index: int) -> bool:
@@ -332,6 +356,55 @@ class Experiment:
         return {"label_distribution": label_distribution(
             [client.label_counts().tolist() for client in self.data.clients])}
 
+    def fill_kept_local(self, vector: np.ndarray, trainers: Sequence[Any],
+                        ) -> tuple[np.ndarray, dict[str, Any]]:
+        """The central model with its ``[client] keep_local`` tensors filled, and the record
+        of how (``summary.json``'s ``kept_local``).
+
+        The coordinator never sees those tensors (each client keeps its own), so the global
+        vector holds their initial values: scored centrally, or loaded from ``model.pt``, it
+        would be a model nobody trained. Filled with the example-weighted mean of the values
+        the clients (``trainers``, this process's) last kept, it is the natural central
+        counterpart of FedBN's per-client models; ``({}, vector)`` without ``keep_local``.
+        """
+        patterns = self.config.client.keep_local
+        if not patterns:
+            return vector, {}
+        from fedlink.client.torch_trainer import local_mask  # torch: as the trainers are
+
+        model = self.new_model()
+        spec = spec_of(model)
+        mask = local_mask(spec, patterns, model)
+        kept, weights = [], []
+        for trainer in trainers:
+            inner = _innermost(trainer)
+            personalize = getattr(inner, "personalize", None)
+            if personalize is None:
+                continue
+            mine = np.asarray(personalize(vector))[mask]
+            if not np.array_equal(mine, vector[mask]):  # it trained, and kept these
+                kept.append(mine)
+                weights.append(max(1, int(inner.num_examples())))
+        names = [n for n, o, k in zip(spec.names, spec.offsets, spec.numels, strict=True)
+                 if mask[o:o + k].any()]
+        filled = np.array(vector, dtype=np.float32, copy=True)
+        if kept:
+            filled[mask] = np.average(np.stack(kept), axis=0, weights=weights)
+            _round_counters(filled, spec, mask)
+            how = (f"the example-weighted mean of the values {len(kept)} clients kept "
+                   f"after their last task")
+        elif not trainers:  # a coordinator alone (fedlink serve): the clients hold them
+            how = ("their initial values: the coordinator never receives the tensors its "
+                   "clients keep (each client's own stay on the client)")
+        else:
+            how = "their initial values: no client kept values of its own"
+        return filled, {"patterns": list(patterns), "tensors": names, "clients": len(kept),
+                        "filled_with": how,
+                        "central_accuracy": "final_accuracy scores the filled central model; "
+                                            "the per-flush central accuracies score the "
+                                            "global model with these tensors at their "
+                                            "initial values, and mean little"}
+
     def state_dict(self, vector: np.ndarray) -> dict[str, torch.Tensor]:
         """``vector`` as the model's ``state_dict`` (what ``torch.save`` writes)."""
         model = self.new_model()
@@ -348,6 +421,53 @@ class Experiment:
         flat = np.asarray(vector, dtype=np.float32)
         write_atomic_with(run_dir / VECTOR_FILENAME, lambda f: np.save(f, flat))
         return state
+
+
+def held_out_count(examples: int, share: float) -> int:
+    """How many of a client's ``examples`` ``[coordinator.evaluation] holdout = share``
+    keeps out of training: ``share`` of them rounded, at least one, and never all (a client
+    of one example trains on it and scores nothing apart)."""
+    if share <= 0 or examples < 2:
+        return 0
+    return min(examples - 1, max(1, round(share * examples)))
+
+
+def split_holdout(data: Any, share: float, seed: int) -> tuple[Any, Any]:
+    """``(training part, held-out part)`` of one client's data, a seeded random split
+    (``held_out_count``); a fedlink ``Dataset`` or a torch ``Dataset``."""
+    if isinstance(data, torch.utils.data.DataLoader):
+        raise ConfigError("[coordinator.evaluation] holdout cannot split a client's "
+                          "DataLoader: have the data loader return torch Datasets")
+    examples = len(data)
+    order = np.random.default_rng([seed & (2**63 - 1), 0x401D]).permutation(examples)
+    held = held_out_count(examples, share)
+    parts = np.sort(order[held:]), np.sort(order[:held])
+    if isinstance(data, Dataset):
+        return data.subset(parts[0]), data.subset(parts[1], f"{data.name}-held-out")
+    return (torch.utils.data.Subset(data, parts[0].tolist()),
+            torch.utils.data.Subset(data, parts[1].tolist()))
+
+
+def _innermost(trainer: Any) -> Any:
+    """The trainer a simulation's wrappers hold (slowed, partial work, lazy): the one that
+    keeps a client's state (``None`` for a lazy trainer never built)."""
+    while True:
+        if hasattr(trainer, "built") and hasattr(trainer, "_trainer"):  # a LazyTrainer
+            trainer = trainer._trainer
+        elif hasattr(trainer, "trainer") and not hasattr(trainer, "personalize"):
+            trainer = trainer.trainer
+        else:
+            return trainer
+
+
+def _round_counters(vector: np.ndarray, spec: ParamSpec, mask: np.ndarray) -> None:
+    """Integer counters (``num_batches_tracked``) among the filled entries, rounded: a mean
+    of counters is a counter again only once it is a whole number."""
+    from fedlink.params.base import COUNTER
+
+    for offset, numel, kind in zip(spec.offsets, spec.numels, spec.kinds, strict=True):
+        if kind == COUNTER and mask[offset:offset + numel].any():
+            vector[offset:offset + numel] = np.round(vector[offset:offset + numel])
 
 
 SETTING_KEYS = {"loss": "[client] loss", "optimizer": "[client] optimizer / optimizer_options",

@@ -113,8 +113,9 @@ def draw_federated(run_dir: Path, events: list[Event], summary: Mapping[str, Any
                  f"({len(spread)} clients)")
     fig.savefig(run_dir / SPREAD_PLOT, format="png", dpi=100)
     worst, best = (spread[0], spread[-1]) if spread else (float("nan"), float("nan"))
+    scored_on = f" Scored on {curve['scored_on']}." if curve.get("scored_on") else ""
     return (f"## Federated evaluation\n\nThe global model scored on the data of the clients "
             f"given evaluation tasks, weighted by examples; at version {curve['versions'][-1]} "
-            f"{len(spread)} clients ranged from {worst:.3f} to {best:.3f}.\n\n"
+            f"{len(spread)} clients ranged from {worst:.3f} to {best:.3f}.{scored_on}\n\n"
             f"![Central and federated accuracy]({CURVES_PLOT})\n\n"
             f"![Per-client accuracy]({SPREAD_PLOT})")

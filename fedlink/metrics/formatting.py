@@ -65,4 +65,8 @@ def key_figures(summary: dict[str, Any]) -> list[tuple[str, str]]:
           if summary.get("bytes_down_wasted") else []),
         *([("Central evaluation FAILED", f"{summary['evaluation_errors']} flushes: "
             f"{summary.get('evaluation_error')}")] if summary.get("evaluation_errors") else []),
+        *([("Kept-local tensors", f"{len(summary['kept_local']['tensors'])}, in the central "
+            f"model: {summary['kept_local']['filled_with']}")]
+          if isinstance(summary.get("kept_local"), dict) else []),
+        *([("WARNING", str(summary["warning"]))] if summary.get("warning") else []),
     ]

@@ -389,3 +389,22 @@ def _tally(events: list[Event], field: str) -> dict[str, int]:
 def _opt_float(value: Any) -> float | None:
     """``float(value)``, or None when value is None."""
     return None if value is None else float(value)
+
+
+NEAR_CHANCE = 0.1
+"""A final accuracy within this share of the way from chance to 1 is "near chance"."""
+
+
+def near_chance_warning(final_accuracy: float | None, num_classes: int | None) -> str | None:
+    """The summary's ``warning`` when a classifier ended near chance (``1 / num_classes``):
+    a run that learned nothing reads like any other in a table of figures."""
+    if final_accuracy is None or not num_classes or num_classes < 2:
+        return None
+    chance = 1.0 / num_classes
+    if final_accuracy > chance + NEAR_CHANCE * (1.0 - chance):
+        return None
+    return (f"final accuracy {final_accuracy:.3f} is near chance ({chance:.3f} for "
+            f"{num_classes} classes): the model learned little. Look at [coordinator.training] "
+            f"(local_epochs, batch_size, learning_rate), [coordinator] rounds and the flush "
+            f"goal, or the data's labels")
+

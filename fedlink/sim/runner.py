@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from fedlink.metrics import (
 )
 from fedlink.metrics.federated import federated_figures
 from fedlink.metrics.report_worker import ReportWriter, write_run_report
+from fedlink.metrics.summary import near_chance_warning
 from fedlink.netem import ClientLink
 from fedlink.netem.proxy import TcpProxy
 from fedlink.sim.arrivals import RunOverSleep, start_in_waves
@@ -178,10 +180,57 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
     summary.update(federated_figures(recorded))
     if config.network is not None:
         summary["network"] = network_summary(outcomes)
+    final = with_kept_local_filled(experiment, final, trainers, summary)
+    say_what_was_measured(summary, experiment)
     write_summary(run_dir / SUMMARY_FILENAME, summary)
     written = write_run_report(report, run_dir, recorded, summary)
     state = experiment.save_model(run_dir, final)
     return SimulationResult(summary, run_dir, written, outcomes, state, trainers)
+
+
+def with_kept_local_filled(experiment: Experiment, final: np.ndarray,
+                           trainers: tuple[Trainer, ...], summary: dict[str, Any],
+                           ) -> np.ndarray:
+    """With ``[client] keep_local``: the central model filled from the clients' kept values
+    (``Experiment.fill_kept_local``), its record in ``summary["kept_local"]``, and
+    ``final_accuracy``/``final_loss`` that model's (the last flush's, scored with the kept
+    tensors at their initial values, stay as ``final_accuracy_unfilled``)."""
+    filled, record = experiment.fill_kept_local(final, trainers)
+    if not record:
+        return final
+    summary["kept_local"] = record
+    summary["final_accuracy_unfilled"] = summary.get("final_accuracy")
+    if summary.get("final_accuracy") is not None or summary.get("final_loss") is not None:
+        scores = experiment.evaluator()(filled)
+        summary["final_accuracy"] = _number(scores.get("accuracy"))
+        summary["final_loss"] = _number(scores.get("loss"))
+    return filled
+
+
+def say_what_was_measured(summary: dict[str, Any], experiment: Experiment) -> None:
+    """The summary entries that say what its figures measured, in both modes: a warning when
+    the final accuracy is near chance, and which examples federated evaluation scored."""
+    warn_if_near_chance(summary, experiment)
+    if "federated_evaluation" in summary:
+        share = experiment.config.coordinator.evaluation.holdout
+        summary["federated_evaluation"]["scored_on"] = (
+            f"a held-out {share:.0%} of each client's examples, never trained on" if share
+            else "each client's training examples (set [coordinator.evaluation] holdout to "
+                 "score held-out ones)")
+
+
+def warn_if_near_chance(summary: dict[str, Any], experiment: Experiment) -> None:
+    """``summary["warning"]`` (also on the console) when the final accuracy is near chance
+    for the data's classes (``fedlink.metrics.summary.near_chance_warning``)."""
+    warning = near_chance_warning(summary.get("final_accuracy"),
+                                  int(getattr(experiment.data, "num_classes", 0) or 0))
+    summary["warning"] = warning
+    if warning:
+        print(f"fedlink: warning: {warning}", file=sys.stderr)
+
+
+def _number(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _links(experiment: Experiment) -> list[ClientLink | None]:

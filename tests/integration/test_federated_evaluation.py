@@ -58,3 +58,47 @@ def test_federated_curve_is_example_weighted_and_reported(tmp_path: Path) -> Non
     assert "## Federated evaluation" in report
     assert (result.run_dir / "client_accuracy.png").read_bytes().startswith(b"\x89PNG")
     assert (result.run_dir / "federated_vs_central.png").is_file()
+
+
+def test_holdout_needs_evaluation_and_a_share_below_one() -> None:
+    with pytest.raises(ConfigError, match=r"holdout.*fraction"):
+        ExperimentConfig.from_dict({"coordinator": {"evaluation": {"holdout": 0.2}}})
+    with pytest.raises(ConfigError, match=r"coordinator\.evaluation\.holdout"):
+        ExperimentConfig.from_dict({"coordinator": {"evaluation": {"fraction": 1.0,
+                                                                   "holdout": 1.0}}})
+
+
+@pytest.mark.timeout(180)
+def test_clients_score_a_held_out_share_they_never_trained_on(tmp_path: Path) -> None:
+    from fedlink.data import load_federated
+    from fedlink.experiment.setup import Experiment, held_out_count, split_holdout
+
+    config = ExperimentConfig.from_dict({
+        "run": {"name": "held-out", "seed": 5},
+        "data": {"dataset": "digits", "clients": 4, "partition": "iid"},
+        "model": {"name": "mlp", "options": {"hidden": [32]}},
+        "coordinator": {
+            "rounds": 2,
+            "flush": {"goal": 4, "deadline_s": 60.0},
+            "training": {"local_epochs": 1, "batch_size": 32, "learning_rate": 0.1},
+            "evaluation": {"fraction": 1.0, "every": 1, "holdout": 0.25},
+        },
+    })
+    data = load_federated("digits", 4, 5, "iid")
+    sizes = [len(c) for c in data.clients]
+    held = [held_out_count(n, 0.25) for n in sizes]
+    assert all(h == round(n / 4) for h, n in zip(held, sizes, strict=True))
+    train, apart = split_holdout(data.clients[0], 0.25, seed=11)
+    assert len(train) + len(apart) == sizes[0] and len(apart) == held[0]
+    together = np.concatenate([train.x, apart.x])  # the two parts are the client's data
+    assert np.array_equal(np.unique(together, axis=0), np.unique(data.clients[0].x, axis=0))
+    result = run_simulation(config, tmp_path, progress=False)
+    events = read_events(result.run_dir / "events.jsonl")
+    scored = [e["num_examples"] for e in events if e["kind"] == "evaluation_reported"]
+    trained = [e["num_examples"] for e in events if e["kind"] == "update_accepted"]
+    assert scored and set(scored) <= set(held)  # each scored its held-out share only ...
+    assert trained and set(trained) <= {n - h for n, h in zip(sizes, held, strict=True)}
+    # ... and trained on the rest
+    assert Experiment.build(config).client_examples(0) == sizes[0] - held[0]
+    assert result.summary["config"]["coordinator"]["evaluation"]["holdout"] == 0.25
+    assert "held-out 25%" in result.summary["federated_evaluation"]["scored_on"]

@@ -92,7 +92,7 @@ def settings_factory(model: Any, data: Any, *, seed: int, loss: Any = "cross_ent
 
 
 def test_settings_a_trainer_factory_cannot_take_are_refused_naming_the_keys() -> None:
-    config = tiny(client={"loss": "nll", "optimizer": "adam", "keep_local": ["0.*"]})
+    config = tiny("grpc", client={"loss": "nll", "optimizer": "adam", "keep_local": ["0.*"]})
     with pytest.raises(ConfigError) as caught:
         Experiment.build(config, Plugs(trainer=plain_factory))
     message = str(caught.value)
@@ -104,7 +104,7 @@ def test_settings_a_trainer_factory_cannot_take_are_refused_naming_the_keys() ->
 
 
 def test_settings_a_trainer_factory_takes_are_given_to_it() -> None:
-    config = tiny(client={"loss": "mse", "keep_local": ["0.*"]})
+    config = tiny("grpc", client={"loss": "mse", "keep_local": ["0.*"]})
     experiment = Experiment.build(config, Plugs(trainer=settings_factory))
     experiment.trainer(0)
     assert received == {"loss": "mse", "keep_local": ("0.*",)}
@@ -149,7 +149,7 @@ def test_virtual_and_real_summaries_have_the_same_keys_meaning_the_same(
     real = run_simulation(tiny("grpc"), tmp_path / "real", progress=False).summary
     virtual = run_simulation(tiny("virtual"), tmp_path / "virtual", progress=False).summary
     shared = {"clients", "bytes_up", "bytes_down", "wall_seconds", "rounds", "updates_accepted",
-              "tasks_issued", "final_accuracy", "simulation_seconds", "config"}
+              "tasks_issued", "final_accuracy", "simulation_seconds", "config", "warning"}
     assert shared <= set(real) and shared <= set(virtual)
     for summary in (real, virtual):
         assert summary["clients"] == 4

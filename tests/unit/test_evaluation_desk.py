@@ -225,3 +225,18 @@ def test_a_run_restarted_after_its_end_does_not_wait(fake_clock: FakeClock) -> N
         flush_once(engine)
     evaluations.final_evaluations = False
     assert not evaluations.final_pending()
+
+
+def test_a_run_ended_early_evaluates_its_last_version_too(fake_clock: FakeClock) -> None:
+    """Ended between due versions (a target accuracy, a signal) after clients already asked
+    for that version's task: they are asked again for the final evaluation."""
+    evaluations, engine, _ = desk(fake_clock, every=2)
+    flush_once(engine)  # version 1: not due
+    assert evaluations.offer("ca", -1) is None and evaluations.offer("cb", -1) is None
+    engine.finish("reached the target accuracy")
+    assert evaluations.final_pending()
+    final = [evaluations.offer(c, -1) for c in ("ca", "cb")]
+    assert [t.model_version for t in final if t is not None] == [1, 1]
+    for client, task in zip(("ca", "cb"), final, strict=True):
+        evaluations.report(report(task, client))  # type: ignore[arg-type]
+    assert not evaluations.final_pending()

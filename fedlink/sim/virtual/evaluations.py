@@ -6,13 +6,14 @@ population is lazy (10^6 clients, none "joined"), so here the same count of the 
 drawn at once: when a due version is published (a multiple of ``every``, and the run's final
 version whatever ``every`` says), that many distinct clients are drawn from a generator seeded
 by the run's seed and the version. The run goes on after its last flush until the final
-version's reports are in (``pending``), as a real coordinator waits for them. Each lives through the real client's
-steps in model time: a check-in round trip, the model's download, one forward pass over its
-examples (``ceil(examples / batch_size)`` steps at ``step_cost_s x speed``: a simplification,
-the same per-batch cost as a training step), the report's round trip, all paused while the
-client is offline. The score itself is the client trainer's real ``evaluate`` on the decoded
-model (run inline, on the loop's thread); a trainer without ``evaluate`` does not evaluate, as
-a real client does not advertise the capability. The report becomes one
+version's reports are in (``pending``), as a real coordinator waits for them. Each lives
+through the real client's steps in model time: a check-in round trip, the model's download,
+one forward pass over its examples (``ceil(examples / batch_size)`` steps at
+``step_cost_s x speed``: a simplification, the same per-batch cost as a training step), the
+report's round trip, all paused while the client is offline. The score itself is the client
+trainer's real ``evaluate`` on the decoded model (run inline, on the loop's thread); a
+trainer without ``evaluate`` does not evaluate, as a real client does not advertise the
+capability. The report becomes one
 ``evaluation_reported`` event (example count bounded as the coordinator bounds it), read by
 ``fedlink.metrics.federated`` exactly as a real run's.
 

@@ -106,6 +106,12 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
                             else experiment.recorded_config())
         summary.update(federated_figures(recorded))
     summary.update(virtual_figures(totals, time.perf_counter() - started, loop))
+    if experiment is not None:
+        from fedlink.sim.runner import say_what_was_measured
+
+        say_what_was_measured(summary, experiment)
+    else:
+        summary["warning"] = None
     summary["training_processes"] = training.processes
     summary["training_backend"] = config.run.backend if config.virtual.workers else "inline"
     write_summary(run_dir / SUMMARY_FILENAME, summary)
