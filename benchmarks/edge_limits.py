@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -90,7 +91,8 @@ def start(argv: list[str], stdin: int | None = None,
     assert proc.stdout is not None
     for line in proc.stdout:
         match = LISTENING.search(line)
-        if match:
+        if match:  # keep reading its output, or a full pipe would stall it
+            threading.Thread(target=proc.stdout.read, daemon=True).start()
             return proc, f"{match[1]}:{match[2]}"
     raise RuntimeError(f"{argv} exited without listening (status {proc.wait()})")
 

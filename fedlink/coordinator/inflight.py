@@ -31,6 +31,7 @@ process at once.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
 import logging
@@ -185,6 +186,11 @@ class InflightBudget(grpc.aio.ServerInterceptor):
         else:
             try:
                 request = await anext(requests)
+            except StopAsyncIteration:
+                # gRPC ended the call before its message came (over the message cap, or the
+                # client cancelled): it has its answer; end quietly, as gRPC's own unary path
+                self._give(peer, self.message_bytes)
+                raise asyncio.CancelledError from None
             except BaseException:
                 self._give(peer, self.message_bytes)
                 raise
