@@ -60,6 +60,7 @@ def test_sync_fedavg_flushes_weighted_mean_when_goal_reached(fake_clock: FakeClo
     deltas = [rng.normal(size=DIM).astype(np.float32) for _ in range(3)]
     # (num_examples, steps_completed, steps_planned) -> weight = n * min(1, done / planned)
     work = [(10, 5, 5), (30, 1, 4), (20, 0, 0)]
+    deltas[1] *= 0.25  # a quarter of the steps went about a quarter as far (or it is clipped)
     tasks = [task_for(engine, f"c{i}") for i in range(3)]
 
     first = engine.submit(update("c0", tasks[0], deltas[0], *work[0]))
