@@ -36,7 +36,8 @@ target <= 100; ``clean_rss_growth_mb`` the same for the clean run), ``server_fd_
 
 Run: ``python benchmarks/hostile_clients.py [--quick] [--json FILE]`` (``--quick``: 5 rounds
 instead of 10; ``--only SCENARIO`` runs the clean run and that one; ``--streaming`` runs
-everything with the flush guard off, as the coordinator was before it).
+everything with the flush guard off, as the coordinator was before it; ``--robust KEY=VALUE``
+sets a ``[coordinator.robust]`` key in every run).
 """
 
 from __future__ import annotations
@@ -123,13 +124,20 @@ enabled = false
 """
 
 
-def write_config(folder: Path, name: str, rounds: int, streaming: bool = False) -> Path:
+def write_config(folder: Path, name: str, rounds: int, streaming: bool = False,
+                 robust: tuple[str, ...] = ()) -> Path:
     """The experiment TOML both the coordinator and the honest clients read (``streaming``:
-    the flush guard off, the default before it)."""
+    the flush guard off, the default before it; ``robust``: ``KEY=VALUE`` settings of
+    ``[coordinator.robust]``)."""
     path = folder / f"{name}.toml"
     text = TOML.format(name=name, seed=SEED, clients=CLIENTS, rounds=rounds,
                        min_updates=CLIENTS // 2)
-    path.write_text(text + (STREAMING if streaming else ""))
+    if streaming:
+        text += STREAMING
+    elif robust:
+        text += "\n[coordinator.robust]\n" + "\n".join(f"{k} = {v}" for k, v in
+                                                       (kv.split("=", 1) for kv in robust))
+    path.write_text(text + "\n")
     return path
 
 
@@ -430,9 +438,10 @@ def backdoor_rate(config_path: Path, model_path: Path) -> float:
     return float((scores.argmax(dim=1).numpy() == TARGET).mean())
 
 
-def one_run(folder: Path, rounds: int, scenario: str, streaming: bool = False) -> dict[str, Any]:
+def one_run(folder: Path, rounds: int, scenario: str, streaming: bool = False,
+            robust: tuple[str, ...] = ()) -> dict[str, Any]:
     """A run of ``fedlink serve`` with the 20 clients, some attacking as ``scenario`` says."""
-    config = write_config(folder, scenario, rounds, streaming)
+    config = write_config(folder, scenario, rounds, streaming, robust)
     tally = Tally()
     with coordinator(config, folder / "runs") as (process, port):
         probe = Probe(process.pid)
@@ -468,6 +477,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--streaming", action="store_true",
                         help="[coordinator.robust] enabled = false in every run (the old "
                              "default: mean behind an arrival-order adaptive norm bound)")
+    parser.add_argument("--robust", action="append", default=[], metavar="KEY=VALUE",
+                        help="a [coordinator.robust] setting for every run (TOML value)")
 
 
 def main() -> None:
@@ -477,8 +488,10 @@ def main() -> None:
     scenarios = [args.only] if args.only else list(SCENARIOS)
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
-        clean = one_run(Path(tmp), rounds, "clean", args.streaming)
-        runs = {name: one_run(Path(tmp), rounds, name, args.streaming) for name in scenarios}
+        robust = tuple(args.robust)
+        clean = one_run(Path(tmp), rounds, "clean", args.streaming, robust)
+        runs = {name: one_run(Path(tmp), rounds, name, args.streaming, robust)
+                for name in scenarios}
     figures: dict[str, Any] = {"rounds": rounds, "guard": not args.streaming,
                                "clean_accuracy": clean["accuracy"],
                                "clean_backdoor_rate": clean["backdoor_rate"]}

@@ -4,17 +4,20 @@ A client's update reaches the model with two numbers it chose itself: its weight
 count it claims) and its size (the norm of its delta). The guard bounds both from what the
 *other* updates of the same flush look like, and drops updates that pull against them:
 
-1. **weight cap**: an update's weight is at most ``weight_cap x`` the flush's lower-median
-   weight, so no claim buys a client more than a small multiple of a typical client's say
-   (the most the protocol accepts, 100,000 examples, counts like ``2 x`` a median client);
+1. **weight cap**: the example count an update claims counts at most ``weight_cap x`` the
+   flush's lower-median claim, so no claim buys a client more than a small multiple of a
+   typical client's say (the most the protocol accepts, 100,000 examples, counts like
+   ``2 x`` a median client). The factors the coordinator computes itself (staleness, the
+   work fraction) multiply the capped count as before;
 2. **norm bound**: the trainable part of each delta is clipped to ``norm_multiple x`` the
    lower median of the flush's norms (Sun et al. 2019's norm bounding, with the bound taken
-   from the updates themselves rather than tuned); a flush of fewer than ``warmup`` updates
-   adds the norms recent flushes kept, and before any history the bound is at most
-   ``REFERENCE_MULTIPLE x`` the model's norm. A data-independent bound (``fixed_bound``, a DP
-   clip norm) replaces or tightens it. Under an aggregator that normalises work (FedNova) the
-   norm compared is the per-step one, ``||delta|| / steps``, so a client that ran more local
-   steps is not clipped for it;
+   from the updates themselves rather than tuned). Norms are taken per unit of work,
+   ``||delta|| / work``: a client that completed a tenth of its steps is not measured against
+   full-work updates, and what a claim of little work gains it in norm it loses in weight.
+   Under an aggregator that normalises work (FedNova) they are per step, ``||delta|| /
+   steps``. A flush of fewer than ``warmup`` updates adds the norms recent flushes kept, and
+   before any history the bound is at most ``REFERENCE_MULTIPLE x`` the model's norm. A
+   data-independent bound (``fixed_bound``, a DP clip norm) replaces or tightens it;
 3. **opposed updates dropped**: in a flush of at least ``drop_min_updates`` updates, an update
    whose clipped delta has a negative cosine with the coordinate-wise median of the clipped
    deltas is left out (a sign-flipping client's is), the most opposed first and never more
@@ -23,11 +26,11 @@ count it claims) and its size (the norm of its delta). The guard bounds both fro
    mean, ...) with their capped weights.
 
 Everything is computed over the flush's buffered updates, and they are folded **in a canonical
-order** (sorted by a digest of their content: delta, weight, steps), so a flush's result is
-bit-identical whatever order its updates arrived in: no client gains by committing first, and
-a synchronous run is exact however its links reorder it. The price is memory: the guard keeps
-a float32 copy of each update until the flush (``n x 4 x P`` bytes for ``n`` updates of a
-``P``-parameter model); the streaming aggregators alone stay ``O(P)``
+order** (sorted by a digest of their content: delta, weight, claim, steps, work), so a flush's
+result is bit-identical whatever order its updates arrived in: no client gains by committing
+first, and a synchronous run is exact however its links reorder it. The price is memory: the
+guard keeps a float32 copy of each update until the flush (``n x 4 x P`` bytes for ``n``
+updates of a ``P``-parameter model); the streaming aggregators alone stay ``O(P)``
 (``[coordinator.robust] enabled = false``).
 
 Non-trainable state (``fedlink.aggregate.kinds``: frozen weights, buffers, counters) is the
@@ -68,7 +71,7 @@ class RobustConfig:
     ``enabled``: the guard (on by default); off, updates stream into the aggregator in arrival
     order behind the older per-update norm bound (``norm_bound`` / ``norm_bound_adaptive``),
     in ``O(model)`` memory and with neither weight cap nor drops. ``weight_cap``: multiple of
-    the flush's lower-median weight (0: no cap). ``drop_opposed``: drop updates opposed to
+    the flush's lower-median claimed count (0: no cap). ``drop_opposed``: drop updates opposed to
     the coordinate-wise median (unset: on, except under a flush hook that needs the plain
     mean, such as DP-FedAvg's). ``drop_min_updates``: the smallest flush that drop applies
     to. ``trim``: the fraction of the updates (``floor(trim x n)`` whole ones) trimmed at each
@@ -173,6 +176,8 @@ class _Entry:
     train: np.ndarray
     rest: np.ndarray | None
     weight: float
+    claim: float
+    work: float
     steps: int
     source: str
     digest: bytes
@@ -221,9 +226,18 @@ class FlushGuard(Accumulator):
 
     # -- folding in ---------------------------------------------------------------------------
 
-    def add(self, delta: np.ndarray, weight: float, steps: int = 0, source: str = "") -> None:
-        """Keep a float32 copy of ``delta`` until the flush (``source`` names it in reports)."""
+    def add(self, delta: np.ndarray, weight: float, steps: int = 0, source: str = "",
+            claim: float | None = None, work: float = 1.0) -> None:
+        """Keep a float32 copy of ``delta`` until the flush (``source`` names it in reports).
+
+        ``claim``: the example count the client claimed (the part of ``weight`` the cap
+        applies to; ``None``: all of it); ``work``: its work fraction in (0, 1].
+        """
         check_weight(weight)
+        claim = float(weight if claim is None else claim)
+        check_weight(claim)
+        if not 0 < work <= 1:
+            raise ValueError(f"work must be in (0, 1], got {work}")
         if self._plan is not None:
             raise ValueError("the flush was already aggregated: reset() first")
         flat = np.asarray(delta, dtype=np.float32).reshape(-1)
@@ -233,13 +247,13 @@ class FlushGuard(Accumulator):
             raise ValueError(f"delta has {flat.size} elements, the model {self.mask.size}")
         self._shape = delta.shape
         digest = hashlib.blake2b(flat.tobytes(), digest_size=20)
-        digest.update(struct.pack("<dq", float(weight), int(steps)))
+        digest.update(struct.pack("<dddq", float(weight), claim, float(work), int(steps)))
         if self.mask is None:
             train, rest = flat.copy(), None
         else:
             train, rest = flat[self.mask], flat[~self.mask]  # boolean indexing copies
-        self._entries.append(_Entry(train, rest, float(weight), int(steps), source,
-                                    digest.digest()))
+        self._entries.append(_Entry(train, rest, float(weight), claim, float(work), int(steps),
+                                    source, digest.digest()))
 
     # -- the flush ----------------------------------------------------------------------------
 
@@ -257,9 +271,11 @@ class FlushGuard(Accumulator):
             entry.norm = l2_norm(entry.train)
             if self.normalises_work:  # FedNova compares per-step directions, not raw deltas
                 entry.norm /= max(1, entry.steps)
+            else:  # per unit of work: partial work is not clipped for being partial
+                entry.norm /= entry.work
         report = GuardReport()
         report.norm_bound = self._norm_bound([e.norm for e in entries], bound)
-        report.weight_cap = self._weight_cap([e.weight for e in entries])
+        report.weight_cap = self._weight_cap([e.claim for e in entries])
         for entry in entries:
             self._limit(entry, report)
         self._drop_opposed(entries, report)
@@ -294,12 +310,12 @@ class FlushGuard(Accumulator):
     def _limit(self, entry: _Entry, report: GuardReport) -> None:
         bound, cap = report.norm_bound, report.weight_cap
         entry.final_weight = entry.weight
-        if cap is not None and entry.weight > cap:
-            entry.final_weight = cap
+        if cap is not None and entry.claim > cap:
+            entry.final_weight = entry.weight * cap / entry.claim
             report.limited.append(Limited(
-                entry.source, DOWNWEIGHTED, f"weight {entry.weight:.6g} over {cap:.6g} "
-                f"({self.rules.weight_cap:g} x the flush's median weight)",
-                entry.norm, bound or 0.0, entry.weight, cap))
+                entry.source, DOWNWEIGHTED, f"claimed {entry.claim:.6g} examples, counted as "
+                f"{cap:.6g} ({self.rules.weight_cap:g} x the flush's median claim)",
+                entry.norm, bound or 0.0, entry.weight, entry.final_weight))
         if bound is not None and entry.norm > bound:
             entry.scale = bound / entry.norm
             report.limited.append(Limited(

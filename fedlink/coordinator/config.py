@@ -585,7 +585,7 @@ class CoordinatorConfig:
     streaming), ``"trimmed_mean"`` / ``"median"`` (robust, coordinate-wise; they buffer the
     updates of a flush). ``robust`` (``[coordinator.robust]``, on by default) is the flush
     guard (``fedlink.aggregate.flushguard``, docs/robust-aggregation.md): each update's weight
-    capped at a small multiple of the flush's median weight, its norm clipped, updates opposed
+    capped at a small multiple of the flush's median claim, its norm clipped, updates opposed
     to the flush's coordinate-wise median dropped, a coordinate-wise trimmed mean for
     ``"mean"``, all computed over the flush's updates and folded in a canonical order, so a
     flush does not depend on the order its updates arrived in. ``norm_bound > 0`` clips every

@@ -519,7 +519,8 @@ class RoundEngine:
         weight = self._weight(update, staleness)
         if isinstance(self._accumulator, FlushGuard):
             self._accumulator.add(update.delta, weight, update.steps_completed,
-                                  source=record.task_id)
+                                  source=record.task_id, claim=update.num_examples,
+                                  work=self._work(update))
         else:
             self._accumulator.add(update.delta, weight, update.steps_completed)
         self._round_bytes_up += update.bytes_up
@@ -566,10 +567,13 @@ class RoundEngine:
         no step count); it is left out for an aggregator that normalises work itself
         (``fednova``), which would otherwise count partial work twice.
         """
-        work = 1.0
+        return float(update.num_examples * self._staleness_weight(staleness) * self._work(update))
+
+    def _work(self, update: ReceivedUpdate) -> float:
+        """The work fraction in the weight (1 under an aggregator that normalises work)."""
         if update.steps_planned > 0 and not self._accumulator.normalises_work:
-            work = min(1.0, update.steps_completed / update.steps_planned)
-        return float(update.num_examples * self._staleness_weight(staleness) * work)
+            return min(1.0, update.steps_completed / update.steps_planned)
+        return 1.0
 
     # -- flushing ---------------------------------------------------------------------------
 

@@ -7,9 +7,9 @@ clipped to norm ``B`` before the weighted average (FedAvg, server learning rate 
     x1 - x0 = w_h * clip(h) + w_a * clip(a),    w = num_examples / total
 
 and the attacker's pull on the model, ``||x1 - x0 - w_h * clip(h)||``, is at most ``w_a * B``.
-The flush guard (on by default) caps each weight at 2 x the flush's lower-median weight, so the
-attacker's 90 examples count as 20 beside the honest 10; ``trim = 0`` keeps the plain weighted
-mean this arithmetic is about.
+The flush guard (on by default) counts each claim at most 2 x the flush's lower-median claim,
+so the attacker's 90 examples count as 20 beside the honest 10; ``trim = 0`` keeps the plain
+weighted mean this arithmetic is about.
 """
 
 from __future__ import annotations

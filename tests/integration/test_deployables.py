@@ -29,6 +29,7 @@ import psutil
 import pytest
 
 from fedlink import __version__
+from fedlink.aggregate.flushguard import RobustConfig
 from fedlink.coordinator.config import (
     AuthConfig,
     CoordinatorConfig,
@@ -504,7 +505,8 @@ def test_example_server_config_loads_and_lists_every_option() -> None:
     text = path.read_text()
     tables = {"flush": FlushRule, "training": TrainingConfig, "limits": LimitsConfig,
               "tls": TLSConfig, "auth": AuthConfig, "metrics": MetricsConfig,
-              "netcheck": NetcheckConfig, "evaluation": EvaluationConfig}
+              "netcheck": NetcheckConfig, "evaluation": EvaluationConfig,
+              "robust": RobustConfig}
     for table, section in tables.items():
         assert f"[coordinator.{table}]" in text
         for field in dataclasses.fields(section):

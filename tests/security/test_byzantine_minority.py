@@ -5,7 +5,7 @@ protocol accepts (100,000; honest clients 10). Before the flush guard, the defau
 an adaptive norm bound whose statistics came from the first updates to arrive) let them reverse
 the model's step, plant a direction of their choosing, or, committing first, set the bound that
 every later update was clipped to. The guard computes its statistics over the whole flush:
-weights capped at 2 x the lower-median weight, norms clipped at 2 x the lower-median norm,
+claims capped at 2 x the lower-median claim, norms clipped at 2 x the lower-median norm,
 updates opposed to the coordinate-wise median dropped, and a 20% trimmed mean.
 """
 

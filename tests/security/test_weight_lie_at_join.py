@@ -3,8 +3,8 @@
 ``Join`` accepts up to ``limits.max_examples_per_update`` (100,000) examples, and each update's
 weight is the count it claims, capped at that. Before the flush guard a client declaring and
 claiming 100,000 beside honest clients of 10 examples took 99.98% of the flush's weight: its
-sign-flipped step became the model's. The guard caps every weight at 2 x the flush's
-lower-median weight, so the liar counts like two honest clients; in a flush of 5 or more its
+sign-flipped step became the model's. The guard counts every claim at most 2 x the
+flush's lower-median claim, so the liar counts like two honest clients; in a flush of 5 or more its
 opposed update is also dropped.
 """
 

@@ -60,6 +60,7 @@ def test_sync_fedavg_flushes_weighted_mean_when_goal_reached(fake_clock: FakeClo
     deltas = [rng.normal(size=DIM).astype(np.float32) for _ in range(3)]
     # (num_examples, steps_completed, steps_planned) -> weight = n * min(1, done / planned)
     work = [(10, 5, 5), (30, 1, 4), (20, 0, 0)]
+    deltas[1] *= 0.25  # a quarter of the steps went about a quarter as far (or it is clipped)
     tasks = [task_for(engine, f"c{i}") for i in range(3)]
 
     first = engine.submit(update("c0", tasks[0], deltas[0], *work[0]))
@@ -152,7 +153,7 @@ def test_deadline_with_min_updates_flushes(fake_clock: FakeClock) -> None:
     assert outcome.round_seconds == pytest.approx(10.1)
     assert engine.version == 1
     # The plain weighted mean would be (1 x 1 + 3 x 4) / 4. The guard caps c1's weight 3 at
-    # 2 x the lower-median weight (1) and clips its 4.0 to 2 x the lower-median norm (of 1.0):
+    # 2 x the lower-median claim (1) and clips its 4.0 to 2 x the lower-median norm (of 1.0):
     # values 1 and 2 with weights 1 and 2 (20% of two updates is no whole update: no trim).
     np.testing.assert_allclose(engine.model, X0 + (1 * 1.0 + 2 * 2.0) / 3, rtol=1e-6)
     assert sorted(e["action"] for e in kinds(engine, "update_limited")) == [

@@ -167,3 +167,35 @@ def test_trim_is_for_the_mean_only() -> None:
     with pytest.raises(ConfigError, match=r"robust\.trim"):
         CoordinatorConfig(aggregator="median", robust=RobustConfig(trim=0.1))
     CoordinatorConfig(aggregator="median")  # the default trim is simply off for it
+
+
+def test_the_cap_applies_to_the_claim_and_keeps_staleness_and_work_factors() -> None:
+    """A stale update's weight is its claim x its staleness factor: the cap bounds the claim
+    (against the flush's median claim), and the factor still applies."""
+    acc = guard(norm_multiple=0.0, drop_opposed=False)
+    deltas = honest(3)
+    acc.add(deltas[0], 10.0, source="fresh", claim=10)
+    acc.add(deltas[1], 10.0, source="fresh2", claim=10)
+    acc.add(deltas[2], 0.5 * 1e5, source="stale-liar", claim=1e5)  # staleness factor 0.5
+    assert dict(acc.kept())["stale-liar"] == pytest.approx(0.5 * 20)
+
+
+def test_norms_are_per_unit_of_work() -> None:
+    """An honest client that did a tenth of its steps sends a tenth of a step: not clipped.
+    One that claims a tenth of the work with a full-size step is 10 x over: clipped, and its
+    weight is a tenth, so its pull is what a full-work update at the bound would have."""
+    deltas = honest(6)
+    acc = guard(drop_opposed=False)
+    for i, delta in enumerate(deltas[:5]):
+        acc.add(delta, 10.0, source=f"c{i}", claim=10)
+    acc.add(0.1 * deltas[5], 1.0, source="partial", claim=10, work=0.1)
+    acc.mean()
+    assert acc.report.limited == []
+    liar = guard(drop_opposed=False)
+    for i, delta in enumerate(deltas[:5]):
+        liar.add(delta, 10.0, source=f"c{i}", claim=10)
+    liar.add(10 * deltas[5], 1.0, source="liar", claim=10, work=0.1)
+    liar.mean()
+    [clipped] = liar.report.limited
+    assert clipped.source == "liar" and clipped.action == "clipped"
+    assert clipped.norm == pytest.approx(100 * float(np.linalg.norm(deltas[5])), rel=1e-5)
