@@ -606,15 +606,21 @@ class RoundEngine:
         self._round_started = self._clock()
 
     def release_silent(self, last_seen: Callable[[str], float | None],
-                       bound: Callable[[str], float | None] | None = None) -> list[TaskRecord]:
-        """Release the tasks of clients silent for longer than their bound, and tasks not
-        delivered ``limits.max_task_s`` after they were issued.
+                       bound: Callable[[str], float | None] | None = None,
+                       transferring: Callable[[str], bool] | None = None) -> list[TaskRecord]:
+        """Release the tasks of clients silent for longer than their bound, tasks that show
+        no progress for longer than ``TaskPace`` allows, and tasks not delivered
+        ``limits.max_task_s`` after they were issued.
 
         ``last_seen(client_id)`` is when the client last made any call (None: the client is
         gone); ``bound(client_id)`` how long it may be silent (``None``: no check; default
-        ``limits.liveness_timeout_s`` for all, see ``fedlink.coordinator.heartbeat``).
-        Returns the released tasks, so the caller can wake clients waiting for a place.
+        ``limits.liveness_timeout_s`` for all, see ``fedlink.coordinator.heartbeat``);
+        ``transferring(client_id)``: whether a transfer stream of the client is open, which
+        its silence bound already judges (a stream whose next bytes a lossy link holds up is
+        not a stalled task). Returns the released tasks, so the caller can wake clients
+        waiting for a place.
         """
+        streaming = transferring or (lambda client_id: False)
         if self.finished:
             return []
         bound = bound or self._fixed_bound
@@ -629,7 +635,7 @@ class RoundEngine:
             elif timeout is not None and now - seen > timeout:
                 self._release(record, f"no heartbeat for {now - seen:.1f} s",
                               cause="silent")
-            elif self._quiet_too_long(record, now):
+            elif self._quiet_too_long(record, now) and not streaming(record.client_id):
                 # Heartbeats say a client is alive, not that it trains (TaskPace).
                 self._release(record, f"no progress for "
                               f"{self._pace.quiet_for(record.task_id, record.issued_at, now):.1f}"

@@ -142,6 +142,13 @@ class RunLifecycle:
         if self._reported >= last and not self._holds():
             self._announce(last)
 
+    def recheck(self) -> None:
+        """What ``holds()`` depends on changed (a final-version evaluation reported, its
+        client left, or its time ran out): the run's end may be due, and long-polls hear of
+        the change."""
+        self.check()
+        self._wake()
+
     def close(self) -> None:
         """The server stopped serving."""
         if self.phase is not Phase.FINISHED:

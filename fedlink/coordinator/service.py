@@ -117,7 +117,7 @@ class CoordinatorService:
         self.evaluations = EvaluationDesk(config, self.engine, events, self.registry.name_of,
                                           self.registry.declared_examples, clock.now,
                                           clock.call_at)
-        self.evaluations.on_final_change = self._final_evaluations_changed
+        self.evaluations.on_final_change = self.lifecycle.recheck
         self.reporter = FlushReporter(self._journal, events, self.progress, self.lifecycle,
                                       evaluator, self._signal.notify)
         self.transfers = Transfers(config.limits, self.engine, self.uploads, self.downloads,
@@ -325,12 +325,6 @@ class CoordinatorService:
         self._signal.notify()
         await self.state.sync()
         return LeaveReply()
-
-    def _final_evaluations_changed(self) -> None:
-        """A final-version evaluation reported, its client left, or their time ran out: the
-        run's end may be due (``RunLifecycle.check``); long-polls hear of it."""
-        self.lifecycle.check()
-        self._signal.notify()
 
     def _forget_client(self, client_id: str) -> None:
         """Everything the coordinator holds for ``client_id`` goes (Leave, or expiry)."""

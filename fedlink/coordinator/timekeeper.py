@@ -75,8 +75,9 @@ class TimeKeeper:
         """
         with self._journal.durably():
             expired = self._expire()
-            released = self.engine.release_silent(self.registry.last_seen,
-                                                  self.silence_bound) or expired
+            released = self.engine.release_silent(
+                self.registry.last_seen, self.silence_bound,
+                self.registry.gaps.transferring) or expired
             outcome = self.engine.poll()
         if outcome is not None:
             self._on_flush(outcome)

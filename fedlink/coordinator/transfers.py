@@ -97,6 +97,8 @@ class Transfers:
                            to_end=offset + len(piece) == len(payload.data))
         finally:
             registry.transfer_closed(request.client_id)
+            # the stream it held open counted as a sign of life: its quiet time starts now
+            self.engine.progressed(record.client_id, record.task_id)
             self._events.emit(kinds.DownloadFinished.build(
                 client_id=record.client_id, task_id=record.task_id, bytes=sent,
                 offset=request.offset, delta=request.delta,

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from conftest import CoordinatorFactory, TowardTrainer, run_async, target_of, wait_until
 
+from fedlink.aggregate import RobustConfig
 from fedlink.client import ClientOptions, ClientSession, RetryPolicy
 from fedlink.coordinator import CoordinatorConfig, FlushRule, LimitsConfig
 from fedlink.proto.v1 import coordinator_pb2 as pb
@@ -37,10 +38,13 @@ def session(server: object, name: str, target: np.ndarray, examples: int) -> Cli
 
 def test_round_flushes_at_deadline_without_the_dead_client(
         coordinator: CoordinatorFactory) -> None:
+    # plain weighted FedAvg, so the expected model is the arithmetic below: this test is about
+    # the dead client's place (the flush guard has tests/security and test_flush_guard.py)
     config = CoordinatorConfig(
         rounds=2,
         flush=FlushRule(goal=3, min_updates=2, deadline_s=DEADLINE_S),
-        limits=LimitsConfig(long_poll_s=2.0, retry_after_s=0.05))
+        limits=LimitsConfig(long_poll_s=2.0, retry_after_s=0.05),
+        robust=RobustConfig(enabled=False))
 
     async def main() -> None:
         async with coordinator(config, X0) as server, \
