@@ -53,9 +53,11 @@ that process), of ``examples/population_1m.toml`` at the population asked for. F
   like: both sides train the sampled users and evaluate the central model every round, and
   nothing else (pfl's per-user evaluation off); the median ratio of 3 alternating pairs
   (``--quick``: 1), with ``vs_pfl_ratio_pfl_per_user_eval`` the old configuration's figure
-  (pfl also evaluating every sampled user before and after training) as a named extra. pfl runs
-  in a python that has it: ``--pfl-python PATH`` or ``FEDLINK_PFL_PYTHON``, else this one if
-  it can import pfl; without one the figure is absent and ``vs_pfl_skipped`` says why.
+  (pfl also evaluating every sampled user before and after training) as a named extra. Both
+  sides aggregate by plain weighted FedAvg (fedlink's flush guard, on by default, off);
+  ``vs_pfl_ratio_fedlink_guarded`` is fedlink with its default guard against the same pfl run.
+  pfl runs in a python that has it: ``--pfl-python PATH`` or ``FEDLINK_PFL_PYTHON``, else this
+  one if it can import pfl; without one the figure is absent and ``vs_pfl_skipped`` says why.
   ``--vs-pfl-only`` runs just this comparison.
 """
 
@@ -340,6 +342,10 @@ def _vs_pfl(quick: bool, python: str, workdir: Path) -> dict[str, Any]:
     if not isinstance(unequal, str):
         figures["pfl_per_user_eval_wall_s"] = unequal["wall_s"]
         figures["vs_pfl_ratio_pfl_per_user_eval"] = fedlink["wall_s"] / unequal["wall_s"]
+    guarded = run_fedlink(*size, data.train, data.test, workdir, guarded=True)
+    figures["fedlink_guarded_wall_s"] = guarded["wall_s"]
+    figures["fedlink_guarded_accuracy"] = guarded["accuracy"]
+    figures["vs_pfl_ratio_fedlink_guarded"] = guarded["wall_s"] / pfl["wall_s"]
     return figures
 
 

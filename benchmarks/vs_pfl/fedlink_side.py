@@ -5,6 +5,10 @@ The same engine, flush rule, pipeline and event log as ``[run] mode = "virtual"`
 examples and trainer exist only while it is selected), trained in the loop's process by
 fedlink's ``TorchTrainer``, synchronous FedAvg (goal = cohort), the central test accuracy
 after every round.
+
+Like for like, the flush is plain weighted FedAvg, as pfl's: fedlink's flush guard (on by
+default, ``[coordinator.robust]``: it buffers a flush's updates and computes order-free robust
+statistics over them) is off unless ``guarded=True``, which measures fedlink's default.
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ class DigitsUsers:
 
 
 def run_fedlink(users: int, cohort: int, rounds: int, train: Any, test: Any,
-                workdir: Path) -> dict[str, float]:
+                workdir: Path, guarded: bool = False) -> dict[str, float]:
     """One run; ``wall_s`` from building the model to the end of the loop (as pfl's)."""
     import torch
 
@@ -83,6 +87,7 @@ def run_fedlink(users: int, cohort: int, rounds: int, train: Any, test: Any,
     started = time.perf_counter()
     config = CoordinatorConfig.from_dict({
         "rounds": rounds, "flush": {"goal": cohort, "deadline_s": 0},
+        "robust": {"enabled": guarded},
         "training": {"local_epochs": 1, "batch_size": task.BATCH_SIZE,
                      "learning_rate": task.LEARNING_RATE}})
     module = build_model("mlp", num_features=task.FEATURES, num_classes=task.CLASSES,
