@@ -230,22 +230,24 @@ class InflightBudget(grpc.aio.ServerInterceptor):
 
     def _one_in(self, behavior: Callable[..., Any]) -> Callable[..., Any]:
         async def run(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+            peer = context.peer()  # not in `finally`: peer() on an ended call can crash grpc
             request, held = await self._first(requests, context)
             try:
                 return await behavior(request, context)
             finally:
-                self._give(context.peer(), held)
+                self._give(peer, held)
         return run
 
     def _one_in_stream_out(self, behavior: Callable[..., Any]) -> Callable[..., Any]:
         async def run(requests: AsyncIterator[Any],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            peer = context.peer()  # not in `finally`: peer() on an ended call can crash grpc
             request, held = await self._first(requests, context)
             try:
                 async for message in behavior(request, context):
                     yield message
             finally:
-                self._give(context.peer(), held)
+                self._give(peer, held)
         return run
 
     def _many_in(self, behavior: Callable[..., Any]) -> Callable[..., Any]:

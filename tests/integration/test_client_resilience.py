@@ -30,6 +30,7 @@ from conftest import (
     wait_until,
 )
 
+from fedlink.aggregate.flushguard import RobustConfig
 from fedlink.client import (
     ClientOptions,
     ClientSession,
@@ -145,8 +146,9 @@ def test_killed_client_delivers_its_update_exactly_once_after_restart(
         coordinator: CoordinatorFactory, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
         caplog: pytest.LogCaptureFixture, point: str) -> None:
     rounds = 2
+    # plain FedAvg: the flush guard is covered by tests/security and tests/unit/test_flush_guard.py
     config = CoordinatorConfig(rounds=rounds, flush=FlushRule(goal=2, deadline_s=None),
-                               limits=LIMITS)
+                               limits=LIMITS, robust=RobustConfig(enabled=False))
     a_trainer = TowardTrainer(np.full(DIM, 2.0, np.float32), examples=10)
     b_trainer = TowardTrainer(np.full(DIM, -1.0, np.float32), examples=30)
     killer = Killer(monkeypatch, point)

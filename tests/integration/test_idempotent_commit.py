@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from conftest import CoordinatorFactory, run_async, target_of
 
+from fedlink.aggregate.flushguard import RobustConfig
 from fedlink.compress import get_codec
 from fedlink.coordinator import CoordinatorConfig, FlushRule
 from fedlink.messages import CommitRequest
@@ -33,8 +34,9 @@ CHUNK = 1000  # 4000-byte updates travel in 4 chunks
 
 
 def config(state_dir: str = "") -> CoordinatorConfig:
+    # plain FedAvg: the flush guard is covered by tests/security and tests/unit/test_flush_guard.py
     return CoordinatorConfig(rounds=ROUNDS, flush=FlushRule(goal=2, deadline_s=None),
-                             state_dir=state_dir)
+                             state_dir=state_dir, robust=RobustConfig(enabled=False))
 
 
 def update_of(name: str, version: int) -> Payload:

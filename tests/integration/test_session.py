@@ -17,6 +17,7 @@ from conftest import (
     target_of,
 )
 
+from fedlink.aggregate.flushguard import RobustConfig
 from fedlink.client import ClientOptions, ClientSession, RetryPolicy, Transport, run_client
 from fedlink.coordinator import CoordinatorConfig, CoordinatorServer, FlushRule, LimitsConfig
 from fedlink.messages import DataChunk, DownloadRequest
@@ -44,8 +45,9 @@ def fedavg(model: np.ndarray, trainers: list[TowardTrainer], rounds: int) -> np.
 
 def test_clients_complete_rounds_with_fedavg_result(coordinator: CoordinatorFactory) -> None:
     rounds = 4
+    # plain FedAvg: the flush guard is covered by tests/security and tests/unit/test_flush_guard.py
     config = CoordinatorConfig(rounds=rounds, flush=FlushRule(goal=3, deadline_s=None),
-                               limits=LIMITS)
+                               limits=LIMITS, robust=RobustConfig(enabled=False))
     rng = np.random.default_rng(7)
     trainers = [TowardTrainer(rng.normal(size=DIM).astype(np.float32), examples=n)
                 for n in (10, 25, 65)]
