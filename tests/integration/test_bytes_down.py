@@ -140,3 +140,14 @@ def test_virtual_mode_counts_bytes_down_by_kind_and_waste_as_a_real_run_does(
     # (seeded) every training task and evaluation task was answered in time: no waste
     assert virtual["updates_accepted"] == virtual["tasks_issued"]
     assert virtual["bytes_down_wasted"] == 0
+
+
+@pytest.mark.timeout(240)
+def test_a_virtual_client_is_not_sent_a_version_it_holds(tmp_path: Path) -> None:
+    # Four clients, versions 0-2, every client evaluating every version and training on the
+    # first two: each (client, version) pair is downloaded once, for training or evaluation,
+    # never twice (a real client that holds the version says so and is sent nothing).
+    summary = tiny_run("virtual", tmp_path)
+    model_bytes = 4 * np.load(tmp_path / "virtual" / "bytes-down" / "model.npy").size  # fp32
+    assert summary["bytes_down"] == 4 * 3 * model_bytes
+    assert summary["bytes_down_wasted"] == 0

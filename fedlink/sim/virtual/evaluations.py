@@ -55,9 +55,12 @@ class VirtualWorld:
     ``deterministic``: no random timing (jitter, resets), as the loop's option says; else
     evaluations draw their timing from a generator of their own, so that turning them on
     leaves the training tasks' timing as it was. ``count_network(index, seconds, transfer)``
-    and ``count_download(bytes)`` add to the loop's totals and to the next flush's
-    ``bytes_down``, as the real coordinator counts an evaluation task's download;
-    ``count_used(bytes)``: a download whose report was accepted.
+    and ``count_download(index, version, bytes)`` add to the loop's totals and to the next
+    flush's ``bytes_down``, as the real coordinator counts an evaluation task's download (and
+    the client holds that version after it);
+    ``count_used(bytes)``: a download whose report was accepted; ``held(index)``: the version
+    a client holds from its last download (a client that holds the task's version is sent
+    nothing; ``count_network``'s transfer is then None).
     """
 
     engine: RoundEngine
@@ -68,8 +71,10 @@ class VirtualWorld:
     deterministic: bool
     step_cost_s: float
     count_network: Callable[[int, float, Any], None]
-    count_download: Callable[[int], None]
+    count_download: Callable[[int, int, int], None]
     count_used: Callable[[int], None] = lambda num_bytes: None
+    held: Callable[[int], int] = lambda index: -1
+    """The model version client ``index`` holds from its last download (-1: none)."""
 
 
 class VirtualEvaluations:
@@ -85,6 +90,7 @@ class VirtualEvaluations:
             [self._seed & (2**63 - 1), _STREAM])
         self._next = 1
         self._final: set[str] = set()  # the final version's tasks not yet reported or lost
+        self._sent: dict[str, int] = {}  # each open task's download bytes (0: it held the model)
 
     @property
     def pending(self) -> bool:
@@ -116,11 +122,18 @@ class VirtualEvaluations:
         profile = world.population.profile(index)
         check_in, report = (round_trip_s(profile, self._timing) if profile is not None else 0.0
                             for _ in range(2))
-        down = transfer_time(profile, header.num_bytes, DOWN, self._timing)
-        world.count_download(header.num_bytes)
-        world.count_network(index, check_in + down.seconds + report, down)
+        if world.held(index) == version:  # it holds the model: sent nothing, as a real client
+            world.count_network(index, check_in + report, None)
+            down_s = 0.0
+            self._sent[task_id] = 0
+        else:
+            self._sent[task_id] = header.num_bytes
+            down = transfer_time(profile, header.num_bytes, DOWN, self._timing)
+            world.count_download(index, version, header.num_bytes)
+            world.count_network(index, check_in + down.seconds + report, down)
+            down_s = down.seconds
         task = Task(task_id, version, 0, 0, 0.0, header, kind=TaskKind.EVALUATE)
-        done = finish(world.availability, index, world.clock.now(), check_in + down.seconds)
+        done = finish(world.availability, index, world.clock.now(), check_in + down_s)
         world.clock.call_at(done, lambda: self._score(index, task, report))
         return task_id
 
@@ -158,10 +171,11 @@ class VirtualEvaluations:
         version's are taken)."""
         final = task.task_id in self._final
         self._final.discard(task.task_id)
+        sent = self._sent.pop(task.task_id, 0)
         if (self.world.engine.finished and not final) or examples < 1:
             return
         self.world.events.emit(kinds.EvaluationReported.build(
             client_id=f"sim-{index}", task_id=task.task_id, model_version=task.model_version,
             num_examples=examples, loss=metrics.get("loss"), accuracy=metrics.get("accuracy"),
             metrics=metrics))
-        self.world.count_used(task.model.num_bytes)
+        self.world.count_used(sent)

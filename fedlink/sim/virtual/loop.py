@@ -171,7 +171,7 @@ class VirtualLoop:
         self._evaluations = VirtualEvaluations(config, VirtualWorld(
             self.engine, population, clock, self.availability, events, options.deterministic,
             options.step_cost_s, self._count_evaluation_network, self._count_download,
-            self._count_used))
+            self._count_used, lambda index: int(self._held[index])))
         self._select = np.random.default_rng([options.seed, 0x5E1EC7])
         self._timing = None if options.deterministic else np.random.default_rng(
             [options.seed, 0x714E])
@@ -179,6 +179,8 @@ class VirtualLoop:
         self._bytes_down = 0  # since the last flush, as the servicer counts it
         self._bytes_down_evaluation = 0  # its evaluation tasks' part
         self._checked_in = np.zeros(population.size, dtype=bool)  # 1 byte a client
+        # the model version each client holds (-1: none), from its last download
+        self._held = np.full(population.size, -1, dtype=np.int32)
         self._model: tuple[int, np.ndarray] | None = None  # the last version decoded
 
     # -- the run ----------------------------------------------------------------------------
@@ -257,15 +259,29 @@ class VirtualLoop:
         self._charge(busy, tasks=1)
         profile = self.population.profile(index)
         rtt = round_trip_s(profile, self._timing) if profile is not None else 0.0
-        header = self.engine.payload(reply.model_version).header
+        down = self._download(busy, profile)
+        seconds = rtt + (down.seconds if down is not None else 0.0)
+        if down is not None:
+            self._count_network(busy, seconds, down)
+        else:
+            self._charge(busy, network_s=seconds)
+        done = finish(self.availability, index, now, seconds)
+        self.clock.call_at(done, lambda: self._train(busy))
+        return True
+
+    def _download(self, busy: _Busy, profile: Any) -> Any:
+        """Count the task's model download's bytes; its transfer (time, resends), or None
+        when the client holds the task's version (it has just evaluated it) and, as a real
+        client that says so in ``GetTask``, is sent nothing."""
+        index, version = busy.index, busy.task.model_version
+        if self._held[index] == version:
+            return None
+        self._held[index] = version
+        header = self.engine.payload(version).header
         self._bytes_down += header.num_bytes
         self.totals.bytes_down += header.num_bytes
         busy.bytes_down = header.num_bytes
-        down = transfer_time(profile, header.num_bytes, DOWN, self._timing)
-        self._count_network(busy, rtt + down.seconds, down)
-        done = finish(self.availability, index, now, rtt + down.seconds)
-        self.clock.call_at(done, lambda: self._train(busy))
-        return True
+        return transfer_time(profile, header.num_bytes, DOWN, self._timing)
 
     # -- a client's task -------------------------------------------------------------------
 
@@ -466,8 +482,10 @@ class VirtualLoop:
 
     # -- bookkeeping -------------------------------------------------------------------------
 
-    def _count_download(self, num_bytes: int) -> None:
-        """A download outside a training task (an evaluation's): in the next flush's count."""
+    def _count_download(self, index: int, version: int, num_bytes: int) -> None:
+        """A download outside a training task (client ``index``'s evaluation of ``version``):
+        in the next flush's count; the client holds that version from now on."""
+        self._held[index] = version
         self._bytes_down += num_bytes
         self._bytes_down_evaluation += num_bytes
         self.totals.bytes_down += num_bytes
@@ -482,7 +500,8 @@ class VirtualLoop:
         per-profile tables (those count training tasks, as the update events report them)."""
         del index  # the profile tables leave evaluations out
         self.totals.network_s += seconds
-        self._count_resends(transfer)
+        if transfer is not None:  # None: the client held the model, nothing was sent
+            self._count_resends(transfer)
 
     def _count_network(self, busy: _Busy, seconds: float, transfer: Any) -> None:
         self._count_resends(transfer)
