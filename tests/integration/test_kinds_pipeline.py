@@ -23,9 +23,10 @@ def bn_cnn() -> nn.Module:
                          nn.Linear(8 * 4 * 4, 10))
 
 
-def run_config(name: str, client: dict[str, Any], **coordinator: Any) -> ExperimentConfig:
+def run_config(name: str, client: dict[str, Any], mode: str = "virtual",
+               **coordinator: Any) -> ExperimentConfig:
     return ExperimentConfig.from_dict({
-        "run": {"name": name, "seed": 4, "mode": "virtual"},
+        "run": {"name": name, "seed": 4, "mode": mode},
         "data": {"dataset": "digits", "clients": 4},
         "client": client,
         "coordinator": {"rounds": 8, "flush": {"goal": 4, "min_updates": 4},
@@ -60,9 +61,7 @@ def test_user_level_dp_with_batchnorm_kept_local_releases_weights_only(tmp_path:
     # keep_local needs each client's own trainer across tasks: real gRPC clients (virtual mode
     # builds a trainer per task and refuses keep_local)
     config = run_config("bn-dp-local", {"privacy": "dp_fedavg", "keep_local": ["batchnorm"]},
-                        hooks=DP_HOOK)
-    config = ExperimentConfig.from_dict({**config.to_dict(), "run": {
-        **config.to_dict()["run"], "mode": "grpc"}})
+                        mode="grpc", hooks=DP_HOOK)
     result = run_simulation(config, tmp_path, progress=False, model=bn_cnn)
     # every update was accepted: the DP pipeline refuses one that moves a buffer, so no
     # client's running statistics left it
