@@ -89,12 +89,14 @@ class Transfers:
         registry.transfer_opened(request.client_id)  # an open stream is a sign of life
         try:
             for offset, piece in iter_chunks(payload.data, chunk_bytes, request.offset):
-                yield DataChunk(offset, piece)  # resumed: gRPC took the chunk
-                registry.touch(request.client_id, sample=False)
-                self.engine.progressed(record.client_id, record.task_id)
+                # counted as it is handed to gRPC: a cancel can end the stream before the
+                # generator resumes, after the client already has the chunk
                 sent += len(piece)
                 self._sent(record, full, payload, request.delta, len(piece),
                            to_end=offset + len(piece) == len(payload.data))
+                yield DataChunk(offset, piece)
+                registry.touch(request.client_id, sample=False)
+                self.engine.progressed(record.client_id, record.task_id)
         finally:
             registry.transfer_closed(request.client_id)
             # the stream it held open counted as a sign of life: its quiet time starts now
