@@ -34,9 +34,12 @@ from fedlink.metrics import EventLog
 
 DOWNLINK_CODECS: tuple[str, ...] = ("fp32", "fp16", "bf16", "fp32-zlib")
 LOSSY_CODECS: tuple[str, ...] = ("qsgd", "sign", "topk+q4", "randk+q8")
-"""Update codecs the lossy scenarios ask for by default: every rule of ``docs/protocol.md``
-section 6 that a client's encoder must follow bit for bit (the ``qsgd`` decode rounding, the
-``sign`` scale, ``topk`` counts and ties, the ``randk`` SplitMix64 indices)."""
+"""Update codecs the lossy scenarios ask for by default: each lossy format of
+``docs/protocol.md`` section 6 a client may write. A coordinator sees a rule broken where it
+changes what it decodes (the ``qsgd`` decode rounding, the ``randk`` SplitMix64 indices: the
+``values_checksum`` no longer matches); the ``sign`` scale and which ``topk`` values are kept
+travel in the payload, so any choice decodes as sent and only the golden vectors hold a
+client to them."""
 SERVER_PLACEHOLDER = "{server}"
 CODEC_PLACEHOLDER = "{update_codec}"
 
