@@ -241,10 +241,17 @@ def format_report(results: Sequence[ScenarioResult]) -> str:
             mark = "PASS" if verdict.passed else "FAIL"
             lines.append(f"{mark}  {verdict.name:<24} {verdict.detail}")
         if not all(v.passed for v in result.verdicts):
-            tail = result.client_output.strip().splitlines()[-15:]
-            lines += [f"      client output ({result.scenario}, last lines):",
-                      *(f"      | {line}" for line in tail)]
+            lines += _output_tail(result)
     passed = sum(v.passed for r in results for v in r.verdicts)
     total = sum(len(r.verdicts) for r in results)
     lines.append(f"{passed}/{total} behaviours passed")
     return "\n".join(lines)
+
+
+def _output_tail(result: ScenarioResult) -> list[str]:
+    """The last lines the client printed in a scenario with a failed check."""
+    tail = result.client_output.strip().splitlines()[-15:]
+    if not tail:
+        return [f"      client output ({result.scenario}): nothing printed"]
+    return [f"      client output ({result.scenario}, last lines):",
+            *(f"      | {line}" for line in tail)]
