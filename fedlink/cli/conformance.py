@@ -17,8 +17,9 @@ def add_conformance_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("conformance", help="check an external client against the protocol")
     p.add_argument("--client-cmd", required=True,
                    help='the client command; "{server}" is replaced by the coordinator\'s '
-                        'HOST:PORT, e.g. "python clients/edge/edge_client.py --server '
-                        '{server} --data local.npz"')
+                        'HOST:PORT and "{update_codec}" by the update codec to send (fp32 '
+                        'but in the lossy runs), e.g. "python clients/edge/edge_client.py '
+                        '--server {server} --data local.npz --compression {update_codec}"')
     p.add_argument("--num-parameters", type=int, default=650,
                    help="length of the model vector the client trains (default: 650, "
                         "clients/edge's logistic regression on 64 features, 10 classes)")

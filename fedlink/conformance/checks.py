@@ -343,16 +343,23 @@ def _rejoin(record: RunRecord) -> tuple[bool, str]:
 @check("lossy_update")
 def _lossy_update(record: RunRecord) -> tuple[bool, str]:
     """Every round's update sent with the lossy codec asked for, and accepted: its bytes and
-    its ``values_checksum`` (of what the coordinator decodes) agree with the spec."""
+    its ``values_checksum`` (of what the coordinator decodes) agree with the spec.
+
+    The ``values_checksum`` is required here: it is the coordinator's only view of whether
+    the client decodes as section 6 says (the ``qsgd`` rounding, the ``randk`` indices);
+    without it a wrong encoder's update is accepted and trains on other values."""
     if not record.codec:
         return False, "the client command has no {update_codec} placeholder"
     commits = record.log.of("Commit")
     encodings = sorted({c.fields["encoding"] for c in commits})
     refused = [c for c in commits if c.outcome not in ("OK", "REPLY_LOST")]
+    unchecked = [c for c in commits if not c.fields["values_checksum"]]
     accepted = len(set(record.accepted_tasks()))
     passed = (accepted >= record.rounds and encodings == [record.codec] and not refused
-              and record.exit_code == 0)
+              and not unchecked and record.exit_code == 0)
     outcomes = ", ".join(sorted({c.outcome for c in refused}))
     return passed, (f"{accepted} updates accepted for {record.rounds} rounds, encodings "
                     f"{', '.join(encodings) or 'none'}, {len(refused)} refused"
-                    + (f" ({outcomes})" if outcomes else "") + f", {record.exit_text}")
+                    + (f" ({outcomes})" if outcomes else "")
+                    + (f", {len(unchecked)} without values_checksum" if unchecked else "")
+                    + f", {record.exit_text}")

@@ -293,6 +293,7 @@ class Probe:
                      "inline": bool(request.update_data),
                      "encoding": request.update.encoding,
                      "num_bytes": request.update.num_bytes,
+                     "values_checksum": bool(request.update.values_checksum),
                      "metrics": dict(request.metrics)}
             if self._take("slow_commit_s", task_id=request.task_id):
                 await sleep_on(self.clock, self.plan.slow_commit_s)

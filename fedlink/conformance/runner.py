@@ -34,9 +34,12 @@ from fedlink.metrics import EventLog
 
 DOWNLINK_CODECS: tuple[str, ...] = ("fp32", "fp16", "bf16", "fp32-zlib")
 LOSSY_CODECS: tuple[str, ...] = ("qsgd", "sign", "topk+q4", "randk+q8")
-"""Update codecs the lossy scenarios ask for by default: every rule of ``docs/protocol.md``
-section 6 that a client's encoder must follow bit for bit (the ``qsgd`` decode rounding, the
-``sign`` scale, ``topk`` counts and ties, the ``randk`` SplitMix64 indices)."""
+"""Update codecs the lossy scenarios ask for by default: each lossy format of
+``docs/protocol.md`` section 6 a client may write. A coordinator sees a rule broken where it
+changes what it decodes (the ``qsgd`` decode rounding, the ``randk`` SplitMix64 indices: the
+``values_checksum`` no longer matches); the ``sign`` scale and which ``topk`` values are kept
+travel in the payload, so any choice decodes as sent and only the golden vectors hold a
+client to them."""
 SERVER_PLACEHOLDER = "{server}"
 CODEC_PLACEHOLDER = "{update_codec}"
 
@@ -238,10 +241,17 @@ def format_report(results: Sequence[ScenarioResult]) -> str:
             mark = "PASS" if verdict.passed else "FAIL"
             lines.append(f"{mark}  {verdict.name:<24} {verdict.detail}")
         if not all(v.passed for v in result.verdicts):
-            tail = result.client_output.strip().splitlines()[-15:]
-            lines += [f"      client output ({result.scenario}, last lines):",
-                      *(f"      | {line}" for line in tail)]
+            lines += _output_tail(result)
     passed = sum(v.passed for r in results for v in r.verdicts)
     total = sum(len(r.verdicts) for r in results)
     lines.append(f"{passed}/{total} behaviours passed")
     return "\n".join(lines)
+
+
+def _output_tail(result: ScenarioResult) -> list[str]:
+    """The last lines the client printed in a scenario with a failed check."""
+    tail = result.client_output.strip().splitlines()[-15:]
+    if not tail:
+        return [f"      client output ({result.scenario}): nothing printed"]
+    return [f"      client output ({result.scenario}, last lines):",
+            *(f"      | {line}" for line in tail)]

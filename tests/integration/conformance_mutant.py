@@ -23,6 +23,7 @@ import edge_client
 
 from fedlink.client import retry, session, transfer
 from fedlink.client.transport import Transport
+from fedlink.compress import sparse
 from fedlink.compress.quantize import StochasticQuantizer, unpack_codes
 from fedlink.errors import DataLoss, RemoteError, Unavailable, UpdateRefused
 from fedlink.messages import UploadChunk
@@ -210,6 +211,31 @@ def _naive_qsgd() -> None:
         return ((codes - s) * scale / s).astype(np.float32)
 
     StochasticQuantizer.decode = decode  # type: ignore[method-assign]
+
+
+@mutant("numpy_randk")
+def _numpy_randk() -> None:
+    """``randk`` indices by numpy's 1.0 choice, sent as ``index_rule = "splitmix64"`` (the
+    client's own decoding, and so its ``values_checksum``, follows its wrong indices)."""
+
+    def numpy_choice(seed: int, n: int, k: int) -> np.ndarray:
+        return np.sort(np.random.Generator(np.random.PCG64(seed)).choice(n, k, replace=False))
+
+    sparse.splitmix_indices = numpy_choice
+
+
+@mutant("no_values_checksum")
+def _no_values_checksum() -> None:
+    """Leave ``values_checksum`` empty on every update (the coordinator then cannot see
+    whether a lossy update decodes to what the client meant)."""
+
+    def make(original: Any) -> Any:
+        async def commit(self: Transport, request: Any) -> Any:
+            header = dataclasses.replace(request.update, values_checksum="")
+            return await original(self, dataclasses.replace(request, update=header))
+        return commit
+
+    wrap(Transport, "commit", make)
 
 
 @mutant("stop_on_refusal")

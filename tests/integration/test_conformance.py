@@ -73,6 +73,7 @@ def test_a_client_that_never_connects_fails_every_behaviour(tmp_path: Path) -> N
     assert "FAIL  resume_upload" in result.stdout
     assert "client exit code 3" in result.stdout  # its own status, not "None"
     assert "no {update_codec} placeholder" in result.stdout
+    assert "client output (faults): nothing printed" in result.stdout
 
 
 def test_the_coordinators_listen_where_they_are_told(tmp_path: Path) -> None:

@@ -38,6 +38,8 @@ BROKEN: dict[str, tuple[str, tuple[str, ...]]] = {
     "no_inline": ("inline", ("--codecs", "fp32")),
     "distrust_delta": ("codec", ("--codecs", "fp16")),
     "naive_qsgd": ("lossy_update", ("--update-codecs", "qsgd")),
+    "numpy_randk": ("lossy_update", ("--update-codecs", "randk+q8")),
+    "no_values_checksum": ("lossy_update", ("--update-codecs", "sign")),
 }
 """Mutant -> (the check it must fail, extra options narrowing the run to that check)."""
 

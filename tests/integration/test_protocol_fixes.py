@@ -248,3 +248,46 @@ def test_run_config_carries_every_limit_a_client_must_respect(
     assert run_config.max_examples_per_update == limits.max_examples_per_update
     assert run_config.max_open_uploads_per_client == limits.max_open_uploads_per_client
     assert unknown_offset == 0  # documented: an id never used holds nothing (errors.py)
+
+
+def test_after_data_loss_the_upload_id_is_spent_and_a_new_one_commits(
+        coordinator: CoordinatorFactory) -> None:
+    """Section 8: an answered upload id takes no more bytes; the update goes again under a new
+    id. (Re-uploading to the refused id used to fail with nothing in the spec saying why.)"""
+    update = np.full(DIM, 0.01, np.float32)
+    payload = pack(update, get_codec("fp32"))
+    corrupted = bytes([payload.data[0] ^ 1]) + payload.data[1:]
+
+    def chunk(client_id: str, data: bytes) -> pb.UploadChunk:
+        return pb.UploadChunk(client_id=client_id, upload_id="u-bad", data=data)
+
+    async def main() -> tuple[list[tuple[grpc.StatusCode, str]], pb.CommitReply]:
+        async with coordinator(config(), X0) as server, \
+                grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = pb_grpc.CoordinatorStub(channel)
+            client_id = (await join(stub)).client_id
+            task = (await stub.GetTask(pb.GetTaskRequest(client_id=client_id,
+                                                         held_version=-1), timeout=10)).task
+            await stub.Upload(iter([chunk(client_id, corrupted)]), timeout=10)
+            request = pb.CommitRequest(
+                client_id=client_id, upload_id="u-bad", task_id=task.task_id,
+                base_version=task.model_version, num_examples=5, steps_completed=1,
+                steps_planned=1, update=to_proto(payload.header))
+            answers = []
+            for call in (lambda: stub.Commit(request, timeout=10),
+                         lambda: stub.Upload(iter([chunk(client_id, payload.data)]), timeout=10),
+                         lambda: stub.Commit(request, timeout=10)):
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await call()
+                answers.append((refused.value.code(), refused.value.details() or ""))
+            fresh = await commit_fp32(stub, client_id, task, "u-new", update)
+            return answers, fresh
+
+    answers, fresh = run_async(main())
+    (commit, _), (upload, upload_details), (repeat, _) = answers
+    # the commit refused, the spent id refuses bytes, a repeated commit replays the answer
+    assert (commit, upload, repeat) == (grpc.StatusCode.DATA_LOSS,
+                                        grpc.StatusCode.INVALID_ARGUMENT,
+                                        grpc.StatusCode.DATA_LOSS)
+    assert "new upload id" in upload_details
+    assert fresh.upload_id == "u-new" and fresh.HasField("accepted_version")
