@@ -314,6 +314,12 @@ class ExperimentConfig:
         if "hooks" in coordinator:
             coordinator["hooks"] = privacy_setup.with_sampling_defaults(
                 list(coordinator["hooks"]), values["data"].clients, goal)
+        training = coordinator.get("training", {})
+        hooks = privacy_setup.with_dp_sgd_report(
+            list(coordinator.get("hooks", [])), values["client"].trainer,
+            training.get("trainer_options", {}) if isinstance(training, Mapping) else {})
+        if hooks:
+            coordinator["hooks"] = hooks
         values["coordinator"] = _robust_for_uplink(CoordinatorConfig.from_dict(coordinator),
                                                    values["client"])
         client = values["client"]

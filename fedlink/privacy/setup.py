@@ -6,6 +6,11 @@ matching ``dp_fedavg`` privacy stage on every client. ``fedlink.experiment.confi
 helpers so that the hook's table is the single switch: the client stage takes ``clip_norm``,
 ``noise``, ``noise_multiplier`` and ``clients_per_flush`` (the flush goal) from it, and the
 hook's sampling rate defaults to ``goal / population``.
+
+A sample-level DP-SGD run (``[client] trainer = "dp_sgd"``) is accounted by its clients; the
+coordinator's ``dp_sgd`` hook only collects the epsilon they report into the run's record, so
+it is added when the experiment does not list it (a DP-SGD run must never be recorded as one
+without privacy).
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from fedlink.errors import ConfigError
 
 HOOK = "dp_fedavg"
 STAGE = "dp_fedavg"
+SGD_TRAINER = "dp_sgd"
+SGD_HOOK = "dp_sgd"
 _SHARED = ("clip_norm", "noise", "noise_multiplier")
 
 
@@ -38,6 +45,17 @@ def with_sampling_defaults(hooks: list[Any], population: int, goal: int) -> list
             table = {"population": population, "cohort": goal, **table}
         out.append(table)
     return out
+
+
+def with_dp_sgd_report(hooks: list[Any], trainer: str,
+                       trainer_options: Mapping[str, Any]) -> list[Any]:
+    """``hooks`` with the ``dp_sgd`` report hook added when ``trainer`` is DP-SGD and no hook
+    collects its epsilon (its ``accountant`` is the clients' ``dp_accountant``)."""
+    if trainer != SGD_TRAINER or any(isinstance(t, Mapping) and t.get("name") == SGD_HOOK
+                                     for t in hooks):
+        return hooks
+    return [*hooks, {"name": SGD_HOOK,
+                     "accountant": str(trainer_options.get("dp_accountant", "rdp"))}]
 
 
 def stage_options(privacy: str, options: Mapping[str, Any],
