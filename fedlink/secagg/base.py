@@ -44,19 +44,19 @@ class SecAggConfig:
     """How a secure round encodes updates and how many clients it needs.
 
     ``modulus_bits``: the sum is computed in Z_m with ``m = 2**modulus_bits`` (8..32; each
-    masked coordinate travels in ``modulus_bits`` bits, packed (``fedlink.secagg.packing``):
-    3 bytes by default, less than a float32). ``max_clients``: the most clients one sum may hold. ``clip``: every value a
-    client encodes is clipped to ``[-clip, clip]`` (after the update's L2 norm bound, which is
-    the privacy pipeline's). ``quantization_bits``: a value maps to an integer in
-    ``[0, 2**quantization_bits]`` by stochastic rounding, so the quantization step is
+    masked coordinate travels in ``modulus_bits`` bits, packed (``fedlink.secagg.packing``): 3
+    bytes by default, less than a float32). ``max_clients``: the most clients one sum may hold.
+    ``clip``: every value a client encodes is clipped to ``[-clip, clip]`` (after the update's
+    L2 norm bound, which is the privacy pipeline's). ``quantization_bits``: a value maps to an
+    integer in ``[0, 2**quantization_bits]`` by stochastic rounding, so the quantization step is
     ``2 * clip / 2**quantization_bits`` and the rounding is unbiased; by default the most the
     modulus allows, ``modulus_bits - ceil(log2(max_clients + 1))`` (16 for the defaults: a step
     of 3.1e-5 for ``clip`` 1). The modulus must hold the sum of ``max_clients`` such integers
-    (checked). ``neighbours``: how many neighbours each
-    client masks with and shares with (None: every other client of the round, SecAgg; a number:
-    SecAgg+'s sparse graph, tolerating fewer dropouts). ``threshold``: the fraction of a
-    client's neighbours whose shares rebuild its secrets (a coalition smaller than that learns
-    nothing from them); at unmasking, every client needs that many neighbours still answering.
+    (checked). ``neighbours``: how many neighbours each client masks with and shares with (None:
+    every other client of the round, SecAgg; a number: SecAgg+'s sparse graph, tolerating fewer
+    dropouts). ``threshold``: the fraction of a client's neighbours whose shares rebuild its
+    secrets (a coalition smaller than that learns nothing from them); at unmasking, every client
+    needs that many neighbours still answering.
     """
 
     modulus_bits: int = 24

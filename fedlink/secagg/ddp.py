@@ -48,7 +48,7 @@ import numpy as np
 from fedlink.errors import ConfigError
 from fedlink.secagg.base import SecAggConfig, SecAggError
 
-RDP_ORDERS: tuple[int, ...] = tuple(range(2, 129)) + (192, 256, 512, 1024)
+RDP_ORDERS: tuple[int, ...] = (*range(2, 129), 192, 256, 512, 1024)
 """The integer Rényi orders the bound holds at and the accountant searches."""
 
 TAIL_STDDEVS = 20.0
@@ -143,12 +143,12 @@ class SkellamConfig:
         at most its squared L2 norm, and at most ``sqrt(d)`` times it)."""
         return min(math.sqrt(self.size) * self.norm_bound, self.norm_bound ** 2)
 
-    def ring(self) -> SecAggConfig:
-        """The secure sum's ring for these sums (the mask arithmetic; values are encoded
-        here, not by ``SecAggConfig``'s quantization)."""
+    def ring(self, neighbours: int | None = None, threshold: float = 0.5) -> SecAggConfig:
+        """The secure sum's settings for these sums: the ring and the masking graph (values
+        are encoded by ``encode``, not by ``SecAggConfig``'s quantization)."""
         assert self.max_clients is not None
         return SecAggConfig(modulus_bits=self.modulus_bits, max_clients=max(2, self.max_clients),
-                            quantization_bits=1)
+                            quantization_bits=1, neighbours=neighbours, threshold=threshold)
 
     def rdp(self, rounds: int = 1) -> np.ndarray:
         """RDP of ``rounds`` rounds at each of ``RDP_ORDERS``."""

@@ -62,6 +62,14 @@ class SharedRandK:
         total[indices] = 0.0
         return kept, total
 
+    @staticmethod
+    def carry(residual: np.ndarray, indices: np.ndarray, kept: np.ndarray,
+              sent: np.ndarray) -> None:
+        """Add to ``residual`` (in place) what encoding lost of the kept values: ``kept`` minus
+        ``sent``, the values the client's encoded vector stands for (clipping and rounding),
+        so that error is fed back too."""
+        residual[indices] += np.asarray(kept, np.float64) - np.asarray(sent, np.float64)
+
 
 def scatter(kept: np.ndarray, indices: np.ndarray, size: int) -> np.ndarray:
     """A vector of ``size`` zeros with ``kept`` at ``indices`` (the decoded sum, in place)."""
