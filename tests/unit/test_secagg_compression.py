@@ -73,7 +73,7 @@ def test_the_secure_sum_of_kept_values_is_the_sum_of_the_updates_there() -> None
     alive = sorted(result.delivered)
     total = scatter(decode_sum(result.total, len(alive), config), indices, d)
     expected = np.zeros(d)
-    expected[indices] = sum(updates[i] for i in alive)[indices]
+    expected[indices] = np.sum([updates[i] for i in alive], axis=0)[indices]
     assert np.allclose(total, expected, atol=len(alive) * config.step)
     # each delivering client sent its kept values at the ring's bits, not 4 bytes each
     masked = 4 + packed_size(indices.size, config.modulus_bits)
@@ -96,5 +96,6 @@ def test_error_feedback_sends_every_coordinate_eventually() -> None:
         randk.carry(residual, indices, kept, sent)
         sent_total += scatter(sent, indices, d)
     # what was sent plus what is still held is exactly what the client had to send
+    assert residual is not None
     assert np.allclose(sent_total + residual, update_total, atol=1e-9)
     assert np.abs(residual).max() < np.abs(update_total).max()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,12 @@ def agree(private: int, public: bytes, info: str) -> bytes:
     key = X25519PrivateKey.from_private_bytes(private.to_bytes(32, "little"))
     shared = key.exchange(X25519PublicKey.from_public_bytes(public))
     return HKDF(hashes.SHA256(), 32, None, info.encode()).derive(shared)
+
+
+def replayed(draws: list[int]) -> Callable[[int], int]:
+    """``random_below`` that answers the recorded draws in order."""
+    values = iter(draws)
+    return lambda bound: next(values)
 
 
 def lagrange_at_zero(points: list[tuple[int, int]]) -> int:
@@ -146,9 +153,8 @@ def test_the_recorded_round_replays_message_for_message() -> None:
     size, round_id = v["size"], v["round"]
     clients = []
     for i, draws in sorted(v["draws"].items()):
-        replay = iter(integer(d) for d in draws)
         clients.append(SecureClient(int(i), config, round_id, size,
-                                    lambda n, replay=replay: next(replay)))
+                                    replayed([integer(d) for d in draws])))
     server = SecureSum(config, round_id, size, graph_seed=v["graph_seed"])
     adverts = [cl.advertise() for cl in clients]
     assert [(a.cipher_public.hex(), a.mask_public.hex()) for a in adverts] == \
