@@ -44,19 +44,19 @@ class SecAggConfig:
     """How a secure round encodes updates and how many clients it needs.
 
     ``modulus_bits``: the sum is computed in Z_m with ``m = 2**modulus_bits`` (8..32; each
-    masked coordinate travels in ``ceil(modulus_bits / 8)`` bytes: 3 by default, less than a
-    float32). ``max_clients``: the most clients one sum may hold. ``clip``: every value a
-    client encodes is clipped to ``[-clip, clip]`` (after the update's L2 norm bound, which is
-    the privacy pipeline's). ``quantization_bits``: a value maps to an integer in
-    ``[0, 2**quantization_bits]`` by stochastic rounding, so the quantization step is
+    masked coordinate travels in ``modulus_bits`` bits, packed (``fedlink.secagg.packing``): 3
+    bytes by default, less than a float32). ``max_clients``: the most clients one sum may hold.
+    ``clip``: every value a client encodes is clipped to ``[-clip, clip]`` (after the update's
+    L2 norm bound, which is the privacy pipeline's). ``quantization_bits``: a value maps to an
+    integer in ``[0, 2**quantization_bits]`` by stochastic rounding, so the quantization step is
     ``2 * clip / 2**quantization_bits`` and the rounding is unbiased; by default the most the
     modulus allows, ``modulus_bits - ceil(log2(max_clients + 1))`` (16 for the defaults: a step
     of 3.1e-5 for ``clip`` 1). The modulus must hold the sum of ``max_clients`` such integers
-    (checked). ``neighbours``: how many neighbours each
-    client masks with and shares with (None: every other client of the round, SecAgg; a number:
-    SecAgg+'s sparse graph, tolerating fewer dropouts). ``threshold``: the fraction of a
-    client's neighbours whose shares rebuild its secrets (a coalition smaller than that learns
-    nothing from them); at unmasking, every client needs that many neighbours still answering.
+    (checked). ``neighbours``: how many neighbours each client masks with and shares with (None:
+    every other client of the round, SecAgg; a number: SecAgg+'s sparse graph, tolerating fewer
+    dropouts). ``threshold``: the fraction of a client's neighbours whose shares rebuild its
+    secrets (a coalition smaller than that learns nothing from them); at unmasking, every client
+    needs that many neighbours still answering.
     """
 
     modulus_bits: int = 24
@@ -93,6 +93,18 @@ class SecAggConfig:
         if not 0 < self.threshold < 1:
             raise ConfigError(f"secagg threshold: a fraction in (0, 1), got {self.threshold}")
 
+    @classmethod
+    def for_cohort(cls, clients: int, quantization_bits: int, clip: float, *,
+                   neighbours: int | None = None, threshold: float = 0.5) -> SecAggConfig:
+        """The smallest ring that holds the sum of ``clients`` values of ``quantization_bits``
+        bits: ``modulus_bits = quantization_bits + ceil(log2(clients + 1))`` (refused above 32)."""
+        if clients < 2 or quantization_bits < 1:
+            raise ConfigError(f"secagg: a cohort of at least 2 and at least 1 quantization "
+                              f"bit, got {clients} and {quantization_bits}")
+        return cls(modulus_bits=quantization_bits + math.ceil(math.log2(clients + 1)),
+                   quantization_bits=quantization_bits, clip=clip, max_clients=clients,
+                   neighbours=neighbours, threshold=threshold)
+
     @property
     def bits(self) -> int:
         """``quantization_bits`` as set or derived."""
@@ -118,9 +130,9 @@ class SecAggConfig:
         """Shares that rebuild a secret shared among ``neighbours`` clients (at least 2)."""
         return max(2, math.ceil(self.threshold * neighbours))
 
-    def coordinate_bytes(self) -> int:
-        """Bytes one masked coordinate takes on the wire."""
-        return math.ceil(self.modulus_bits / 8)
+    def vector_bytes(self, size: int) -> int:
+        """Bytes a masked vector of ``size`` values takes on the wire, packed."""
+        return (size * self.modulus_bits + 7) // 8
 
 
 @dataclass(frozen=True)
@@ -152,14 +164,15 @@ class EncryptedShare:
 
 @dataclass(frozen=True)
 class MaskedInput:
-    """Phase 3: the masked integer vector (uint32 values in ``[0, m)``)."""
+    """Phase 3: the masked integer vector (uint32 values in ``[0, m)``; on the wire packed
+    ``modulus_bits`` bits apiece, ``fedlink.secagg.packing``)."""
 
     client: int
     values: np.ndarray = field(repr=False)
 
     def wire_bytes(self, config: SecAggConfig) -> int:
-        """Its size on the wire at the config's bytes per coordinate."""
-        return 4 + config.coordinate_bytes() * int(self.values.size)
+        """Its size on the wire: a 4-byte id and the values packed at the config's bits."""
+        return 4 + config.vector_bytes(int(self.values.size))
 
 
 @dataclass(frozen=True)

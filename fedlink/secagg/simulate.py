@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedlink.secagg.base import SecAggConfig
-from fedlink.secagg.encoding import encode_weighted
+from fedlink.secagg.encoding import encode, encode_weighted
 from fedlink.secagg.protocol import SecureClient, SecureSum
 from fedlink.secagg.shamir import RandomBelow
 
@@ -40,12 +40,36 @@ class SecureRound:
         return bool(np.array_equal(self.total, self.plain_total))
 
 
-def run_round(updates: Sequence[np.ndarray], weights: Sequence[float], config: SecAggConfig,
-              *, drop_after_sharing: Collection[int] = (), drop_after_input: Collection[int] = (),
-              seed: int = 0, random_below: RandomBelow | None = None) -> SecureRound:
-    """A secure round of ``len(updates)`` clients (ids 0..n-1) with the given dropouts."""
-    n, size = len(updates), int(np.asarray(updates[0]).size) + 1
+def run_round(updates: Sequence[np.ndarray], weights: Sequence[float] | None,
+              config: SecAggConfig, *, drop_after_sharing: Collection[int] = (),
+              drop_after_input: Collection[int] = (), seed: int = 0,
+              random_below: RandomBelow | None = None) -> SecureRound:
+    """A secure round of ``len(updates)`` clients (ids 0..n-1) with the given dropouts.
+
+    With ``weights`` each client sends ``[w * update, w]`` (``weighted_mean`` reads the sum);
+    with None, its update alone (``decode_sum`` reads the sum).
+    """
     rng = np.random.default_rng(seed)
+    if weights is None:
+        encoded = [encode(u, config, rng) for u in updates]
+    else:
+        encoded = [encode_weighted(u, w, config, rng)
+                   for u, w in zip(updates, weights, strict=True)]
+    result = run_secure_sum([e.values for e in encoded], config,
+                            drop_after_sharing=drop_after_sharing,
+                            drop_after_input=drop_after_input, seed=seed,
+                            random_below=random_below)
+    result.clipped = sum(encoded[i].clipped for i in result.delivered)
+    return result
+
+
+def run_secure_sum(inputs: Sequence[np.ndarray], config: SecAggConfig, *,
+                   drop_after_sharing: Collection[int] = (),
+                   drop_after_input: Collection[int] = (), seed: int = 0,
+                   random_below: RandomBelow | None = None) -> SecureRound:
+    """The secure sum of ``inputs`` (integer vectors in Z_m, one per client, ids 0..n-1)
+    with the given dropouts; ``seed`` is the round id and the graph's seed."""
+    n, size = len(inputs), int(np.asarray(inputs[0]).size)
     extra = {} if random_below is None else {"random_below": random_below}
     clients = [SecureClient(i, config, seed, size, **extra) for i in range(n)]
     server = SecureSum(config, seed, size, graph_seed=seed)
@@ -62,13 +86,11 @@ def run_round(updates: Sequence[np.ndarray], weights: Sequence[float], config: S
         server.collect_shares(c.client, shares)
     server.close_sharing()
     going_on = [c for c in clients if c.client not in set(drop_after_sharing)]
-    encoded = {c.client: encode_weighted(updates[c.client], weights[c.client], config, rng)
-               for c in going_on}
     for c in going_on:
         given = server.shares_for(c.client)
         down[c.client] += sum(s.wire_bytes() for s in given)
         c.receive_shares(given)
-        masked = c.masked_input(encoded[c.client].values)
+        masked = c.masked_input(np.asarray(inputs[c.client], dtype=np.uint32))
         up[c.client] += masked.wire_bytes(config)
         server.collect_masked(masked)
     request = server.unmask_request()
@@ -83,7 +105,6 @@ def run_round(updates: Sequence[np.ndarray], weights: Sequence[float], config: S
     total, _ = server.finish(answers)
     plain = np.zeros(size, dtype=np.uint32)
     for i in request.survivors:
-        plain += encoded[i].values
+        plain += np.asarray(inputs[i], dtype=np.uint32)
     plain &= np.uint32(config.modulus - 1)
-    return SecureRound(total, plain, request.survivors, up, down,
-                       sum(e.clipped for e in encoded.values()))
+    return SecureRound(total, plain, request.survivors, up, down)

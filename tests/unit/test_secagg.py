@@ -193,3 +193,14 @@ def test_shares_are_handed_out_only_after_phase_two_closes() -> None:
     server.close_sharing()
     with pytest.raises(SecAggError, match="cannot share keys now"):
         server.collect_shares(1, clients[1].share_keys(roster, 1))
+
+
+def test_a_round_without_weights_sums_the_updates_alone() -> None:
+    rng = np.random.default_rng(3)
+    updates = [rng.normal(0, 0.1, 40) for _ in range(8)]
+    config = SecAggConfig(max_clients=8)
+    result = run_round(updates, None, config, drop_after_sharing={2}, seed=2)
+    assert result.exact and result.total.size == 40  # no weight coordinate
+    alive = sorted(result.delivered)
+    decoded = decode_sum(result.total, len(alive), config)
+    assert np.allclose(decoded, sum(updates[i] for i in alive), atol=len(alive) * config.step)
