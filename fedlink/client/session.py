@@ -1,6 +1,8 @@
 """The client session loop: join, get a task, download, train, upload, commit, repeat.
 
-``ClientSession`` is the async core; ``run_client`` is the thin sync facade for scripts and
+What the client does next is decided by its lifecycle, ``fedlink.client.protocol`` (the same
+state machine the virtual loop drives on a manual clock); the session performs each action it
+answers over gRPC and tells it what came of it. ``ClientSession`` is the async core; ``run_client`` is the thin sync facade for scripts and
 devices that do not run an event loop of their own. Training runs off the event loop (in a
 thread, or the executor you pass), so heartbeats keep flowing while it trains; they flow for the
 whole task (download, training, upload and commit, retries and backoff included), so that a long
@@ -206,9 +208,8 @@ class ClientSession:
         """Drive the client's lifecycle (``fedlink.client.protocol``) over gRPC until it stops."""
         self._protocol.settings = self._protocol_settings()
         action = self._protocol.start()
-        while isinstance(action, CheckIn):
-            reply = await self._next_task(action.held_version)
-            action = await self._answer(reply)
+        while isinstance(action, CheckIn):  # GetTask says the version it holds
+            action = await self._answer(await self._next_task())
         assert isinstance(action, Stop)
         if action.run_over:
             await self._finished(action.reason)
@@ -437,19 +438,19 @@ class ClientSession:
         with contextlib.suppress(RemoteError):
             await self.transport.leave(LeaveRequest(self.client_id, reason, unreported))
 
-    async def _next_task(self, held_version: int) -> TaskReply:
-        """``GetTask`` (saying which version the client holds), joining again (once) if the
-        coordinator has forgotten this client."""
-
-        async def get_task() -> TaskReply:
-            return await self.transport.get_task(GetTaskRequest(self.client_id, held_version))
-
+    async def _next_task(self) -> TaskReply:
+        """``GetTask``, joining again (once) if the coordinator has forgotten this client."""
         try:
-            return await self._call(get_task, "GetTask")
+            return await self._call(self._get_task, "GetTask")
         except Unauthenticated:
             log.info("%s: coordinator does not know us; joining again", self.client_id)
             await self._join()
-            return await self._call(get_task, "GetTask")
+            return await self._call(self._get_task, "GetTask")
+
+    async def _get_task(self) -> TaskReply:
+        """``GetTask``, saying which model version the client holds (the protocol's)."""
+        held = self._protocol.held_version
+        return await self.transport.get_task(GetTaskRequest(self.client_id, held))
 
     # -- training -------------------------------------------------------------------------------
 
