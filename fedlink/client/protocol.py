@@ -82,9 +82,8 @@ class ModelReceived:
 
 @dataclass(frozen=True)
 class Trained:
-    """Local training ended at ``at`` after ``steps_completed`` steps."""
+    """Local training ended at ``at`` (whatever work it did: the coordinator judges it)."""
 
-    steps_completed: int
     at: float = 0.0
 
 

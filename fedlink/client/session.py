@@ -2,7 +2,9 @@
 
 What the client does next is decided by its lifecycle, ``fedlink.client.protocol`` (the same
 state machine the virtual loop drives on a manual clock); the session performs each action it
-answers over gRPC and tells it what came of it. ``ClientSession`` is the async core; ``run_client`` is the thin sync facade for scripts and
+answers over gRPC and tells it what came of it.
+
+``ClientSession`` is the async core; ``run_client`` is the thin sync facade for scripts and
 devices that do not run an event loop of their own. Training runs off the event loop (in a
 thread, or the executor you pass), so heartbeats keep flowing while it trains; they flow for the
 whole task (download, training, upload and commit, retries and backoff included), so that a long
@@ -284,7 +286,7 @@ class ClientSession:
     async def _train_step(self, action: Train, work: _TaskWork,
                           protocol: ClientProtocol) -> Action:
         work.result = await self._train(action.task, work.trained_from(), action.deadline)
-        return protocol.heard(Trained(work.result.steps_completed, self._clock()))
+        return protocol.heard(Trained(self._clock()))
 
     async def _encode(self, action: Encode, work: _TaskWork,
                       protocol: ClientProtocol) -> Action:

@@ -49,7 +49,7 @@ def _through_training(protocol: ClientProtocol, task: Task, at: float = 0.0) -> 
     assert isinstance(download, Download)
     train = protocol.heard(ModelReceived(task.model_version))
     assert isinstance(train, Train)
-    assert isinstance(protocol.heard(Trained(5, at)), Encode)
+    assert isinstance(protocol.heard(Trained(at)), Encode)
     deliver = protocol.heard(Encoded(100))
     assert isinstance(deliver, Deliver)
     return deliver
@@ -61,7 +61,7 @@ def test_a_training_task_goes_from_check_in_to_delivery_and_back() -> None:
     task = _task()
     assert protocol.heard(Offered(task)) == Download(task, -1)
     assert protocol.heard(ModelReceived(3)) == Train(task, None)
-    assert protocol.heard(Trained(5)) == Encode(task, None)
+    assert protocol.heard(Trained()) == Encode(task, None)
     assert protocol.heard(Encoded(100)) == Deliver(task, 100, inline=False)
     assert protocol.heard(Accepted()) == CheckIn(3)  # it says it holds version 3 now
     assert protocol.outcome == Accepted() and protocol.tasks == 1
@@ -94,7 +94,7 @@ def test_the_deadline_is_an_instant_on_the_drivers_clock() -> None:
     task = _task(deadline_s=10.0)
     protocol.heard(Offered(task, at=100.0))
     assert protocol.heard(ModelReceived(3)) == Train(task, 110.0)
-    assert protocol.heard(Trained(5, at=104.0)) == Encode(task, 6.0)  # time left to size it
+    assert protocol.heard(Trained(at=104.0)) == Encode(task, 6.0)  # time left to size it
 
 
 def test_small_updates_travel_inside_the_commit() -> None:
@@ -104,7 +104,7 @@ def test_small_updates_travel_inside_the_commit() -> None:
         protocol.start()
         protocol.heard(Offered(_task()))
         protocol.heard(ModelReceived(3))
-        protocol.heard(Trained(5))
+        protocol.heard(Trained())
         assert protocol.heard(Encoded(num_bytes)) == Deliver(_task(), num_bytes, inline)
 
 
@@ -113,7 +113,7 @@ def test_a_refused_or_lost_task_ends_in_any_phase_and_the_client_checks_in() -> 
         protocol = ClientProtocol(held_version=1)
         protocol.start()
         protocol.heard(Offered(_task(version=3)))
-        script = [ModelReceived(3), Trained(2), Encoded(10)][:phases]
+        script = [ModelReceived(3), Trained(), Encoded(10)][:phases]
         for event in script:
             protocol.heard(event)
         ending = Refused("too stale") if phases == 3 else Lost("checksum mismatch")
@@ -160,7 +160,7 @@ def test_what_cannot_happen_now_is_refused() -> None:
     protocol = ClientProtocol()
     protocol.start()
     with pytest.raises(ProtocolError, match="Trained heard while checking_in"):
-        protocol.heard(Trained(3))
+        protocol.heard(Trained())
     with pytest.raises(ProtocolError, match="Lost heard while checking_in"):
         protocol.heard(Lost("no task to lose"))
     protocol.heard(Offered(_task(version=3)))

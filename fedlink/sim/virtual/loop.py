@@ -368,7 +368,7 @@ class VirtualLoop:
             self._trainer_states[index] = upload.trainer_state
         completed = upload.steps_completed if work.fits == work.steps else work.fits
         encoded = upload.payload
-        busy.protocol.heard(Trained(completed, self.clock.now()))
+        busy.protocol.heard(Trained(self.clock.now()))
         # the job ran the pipeline with the training (in the backend): the update is encoded
         action = busy.protocol.heard(Encoded(encoded.header.num_bytes))
         assert isinstance(action, Deliver)
