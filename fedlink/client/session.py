@@ -1,5 +1,9 @@
 """The client session loop: join, get a task, download, train, upload, commit, repeat.
 
+What the client does next is decided by its lifecycle, ``fedlink.client.protocol`` (the same
+state machine the virtual loop drives on a manual clock); the session performs each action it
+answers over gRPC and tells it what came of it.
+
 ``ClientSession`` is the async core; ``run_client`` is the thin sync facade for scripts and
 devices that do not run an event loop of their own. Training runs off the event loop (in a
 thread, or the executor you pass), so heartbeats keep flowing while it trains; they flow for the
@@ -19,15 +23,15 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 import numpy as np
 
-from fedlink.client.base import Trainer, TrainPlan, TrainResult
+from fedlink.client.base import Trainer, TrainResult
 from fedlink.client.delivery import Courier
 from fedlink.client.evaluation import capabilities, evaluation_report, evaluator_of
 from fedlink.client.instance import (
@@ -39,23 +43,39 @@ from fedlink.client.instance import (
 from fedlink.client.liveness import LivenessConfig
 from fedlink.client.outbox import PendingUpdate, open_outbox
 from fedlink.client.pipeline import UpdatePipeline
+from fedlink.client.protocol import (
+    Accepted,
+    Action,
+    CheckIn,
+    ClientProtocol,
+    Deliver,
+    Download,
+    Encode,
+    Encoded,
+    Evaluate,
+    Lost,
+    ModelReceived,
+    Offered,
+    ProtocolSettings,
+    Refused,
+    Report,
+    Scored,
+    Slept,
+    Stop,
+    Train,
+    Trained,
+    WaitFor,
+    outcome_of,
+    plan_for,
+)
 from fedlink.client.retry import Caller, RetryPolicy, Sleep
 from fedlink.client.stats import SessionStats
 from fedlink.client.transfer import HeldModel, Transfers
 from fedlink.client.transport import Timeouts, TLSOptions, Transport
 from fedlink.clock import Clock, RealClock, sleep_on
-from fedlink.errors import (
-    ConfigError,
-    DataLoss,
-    NotFound,
-    PermissionDenied,
-    RemoteError,
-    Unauthenticated,
-    UpdateRefused,
-)
+from fedlink.errors import ConfigError, RemoteError, Unauthenticated
 from fedlink.messages import (
     EvaluationReport,
-    Finished,
     GetTaskRequest,
     HeartbeatRequest,
     JoinRequest,
@@ -64,7 +84,6 @@ from fedlink.messages import (
     Task,
     TaskKind,
     TaskReply,
-    Wait,
 )
 
 R = TypeVar("R")
@@ -73,9 +92,21 @@ __all__ = ["ClientOptions", "ClientSession", "SessionStats", "run_client"]
 
 log = logging.getLogger(__name__)
 
-# Failures that lose one task but let the client go on: corrupted bytes, a task or client the
-# coordinator forgot (the next GetTask joins again), a task that is no longer ours.
-TASK_FAILURES = (DataLoss, NotFound, Unauthenticated, PermissionDenied)
+
+@dataclass
+class _TaskWork:
+    """What one task's actions hand each other on the real client: the model it downloaded,
+    the training's result, the encoded update, the evaluation's report."""
+
+    model: np.ndarray | None = None
+    result: TrainResult | None = None
+    update: PendingUpdate | None = None
+    report: EvaluationReport | None = None
+
+    def trained_from(self) -> np.ndarray:
+        """The task's model (downloaded before training or evaluation start)."""
+        assert self.model is not None
+        return self.model
 
 
 @dataclass(frozen=True)
@@ -147,6 +178,7 @@ class ClientSession:
         self._transport: Transport | None = None
         self._courier: Courier | None = None
         self._held: HeldModel | None = None
+        self._protocol = ClientProtocol()  # its settings come with the run's config
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -175,84 +207,127 @@ class ClientSession:
         return self.stats
 
     async def _work(self) -> None:
-        while self.options.max_tasks is None or self.stats.tasks < self.options.max_tasks:
-            reply = await self._next_task()
-            if isinstance(reply, Finished):
-                log.info("%s: run finished: %s", self.client_id, reply.reason)
-                self.stats.finished = reply.reason or "run finished"
-                assert self.config is not None
-                await asyncio.to_thread(remember_finished, self.options.outbox_dir,
-                                        self.target, self.config.run_name, self.stats.finished)
-                return
-            if isinstance(reply, Wait):
-                await self._sleep(reply.retry_after_s)
-                continue
-            await self._do_task(reply)
+        """Drive the client's lifecycle (``fedlink.client.protocol``) over gRPC until it stops."""
+        self._protocol.settings = self._protocol_settings()
+        action = self._protocol.start()
+        while isinstance(action, CheckIn):  # GetTask says the version it holds
+            action = await self._answer(await self._next_task())
+        assert isinstance(action, Stop)
+        if action.run_over:
+            await self._finished(action.reason)
 
-    async def _do_task(self, task: Task) -> None:
+    async def _answer(self, reply: TaskReply) -> Action:
+        """Act on the coordinator's answer to a check-in until the protocol checks in again
+        or stops: wait, or do the task offered."""
+        protocol = self._protocol
+        protocol.settings = self._protocol_settings()  # a new join may have changed them
+        action = protocol.heard(Offered(reply, self._clock()))
+        if isinstance(action, WaitFor):
+            if action.declined is not None:  # never advertised: a coordinator's mistake
+                log.warning("%s: declining evaluation task %s: the trainer has no evaluate "
+                            "method", self.client_id, action.declined.task_id)
+            await self._sleep(action.seconds)
+            return protocol.heard(Slept())
+        if protocol.task is not None:
+            return await self._do_task(protocol, action)
+        return action
+
+    async def _finished(self, reason: str) -> None:
+        """The coordinator said the run is over: remember it (a later start is then done)."""
+        log.info("%s: run finished: %s", self.client_id, reason)
+        self.stats.finished = reason
+        assert self.config is not None
+        await asyncio.to_thread(remember_finished, self.options.outbox_dir, self.target,
+                                self.config.run_name, self.stats.finished)
+
+    def _protocol_settings(self) -> ProtocolSettings:
+        assert self.config is not None
+        return ProtocolSettings(inline_bytes=self.config.inline_bytes,
+                                can_evaluate=evaluator_of(self.trainer) is not None,
+                                decline_wait_s=self.config.heartbeat_interval_s,
+                                max_tasks=self.options.max_tasks)
+
+    async def _do_task(self, protocol: ClientProtocol, action: Action) -> Action:
+        """Perform one task's actions until the protocol leaves the task; the next action."""
+        task = protocol.task
+        assert task is not None
+        if task.kind is TaskKind.TRAIN:
+            self.stats.tasks += 1
         # heartbeats for the whole task (download, training, delivery): a long upload or a
         # backoff must not look like a dead client to the coordinator's liveness check
         beating = asyncio.create_task(self._heartbeat(task))
+        work = _TaskWork()
         try:
-            if task.kind is TaskKind.EVALUATE:
-                await self._run_evaluation(task)
-            else:
-                await self._run_task(task)
+            while protocol.task is task:
+                try:
+                    action = await self._STEPS[type(action)](self, action, work, protocol)
+                except RemoteError as err:
+                    # the task may close before the download (its round flushed meanwhile) as
+                    # well as before the commit: either way the coordinator refuses, and the
+                    # client moves on
+                    action = protocol.heard(self._lost(task.task_id, err))
         finally:
             beating.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beating
+        return action
 
-    async def _run_task(self, task: Task) -> None:
-        self.stats.tasks += 1
-        started = self._clock()
-        try:
-            # the task may close before the download (its round flushed meanwhile) as well as
-            # before the commit: either way the coordinator refuses, and the client moves on
-            with self._network_clock():
-                model = await self.courier.transfers.fetch_model(self.client_id, task,
-                                                                 self._held)
-            self._held = HeldModel(task.model_version, model, task.model.checksum)
-            result = await self._train(task, model, started)
-            time_left = started + task.deadline_s - self._clock() if task.deadline_s > 0 \
-                else None
-            update = self._pending_update(task, result, model, time_left)
-            await self.courier.keep(update)
-            if self.pipeline.saves_state:  # the error-feedback residual, to disk
-                await asyncio.to_thread(self.pipeline.save_state)
-            with self._network_clock():
-                sending = self._clock()
-                await self.courier.deliver(update)
-                self.pipeline.observe_upload(update.payload.header.num_bytes,
-                                             self._clock() - sending)
-        except RemoteError as err:
-            if not self._lost(task.task_id, err):
-                raise
+    # -- the task's actions (each performs one, tells the protocol what came of it) ----------
 
-    async def _run_evaluation(self, task: Task) -> None:
-        """Download the task's model (as for training), score it, report; no update."""
+    async def _download(self, action: Download, work: _TaskWork,
+                        protocol: ClientProtocol) -> Action:
+        task = action.task
+        with self._network_clock():
+            work.model = await self.courier.transfers.fetch_model(self.client_id, task,
+                                                                  self._held)
+        self._held = HeldModel(task.model_version, work.model, task.model.checksum)
+        return protocol.heard(ModelReceived(task.model_version))
+
+    async def _train_step(self, action: Train, work: _TaskWork,
+                          protocol: ClientProtocol) -> Action:
+        work.result = await self._train(action.task, work.trained_from(), action.deadline)
+        return protocol.heard(Trained(self._clock()))
+
+    async def _encode(self, action: Encode, work: _TaskWork,
+                      protocol: ClientProtocol) -> Action:
+        assert work.result is not None
+        work.update = self._pending_update(action.task, work.result, work.trained_from(),
+                                           action.time_left_s)
+        await self.courier.keep(work.update)
+        if self.pipeline.saves_state:  # the error-feedback residual, to disk
+            await asyncio.to_thread(self.pipeline.save_state)
+        return protocol.heard(Encoded(work.update.payload.header.num_bytes))
+
+    async def _deliver(self, action: Deliver, work: _TaskWork,
+                       protocol: ClientProtocol) -> Action:
+        assert work.update is not None
+        with self._network_clock():
+            sending = self._clock()
+            await self.courier.deliver(work.update)  # inline or not: the same rule as action's
+            self.pipeline.observe_upload(action.num_bytes, self._clock() - sending)
+        return protocol.heard(Accepted())
+
+    async def _evaluate(self, action: Evaluate, work: _TaskWork,
+                        protocol: ClientProtocol) -> Action:
         evaluator = evaluator_of(self.trainer)
-        if evaluator is None:  # never advertised: a coordinator's mistake
-            log.warning("%s: declining evaluation task %s: the trainer has no evaluate method",
-                        self.client_id, task.task_id)
-            assert self.config is not None  # the task stays open there: do not ask at once
-            await self._sleep(self.config.heartbeat_interval_s)
-            return
-        try:
-            with self._network_clock():
-                model = await self.courier.transfers.fetch_model(self.client_id, task,
-                                                                 self._held)
-            self._held = HeldModel(task.model_version, model, task.model.checksum)
-            report = self._scored(task, await self._off_loop(evaluator.evaluate, model))
-            if report is None:
-                return
-            with self._network_clock():
-                await self._call(lambda: self.transport.report_evaluation(report),
-                                 "ReportEvaluation")
-            self.stats.evaluations += 1
-        except RemoteError as err:
-            if not self._lost(task.task_id, err):
-                raise
+        assert evaluator is not None  # the protocol declines evaluations without one
+        scores = await self._off_loop(evaluator.evaluate, work.trained_from())
+        work.report = self._scored(action.task, scores)
+        return protocol.heard(Scored(work.report is not None))
+
+    async def _report(self, action: Report, work: _TaskWork,
+                      protocol: ClientProtocol) -> Action:
+        report = work.report
+        assert report is not None
+        with self._network_clock():
+            await self._call(lambda: self.transport.report_evaluation(report),
+                             "ReportEvaluation")
+        self.stats.evaluations += 1
+        return protocol.heard(Accepted())
+
+    _STEPS: ClassVar[Mapping[type, Callable[..., Awaitable[Action]]]] = {
+        Download: _download, Train: _train_step, Encode: _encode, Deliver: _deliver,
+        Evaluate: _evaluate, Report: _report}
 
     def _scored(self, task: Task, scores: Mapping[str, float]) -> EvaluationReport | None:
         """The report of the trainer's ``scores``; ``None`` (logged) when there is none to
@@ -269,20 +344,21 @@ class ClientSession:
             return None
         return report
 
-    def _lost(self, task_id: str, err: RemoteError) -> bool:
-        """Count a task lost to ``err``; ``False`` when ``err`` must stop the session."""
-        if isinstance(err, UpdateRefused):
+    def _lost(self, task_id: str, err: RemoteError) -> Refused | Lost:
+        """Count a task lost to ``err`` (re-raised when it must stop the session)."""
+        outcome = outcome_of(err)
+        if isinstance(outcome, Refused):
             self.stats.refused += 1
             self.stats.refusals.append(err.detail)
             # A refusal (too stale, round already full, run over) is a normal outcome of
             # elastic rounds: logged, counted, and in the coordinator's report, not a warning.
             log.info("%s: update for %s refused: %s", self.client_id, task_id, err.detail)
-            return True
-        if isinstance(err, TASK_FAILURES):
+        elif isinstance(outcome, Lost):
             self.stats.failed += 1
             log.warning("%s: task %s failed: %s", self.client_id, task_id, err)
-            return True
-        return False
+        else:
+            raise err
+        return outcome
 
     @contextlib.contextmanager
     def _network_clock(self) -> Iterator[None]:
@@ -374,14 +450,19 @@ class ClientSession:
             return await self._call(self._get_task, "GetTask")
 
     async def _get_task(self) -> TaskReply:
-        held = self._held.version if self._held is not None else -1
+        """``GetTask``, saying which model version the client holds (the protocol's)."""
+        held = self._protocol.held_version
         return await self.transport.get_task(GetTaskRequest(self.client_id, held))
 
     # -- training -------------------------------------------------------------------------------
 
-    async def _train(self, task: Task, model: np.ndarray, started: float) -> TrainResult:
+    async def _train(self, task: Task, model: np.ndarray,
+                     deadline: float | None) -> TrainResult:
         """Train off the event loop (unless inline), so that heartbeats go on meanwhile."""
-        plan = self._plan(task, started)
+        config = self.config
+        assert config is not None
+        plan = plan_for(task, config.batch_size, config.learning_rate, config.trainer_options,
+                        int(self._rng.integers(2**31)), deadline)
         result = await self._off_loop(self.trainer.train, model, plan)
         self.stats.train_seconds += float(result.metrics.get("train_seconds", 0.0))
         return result
@@ -391,15 +472,6 @@ class ClientSession:
         if self._inline_training:
             return work(*args)
         return await asyncio.get_running_loop().run_in_executor(self._executor, work, *args)
-
-    def _plan(self, task: Task, started: float) -> TrainPlan:
-        config = self.config
-        assert config is not None
-        deadline = started + task.deadline_s if task.deadline_s > 0 else None
-        return TrainPlan(local_steps=task.local_steps, local_epochs=task.local_epochs,
-                         batch_size=config.batch_size, learning_rate=config.learning_rate,
-                         deadline=deadline, seed=int(self._rng.integers(2**31)),
-                         options=config.trainer_options, model_version=task.model_version)
 
     async def _sleep_on_clock(self, seconds: float) -> None:
         await sleep_on(self._timer, seconds)

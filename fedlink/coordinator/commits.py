@@ -13,11 +13,11 @@ import logging
 from collections.abc import Callable
 
 from fedlink.coordinator.admission import CallerCheck
-from fedlink.coordinator.client_metrics import reported_counters
 from fedlink.coordinator.config import LimitsConfig
 from fedlink.coordinator.engine import FlushOutcome, RoundEngine
 from fedlink.coordinator.faults import FaultPlan
 from fedlink.coordinator.journal import Journal
+from fedlink.coordinator.outcomes import update_refused
 from fedlink.coordinator.progress import ProgressLog
 from fedlink.coordinator.records import ReceivedUpdate
 from fedlink.coordinator.transfers import Transfers
@@ -25,7 +25,7 @@ from fedlink.coordinator.uploads import UploadSession, UploadStore
 from fedlink.coordinator.validation import RequestChecks, check_counts
 from fedlink.errors import InvalidArgument, RemoteError, UploadIncomplete
 from fedlink.messages import CommitReply, CommitRequest
-from fedlink.metrics import EventLog, kinds
+from fedlink.metrics import EventLog
 from fedlink.wire import unpack
 
 log = logging.getLogger(__name__)
@@ -86,11 +86,8 @@ class Commits:
             return err
         except RemoteError as err:
             self._progress.refused()
-            self._events.emit(kinds.UpdateRefused.build(client_id=request.client_id,
-                                                        task_id=request.task_id, reason=err.detail,
-                                                        reason_code=err.refusal, code=err.code,
-                                                        bytes_up=request.update.num_bytes,
-                                                        **reported_counters(request.metrics)))
+            self._events.emit(update_refused(request.client_id, request.task_id, err,
+                                             request.update.num_bytes, request.metrics))
             answer = err
         self.uploads.settle(request.client_id, request.upload_id, answer)
         # final: an accepted update used what was sent for its task, a refused one none of it

@@ -60,7 +60,7 @@ def test_a_trainer_without_evaluate_declines_with_a_log_line(
                             sleep=sleep)
     session.config = RunConfig("run", 2, heartbeat_interval_s=3.0)
     with caplog.at_level(logging.WARNING, logger="fedlink.client.session"):
-        asyncio.run(session._run_evaluation(TASK))
+        asyncio.run(session._answer(TASK))
     assert "declining evaluation task e3-v4: the trainer has no evaluate method" in caplog.text
     assert waited == [3.0] and session.stats.evaluations == 0
 

@@ -7,14 +7,16 @@ drawn at once: when a due version is published (a multiple of ``every``, and the
 version whatever ``every`` says), that many distinct clients are drawn from a generator seeded
 by the run's seed and the version. The run goes on after its last flush until the final
 version's reports are in (``pending``), as a real coordinator waits for them. Each lives
-through the real client's steps in model time: a check-in round trip, the model's download,
-one forward pass over its examples (``ceil(examples / batch_size)`` steps at
-``step_cost_s x speed``: a simplification, the same per-batch cost as a training step), the
-report's round trip, all paused while the client is offline. The score itself is the client
-trainer's real ``evaluate`` on the decoded model (run inline, on the loop's thread); a
-trainer without ``evaluate`` does not evaluate, as a real client does not advertise the
-capability. The report becomes one
-``evaluation_reported`` event (example count bounded as the coordinator bounds it), read by
+through the real client's steps in model time, in the order the client's lifecycle
+(``fedlink.client.protocol``) gives them: a check-in round trip, the model's download (none
+when the client holds that version), one forward pass over its examples
+(``ceil(examples / batch_size)`` steps at ``step_cost_s x speed``: a simplification, the same
+per-batch cost as a training step), the report's round trip (no report when it scored no
+example), all paused while the client is offline. The score itself is the client trainer's
+real ``evaluate`` on the decoded model (run inline, on the loop's thread); a trainer without
+``evaluate`` does not evaluate, as a real client does not advertise the capability. The
+report becomes one ``evaluation_reported`` event (example count bounded as the coordinator
+bounds it), read by
 ``fedlink.metrics.federated`` exactly as a real run's.
 
 Simplifications, said: a client drawn to evaluate while it trains does both at once (a real
@@ -32,6 +34,16 @@ from typing import Any
 import numpy as np
 
 from fedlink.client.evaluation import evaluation_report, evaluator_of
+from fedlink.client.protocol import (
+    Accepted,
+    ClientProtocol,
+    Download,
+    Lost,
+    ModelReceived,
+    Offered,
+    Report,
+    Scored,
+)
 from fedlink.clock import ManualClock
 from fedlink.coordinator.commits import bounded_examples
 from fedlink.coordinator.config import CoordinatorConfig
@@ -122,7 +134,12 @@ class VirtualEvaluations:
         profile = world.population.profile(index)
         check_in, report = (round_trip_s(profile, self._timing) if profile is not None else 0.0
                             for _ in range(2))
-        if world.held(index) == version:  # it holds the model: sent nothing, as a real client
+        task = Task(task_id, version, 0, 0, 0.0, header, kind=TaskKind.EVALUATE)
+        protocol = ClientProtocol(held_version=world.held(index))
+        protocol.start()
+        download = protocol.heard(Offered(task, world.clock.now()))
+        assert isinstance(download, Download)
+        if not download.needed:  # it holds the model: sent nothing, as a real client
             world.count_network(index, check_in + report, None)
             down_s = 0.0
             self._sent[task_id] = 0
@@ -132,48 +149,63 @@ class VirtualEvaluations:
             world.count_download(index, version, header.num_bytes)
             world.count_network(index, check_in + down.seconds + report, down)
             down_s = down.seconds
-        task = Task(task_id, version, 0, 0, 0.0, header, kind=TaskKind.EVALUATE)
         done = finish(world.availability, index, world.clock.now(), check_in + down_s)
-        world.clock.call_at(done, lambda: self._score(index, task, report))
+        world.clock.call_at(done, lambda: self._score(index, protocol, report))
         return task_id
 
-    def _score(self, index: int, task: Task, report_s: float) -> None:
+    def _score(self, index: int, protocol: ClientProtocol, report_s: float) -> None:
         """Downloaded: score the model with the client's trainer; report after the pass."""
         world = self.world
+        task = protocol.task
+        assert task is not None
         try:
             payload = world.engine.payload(task.model_version)
-        except RemoteError:  # no longer served: the task is lost, as a real client's is
-            self._final.discard(task.task_id)
+        except RemoteError as err:  # no longer served: the task is lost, as a real client's is
+            self._lost(protocol, task, err.detail)
             return
+        protocol.heard(ModelReceived(task.model_version))
         trainer = world.population.trainer(index)
         evaluator = evaluator_of(trainer)
         if evaluator is None:
-            self._final.discard(task.task_id)
+            self._lost(protocol, task, "the trainer has no evaluate method")
             return
         model = unpack(payload.header, payload.data, world.engine.num_parameters,
                        verify=False)  # the engine's own bytes
         try:
             report = evaluation_report(f"sim-{index}", task, trainer, evaluator.evaluate(model))
-        except ConfigError:  # a non-finite score: a real client does not report it either
-            self._final.discard(task.task_id)
+        except ConfigError as err:  # a non-finite score: a real client does not report it
+            self._lost(protocol, task, str(err))
             return
         passes = math.ceil(max(report.num_examples, 1) / self._batch)
         compute = passes * world.step_cost_s * world.population.speed(index)
+        if not isinstance(protocol.heard(Scored(report.num_examples >= 1)), Report):
+            self._ended(task)  # no example scored: nothing to report
+            return
         arrives = finish(world.availability, index, world.clock.now(), compute + report_s)
         examples = bounded_examples(report.num_examples, world.population.num_examples(index),
                                     self._max_examples)
-        world.clock.call_at(arrives, lambda: self._arrive(task, index, examples,
+        world.clock.call_at(arrives, lambda: self._arrive(protocol, task, index, examples,
                                                           dict(report.metrics)))
 
-    def _arrive(self, task: Task, index: int, examples: int,
+    def _lost(self, protocol: ClientProtocol, task: Task, reason: str) -> None:
+        protocol.heard(Lost(reason))
+        self._ended(task)
+
+    def _ended(self, task: Task) -> None:
+        """``task`` is over, reported or not."""
+        self._final.discard(task.task_id)
+        self._sent.pop(task.task_id, None)
+
+    def _arrive(self, protocol: ClientProtocol, task: Task, index: int, examples: int,
                 metrics: dict[str, float]) -> None:
         """The report reaches the coordinator (once the run is over, only the final
         version's are taken)."""
         final = task.task_id in self._final
-        self._final.discard(task.task_id)
-        sent = self._sent.pop(task.task_id, 0)
-        if (self.world.engine.finished and not final) or examples < 1:
+        sent = self._sent.get(task.task_id, 0)
+        self._ended(task)
+        if self.world.engine.finished and not final:
             return
+        protocol.heard(Accepted())
         self.world.events.emit(kinds.EvaluationReported.build(
             client_id=f"sim-{index}", task_id=task.task_id, model_version=task.model_version,
             num_examples=examples, loss=metrics.get("loss"), accuracy=metrics.get("accuracy"),

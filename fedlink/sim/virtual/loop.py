@@ -1,30 +1,36 @@
 """The discrete-event loop: the coordinator's ``RoundEngine`` and a population of clients,
 with no sockets, on a ``ManualClock``.
 
-Each selected client lives through timed events, as ``ClientSession`` does over gRPC: it checks
-in (one ``GetTask`` round trip), downloads the task's model (its encoded payload, decoded with
-``fedlink.wire.unpack`` as the real client does), trains (the real trainer; model time is
-``steps x step_cost_s x speed``), runs the real ``UpdatePipeline`` (privacy, codec, error
-feedback), uploads and commits. The training and the pipeline, a device's own work, run in a
-``TrainingBackend`` (``fedlink.sim.virtual.backends``): handed over when the download ends,
-the encoded update taken when training ends in model time, so worker processes work for
-several clients at once. Transfers are timed by ``fedlink.sim.virtual.timing``; work pauses
+Each selected client lives through timed events, driven by the same lifecycle as
+``ClientSession`` over gRPC (``fedlink.client.protocol``: the loop performs the actions it
+answers, on the manual clock): it checks in (one ``GetTask`` round trip), downloads the task's
+model (its encoded payload, decoded with ``fedlink.wire.unpack`` as the real client does;
+nothing when it holds that version; full models, never deltas), trains (the real trainer;
+model time is ``steps x step_cost_s x speed``), runs the real ``UpdatePipeline`` (privacy,
+codec, error feedback), uploads and commits (inline when the protocol says so). The training
+and the pipeline, a device's own work, run in a ``TrainingBackend``
+(``fedlink.sim.virtual.backends``): handed over when the download ends, the encoded update
+taken when training ends in model time, so worker processes work for several clients at
+once. Transfers are timed by ``fedlink.sim.virtual.timing``; work pauses
 while the client is offline (``fedlink.sim.virtual.availability``). The arrival calls the
 engine's own ``submit`` (staleness, weighting, the flush rule, server optimizer and hooks),
 with the example count bounded by the coordinator's ``bounded_examples``; the engine's ``poll``
 and ``release_silent`` run every ``poll_s`` of model time, as the server's poll loop calls
 them.
 
-Duplicated from the servicer, in a few lines: emitting ``update_refused`` and ``flush`` events
-(the servicer's ``_settle`` and ``report_flushes`` are bound to its asyncio and durable-commit
-machinery). Selection: whenever the engine has free places the loop offers them to idle online
+The ``update_refused`` and ``flush`` events, a round's ``bytes_down`` and the central
+evaluation come from ``fedlink.coordinator.outcomes``, as the gRPC service's do. Selection: a
+client that checks in again (the protocol's next action after a task, or after a wait) goes
+back among the idle; whenever the engine has free places the loop offers them to idle online
 clients, drawn at random (seeded) from the population, so cost follows the cohort; a client
-told to wait asks again ``retry_after_s`` later (pace steering in model time).
+told to wait is not drawn again before ``retry_after_s`` (pace steering in model time).
 
-Per-client state kept across tasks, only for clients that have trained at least once: the
-client's random generator (plan seeds, codec noise; about 2 KB each, in a dict) and, with a
-biased codec, its error-feedback residual (one float32 model vector) in a ``ResidualStore``
-(``fedlink.sim.virtual.residuals``: in memory up to a budget, spilled to disk beyond it).
+Per-client state kept across tasks: the model version it holds (one int32 a client; a client's
+``ClientProtocol`` lives only while it is selected); only for clients that have trained at
+least once, the client's random generator (plan seeds, codec noise; about 2 KB each, in a
+dict) and, with a biased codec, its error-feedback residual (one float32 model vector) in a
+``ResidualStore`` (``fedlink.sim.virtual.residuals``: in memory up to a budget, spilled to
+disk beyond it).
 """
 
 from __future__ import annotations
@@ -38,19 +44,42 @@ from typing import Any
 
 import numpy as np
 
-from fedlink.client import Trainer, TrainPlan
+from fedlink.client import Trainer
 from fedlink.client.base import planned_steps
 from fedlink.client.pipeline import UpdatePipeline
+from fedlink.client.protocol import (
+    Accepted,
+    ClientProtocol,
+    Deliver,
+    Download,
+    Encoded,
+    Lost,
+    ModelReceived,
+    Offered,
+    ProtocolSettings,
+    Refused,
+    Train,
+    Trained,
+    WaitFor,
+    outcome_of,
+    plan_for,
+)
 from fedlink.clock import ManualClock
 from fedlink.coordinator.commits import bounded_examples
 from fedlink.coordinator.config import CoordinatorConfig
+from fedlink.coordinator.downloads import EVALUATION, MODEL
 from fedlink.coordinator.engine import FlushOutcome, RoundEngine
+from fedlink.coordinator.outcomes import (
+    RoundBytesDown,
+    central_metrics,
+    flush_fields,
+    update_refused,
+)
 from fedlink.coordinator.records import ReceivedUpdate
 from fedlink.errors import RemoteError
-from fedlink.messages import Finished, Task
+from fedlink.messages import Task
 from fedlink.metrics import EventLog, kinds
 from fedlink.params.base import ParamSpec
-from fedlink.refusals import RefusalCode
 from fedlink.sim.virtual.availability import AlwaysOnline, Availability, finish
 from fedlink.sim.virtual.backends import (
     ClientJob,
@@ -86,6 +115,7 @@ class _Busy:
     index: int
     task: Task
     started: float
+    protocol: ClientProtocol
     trainer: Trainer | None = None
     seen: float = 0.0
     network_s: float = 0.0
@@ -176,8 +206,10 @@ class VirtualLoop:
         self._timing = None if options.deterministic else np.random.default_rng(
             [options.seed, 0x714E])
         self.totals = LoopTotals()
-        self._bytes_down = 0  # since the last flush, as the servicer counts it
-        self._bytes_down_evaluation = 0  # its evaluation tasks' part
+        self._round_down = RoundBytesDown()  # since the last flush, as the servicer counts it
+        # what the run says about a client's lifecycle (training tasks only: evaluations are
+        # drawn by ``VirtualEvaluations``)
+        self._lifecycle = ProtocolSettings(inline_bytes=config.limits.inline_limit)
         self._checked_in = np.zeros(population.size, dtype=bool)  # 1 byte a client
         # the model version each client holds (-1: none), from its last download
         self._held = np.full(population.size, -1, dtype=np.int32)
@@ -247,75 +279,80 @@ class VirtualLoop:
         if not self.availability.online(index, now):
             return False
         self._checked_in[index] = True
-        reply = self.engine.issue(self.client_id(index))
-        if isinstance(reply, Finished):
-            return False
-        if not isinstance(reply, Task):
+        protocol = ClientProtocol(self._lifecycle, int(self._held[index]))
+        protocol.start()  # a check-in; full models only, so the engine offers no delta
+        action = protocol.heard(Offered(self.engine.issue(self.client_id(index)), now))
+        if isinstance(action, WaitFor):
             self._waiting.add(index)
-            self.clock.call_later(reply.retry_after_s, lambda: self._waiting.discard(index))
+            self.clock.call_later(action.seconds, lambda: self._waiting.discard(index))
             return False
-        busy = _Busy(index, reply, now, seen=now)
+        if not isinstance(action, Download):  # the run is over
+            return False
+        busy = _Busy(index, action.task, now, protocol, seen=now)
         self._busy[index] = busy
         self._charge(busy, tasks=1)
         profile = self.population.profile(index)
         rtt = round_trip_s(profile, self._timing) if profile is not None else 0.0
-        down = self._download(busy, profile)
+        down = self._download(busy, profile, action)
         seconds = rtt + (down.seconds if down is not None else 0.0)
         if down is not None:
             self._count_network(busy, seconds, down)
         else:
             self._charge(busy, network_s=seconds)
         done = finish(self.availability, index, now, seconds)
-        self.clock.call_at(done, lambda: self._train(busy))
+        self.clock.call_at(done, lambda: self._downloaded(busy))
         return True
 
-    def _download(self, busy: _Busy, profile: Any) -> Any:
+    def _download(self, busy: _Busy, profile: Any, action: Download) -> Any:
         """Count the task's model download's bytes; its transfer (time, resends), or None
         when the client holds the task's version (it has just evaluated it) and, as a real
         client that says so in ``GetTask``, is sent nothing."""
-        index, version = busy.index, busy.task.model_version
-        if self._held[index] == version:
+        if not action.needed:
             return None
-        self._held[index] = version
+        self._held[busy.index] = version = action.task.model_version
         header = self.engine.payload(version).header
-        self._bytes_down += header.num_bytes
+        self._round_down.sent(MODEL, header.num_bytes)
         self.totals.bytes_down += header.num_bytes
         busy.bytes_down = header.num_bytes
         return transfer_time(profile, header.num_bytes, DOWN, self._timing)
 
     # -- a client's task -------------------------------------------------------------------
 
-    def _train(self, busy: _Busy) -> None:
-        """Downloaded: hand the client's job to the backend; take its upload when training
-        ends."""
-        task, index = busy.task, busy.index
+    def _downloaded(self, busy: _Busy) -> None:
+        """The download ended: train, unless the task was lost meanwhile."""
+        task = busy.task
         busy.seen = self.clock.now()
         if self.engine.finished:  # the run ended while it downloaded: nothing to train for
-            self._done(busy)
+            self._lost(busy, "the run is over")
             return
         try:
             payload = self.engine.payload(task.model_version)
-        except RemoteError:  # the version is no longer served: the task is lost
-            self._done(busy)
+        except RemoteError as err:  # the version is no longer served: the task is lost
+            self._lost(busy, err.detail)
             return
-        model = self._decoded(task.model_version, payload)
+        action = busy.protocol.heard(ModelReceived(task.model_version))
+        assert isinstance(action, Train)
+        self._train(busy, action, self._decoded(task.model_version, payload))
+
+    def _train(self, busy: _Busy, action: Train, model: np.ndarray) -> None:
+        """Hand the client's job to the backend; take its upload when training ends."""
+        task, index = busy.task, busy.index
         examples = self.population.num_examples(index)
         rng = self._client_rng(index)
         training = self.config.training
-        plan = TrainPlan(local_steps=task.local_steps, local_epochs=task.local_epochs,
-                         batch_size=training.batch_size, learning_rate=training.learning_rate,
-                         seed=int(rng.integers(2**31)), options=dict(training.trainer_options))
+        # no deadline for the trainer: model time does not pass while it trains, so the loop
+        # stops it at the deadline by giving it only the steps that fit
+        plan = plan_for(task, training.batch_size, training.learning_rate,
+                        training.trainer_options, int(rng.integers(2**31)))
         steps = planned_steps(plan, examples)
         step_s = self.options.step_cost_s * self.population.speed(index)
-        fits = self._steps_before_deadline(busy, steps, step_s)
+        fits = self._steps_before_deadline(action.deadline, steps, step_s)
         # model time follows the plan, known now; the result is needed only when it ends
         compute = fits * step_s
         trained = finish(self.availability, index, self.clock.now(), compute)
-        job = ClientJob(index, plan if fits == steps else TrainPlan(
-            local_steps=max(fits, 1), batch_size=plan.batch_size,
-            learning_rate=plan.learning_rate, seed=plan.seed, options=plan.options),
-            rng, dict(task.options), self.residuals.take(index),
-            self._trainer_states.get(index))
+        job = ClientJob(index, plan if fits == steps else replace(plan, local_steps=max(fits, 1)),
+                        rng, dict(task.options), self.residuals.take(index),
+                        self._trainer_states.get(index))
         result = self._training.submit(TrainingTask(job, task.model_version, model, due=trained))
         self._charge(busy, compute_s=compute)
         work = _Training(result, steps, fits, examples)
@@ -331,6 +368,10 @@ class VirtualLoop:
             self._trainer_states[index] = upload.trainer_state
         completed = upload.steps_completed if work.fits == work.steps else work.fits
         encoded = upload.payload
+        busy.protocol.heard(Trained(self.clock.now()))
+        # the job ran the pipeline with the training (in the backend): the update is encoded
+        action = busy.protocol.heard(Encoded(encoded.header.num_bytes))
+        assert isinstance(action, Deliver)
         update = ReceivedUpdate(
             client_id=self.client_id(index), task_id=task.task_id,
             base_version=task.model_version,
@@ -340,7 +381,7 @@ class VirtualLoop:
                                           self.config.limits.max_examples_per_update),
             steps_completed=completed, steps_planned=work.steps,
             bytes_up=encoded.header.num_bytes, metrics=dict(upload.privacy))
-        self._upload(busy, update)
+        self._upload(busy, update, action)
 
     def _decoded(self, version: int, payload: Any) -> np.ndarray:
         """``payload`` (model ``version``) decoded as the client does, once per version: every
@@ -359,20 +400,20 @@ class VirtualLoop:
             rng = self._rngs[index] = np.random.default_rng(self.options.seed * 1_000_003 + index)
         return rng
 
-    def _steps_before_deadline(self, busy: _Busy, steps: int, step_s: float) -> int:
-        """Steps that fit before the task's deadline (the trainer stops early at it)."""
-        if busy.task.deadline_s <= 0 or step_s <= 0:
+    def _steps_before_deadline(self, deadline: float | None, steps: int, step_s: float) -> int:
+        """Steps that fit before the task's ``deadline`` (the trainer stops early at it)."""
+        if deadline is None or step_s <= 0:
             return steps
-        left = busy.started + busy.task.deadline_s - self.clock.now()
+        left = deadline - self.clock.now()
         return max(0, min(steps, int(left / step_s)))
 
-    def _upload(self, busy: _Busy, update: ReceivedUpdate) -> None:
+    def _upload(self, busy: _Busy, update: ReceivedUpdate, action: Deliver) -> None:
+        """Time the upload and commit (one call when the update travels inline)."""
         index = busy.index
         profile = self.population.profile(index)
         up = transfer_time(profile, update.bytes_up, UP, self._timing)
         commit = round_trip_s(profile, self._timing) if profile is not None else 0.0
-        inline = 0 < update.bytes_up <= self.config.limits.inline_limit
-        seconds = up.seconds if inline else up.seconds + commit
+        seconds = up.seconds if action.inline else up.seconds + commit
         self._count_network(busy, seconds, up)
         arrives = finish(self.availability, index, self.clock.now(), seconds)
         if arrives <= self.clock.now():
@@ -393,17 +434,17 @@ class VirtualLoop:
         if self.engine.finished:  # after the end (the final evaluations): refused unheard
             return
         update = replace(update, metrics={**update.metrics, **self._task_times(busy)})
-        if update.steps_completed == 0:
-            self._refused(update, "no local work before the deadline", RefusalCode.NO_WORK)
+        try:
+            acceptance = self.engine.submit(update)
+        except RemoteError as err:
+            self.events.emit(update_refused(update.client_id, update.task_id, err,
+                                            update.bytes_up, update.metrics))
+            busy.protocol.heard(outcome_of(err) or Refused(err.detail))
         else:
-            try:
-                acceptance = self.engine.submit(update)
-            except RemoteError as err:
-                self._refused(update, err.detail, err.refusal, err.code)
-            else:
-                self._count_used(busy.bytes_down)
-                if acceptance.flush is not None:
-                    self._flushed(acceptance.flush)
+            busy.protocol.heard(Accepted())
+            self._count_used(busy.bytes_down)
+            if acceptance.flush is not None:
+                self._flushed(acceptance.flush)
         self._fill()
 
     def _task_times(self, busy: _Busy) -> dict[str, float]:
@@ -413,17 +454,13 @@ class VirtualLoop:
                 "offline_seconds": max(0.0, waited)}
 
     def _done(self, busy: _Busy) -> None:
+        """The task is over: the client goes back among the idle (its next check-in)."""
         self._busy.pop(busy.index, None)
         self.totals.tasks += 1
 
-    def _refused(self, update: ReceivedUpdate, reason: str, refusal: RefusalCode,
-                 code: str = "") -> None:
-        self.events.emit(kinds.UpdateRefused(
-            client_id=update.client_id, task_id=update.task_id, reason=reason,
-            reason_code=refusal.value, code=code, bytes_up=update.bytes_up,
-            train_seconds=update.metrics.get("train_seconds"),
-            network_seconds=update.metrics.get("network_seconds"),
-            offline_seconds=update.metrics.get("offline_seconds")))
+    def _lost(self, busy: _Busy, reason: str) -> None:
+        busy.protocol.heard(Lost(reason))
+        self._done(busy)
 
     # -- the coordinator's periodic work ----------------------------------------------------
 
@@ -455,30 +492,15 @@ class VirtualLoop:
         return now - t
 
     def _flushed(self, outcome: FlushOutcome) -> None:
-        metrics = self._central_metrics(outcome.model)
-        self._bytes_down, bytes_down = 0, self._bytes_down
-        self._bytes_down_evaluation, evaluation = 0, self._bytes_down_evaluation
+        """Report a new version as the service's reporter does, in model time."""
+        metrics = central_metrics(self._evaluate, outcome.model)
         wall = time.perf_counter()
         self.events.emit(kinds.Flush.build(
-            model_version=outcome.version, num_updates=outcome.num_updates,
-            total_weight=outcome.total_weight, round_seconds=outcome.round_seconds,
-            bytes_up=outcome.bytes_up, bytes_down=bytes_down,
-            bytes_down_model=bytes_down - evaluation, bytes_down_delta=0,
-            bytes_down_evaluation=evaluation, updates=list(outcome.task_ids),
-            model_seconds=self.clock.now(), **dict(outcome.hook_report), **metrics))
+            **flush_fields(outcome, self._round_down.take(), metrics),
+            model_seconds=self.clock.now()))
         if self._on_flush is not None:
             self._on_flush(outcome, wall)
         self._evaluations.published(outcome.version)
-
-    def _central_metrics(self, model: np.ndarray) -> dict[str, Any]:
-        """The evaluator's scores of ``model``; an evaluator that raises is recorded in the
-        flush (``evaluation_error``), as the coordinator records it."""
-        if self._evaluate is None:
-            return {}
-        try:
-            return dict(self._evaluate(model))
-        except Exception as exc:  # a user's evaluator: recorded, not a silent None
-            return {kinds.EVALUATION_ERROR: f"{type(exc).__name__}: {exc}"}
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -486,8 +508,7 @@ class VirtualLoop:
         """A download outside a training task (client ``index``'s evaluation of ``version``):
         in the next flush's count; the client holds that version from now on."""
         self._held[index] = version
-        self._bytes_down += num_bytes
-        self._bytes_down_evaluation += num_bytes
+        self._round_down.sent(EVALUATION, num_bytes)
         self.totals.bytes_down += num_bytes
         self.totals.bytes_down_evaluation += num_bytes
 
