@@ -29,18 +29,23 @@ SYNs are lost too, so a connection that works is kept.
 A stalled transfer is told from its progress, not from TCP: every chunk a download receives and
 every chunk an upload's stream takes (gRPC takes one only when HTTP/2 flow control has room, so
 the coordinator has acknowledged what came before) resets a watch, and a transfer that makes
-none for ``stall_s`` is abandoned and resumed on a fresh connection::
+none for ``stall_s`` is abandoned and resumed on another connection::
 
-    stall_s = clamp(widen x max(min_stall_s x 2^stalls, rtt_multiple x srtt
-                                               + queued_bytes / goodput),
+    stall_s = clamp(max(min_stall_s x 2^replaced, rtt_multiple x srtt),
                     min_stall_s, max_ping_timeout_s)
 
-Without it a connection whose segments TCP keeps losing waits on TCP's exponential backoff
-(retransmission timeouts of tens of seconds) until the ping check notices, which on a link that
-taught a long ping-ack timeout is a minute. Each stall the link has had doubles the floor
-(``stalls``): under heavy random loss TCP stalls for ten seconds now and then and recovers on
-its own, and every new connection costs a handshake over the same lossy link, so a link that
-keeps stalling is given longer before the next one (a run opens a few, not one per stall).
+Chunks are sized to arrive well within ``min_stall_s`` (below), so the bound needs no room for
+the bytes queued ahead of them, and it is not widened by calls that got no reply: under heavy
+random loss a stalled TCP connection is deep in retransmission backoff (the coordinator's
+retransmission timeout was seen at 37 s after a loss burst), and every second waited on it is a
+second the round waits. Without this watch such a connection waits until the ping check
+notices, which on a link that taught a long ping-ack timeout is minutes.
+
+Moving a stalled transfer costs no new connection when the connection an earlier stall left
+behind has drained since (``Transport`` keeps it aside and proves it with a heartbeat): the two
+take turns. Only a stall with no drained connection to go to opens a new one, and each such
+opening doubles the floor (``replaced``): a link that stalls faster than its connections drain
+is given longer before the next one (a run opens a few, not one per stall).
 
 Progress can only be as fine as the chunks: a download asks for chunks that take at most a
 quarter of ``min_stall_s`` at the goodput the link can be counted on
@@ -77,7 +82,8 @@ REOPEN_GROWTH = 2.0
 REOPEN_SHRINK = 4.0
 """... or this much shorter (``reopen_reason``)."""
 STALL_BACKOFF = 2.0
-"""Each stall multiplies the stall floor by this (``LinkEstimate.stalled``)."""
+"""Each stall that opens a new connection multiplies the stall floor by this
+(``LinkEstimate.stalled``)."""
 MIN_PROGRESS_BYTES = 16 << 10
 """The smallest download chunk asked for, however slow the link."""
 
@@ -174,10 +180,13 @@ class Progress:
         self._now = now
         self.last = now()
         self.events = 0
+        self.longest_s = 0.0  # the longest wait that ended in progress
 
     def moved(self) -> None:
         """A chunk went through: the transfer is alive."""
-        self.last = self._now()
+        now = self._now()
+        self.longest_s = max(self.longest_s, now - self.last)
+        self.last = now
         self.events += 1
 
     def idle_s(self) -> float:
@@ -202,6 +211,7 @@ class LinkEstimate:
         self.goodput_bps: float | None = None
         self.floor_goodput_bps: float | None = None  # what a chunk's time can count on
         self.stalls = 0
+        self.replaced = 0  # stalls that opened a new connection
         self.widen = 1.0
 
     def observe_rtt(self, seconds: float) -> None:
@@ -255,23 +265,27 @@ class LinkEstimate:
         return min(cfg.min_ping_timeout_s * 2.0 ** max(0, steps), cfg.max_ping_timeout_s)
 
     def stall_s(self) -> float:
-        """How long a transfer may make no progress before it is resumed elsewhere."""
+        """How long a transfer may make no progress before it is resumed elsewhere.
+
+        A few round trips (the first chunk of a stream needs one), at least the floor; never
+        widened by calls without reply nor by the bytes queued on the link: progress is
+        counted in chunks sized to arrive well within ``min_stall_s``
+        (``progress_chunk_bytes``)."""
         cfg = self.config
         learned = cfg.rtt_multiple * (self.srtt_s or 0.0)
-        if self.goodput_bps:
-            learned += self.queued_bytes / self.goodput_bps
-        wanted = self.widen * max(self.stall_floor_s(), learned)
-        return min(max(wanted, cfg.min_stall_s), cfg.max_ping_timeout_s)
+        return min(max(self.stall_floor_s(), learned, cfg.min_stall_s), cfg.max_ping_timeout_s)
 
     def stall_floor_s(self) -> float:
-        """``min_stall_s``, doubled by every stall this link has had (``stalled``)."""
-        return self.config.min_stall_s * STALL_BACKOFF ** min(self.stalls, 16)
+        """``min_stall_s``, doubled by every stall that had to open a new connection."""
+        return self.config.min_stall_s * STALL_BACKOFF ** min(self.replaced, 16)
 
-    def stalled(self) -> None:
-        """A transfer made no progress for ``stall_s`` and goes to a new connection: widen the
-        timeouts like a call without reply, and double the stall floor for good."""
+    def stalled(self, new_connection: bool) -> None:
+        """A transfer made no progress for ``stall_s`` and moves to another connection;
+        ``new_connection``: none was drained and waiting, so one is opened (the floor
+        doubles for good)."""
         self.stalls += 1
-        self.no_reply()
+        if new_connection:
+            self.replaced += 1
 
     def progress_chunk_bytes(self, ceiling: int) -> int:
         """The largest download chunk to ask for, at most ``ceiling`` (0: no ceiling).

@@ -8,9 +8,10 @@ and user code never see a grpc type.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,16 @@ def _read(path: str, what: str) -> bytes | None:
         raise ConfigError(f"tls.{what} {path}: {exc.strerror}") from None
 
 
+@dataclass
+class _Line:
+    """One channel to the coordinator, with the ping-ack timeout it was opened with."""
+
+    channel: grpc.aio.Channel
+    stub: pb_grpc.CoordinatorStub
+    ping_timeout_s: float
+    drained: bool = False  # set aside after a stall: a call on it got its reply since
+
+
 class Transport:
     """An open channel to one coordinator. Use ``async with Transport(target) as t``.
 
@@ -136,8 +147,14 @@ class Transport:
     round trip and goodput from completed calls. What it learns applies to the next call's
     deadlines on the open channel; the channel is replaced only when it is known dead and the
     link wants another ping-ack timeout, or when a transfer on it stalled (``reopen_reason``).
-    ``channels_opened`` counts the channels, ``stalls`` the transfers abandoned for making no
-    progress.
+
+    A stalled channel is not closed but set aside: its TCP connection still holds the stalled
+    bytes, and drains them once its retransmissions get through. Every heartbeat is also sent
+    over it until one is answered (the answer queued behind those bytes, so it proves them
+    gone); the next stall then moves back to it instead of opening a connection. So the two
+    take turns, and a lossy link that stalls now and then costs one extra connection, not one
+    per stall. ``channels_opened`` counts the channels, ``stalls`` the transfers abandoned for
+    making no progress.
     """
 
     def __init__(self, target: str, timeouts: Timeouts | None = None,
@@ -151,19 +168,31 @@ class Transport:
         self._tls = tls
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._retiring: set[asyncio.Task[None]] = set()
+        self._aside: _Line | None = None  # the channel the last stall left (see above)
+        self._probe: asyncio.Task[None] | None = None
         self._dead = False  # a call on the open channel failed with its connection gone
         self._stalled = False  # a transfer on the open channel made no progress
         self._private = False  # the open channel must not share a connection (see below)
         # round trips and goodput are network facts: measured in real time whatever clock
         # the session runs on
         self._now = RealClock().now
-        self._open_channel()
+        self._line = self._open_line()
 
-    def _open_channel(self) -> None:
+    @property
+    def ping_timeout_s(self) -> float:
+        """The ping-ack timeout of the channel calls go through now."""
+        return self._line.ping_timeout_s
+
+    @property
+    def aside_drained(self) -> bool | None:
+        """Whether the channel the last stall set aside has drained (``None``: none is)."""
+        return None if self._aside is None else self._aside.drained
+
+    def _open_line(self) -> _Line:
         cfg = self.link.config
-        self.ping_timeout_s = self.link.channel_ping_timeout_s()
+        ping_timeout_s = self.link.channel_ping_timeout_s()
         options = client_channel_options(
-            ping_timeout_ms=round(self.ping_timeout_s * 1000),
+            ping_timeout_ms=round(ping_timeout_s * 1000),
             keepalive_time_ms=round(cfg.keepalive_time_s * 1000),
             tcp_user_timeout_ms=round(cfg.tcp_user_timeout_s * 1000))
         if self._private:
@@ -171,39 +200,66 @@ class Transport:
             # an option of this channel's own keeps it off the stalled connection
             options.append(("fedlink.connection", self.channels_opened))
         if self._tls is None:
-            self._channel = grpc.aio.insecure_channel(self.target, options=options)
+            channel = grpc.aio.insecure_channel(self.target, options=options)
         else:
-            self._channel = grpc.aio.secure_channel(self.target, self._tls.credentials(),
-                                                    options=options)
-        self._stub = pb_grpc.CoordinatorStub(self._channel)
+            channel = grpc.aio.secure_channel(self.target, self._tls.credentials(),
+                                              options=options)
         self.channels_opened += 1
         self._dead = self._stalled = False
+        return _Line(channel, pb_grpc.CoordinatorStub(channel), ping_timeout_s)
 
     def _fit_channel(self) -> pb_grpc.CoordinatorStub:
         """The stub to call through: the open channel unless ``reopen_reason`` says otherwise.
 
-        A stalled channel is closed at once (its calls are stuck on the same connection); one
-        that lost its connection finishes its calls first (``transfer_s`` at most).
+        A stalled channel is set aside (``_leave_stalled``); one that lost its connection is
+        replaced and finishes its calls first (``transfer_s`` at most).
         """
         wanted = self.link.channel_ping_timeout_s()
         reason = reopen_reason(self.ping_timeout_s, wanted, self._dead, self._stalled)
-        if reason is not None:
-            old, stalled = self._channel, self._stalled
-            log.info("%s: %s (srtt %s s); new connection", self.target, reason,
-                     "?" if self.link.srtt_s is None else f"{self.link.srtt_s:.2f}")
-            self._private = self._private or stalled
-            self._open_channel()
-            closing = asyncio.ensure_future(
-                old.close(grace=0 if stalled else self.timeouts.transfer_s))
-            self._retiring.add(closing)
-            closing.add_done_callback(self._retiring.discard)
-        return self._stub
+        if reason is None:
+            return self._line.stub
+        srtt = "?" if self.link.srtt_s is None else f"{self.link.srtt_s:.2f}"
+        if self._stalled:
+            self._leave_stalled(reason, srtt)
+        else:
+            log.info("%s: %s (srtt %s s); new connection", self.target, reason, srtt)
+            old, self._line = self._line, self._open_line()
+            self._retire(old, grace=self.timeouts.transfer_s)
+        return self._line.stub
+
+    def _leave_stalled(self, reason: str, srtt: str) -> None:
+        """Move calls off the stalled channel: back to the one set aside if it has drained,
+        else to a new one; the stalled one is set aside in its turn."""
+        stalled, aside = self._line, self._aside
+        self._private = True
+        if aside is not None and aside.drained:
+            log.info("%s: %s (srtt %s s); back to the connection set aside, which has "
+                     "drained", self.target, reason, srtt)
+            self._line = aside
+            self._dead = self._stalled = False
+        else:
+            log.info("%s: %s (srtt %s s); new connection", self.target, reason, srtt)
+            if aside is not None:
+                self._retire(aside, grace=0)
+            self._line = self._open_line()
+        self.link.stalled(new_connection=self._line is not aside)
+        stalled.drained = False
+        self._aside = stalled
+
+    def _retire(self, line: _Line, grace: float) -> None:
+        closing = asyncio.ensure_future(line.channel.close(grace=grace))
+        self._retiring.add(closing)
+        closing.add_done_callback(self._retiring.discard)
 
     async def close(self) -> None:
-        """Close the channel (and any retired one still finishing its calls)."""
+        """Close the channel (and any set aside or retired one still finishing its calls)."""
+        if self._probe is not None:
+            self._probe.cancel()
         for closing in list(self._retiring):
             closing.cancel()
-        await self._channel.close()
+        if self._aside is not None:
+            await self._aside.channel.close()
+        await self._line.channel.close()
 
     async def __aenter__(self) -> Transport:
         return self
@@ -221,11 +277,11 @@ class Transport:
         return translate(exc)
 
     def _stall(self, what: str, idle_s: float) -> Unavailable:
-        """A transfer made no progress for ``idle_s``: the next call gets a fresh connection."""
+        """A transfer made no progress for ``idle_s``: the next call goes to another
+        connection (``_leave_stalled``)."""
         self.stalls += 1
         self._stalled = True
-        self.link.stalled()
-        log.info("%s: %s made no progress for %.1f s; resuming on a fresh connection",
+        log.info("%s: %s made no progress for %.1f s; resuming on another connection",
                  self.target, what, idle_s)
         return Unavailable(f"{what} stalled: no progress for {idle_s:.1f} s")
 
@@ -278,10 +334,29 @@ class Transport:
         return reply
 
     async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatReply:
-        """Call ``Heartbeat``."""
+        """Call ``Heartbeat``; also over the channel set aside until it has drained."""
+        self._fit_channel()  # a stall just noted sets its channel aside first
+        self._prove_aside(request)
         reply: HeartbeatReply = from_proto(await self._unary("Heartbeat", request,
                                                              self.unary_deadline_s))
         return reply
+
+    def _prove_aside(self, request: HeartbeatRequest) -> None:
+        """Send ``request`` over the channel set aside, unless it is proven drained or a
+        proof is under way; its reply marks it drained."""
+        aside = self._aside
+        if aside is None or aside.drained or (self._probe is not None
+                                              and not self._probe.done()):
+            return
+
+        async def probe() -> None:
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await aside.stub.Heartbeat(to_proto(request), timeout=self.unary_deadline_s,
+                                           metadata=self._metadata)
+                aside.drained = True
+                log.debug("%s: the connection set aside has drained", self.target)
+
+        self._probe = asyncio.ensure_future(probe())
 
     async def leave(self, request: LeaveRequest) -> LeaveReply:
         """Call ``Leave``."""
@@ -318,8 +393,16 @@ class Transport:
             raise transfer_failure(self._failed(exc)) from None
         finally:
             call.cancel()
+            self._log_transfer("download", received, started, progress)
         self.link.observe_transfer(received, self._now() - started)
         self.link.succeeded()
+
+    def _log_transfer(self, what: str, num_bytes: int, started: float,
+                      progress: Progress) -> None:
+        """A transfer attempt ended (done, cut or stalled): its figures, for a debug log."""
+        log.debug("%s: %s of %d bytes ended after %.1f s; longest wait for progress %.1f s "
+                  "(stall bound %.1f s)", self.target, what, num_bytes, self._now() - started,
+                  max(progress.longest_s, progress.idle_s()), self.link.stall_s())
 
     async def upload(self, chunks: Iterable[UploadChunk]) -> UploadReply:
         """Stream ``Upload`` with ``chunks``; the reply says how many bytes are held.
@@ -335,9 +418,10 @@ class Transport:
         async def messages() -> AsyncIterator[Any]:
             nonlocal sent, done_sending
             for chunk in chunks:
-                progress.moved()
-                sent += len(chunk.data)
-                yield to_proto(chunk)
+                for piece in self._progress_pieces(chunk):
+                    progress.moved()
+                    sent += len(piece.data)
+                    yield to_proto(piece)
             progress.moved()
             done_sending = True
 
@@ -349,12 +433,26 @@ class Transport:
                                       if done_sending else 0.0)
         except grpc.aio.AioRpcError as exc:
             raise transfer_failure(self._failed(exc)) from None
+        finally:
+            self._log_transfer("upload", sent, started, progress)
         if reply is None:
             raise transfer_failure(self._stall("upload", progress.idle_s()))
         self.link.observe_transfer(sent, self._now() - started)
         self.link.succeeded()
         result: UploadReply = from_proto(reply)
         return result
+
+    def _progress_pieces(self, chunk: UploadChunk) -> Iterator[UploadChunk]:
+        """``chunk`` in pieces small enough to be taken well within the stall bound, as a
+        download's chunks are asked (``LinkEstimate.progress_chunk_bytes``)."""
+        step = self.link.progress_chunk_bytes(len(chunk.data))
+        if step >= len(chunk.data):
+            yield chunk
+            return
+        view = memoryview(chunk.data)
+        for start in range(0, len(chunk.data), step):
+            yield dataclasses.replace(chunk, offset=chunk.offset + start,
+                                      data=bytes(view[start:start + step]))
 
     def _drain_s(self, in_flight: int) -> float:
         """Extra wait for a reply while ``in_flight`` bytes may still be on their way."""
