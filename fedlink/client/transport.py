@@ -24,6 +24,7 @@ from fedlink.client.liveness import (
     Progress,
     is_link_dead,
     is_no_reply,
+    is_ping_timeout,
     reopen_reason,
 )
 from fedlink.clock import RealClock
@@ -232,7 +233,8 @@ class Transport:
         else to a new one; the stalled one is set aside in its turn."""
         stalled, aside = self._line, self._aside
         self._private = True
-        if aside is not None and aside.drained:
+        if aside is not None and aside.drained \
+                and aside.ping_timeout_s >= self.link.ping_floor_s:
             log.info("%s: %s (srtt %s s); back to the connection set aside, which has "
                      "drained", self.target, reason, srtt)
             self._line = aside
@@ -242,7 +244,7 @@ class Transport:
             if aside is not None:
                 self._retire(aside, grace=0)
             self._line = self._open_line()
-        self.link.stalled(new_connection=self._line is not aside)
+        self.link.stalled(both_stuck=aside is not None and not aside.drained)
         stalled.drained = False
         self._aside = stalled
 
@@ -270,7 +272,10 @@ class Transport:
     def _failed(self, exc: grpc.aio.AioRpcError) -> RemoteError:
         """Translate ``exc``, widening the link's timeouts if no reply came at all, and
         marking the channel dead if its connection is gone."""
-        if is_no_reply(exc.code().name, exc.details() or ""):
+        detail = exc.details() or ""
+        if is_ping_timeout(detail):
+            self.link.ping_died(self.ping_timeout_s)
+        elif is_no_reply(exc.code().name, detail):
             self.link.no_reply()
         if is_link_dead(exc.code().name):
             self._dead = True

@@ -99,18 +99,29 @@ def test_download_chunks_are_asked_small_enough_to_show_progress_within_the_stal
     assert slow.progress_chunk_bytes(1 << 20) == 16 << 10  # never below the floor
 
 
-def test_only_a_stall_that_opens_a_connection_doubles_the_stall_floor() -> None:
+def test_only_a_stall_with_no_drained_connection_to_go_to_doubles_the_stall_floor() -> None:
     link = LinkEstimate(CFG)
     assert link.stall_s() == 10.0
-    link.stalled(new_connection=False)  # back to a drained connection: costs nothing
+    link.stalled(both_stuck=False)  # the first, or back to a drained connection
     assert link.stall_s() == 10.0 and link.stalls == 1
-    link.stalled(new_connection=True)
+    link.stalled(both_stuck=True)  # the link stalls faster than its connections drain
     assert link.stall_floor_s() == 20.0 and link.stall_s() == 20.0
-    link.stalled(new_connection=True)
+    link.stalled(both_stuck=True)
     assert link.stall_s() == 40.0
     for _ in range(10):
-        link.stalled(new_connection=True)
+        link.stalled(both_stuck=True)
     assert link.stall_s() == 120.0  # capped at max_ping_timeout_s
+
+
+def test_a_ping_timeout_that_killed_a_connection_is_not_taken_up_again() -> None:
+    link = LinkEstimate(CFG)
+    assert link.channel_ping_timeout_s() == 5.0
+    link.ping_died(5.0)  # acks waited longer than 5 s behind a lossy upload
+    for _ in range(10):
+        link.succeeded()  # the widening goes back ...
+    assert link.widen == 1.0
+    assert link.channel_ping_timeout_s() == 20.0  # ... but not below 3 x 5 s, rounded up
+    assert reopen_reason(5.0, link.channel_ping_timeout_s(), dead=True, stalled=False)
 
 
 def test_a_transfer_split_for_progress_keeps_its_bytes_and_offsets() -> None:
@@ -169,6 +180,19 @@ def test_a_stall_moves_the_next_call_to_a_connection_of_its_own() -> None:
             assert transport.aside_drained is False  # the stalled one waits to be proven
             transport._stall("download", 12.0)
             transport._fit_channel()  # the one set aside never answered: a new one
-            assert transport.channels_opened == 3 and transport.link.replaced == 2
+            assert transport.channels_opened == 3 and transport.link.replaced == 1
 
     asyncio.run(main())
+
+
+def test_the_stall_window_follows_the_links_own_delay_not_calls_queued_behind_a_transfer(
+        ) -> None:
+    link = LinkEstimate(LivenessConfig(min_stall_s=5.0))
+    for rtt in (0.03, 1.9, 2.5, 0.04, 3.0):  # calls that waited behind retransmissions
+        link.observe_rtt(rtt)
+    assert link.srtt_s is not None and link.srtt_s > 1.0
+    assert link.stall_s() == 5.0  # 4 x 30 ms is well under the floor
+    long_link = LinkEstimate(LivenessConfig(min_stall_s=5.0))
+    for rtt in (10.5, 12.0, 10.0):  # a 10 s round trip, every time
+        long_link.observe_rtt(rtt)
+    assert long_link.stall_s() == 40.0
