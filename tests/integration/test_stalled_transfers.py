@@ -75,24 +75,3 @@ def test_a_moving_estimate_opens_no_connection(coordinator: CoordinatorFactory) 
 
     run_async(main(), timeout=60)
 
-
-def test_a_later_stall_goes_back_to_the_connection_an_earlier_one_left_once_it_drained(
-        coordinator: CoordinatorFactory) -> None:
-    async def main() -> None:
-        async with coordinator(CoordinatorConfig(), np.zeros(8, np.float32)) as server, \
-                TcpProxy(LinkProfile(), target_of(server)) as proxy, \
-                Transport(proxy.address) as transport:
-            joined = await transport.join(JoinRequest("turns", instance_key="t" * 32))
-            beat = HeartbeatRequest(joined.client_id, "")
-            transport._stall("download", 12.0)  # as a transfer that made no progress
-            await transport.heartbeat(beat)  # over a new connection, and the stalled one
-            assert transport.channels_opened == 2
-            await wait_until(lambda: transport.aside_drained is True, timeout=30,
-                             what="a heartbeat answered over the stalled connection")
-            transport._stall("upload", 12.0)
-            await transport.heartbeat(beat)  # back over the first: no connection opened
-            assert transport.channels_opened == 2 and transport.stalls == 2
-            assert transport.link.replaced == 0  # no stall found both connections stuck
-            assert proxy.counters.connections == 2
-
-    run_async(main(), timeout=60)
