@@ -29,7 +29,7 @@ SYNs are lost too, so a connection that works is kept.
 A stalled transfer is told from its progress, not from TCP: every chunk a download receives and
 every chunk an upload's stream takes (gRPC takes one only when HTTP/2 flow control has room, so
 the coordinator has acknowledged what came before) resets a watch, and a transfer that makes
-none for ``stall_s`` is abandoned and resumed on another connection::
+none for ``stall_s`` is abandoned and resumed on a fresh connection::
 
     stall_s = clamp(max(min_stall_s x 2^replaced, rtt_multiple x min_rtt),
                     min_stall_s, max_ping_timeout_s)
@@ -297,10 +297,9 @@ class LinkEstimate:
         """How long a transfer may make no progress before it is resumed elsewhere.
 
         A few of the link's shortest recent round trips (the first chunk of a stream needs
-        one), at least the floor; never
-        widened by calls without reply nor by the bytes queued on the link: progress is
-        counted in chunks sized to arrive well within ``min_stall_s``
-        (``progress_chunk_bytes``)."""
+        one), at least the floor; never widened by calls without reply nor by the bytes
+        queued on the link: progress is counted in chunks sized to arrive well within
+        ``min_stall_s`` (``progress_chunk_bytes``)."""
         cfg = self.config
         learned = cfg.rtt_multiple * self.min_rtt_s()
         return min(max(self.stall_floor_s(), learned, cfg.min_stall_s), cfg.max_ping_timeout_s)
