@@ -345,6 +345,7 @@ class Transfers:
             except RemoteError as exc:
                 if not exc.retryable or position() <= start:
                     raise
+                self.stats.retries += 1  # the policy's last attempt is retried after all
                 log.info("%s moved from %d to %d bytes before the retry policy gave up; "
                          "going on with a fresh one", what, start, position())
 
