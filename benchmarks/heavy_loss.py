@@ -29,8 +29,15 @@ default runs), and ``models_identical_across_3_runs`` (1 when the final models o
 ``25pct`` default, ``25pct`` fixed and ``burst`` default runs are bit-identical: a sync run's
 result must not depend on the order its updates arrived in).
 
+``--repeats N`` runs each pair N times, alternating which arm goes first (default first, then
+fixed first, ...), so that a drift in the machine's load falls on both arms: the slowdown is
+then the median of the N paired ratios, with ``slowdown_vs_fixed_timeouts_<p>_min`` and
+``_max`` beside it, and the counts are the worst of the N default runs. Each run prints its
+rounds' durations and why each client changed connections (the client's log says why).
+
 Needs root and ``/dev/net/tun``; otherwise prints the reason and writes ``{"skipped": reason}``.
-A full run takes tens of minutes. Run: ``python benchmarks/heavy_loss.py [--quick] [--json FILE]``
+A full run takes tens of minutes. Run:
+``python benchmarks/heavy_loss.py [--quick] [--json FILE] [--only PROFILE] [--repeats N]``
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -103,6 +112,7 @@ CLIENT = textwrap.dedent("""
     from fedlink.client.liveness import LivenessConfig
 
     logging.basicConfig(level=logging.INFO, format="%(relativeCreated)d %(name)s %(message)s")
+    logging.getLogger("fedlink.client.transport").setLevel(logging.DEBUG)  # each transfer
     spec, index = json.loads(sys.argv[2]), int(sys.argv[3])
 
     class Toward:
@@ -134,10 +144,35 @@ def kernel_counters(link: PacketLink) -> dict[str, int]:
     return found
 
 
+REASONS = {"a transfer stalled": "stall", "connection lost": "connection lost"}
+"""What a client's log says when it changes connections, and the short name counted."""
+
+
+def reconnect_reasons(logs: list[Path]) -> dict[str, int]:
+    """How often the clients moved to a new connection, and to one set aside, by reason."""
+    counts: dict[str, int] = {}
+    for path in logs:
+        for line in path.read_text().splitlines():
+            if "new connection" not in line and "back to the connection" not in line:
+                continue
+            reason = next((short for text, short in REASONS.items() if text in line), "other")
+            where = "new" if "new connection" in line else "back"
+            counts[f"{reason} -> {where}"] = counts.get(f"{reason} -> {where}", 0) + 1
+    return counts
+
+
+def round_seconds(events: list[dict[str, Any]]) -> list[float]:
+    """Each round's duration: from the previous flush (or the first task) to its flush."""
+    start = next((e["elapsed"] for e in events if e["kind"] == "task_issued"), 0.0)
+    flushes = [e["elapsed"] for e in events if e["kind"] == "flush"]
+    return [b - a for a, b in zip([start, *flushes], flushes, strict=False)]
+
+
 def one_run(profile: LinkProfile, rounds: int, fixed: bool, work: Path,
-            limit_s: float) -> dict[str, Any]:
+            limit_s: float, repeat: int = 0) -> dict[str, Any]:
     """One sync run through ``profile``; its summary, the clients' stats and the model hash."""
-    name = f"{profile.name}_{'fixed' if fixed else 'default'}"
+    name = f"{profile.name}_{'fixed' if fixed else 'default'}" + (f"_r{repeat}" if repeat
+                                                                    else "")
     spec: dict[str, Any] = {
         "rounds": rounds, "clients": CLIENTS, "dim": DIM,
         "events": str(work / f"{name}.jsonl"), "model": str(work / f"{name}.npy"),
@@ -171,7 +206,11 @@ def one_run(profile: LinkProfile, rounds: int, fixed: bool, work: Path,
             for log in logs:
                 log.close()
         after = kernel_counters(link)
-    summary = summarize(read_events(Path(spec["events"])), {})
+    events = list(read_events(Path(spec["events"])))
+    summary = summarize(events, {})
+    client_logs = [work / f"{name}.c{i}.log" for i in range(CLIENTS)]
+    print(f"{name}: rounds (s) " + " ".join(f"{s:.1f}" for s in round_seconds(events))
+          + f"; connection changes {reconnect_reasons(client_logs)}", flush=True)
     stats = [json.loads(line.removeprefix("STATS "))
              for i in range(CLIENTS)
              for line in (work / f"{name}.c{i}.log").read_text().splitlines()
@@ -188,36 +227,51 @@ def one_run(profile: LinkProfile, rounds: int, fixed: bool, work: Path,
             if model.exists() else ""}
 
 
-def measure(profile: LinkProfile, rounds: int, work: Path,
-            limit_s: float) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """The default run and its fixed-timeout baseline on ``profile``; their figures."""
-    default = one_run(profile, rounds, fixed=False, work=work, limit_s=limit_s)
-    fixed = one_run(profile, rounds, fixed=True, work=work, limit_s=limit_s)
+def measure(profile: LinkProfile, rounds: int, work: Path, limit_s: float,
+            repeats: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``repeats`` pairs of a default run and its fixed-timeout baseline on ``profile``, the
+    order alternating; their figures (medians of the paired ratios, worst counts) and runs."""
+    pairs = []
+    for repeat in range(repeats):
+        order = (False, True) if repeat % 2 == 0 else (True, False)
+        runs = {fixed: one_run(profile, rounds, fixed, work, limit_s, repeat)
+                for fixed in order}
+        pairs.append((runs[False], runs[True]))
     p = profile.name
-    figures: dict[str, Any] = {f"completed_{p}": default["completed"],
-                               f"completed_fixed_{p}": fixed["completed"]}
-    if default["completed"] and fixed["completed"]:
-        figures[f"wall_s_{p}"] = default["wall_s"]
-        figures[f"wall_s_fixed_{p}"] = fixed["wall_s"]
-        figures[f"slowdown_vs_fixed_timeouts_{p}"] = default["wall_s"] / fixed["wall_s"]
+    figures: dict[str, Any] = {
+        f"completed_{p}": min(d["completed"] for d, _ in pairs),
+        f"completed_fixed_{p}": min(f["completed"] for _, f in pairs)}
+    done = [(d, f) for d, f in pairs if d["completed"] and f["completed"]]
+    if len(done) == len(pairs):
+        ratios = [d["wall_s"] / f["wall_s"] for d, f in done]
+        figures[f"wall_s_{p}"] = statistics.median(d["wall_s"] for d, _ in done)
+        figures[f"wall_s_fixed_{p}"] = statistics.median(f["wall_s"] for _, f in done)
+        figures[f"slowdown_vs_fixed_timeouts_{p}"] = statistics.median(ratios)
+        if repeats > 1:
+            figures[f"slowdown_vs_fixed_timeouts_{p}_min"] = min(ratios)
+            figures[f"slowdown_vs_fixed_timeouts_{p}_max"] = max(ratios)
     for key in ("reconnects", "stalls", "tcp_connections", "client_timeouts",
                 "false_client_timeouts"):
         label = "own_reconnects_per_client" if key == "reconnects" else key
-        figures[f"{label}_{p}"] = default.get(key, -1)
-        figures[f"{label}_fixed_{p}"] = fixed.get(key, -1)
-    return figures, default, fixed
+        figures[f"{label}_{p}"] = max(d.get(key, -1) for d, _ in pairs)
+        figures[f"{label}_fixed_{p}"] = max(f.get(key, -1) for _, f in pairs)
+    return figures, [run for pair in pairs for run in pair]
 
 
-def add_keep(parser: argparse.ArgumentParser) -> None:
-    """``--keep DIR``: keep the runs' event logs, models and client logs."""
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--keep DIR``: keep the runs' event logs, models and client logs; ``--repeats N``."""
     parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
                         help="keep the runs' event logs, models and client logs in DIR")
+    parser.add_argument("--repeats", type=int, default=1, metavar="N",
+                        help="pairs of runs per profile, alternating which arm goes first")
 
 
 def main() -> None:
     """Run both profiles against their fixed-timeout baselines; print and save the figures."""
-    args = parse_args(__doc__.splitlines()[0] if __doc__ else "heavy_loss", add_keep,
+    args = parse_args(__doc__.splitlines()[0] if __doc__ else "heavy_loss", add_arguments,
                       parts=tuple(PROFILES))
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats must be >= 1, got {args.repeats}")
     available, reason = packet_tier_available()
     if not available:
         print(f"skipped: {reason}")
@@ -226,7 +280,8 @@ def main() -> None:
     rounds = 2 if args.quick else 10
     limit_s = 120.0 + 60.0 * rounds
     figures: dict[str, Any] = {"quick": args.quick, "clients": CLIENTS, "rounds": rounds,
-                               "model_bytes": 4 * DIM}
+                               "model_bytes": 4 * DIM, "repeats": args.repeats,
+                               "load_1min_before": os.getloadavg()[0]}
     runs: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="heavy_loss-") as tmp:
         work = args.keep or Path(tmp)
@@ -234,10 +289,11 @@ def main() -> None:
         for profile in PROFILES.values():
             if args.only not in (None, profile.name):
                 continue
-            found, default, fixed = measure(profile, rounds, work, limit_s)
+            found, measured = measure(profile, rounds, work, limit_s, args.repeats)
             figures |= found
-            runs[default["name"]], runs[fixed["name"]] = default, fixed
-    defaults = [r for r in runs.values() if r["name"].endswith("_default")]
+            runs |= {run["name"]: run for run in measured}
+    figures["load_1min_after"] = os.getloadavg()[0]
+    defaults = [r for r in runs.values() if "_default" in r["name"]]
     figures["own_reconnects_per_client"] = max(r.get("reconnects", -1) for r in defaults)
     figures["false_client_timeouts"] = max(r.get("false_client_timeouts", -1) for r in defaults)
     three = [runs.get(n, {}).get("model_sha256", "") for n in ("25pct_default", "25pct_fixed",

@@ -31,16 +31,32 @@ every chunk an upload's stream takes (gRPC takes one only when HTTP/2 flow contr
 the coordinator has acknowledged what came before) resets a watch, and a transfer that makes
 none for ``stall_s`` is abandoned and resumed on a fresh connection::
 
-    stall_s = clamp(widen x max(min_stall_s x 2^stalls, rtt_multiple x srtt
-                                               + queued_bytes / goodput),
+    stall_s = clamp(max(min_stall_s x 2^replaced, rtt_multiple x min_rtt),
                     min_stall_s, max_ping_timeout_s)
 
-Without it a connection whose segments TCP keeps losing waits on TCP's exponential backoff
-(retransmission timeouts of tens of seconds) until the ping check notices, which on a link that
-taught a long ping-ack timeout is a minute. Each stall the link has had doubles the floor
-(``stalls``): under heavy random loss TCP stalls for ten seconds now and then and recovers on
-its own, and every new connection costs a handshake over the same lossy link, so a link that
-keeps stalling is given longer before the next one (a run opens a few, not one per stall).
+``min_rtt`` is the shortest of the last ``RTT_WINDOW`` round trips: the link's own delay. On a
+lossy link a short call often waits behind a transfer's retransmissions on the same
+connection, which lengthens ``srtt`` (seen: 1.5 s on a 20 ms link) but says nothing about
+how soon the next chunk of a moving transfer is due.
+
+Chunks are sized to arrive well within ``min_stall_s`` (below), so the bound needs no room for
+the bytes queued ahead of them, and it is not widened by calls that got no reply: under heavy
+random loss a stalled TCP connection is deep in retransmission backoff (the coordinator's
+retransmission timeout was seen at 37 s after a loss burst), and every second waited on it is a
+second the round waits. Without this watch such a connection waits until the ping check
+notices, which on a link that taught a long ping-ack timeout is minutes.
+
+A stalled connection is not used again (``Transport``): measured under 25% random loss, one
+that had stalled and then drained moved the next transfers 3 to 4 times slower than a fresh
+one, its retransmission timeout still inflated. When a fresh connection stalls before it has
+completed a single transfer, the link rather than the connection is at fault, and the floor
+doubles (``replaced``): a link that stalls faster than a connection can complete a transfer is
+given longer before the next one, so a run opens a few connections, not one per stall.
+
+A connection that a ping-ack timeout killed says that the link delays acks that long (a ping
+waits behind the data queued in the socket, and a lossy link drains it slowly): the timeout
+it asks for stays above ``widen_factor`` times the one that died (``ping_floor_s``), however
+many calls succeed afterwards, so that the next connection does not die the same way.
 
 Progress can only be as fine as the chunks: a download asks for chunks that take at most a
 quarter of ``min_stall_s`` at the goodput the link can be counted on
@@ -58,12 +74,15 @@ aborting it (``ETIMEDOUT``) after a few seconds of unacknowledged data.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from fedlink.config import check_fields, from_table, require
 
+RTT_WINDOW = 16
+"""Round trips kept for ``LinkEstimate.min_rtt_s``."""
 SRTT_GAIN = 0.25
 """Weight of a new round-trip sample in the smoothed estimate (TCP uses 1/8; calls are rarer)."""
 CHUNKS_PER_STALL = 4
@@ -77,7 +96,8 @@ REOPEN_GROWTH = 2.0
 REOPEN_SHRINK = 4.0
 """... or this much shorter (``reopen_reason``)."""
 STALL_BACKOFF = 2.0
-"""Each stall multiplies the stall floor by this (``LinkEstimate.stalled``)."""
+"""Each stall of a connection that had completed no transfer multiplies the stall floor by
+this (``LinkEstimate.stalled``)."""
 MIN_PROGRESS_BYTES = 16 << 10
 """The smallest download chunk asked for, however slow the link."""
 
@@ -103,7 +123,7 @@ class LivenessConfig:
     widen_factor: float = 3.0
     max_deadline_s: float = 300.0
     tcp_user_timeout_s: float = 300.0
-    min_stall_s: float = 10.0
+    min_stall_s: float = 5.0
 
     def __post_init__(self) -> None:
         check_fields(self, "client.liveness")
@@ -136,7 +156,12 @@ class LivenessConfig:
 
 def is_no_reply(code: str, detail: str) -> bool:
     """Whether a failed call got no reply at all: a ping-ack timeout or a missed deadline."""
-    return code == "DEADLINE_EXCEEDED" or "ping timeout" in detail.lower()
+    return code == "DEADLINE_EXCEEDED" or is_ping_timeout(detail)
+
+
+def is_ping_timeout(detail: str) -> bool:
+    """Whether a failed call's connection was killed by its ping-ack timeout."""
+    return "ping timeout" in detail.lower()
 
 
 def is_link_dead(code: str) -> bool:
@@ -174,10 +199,13 @@ class Progress:
         self._now = now
         self.last = now()
         self.events = 0
+        self.longest_s = 0.0  # the longest wait that ended in progress
 
     def moved(self) -> None:
         """A chunk went through: the transfer is alive."""
-        self.last = self._now()
+        now = self._now()
+        self.longest_s = max(self.longest_s, now - self.last)
+        self.last = now
         self.events += 1
 
     def idle_s(self) -> float:
@@ -199,15 +227,19 @@ class LinkEstimate:
         self.config = config or LivenessConfig()
         self.queued_bytes = queued_bytes
         self.srtt_s: float | None = None
+        self._rtts: deque[float] = deque(maxlen=RTT_WINDOW)
         self.goodput_bps: float | None = None
         self.floor_goodput_bps: float | None = None  # what a chunk's time can count on
         self.stalls = 0
+        self.replaced = 0  # stalls of connections that had completed no transfer
+        self.ping_floor_s = 0.0  # above every ping-ack timeout that killed a connection
         self.widen = 1.0
 
     def observe_rtt(self, seconds: float) -> None:
         """A short call completed in ``seconds`` (at least one round trip)."""
         if seconds <= 0:
             return
+        self._rtts.append(seconds)
         self.srtt_s = seconds if self.srtt_s is None else \
             (1 - SRTT_GAIN) * self.srtt_s + SRTT_GAIN * seconds
 
@@ -238,8 +270,15 @@ class LinkEstimate:
         learned = cfg.rtt_multiple * (self.srtt_s or 0.0)
         if self.goodput_bps:
             learned += self.queued_bytes / self.goodput_bps
-        wanted = self.widen * max(cfg.min_ping_timeout_s, learned)
+        wanted = max(self.widen * max(cfg.min_ping_timeout_s, learned), self.ping_floor_s)
         return min(max(wanted, cfg.min_ping_timeout_s), cfg.max_ping_timeout_s)
+
+    def ping_died(self, channel_ping_s: float) -> None:
+        """A connection opened with a ping-ack timeout of ``channel_ping_s`` died of it: the
+        link delays acks that long. Widens like any call without reply, and keeps every
+        later ping-ack timeout above ``widen_factor`` times it."""
+        self.no_reply()
+        self.ping_floor_s = max(self.ping_floor_s, self.config.widen_factor * channel_ping_s)
 
     def channel_ping_timeout_s(self) -> float:
         """The ping-ack timeout a new channel is opened with: ``ping_timeout_s`` rounded up to
@@ -255,23 +294,32 @@ class LinkEstimate:
         return min(cfg.min_ping_timeout_s * 2.0 ** max(0, steps), cfg.max_ping_timeout_s)
 
     def stall_s(self) -> float:
-        """How long a transfer may make no progress before it is resumed elsewhere."""
+        """How long a transfer may make no progress before it is resumed elsewhere.
+
+        A few of the link's shortest recent round trips (the first chunk of a stream needs
+        one), at least the floor; never widened by calls without reply nor by the bytes
+        queued on the link: progress is counted in chunks sized to arrive well within
+        ``min_stall_s`` (``progress_chunk_bytes``)."""
         cfg = self.config
-        learned = cfg.rtt_multiple * (self.srtt_s or 0.0)
-        if self.goodput_bps:
-            learned += self.queued_bytes / self.goodput_bps
-        wanted = self.widen * max(self.stall_floor_s(), learned)
-        return min(max(wanted, cfg.min_stall_s), cfg.max_ping_timeout_s)
+        learned = cfg.rtt_multiple * self.min_rtt_s()
+        return min(max(self.stall_floor_s(), learned, cfg.min_stall_s), cfg.max_ping_timeout_s)
+
+    def min_rtt_s(self) -> float:
+        """The shortest of the recent round trips (0 before any)."""
+        return min(self._rtts, default=0.0)
 
     def stall_floor_s(self) -> float:
-        """``min_stall_s``, doubled by every stall this link has had (``stalled``)."""
-        return self.config.min_stall_s * STALL_BACKOFF ** min(self.stalls, 16)
+        """``min_stall_s``, doubled by every stall of a connection that had completed no
+        transfer."""
+        return self.config.min_stall_s * STALL_BACKOFF ** min(self.replaced, 16)
 
-    def stalled(self) -> None:
-        """A transfer made no progress for ``stall_s`` and goes to a new connection: widen the
-        timeouts like a call without reply, and double the stall floor for good."""
+    def stalled(self, fresh_one_too: bool) -> None:
+        """A transfer made no progress for ``stall_s`` and moves to a fresh connection;
+        ``fresh_one_too``: the stalled connection was itself fresh (it had completed no
+        transfer), so the floor doubles for good."""
         self.stalls += 1
-        self.no_reply()
+        if fresh_one_too:
+            self.replaced += 1
 
     def progress_chunk_bytes(self, ceiling: int) -> int:
         """The largest download chunk to ask for, at most ``ceiling`` (0: no ceiling).

@@ -288,7 +288,7 @@ class Transfers:
                                       max_chunk_bytes=self.down.size, delta=delta)
             await self._receive(request, buffer, header.num_bytes)
 
-        await self.call(attempt, f"Download ({what})", transfer=True)
+        await self._call_while_moving(attempt, f"Download ({what})", lambda: len(buffer))
         if len(buffer) != header.num_bytes:
             raise DataLoss(f"download of the {what} of task {task_id} ended after "
                            f"{len(buffer)} of {header.num_bytes} bytes")
@@ -319,17 +319,35 @@ class Transfers:
         nothing); an upload delivered from the outbox after a restart resumes from the start.
         """
         attempts = 0
+        held = 0
 
         async def attempt() -> None:
-            nonlocal attempts
+            nonlocal attempts, held
             attempts += 1
-            held = 0
             if resume or attempts > 1:
                 held = await self._held(client_id, upload_id, len(data))
             while held < len(data):
                 held = await self._send(client_id, upload_id, data, held)
 
-        await self.call(attempt, "Upload", transfer=True)
+        await self._call_while_moving(attempt, "Upload", lambda: held)
+
+    async def _call_while_moving(self, attempt: Callable[[], Awaitable[None]], what: str,
+                                 position: Callable[[], int]) -> None:
+        """``attempt`` under the retry policy, with a fresh policy each time it gives up after
+        the transfer moved (``position``, the bytes held, grew): a big payload over a lossy
+        link may break more often than one policy allows, and every break it survived moved
+        it on; only a transfer that gets nowhere for a whole policy fails."""
+        while True:
+            start = position()
+            try:
+                await self.call(attempt, what, transfer=True)
+                return
+            except RemoteError as exc:
+                if not exc.retryable or position() <= start:
+                    raise
+                self.stats.retries += 1  # the policy's last attempt is retried after all
+                log.info("%s moved from %d to %d bytes before the retry policy gave up; "
+                         "going on with a fresh one", what, start, position())
 
     async def _held(self, client_id: str, upload_id: str, total: int) -> int:
         status = await self.link.upload_status(UploadStatusRequest(client_id, upload_id))

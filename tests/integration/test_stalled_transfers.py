@@ -74,3 +74,4 @@ def test_a_moving_estimate_opens_no_connection(coordinator: CoordinatorFactory) 
             assert proxy.counters.connections == 1
 
     run_async(main(), timeout=60)
+

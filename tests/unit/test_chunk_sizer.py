@@ -248,3 +248,22 @@ def test_an_upload_after_a_breaking_download_sends_small_segments_from_the_start
 def test_segment_bounds_are_config_errors() -> None:
     with pytest.raises(ConfigError):
         SegmentSizer(start=10, minimum=20, maximum=30)
+
+
+def test_an_upload_that_keeps_moving_outlasts_its_retry_policy() -> None:
+    """Seven breaks against a policy of three attempts: each attempt moved the upload on, so a
+    fresh policy follows; one that moves nothing gives up as before."""
+    data = bytes(range(256)) * 1024  # 256 KiB in 16 KiB chunks
+    link = FakeLink(breaks_after=[2] * 7)
+    stats = SessionStats()
+    caller = Caller(RetryPolicy(max_attempts=3), stats, sleep=no_sleep)
+    t = Transfers(link, caller, stats, chunk_bytes=16 * KiB)
+    asyncio.run(t.upload("c1", "u", data, resume=False))
+    assert bytes(link.held) == data and stats.retries == 7
+
+    stuck = FakeLink(breaks_after=[0] * 7)  # every attempt breaks before its first chunk
+    t = Transfers(stuck, Caller(RetryPolicy(max_attempts=3), SessionStats(), sleep=no_sleep),
+                  SessionStats(), chunk_bytes=16 * KiB)
+    with pytest.raises(Unavailable):
+        asyncio.run(t.upload("c1", "u", data, resume=False))
+    assert len(stuck.attempt_sizes) == 3

@@ -11,6 +11,7 @@ import pytest
 from fedlink.client.liveness import LinkEstimate, LivenessConfig, Progress, reopen_reason
 from fedlink.client.transport import Transport
 from fedlink.errors import ConfigError
+from fedlink.messages import UploadChunk
 
 CFG = LivenessConfig(min_ping_timeout_s=5.0, max_ping_timeout_s=120.0, rtt_multiple=4.0,
                      widen_factor=3.0, min_stall_s=10.0)
@@ -65,11 +66,13 @@ def test_the_stall_window_follows_the_link_within_its_bounds() -> None:
     assert link.stall_s() == 10.0  # nothing learned: the floor
     link.observe_rtt(5.0)
     assert link.stall_s() == 20.0  # four round trips
-    link.observe_transfer(1 << 20, 8.0)  # 128 KiB/s: a queued MiB drains in 8 s
-    assert link.stall_s() == pytest.approx(28.0)
-    link.no_reply()  # a stall or a lost reply widens it, like the ping-ack timeout
-    assert link.stall_s() == pytest.approx(84.0)
+    # progress comes in chunks sized to arrive within the floor: neither the bytes queued on
+    # the link nor calls without reply stretch the wait on a stalled connection
+    link.observe_transfer(1 << 20, 8.0)
     link.no_reply()
+    assert link.stall_s() == 20.0
+    for _ in range(20):
+        link.observe_rtt(60.0)
     assert link.stall_s() == 120.0  # capped at max_ping_timeout_s
     with pytest.raises(ConfigError, match="min_stall_s"):
         LivenessConfig(min_stall_s=0.0)
@@ -96,19 +99,43 @@ def test_download_chunks_are_asked_small_enough_to_show_progress_within_the_stal
     assert slow.progress_chunk_bytes(1 << 20) == 16 << 10  # never below the floor
 
 
-def test_every_stall_doubles_the_stall_floor() -> None:
+def test_only_a_stall_of_a_connection_that_moved_nothing_doubles_the_stall_floor() -> None:
     link = LinkEstimate(CFG)
     assert link.stall_s() == 10.0
-    link.stalled()
-    assert link.stall_floor_s() == 20.0 and link.stall_s() == 60.0  # widened like a no-reply
-    link.succeeded()  # calls get their replies again: the widening goes, the floor stays
-    assert link.stall_s() == 20.0
-    link.stalled()
-    link.succeeded()
+    link.stalled(fresh_one_too=False)  # a connection that had carried transfers
+    assert link.stall_s() == 10.0 and link.stalls == 1
+    link.stalled(fresh_one_too=True)  # the fresh one stalled too: the link is at fault
+    assert link.stall_floor_s() == 20.0 and link.stall_s() == 20.0
+    link.stalled(fresh_one_too=True)
     assert link.stall_s() == 40.0
     for _ in range(10):
-        link.stalled()
+        link.stalled(fresh_one_too=True)
     assert link.stall_s() == 120.0  # capped at max_ping_timeout_s
+
+
+def test_a_ping_timeout_that_killed_a_connection_is_not_taken_up_again() -> None:
+    link = LinkEstimate(CFG)
+    assert link.channel_ping_timeout_s() == 5.0
+    link.ping_died(5.0)  # acks waited longer than 5 s behind a lossy upload
+    for _ in range(10):
+        link.succeeded()  # the widening goes back ...
+    assert link.widen == 1.0
+    assert link.channel_ping_timeout_s() == 20.0  # ... but not below 3 x 5 s, rounded up
+    assert reopen_reason(5.0, link.channel_ping_timeout_s(), dead=True, stalled=False)
+
+
+def test_a_transfer_split_for_progress_keeps_its_bytes_and_offsets() -> None:
+    async def main() -> None:
+        async with Transport(NOWHERE, liveness=CFG) as transport:
+            transport.link.observe_transfer(1 << 20, 25.0)  # 40 kB/s: ~100 kB per piece
+            chunk = UploadChunk("c", "u", 1000, bytes(range(256)) * 2048)
+            pieces = list(transport._progress_pieces(chunk))
+            step = transport.link.progress_chunk_bytes(len(chunk.data))
+            assert len(pieces) > 1 and all(len(p.data) <= step for p in pieces)
+            assert b"".join(p.data for p in pieces) == chunk.data
+            assert [p.offset for p in pieces] == [1000 + i * step for i in range(len(pieces))]
+
+    asyncio.run(main())
 
 
 def test_the_transport_opens_no_connection_when_the_estimate_moves() -> None:
@@ -149,6 +176,9 @@ def test_a_stall_moves_the_next_call_to_a_connection_of_its_own() -> None:
             assert err.retryable and "no progress for 12.0 s" in err.detail
             transport._fit_channel()
             assert transport.channels_opened == 2 and transport.stalls == 1
-            assert transport.link.widen == CFG.widen_factor
+            assert transport.link.widen == 1.0  # a stall is not a call without reply
+            assert transport.link.stall_floor_s() == 20.0  # the first carried nothing either
+            transport._fit_channel()  # a working channel stays
+            assert transport.channels_opened == 2
 
     asyncio.run(main())
