@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from fedlink.client.outbox import Outbox, PendingUpdate
+from fedlink.client.protocol import travels_inline
 from fedlink.client.retry import Caller
 from fedlink.client.stats import SessionStats
 from fedlink.client.transfer import Transfers
@@ -124,8 +125,9 @@ class Courier:
         return reply
 
     def _inline(self, update: PendingUpdate) -> bool:
-        """Whether the update is small enough to travel inside its ``Commit``."""
-        return 0 < update.payload.header.num_bytes <= self.config.inline_bytes
+        """Whether the update is small enough to travel inside its ``Commit`` (the protocol's
+        rule, which the virtual loop follows too)."""
+        return travels_inline(update.payload.header.num_bytes, self.config.inline_bytes)
 
     async def _forget(self, update: PendingUpdate) -> None:
         await self._outbox_call(self.outbox.remove, update.upload_id)
