@@ -143,7 +143,8 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
     must be. ``report=False`` writes no ``report.md`` and no plots (the events, summary and
     model are written as always): for sweeps, where drawing the plots is most of a small run's
     end; a ``fedlink.metrics.report_worker.ReportWriter`` writes it (``fedlink simulate``
-    passes one whose helper process got ready to draw while the run went on).
+    passes one whose helper process got ready to draw while the run went on, and draws while
+    the model is saved: the report is complete once the writer's ``wait`` returns).
     """
     if config.run.mode == "virtual":  # the discrete-event loop: no sockets
         from fedlink.experiment.setup import Plugs
