@@ -144,14 +144,22 @@ def _bound_on(model: nn.Module, device: torch.device) -> BoundVector:
     return BoundVector.of(model.to(device))
 
 
+def _new_tensor(array: np.ndarray, dtype: torch.dtype,
+                device: torch.device | str) -> torch.Tensor:
+    """A copy of ``array`` as a tensor of ``dtype`` on ``device``: numpy's copy wrapped, then
+    converted only where it differs (``torch.tensor`` on an array costs several times more,
+    once per simulated task)."""
+    return torch.from_numpy(np.array(array)).to(dtype=dtype, device=device)
+
+
 class _TensorBatches:
     """A numpy ``Dataset`` as tensors on the device, sliced by a shuffled index (fast path)."""
 
     def __init__(self, data: Dataset, dtype: torch.dtype, device: torch.device | str) -> None:
         if len(data) == 0:
             raise ConfigError(f"cannot train on empty dataset {data.name!r}")
-        self.x = torch.tensor(data.x, dtype=dtype, device=device)
-        self.y = torch.tensor(data.y, dtype=torch.int64, device=device)
+        self.x = _new_tensor(data.x, dtype, device)
+        self.y = _new_tensor(data.y, torch.int64, device)
 
     def __len__(self) -> int:
         return len(self.y)

@@ -218,6 +218,7 @@ class BoundVector:
         self.trainable = [p for p in module.parameters() if p.requires_grad]
         self.devices = frozenset(t.device for t in (*module.parameters(), *module.buffers()))
         self._staging = torch.empty(self.spec.size, dtype=torch.float32)
+        self._staging_array = self._staging.numpy()  # the same memory, as numpy sees it
         self._parts = [self._staging[offset : offset + numel].view(tensor.shape)
                        for tensor, offset, numel in zip(self._tensors, self.spec.offsets,
                                                         self.spec.numels, strict=True)]
@@ -239,7 +240,7 @@ class BoundVector:
     def load(self, vector: np.ndarray) -> None:
         """Write ``vector`` into the tensors (``ConfigError`` when its length is wrong)."""
         # copied into the staging vector: a read-only vector needs no copy of its own
-        np.copyto(self._staging.numpy(), self.spec.check(vector))
+        np.copyto(self._staging_array, self.spec.check(vector))
         with torch.no_grad():
             for tensor, part in zip(self._tensors, self._parts, strict=True):
                 tensor.copy_(part if tensor.is_floating_point() else part.round())
@@ -251,7 +252,7 @@ class BoundVector:
                                           strict=True):
                 part.copy_(tensor if tensor.is_floating_point()
                            else _as_float32(name, tensor).view(part.shape))
-        return self._staging.numpy().copy()
+        return self._staging_array.copy()
 
 
 _BOUND: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[tuple[object, ...], ...], BoundVector]] = (
