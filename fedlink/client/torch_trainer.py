@@ -117,6 +117,8 @@ def resolve_device(setting: str | torch.device = DEFAULT_DEVICE, worker: int = 0
     mps = bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
     if setting == "auto":
         setting = "cuda" if cuda else "mps" if mps else "cpu"
+    if setting == "cpu":
+        return _CPU
     if setting == "mps":
         if not mps:
             raise ConfigError(f"{key} = 'mps': this machine has no MPS device (torch "
