@@ -8,7 +8,9 @@ after every round.
 
 Like for like, the flush is plain weighted FedAvg, as pfl's: fedlink's flush guard (on by
 default, ``[coordinator.robust]``: it buffers a flush's updates and computes order-free robust
-statistics over them) is off unless ``guarded=True``, which measures fedlink's default.
+statistics over them) and its streaming adaptive norm bound (``norm_bound_adaptive``: each
+update clipped to twice the recent median norm, which pfl does not do) are off unless
+``guarded=True``, which measures fedlink's default.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ def run_fedlink(users: int, cohort: int, rounds: int, train: Any, test: Any,
     started = time.perf_counter()
     config = CoordinatorConfig.from_dict({
         "rounds": rounds, "flush": {"goal": cohort, "deadline_s": 0},
-        "robust": {"enabled": guarded},
+        "robust": {"enabled": guarded}, "norm_bound_adaptive": guarded,
         "training": {"local_epochs": 1, "batch_size": task.BATCH_SIZE,
                      "learning_rate": task.LEARNING_RATE}})
     module = build_model("mlp", num_features=task.FEATURES, num_classes=task.CLASSES,

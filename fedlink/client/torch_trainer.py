@@ -111,12 +111,14 @@ def resolve_device(setting: str | torch.device = DEFAULT_DEVICE, worker: int = 0
     if isinstance(setting, torch.device):
         setting = str(setting)
     check_device(setting, key)
+    if setting == "cpu":  # a trainer per simulated task asks: no accelerator probing
+        return _CPU
     cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
     mps = bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
     if setting == "auto":
         setting = "cuda" if cuda else "mps" if mps else "cpu"
     if setting == "cpu":
-        return torch.device("cpu")
+        return _CPU
     if setting == "mps":
         if not mps:
             raise ConfigError(f"{key} = 'mps': this machine has no MPS device (torch "
@@ -132,10 +134,24 @@ def resolve_device(setting: str | torch.device = DEFAULT_DEVICE, worker: int = 0
     return torch.device("cuda", index)
 
 
-def _on_device(model: nn.Module, device: torch.device | str) -> bool:
-    """Whether every parameter and buffer of ``model`` is on ``device`` already."""
-    where = torch.device(device)
-    return all(t.device == where for t in itertools.chain(model.parameters(), model.buffers()))
+_CPU = torch.device("cpu")
+
+
+def _bound_on(model: nn.Module, device: torch.device) -> BoundVector:
+    """``model``'s ``BoundVector`` with every parameter and buffer on ``device``, moving the
+    model there first when one is elsewhere."""
+    bound = BoundVector.of(model)
+    if bound.devices <= {device}:
+        return bound
+    return BoundVector.of(model.to(device))
+
+
+def _new_tensor(array: np.ndarray, dtype: torch.dtype,
+                device: torch.device | str) -> torch.Tensor:
+    """A copy of ``array`` as a tensor of ``dtype`` on ``device``: numpy's copy wrapped, then
+    converted only where it differs (``torch.tensor`` on an array costs several times more,
+    once per simulated task)."""
+    return torch.from_numpy(np.array(array)).to(dtype=dtype, device=device)
 
 
 class _TensorBatches:
@@ -144,8 +160,8 @@ class _TensorBatches:
     def __init__(self, data: Dataset, dtype: torch.dtype, device: torch.device | str) -> None:
         if len(data) == 0:
             raise ConfigError(f"cannot train on empty dataset {data.name!r}")
-        self.x = torch.tensor(data.x, dtype=dtype, device=device)
-        self.y = torch.tensor(data.y, dtype=torch.int64, device=device)
+        self.x = _new_tensor(data.x, dtype, device)
+        self.y = _new_tensor(data.y, torch.int64, device)
 
     def __len__(self) -> int:
         return len(self.y)
@@ -224,6 +240,9 @@ def local_mask(spec: ParamSpec, patterns: Sequence[str], model: nn.Module) -> np
     that starts with it (``"bn"`` keeps ``bn1.weight`` and ``features.bn.running_mean``).
     ``ConfigError`` when a pattern matches nothing (a typo would otherwise share everything).
     """
+    mask = np.zeros(spec.size, dtype=bool)
+    if not patterns:  # the common case, once per simulated task: no walk of the module
+        return mask
     batchnorm = {f"{module_name}.{tensor}" if module_name else tensor
                  for module_name, module in model.named_modules()
                  if isinstance(module, nn.modules.batchnorm._BatchNorm)
@@ -237,7 +256,6 @@ def local_mask(spec: ParamSpec, patterns: Sequence[str], model: nn.Module) -> np
             return fnmatch.fnmatchcase(name, pattern)
         return any(part.startswith(pattern) for part in name.split("."))
 
-    mask = np.zeros(spec.size, dtype=bool)
     for pattern in patterns:
         hits = [i for i, name in enumerate(spec.names) if matches(name, pattern)]
         if not hits:
@@ -299,13 +317,13 @@ class TorchTrainer:
         clock: Callable[[], float] | None = None,
     ) -> None:
         device = resolve_device(device)
-        # .to() walks every submodule even when nothing moves; a simulation builds a trainer
-        # per task on a model already there
-        self.model = model if _on_device(model, device) else model.to(device)
-        self._params = [p for p in self.model.parameters() if p.requires_grad]
+        # one walk of the module, cached while its tensors stay (a simulation builds a trainer
+        # per task on one working module, already on the device): .to() would walk it again
+        self._vector = _bound_on(model, device)
+        self.model = model
+        self._params = self._vector.trainable
         if not self._params:
             raise ConfigError("the model has no trainable parameters")
-        self._vector = BoundVector.of(self.model)
         self.spec = self._vector.spec
         self._data = _bind_data(data, self._params[0].dtype, device)
         if isinstance(self._data, _TensorBatches) and loss == "cross_entropy":
@@ -314,6 +332,7 @@ class TorchTrainer:
         self._loss = build_loss(loss)
         self._optimizer = optimizer
         self._local_mask = local_mask(self.spec, keep_local, self.model)
+        self._keeps_local = bool(self._local_mask.any())
         self._local: np.ndarray | None = None  # this client's kept entries, after a task
         self._seed = seed
         self._clock = clock or RealClock().now  # the clock plan.deadline is on
@@ -341,13 +360,14 @@ class TorchTrainer:
         started = time.perf_counter()
         sized = dataclasses.replace(plan, batch_size=self._data.batch_size(plan))
         steps_planned = planned_steps(sized, self.num_examples())
-        self._vector.load(self.personalize(params))
+        # nothing kept local: the global vector as it is (load copies it; no copy of our own)
+        self._vector.load(self.personalize(params) if self._keeps_local else params)
         loss_sum, steps = self._run(plan, steps_planned)
         metrics = {"train_seconds": time.perf_counter() - started}
         if steps:
             metrics["train_loss"] = loss_sum / steps
         trained = self._vector.read()
-        if self._local_mask.any():
+        if self._keeps_local:
             self._local = trained[self._local_mask].copy()
             trained[self._local_mask] = self.spec.check(params)[self._local_mask]
         return TrainResult(params=trained, num_examples=self.num_examples(),
@@ -382,7 +402,7 @@ class TorchTrainer:
     def _run(self, plan: TrainPlan, steps_planned: int) -> tuple[float, int]:
         """Run up to ``steps_planned`` steps; (summed loss, steps completed)."""
         optimizer = self._optimizer(self._params, plan.learning_rate)
-        anchor = [p.detach().clone() for p in self._params]
+        anchor = [p.detach().clone() for p in self._params] if self._uses_anchor(plan) else []
         batches = itertools.islice(self._data.batches(plan, self._generator(plan)),
                                    steps_planned)
         total = torch.zeros((), dtype=torch.float64)
@@ -400,6 +420,13 @@ class TorchTrainer:
                 steps += 1
         self.after_task(anchor, plan)
         return total.item(), steps
+
+    def _uses_anchor(self, plan: TrainPlan) -> bool:
+        """Whether this task needs the starting weights: FedProx's term, or a subclass's
+        ``objective`` or ``after_task`` (which may read them)."""
+        own = type(self)
+        return bool(proximal_mu(plan)) or own.objective is not TorchTrainer.objective \
+            or own.after_task is not TorchTrainer.after_task
 
     def _generator(self, plan: TrainPlan) -> torch.Generator:
         """The shuffling generator of one task, seeded by (``seed``, ``plan.seed``)."""

@@ -35,9 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jwt
-from jwt.algorithms import has_crypto
-
 from fedlink.errors import ConfigError, Unauthenticated
 from fedlink.private import warn_if_loose
 
@@ -99,6 +96,8 @@ def issue_token(key: bytes, client: str, ttl_s: float, now: float | None = None,
     if run:
         claims["run"] = run
     headers = {"kid": key_id} if key_id else None
+    import jwt  # PyJWT loads the cryptography package: only where a token is made or read
+
     try:
         return jwt.encode(claims, key, algorithm=algorithm, headers=headers)
     except (jwt.PyJWTError, ValueError, TypeError) as exc:
@@ -157,6 +156,8 @@ class TokenVerifier:
         return self._check_claims(claims, now)
 
     def _decode(self, token: str) -> dict[str, Any]:
+        import jwt  # see issue_token
+
         try:
             header = jwt.get_unverified_header(token)
         except jwt.PyJWTError:
@@ -275,6 +276,9 @@ def load_public_keys(algorithm: str, public_key_file: str = "",
     key when a file is missing, unreadable or holds no usable key, or when the ``cryptography``
     package (which PyJWT needs for these algorithms) is not installed.
     """
+    import jwt  # see issue_token
+    from jwt.algorithms import has_crypto
+
     if not has_crypto:
         raise ConfigError(f"coordinator.auth.algorithm = {algorithm!r} needs the cryptography "
                           "package: pip install 'fedlink[jwt]'")

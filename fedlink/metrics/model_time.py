@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from fedlink.metrics.canvas import line_axes
 from fedlink.metrics.events import Event
 from fedlink.private import touch_private
 
@@ -109,19 +110,26 @@ def draw_model_time(run_dir: Path, summary: Mapping[str, Any]) -> list[tuple[str
     return drawn
 
 
-def _figure(height: float = 4.0, columns: int = 1) -> tuple[Any, Any]:
+SHARES_MARGINS = {"left": 0.07, "right": 0.98, "bottom": 0.2, "top": 0.8, "wspace": 0.22}
+"""The shares plot's fixed margins (``fedlink.metrics.canvas`` says why not a layout engine):
+room below for rotated tick labels and the x label, above for the legend and the titles."""
+
+
+def _shares_figure() -> tuple[Any, Any]:
+    """(figure, its two axes side by side) for the shares plot."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(6.4 * (1 + (columns - 1) * 0.6), height), layout="constrained")
+    fig = Figure(figsize=(6.4 * 1.6, 4.0))
     FigureCanvasAgg(fig)
-    return fig, fig.subplots(1, columns, squeeze=False)[0]
+    fig.subplots_adjust(**SHARES_MARGINS)
+    return fig, fig.subplots(1, 2)
 
 
 def _accuracy_plot(path: Path, title: str, seconds: list[float], accuracy: list[float],
                    what: str) -> tuple[str, str]:
     size, unit = time_unit(seconds)
-    fig, (ax,) = _figure()
+    fig, ax = line_axes()
     ax.plot([s / size for s in seconds], accuracy, marker="o", markersize=3, linewidth=1.5)
     ax.set(title=title, xlabel=f"{what} ({unit})", ylabel="accuracy")
     ax.grid(True, alpha=0.3)
@@ -133,7 +141,7 @@ def _shares_plot(path: Path, rounds: Sequence[Mapping[str, Any]],
                  profiles: Mapping[str, Mapping[str, Any]]) -> None:
     """Stacked bars: the communication and compute share of model time, per round (left) and
     per link profile (right)."""
-    fig, axes = _figure(columns=2)
+    fig, axes = _shares_figure()
     groups = (("per round", [str(r["round"]) for r in rounds], list(rounds)),
               ("per link profile", list(profiles), list(profiles.values())))
     for ax, (title, labels, rows) in zip(axes, groups, strict=True):
@@ -146,6 +154,6 @@ def _shares_plot(path: Path, rounds: Sequence[Mapping[str, Any]],
         ax.tick_params(axis="x", labelrotation=45 if len(labels) > 8 else 0)
         ax.grid(True, axis="y", alpha=0.3)
     axes[0].set_xlabel("round (the model version its tasks trained on, + 1)")
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside upper center", ncols=2)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="upper center", ncols=2)
     fig.savefig(touch_private(path), format="png", dpi=100)
 

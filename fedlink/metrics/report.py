@@ -1,7 +1,8 @@
 """The run report: ``report.md`` plus PNG plots, written into a run folder.
 
 Plots are drawn on a bare :class:`matplotlib.figure.Figure` with an explicit Agg canvas, so
-writing a report neither needs a display nor touches global pyplot state. matplotlib is
+writing a report neither needs a display nor touches global pyplot state (line plots on
+``fedlink.metrics.canvas``'s fixed margins). matplotlib is
 imported only when a plot is drawn, keeping ``import fedlink.metrics`` light.
 """
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedlink.metrics.canvas import line_axes
 from fedlink.metrics.distribution import draw_label_distribution, label_section
 from fedlink.metrics.events import FLUSH, UPDATE_ACCEPTED, Event
 from fedlink.metrics.federated import draw_federated
@@ -94,12 +96,7 @@ def _versions(flushes: list[Event]) -> list[float]:
 
 def _draw(path: Path, series: _Series) -> None:
     """Render one line plot to a PNG file with the Agg canvas."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6.4, 4.0), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    fig, ax = line_axes()
     ax.plot(series.x, series.y, marker="o", markersize=3, linewidth=1.5)
     ax.set_title(series.title)
     ax.set_xlabel(series.xlabel)

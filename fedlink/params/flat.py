@@ -172,10 +172,29 @@ def load_vector(module: nn.Module, vector: np.ndarray, spec: ParamSpec | None = 
 
 def _layout_key(module: nn.Module) -> tuple[tuple[object, ...], ...]:
     """What a ``BoundVector`` of ``module`` depends on: each parameter's and buffer's identity,
-    shape, dtype and ``requires_grad``. (A cached ``BoundVector`` holds its tensors, so their
-    ids cannot be reused by other tensors while it is cached.)"""
-    return tuple((id(t), t.shape, t.dtype, t.requires_grad)
-                 for t in (*module.parameters(), *module.buffers()))
+    shape, dtype, ``requires_grad`` and device. (A cached ``BoundVector`` holds its tensors, so
+    their ids cannot be reused by other tensors while it is cached.)"""
+    return tuple((id(t), t.shape, t.dtype, t.requires_grad, t.device)
+                 for t in _all_tensors(module))
+
+
+def _all_tensors(module: nn.Module) -> Iterable[torch.Tensor]:
+    """Every parameter and buffer of ``module`` and its submodules (each module once).
+
+    The same tensors as ``parameters()`` and ``buffers()``, read from each module's own
+    ``_parameters`` and ``_buffers`` without building the dotted names those walks make: this
+    walk runs once per simulated task, where the names cost more than the check.
+    """
+    seen: set[int] = set()
+    stack = [module]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield from (t for t in current._parameters.values() if t is not None)
+        yield from (t for t in current._buffers.values() if t is not None)
+        stack.extend(m for m in current._modules.values() if m is not None)
 
 
 class BoundVector:
@@ -184,20 +203,32 @@ class BoundVector:
 
     For a trainer that loads and reads the same module once per task (a simulation builds one
     per task): the module's tensors must stay the same objects (in-place updates, as
-    optimizers make, are fine).
+    optimizers make, are fine). ``trainable`` lists the module's parameters that require grad
+    (in ``parameters()`` order) and ``devices`` the devices its tensors are on, as they were
+    when it was bound.
+
+    ``load`` and ``read`` go through one float32 staging vector on the CPU, cut into a view per
+    tensor once, so a task's load or read is a copy per tensor and no slicing.
     """
 
     def __init__(self, module: nn.Module) -> None:
         named = _named_tensors(module)
         self.spec = _spec(named)
         self._tensors = [tensor for _, tensor in named]
+        self.trainable = [p for p in module.parameters() if p.requires_grad]
+        self.devices = frozenset(t.device for t in (*module.parameters(), *module.buffers()))
+        self._staging = torch.empty(self.spec.size, dtype=torch.float32)
+        self._staging_array = self._staging.numpy()  # the same memory, as numpy sees it
+        self._parts = [self._staging[offset : offset + numel].view(tensor.shape)
+                       for tensor, offset, numel in zip(self._tensors, self.spec.offsets,
+                                                        self.spec.numels, strict=True)]
 
     @classmethod
     def of(cls, module: nn.Module) -> BoundVector:
         """``module``'s ``BoundVector``, found once and reused while the module's tensors are
-        the same objects with the same shape, dtype and ``requires_grad`` (a simulation builds
-        a trainer per task on one working module; finding and checking its tensors cost more
-        than a small task's training)."""
+        the same objects with the same shape, dtype, ``requires_grad`` and device (a
+        simulation builds a trainer per task on one working module; finding and checking its
+        tensors cost more than a small task's training)."""
         key = _layout_key(module)
         cached = _BOUND.get(module)
         if cached is not None and cached[0] == key:
@@ -208,23 +239,20 @@ class BoundVector:
 
     def load(self, vector: np.ndarray) -> None:
         """Write ``vector`` into the tensors (``ConfigError`` when its length is wrong)."""
-        flat = self.spec.check(vector)
-        if not flat.flags.writeable:
-            flat = flat.copy()  # torch.from_numpy refuses read-only memory
-        source = torch.from_numpy(flat)
+        # copied into the staging vector: a read-only vector needs no copy of its own
+        np.copyto(self._staging_array, self.spec.check(vector))
         with torch.no_grad():
-            for tensor, offset, numel in zip(self._tensors, self.spec.offsets, self.spec.numels,
-                                             strict=True):
-                part = source[offset : offset + numel].view(tensor.shape)
+            for tensor, part in zip(self._tensors, self._parts, strict=True):
                 tensor.copy_(part if tensor.is_floating_point() else part.round())
 
     def read(self) -> np.ndarray:
         """The tensors as a new float32 vector."""
-        if not self._tensors:
-            return np.zeros(0, dtype=np.float32)
         with torch.no_grad():
-            return torch.cat([_as_float32(name, t) for name, t in
-                              zip(self.spec.names, self._tensors, strict=True)]).numpy()
+            for name, tensor, part in zip(self.spec.names, self._tensors, self._parts,
+                                          strict=True):
+                part.copy_(tensor if tensor.is_floating_point()
+                           else _as_float32(name, tensor).view(part.shape))
+        return self._staging_array.copy()
 
 
 _BOUND: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[tuple[object, ...], ...], BoundVector]] = (

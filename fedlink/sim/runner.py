@@ -24,10 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedlink.client import ClientOptions, ClientSession, SessionStats, Trainer
+from fedlink.client import SessionStats, Trainer
 from fedlink.client.retry import Sleep
-from fedlink.coordinator import CoordinatorServer
-from fedlink.coordinator.auth import issue_token, load_secret
 from fedlink.coordinator.lifecycle import target_accuracy
 from fedlink.errors import ConfigError, FedlinkError, RemoteError
 from fedlink.experiment.config import ExperimentConfig
@@ -42,7 +40,6 @@ from fedlink.metrics.federated import federated_figures
 from fedlink.metrics.report_worker import ReportWriter, write_run_report
 from fedlink.metrics.summary import near_chance_warning
 from fedlink.netem import ClientLink
-from fedlink.netem.proxy import TcpProxy
 from fedlink.sim.arrivals import RunOverSleep, start_in_waves
 from fedlink.sim.capacity import for_population
 from fedlink.sim.network import ClientOutcome, network_summary
@@ -52,7 +49,10 @@ from fedlink.sim.watch import FlushWatch
 if TYPE_CHECKING:  # the set-up imports torch: loaded when a simulation runs
     import torch
 
+    from fedlink.client import ClientSession
+    from fedlink.coordinator import CoordinatorServer
     from fedlink.experiment.setup import Experiment
+    from fedlink.netem.proxy import TcpProxy
 
 SIM_TOKEN_TTL_S = 7 * 24 * 3600.0  # a simulated client's token outlives any simulation
 
@@ -143,7 +143,8 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
     must be. ``report=False`` writes no ``report.md`` and no plots (the events, summary and
     model are written as always): for sweeps, where drawing the plots is most of a small run's
     end; a ``fedlink.metrics.report_worker.ReportWriter`` writes it (``fedlink simulate``
-    passes one whose helper process got ready to draw while the run went on).
+    passes one whose helper process got ready to draw while the run went on, and draws while
+    the model is saved: the report is complete once the writer's ``wait`` returns).
     """
     if config.run.mode == "virtual":  # the discrete-event loop: no sockets
         from fedlink.experiment.setup import Plugs
@@ -260,6 +261,10 @@ def _trainers(experiment: Experiment, links: list[ClientLink | None]) -> list[Tr
 async def _simulate(experiment: Experiment, events: EventLog, progress: bool,
                     ) -> tuple[tuple[ClientOutcome, ...], tuple[Trainer, ...], np.ndarray]:
     """Run the clients against a coordinator; (outcomes, trainers, final global vector)."""
+    # the server's imports (grpc, the token machinery) are loaded by a gRPC run only: a
+    # virtual run imports this module without them
+    from fedlink.coordinator.server import CoordinatorServer
+
     config = experiment.config
     links = _links(experiment)
     # Trainers first: building one converts its data and warms torch up, which is set-up
@@ -299,6 +304,8 @@ async def _open_link(stack: contextlib.AsyncExitStack, link: ClientLink | None,
                      upstream: str) -> TcpProxy | None:
     if link is None:
         return None
+    from fedlink.netem.proxy import TcpProxy
+
     return await stack.enter_async_context(TcpProxy(link.profile, upstream))
 
 
@@ -375,6 +382,8 @@ async def _client_part(session: ClientSession, gave_up: list[RemoteError],
 def _session(config: ExperimentConfig, index: int, trainer: Trainer, target: str,
              pool: ThreadPoolExecutor, inline: bool, sleep: Sleep | None = None,
              ) -> ClientSession:
+    from fedlink.client import ClientOptions, ClientSession  # grpc: a gRPC run's only
+
     name = f"sim-{index}"
     options = ClientOptions(name=name, token=_token(config, name),
                             seed=config.run.seed * 1_000_003 + index,
@@ -391,6 +400,8 @@ def _token(config: ExperimentConfig, name: str) -> str:
     coordinator = config.coordinator
     if not coordinator.auth.enabled:
         return coordinator.join_token
+    from fedlink.coordinator.auth import issue_token, load_secret
+
     secret = load_secret(coordinator.auth.secret_file, coordinator.auth.secret_env)
     return issue_token(secret, name, ttl_s=SIM_TOKEN_TTL_S)
 

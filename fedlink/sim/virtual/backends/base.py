@@ -32,6 +32,7 @@ import numpy as np
 from fedlink.client import TrainPlan
 from fedlink.client.pipeline import UpdatePipeline
 from fedlink.errors import FedlinkError
+from fedlink.privacy.base import NoPrivacy
 from fedlink.registry import Registry
 from fedlink.wire import Payload
 
@@ -95,6 +96,17 @@ def do_job(population: Population, pipeline: Callable[[], UpdatePipeline], job: 
     return ClientUpload(payload, reported, result.num_examples, result.steps_completed,
                         job.rng, None if stages.feedback is None else stages.feedback.residual,
                         None if keep is None else keep())
+
+
+def reusable(pipeline: Callable[[], UpdatePipeline]) -> Callable[[], UpdatePipeline]:
+    """``pipeline``, or, when the pipelines it makes keep nothing from one update to the next
+    (no privacy stage, no error feedback, no density policy: a pure encoding), a maker that
+    hands every job the one pipeline it made: building a pipeline per job cost a small
+    model's task more than encoding its update."""
+    made = pipeline()
+    if isinstance(made.privacy, NoPrivacy) and made.feedback is None and made.density is None:
+        return lambda: made
+    return pipeline
 
 
 @dataclass(frozen=True)

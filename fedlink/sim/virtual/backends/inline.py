@@ -13,6 +13,7 @@ from fedlink.sim.virtual.backends.base import (
     ClientUpload,
     TrainingTask,
     do_job,
+    reusable,
     warmed,
 )
 
@@ -26,7 +27,7 @@ class InlineTraining:
     def __init__(self, population: Population,
                  pipeline: Callable[[], UpdatePipeline] = UpdatePipeline) -> None:
         self.population = population
-        self.pipeline = pipeline
+        self.pipeline = reusable(pipeline)
 
     @classmethod
     def started(cls, context: BackendContext) -> InlineTraining:

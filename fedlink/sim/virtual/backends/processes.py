@@ -33,6 +33,7 @@ from fedlink.sim.virtual.backends.base import (
     TrainingTask,
     TrainingWorkerError,
     do_job,
+    reusable,
     warmed,
 )
 from fedlink.sim.virtual.backends.schedule import Scheduler
@@ -209,6 +210,7 @@ def _serve(build: Callable[[], Population], pipeline: Callable[[], UpdatePipelin
     stop."""
     try:
         population = warmed(build())
+        pipeline = reusable(pipeline)
     except BaseException as exc:
         pipe.send(("error", _sendable(exc)))
         return
