@@ -213,7 +213,8 @@ class TrimmedMean(BufferedRule):
     ``keep(delta, weight, length)`` are ranked by direction, ``delta / length``: honest
     updates differ in length with the work behind them (more examples, more local steps),
     and ranking raw values would trim the longest, most-trained ones at both ends and shrink
-    the step toward the shortest. The kept values themselves are averaged unscaled.
+    the step toward the shortest. Parallel updates, equal in direction, are ranked by value.
+    The kept values themselves are averaged unscaled.
     """
 
     def __init__(self, trim: float = 0.1, weighted: bool = False,
@@ -228,8 +229,8 @@ class TrimmedMean(BufferedRule):
 
     def _reduce_pieces(self, pieces: list[np.ndarray], weights: np.ndarray,
                        lengths: np.ndarray) -> np.ndarray:
-        """By count: a partial sort of each coordinate's ranks (``O(n)``, no cumulative
-        weights); else the sorted-mass rule of ``_reduce``."""
+        """By count: each coordinate's ranks, no cumulative weights; else the sorted-mass
+        rule of ``_reduce``."""
         if not self.trim_by_count:
             return super()._reduce_pieces(pieces, weights, lengths)
         n = len(pieces)
@@ -238,7 +239,9 @@ class TrimmedMean(BufferedRule):
         if cut == 0:                                          # partitions run in contiguous
             return np.asarray(np.einsum("ij,j->i", block, weights) / weights.sum())  # memory
         keys = block / lengths.T
-        order = np.argpartition(keys, (cut - 1, n - cut), axis=1)[:, cut:n - cut]
+        # parallel updates tie on direction: their values break the tie, so that the same
+        # (shortest and longest) ones are trimmed at every coordinate
+        order = np.lexsort((block, keys), axis=1)[:, cut:n - cut]
         values = np.take_along_axis(block, order, axis=1)
         mass = weights[order]
         return np.asarray(np.einsum("ij,ij->i", mass, values) / mass.sum(axis=1))
