@@ -17,7 +17,13 @@ them with every update (honest clients have about 70). Runs:
   a norm blow-up (norm 1e8) and an Inf push (finite ``3e38`` values; plus a payload holding Inf,
   which must be refused); the **hoarder** floods ``Join`` (``JOIN_FLOOD`` calls with maximal
   metadata), holds a task it never delivers while heartbeating, and opens upload after upload
-  without committing.
+  without committing;
+- **honest non-IID**: the 20 clients honest, their data split by label with Dirichlet(0.3)
+  (skewed label mixes, unequal sizes), once with the defaults and once with the flush guard
+  off (``enabled = false``), same seed: what the guard costs honest heterogeneous clients;
+- **edge**: ``edge_limits.py``'s two measurements, each on a coordinator of its own: a flood
+  of ``Join`` calls (messages of 7.9 MiB, and just under the message cap) and uploads of the
+  largest chunk, and a SIGTERM with a heartbeating client connected.
 
 The coordinator runs as its own process (``python -m fedlink serve``), so its resident memory
 and open descriptors are sampled from ``/proc`` without the clients' torch in them.
@@ -32,12 +38,17 @@ resources run ``resources_accuracy_drop``, ``server_rss_growth_mb`` (peak minus 
 target <= 100; ``clean_rss_growth_mb`` the same for the clean run), ``server_fd_growth``
 (target <= 50), and counts of what its attacks got: ``poison_accepted``, ``poison_refused``,
 ``flood_joins_ok``, ``flood_joins_refused``, ``hoard_uploads_ok``, ``hoard_uploads_refused``,
-``flush_refused``.
+``flush_refused``; from the non-IID pair ``honest_noniid_accuracy_drop`` (the unguarded run's
+accuracy minus the guarded one's; ``honest_noniid_accuracy``,
+``honest_noniid_unguarded_accuracy``, ``honest_noniid_updates_dropped`` beside it); from the
+edge ``inflight_rss_growth_mb`` (target <= 100) and ``sigterm_drain_seconds`` (target <= 10),
+with the rest of ``edge_limits.py``'s figures.
 
 Run: ``python benchmarks/hostile_clients.py [--quick] [--json FILE]`` (``--quick``: 5 rounds
-instead of 10; ``--only SCENARIO`` runs the clean run and that one; ``--streaming`` runs
-everything with the flush guard off, as the coordinator was before it; ``--robust KEY=VALUE``
-sets a ``[coordinator.robust]`` key in every run).
+instead of 10, and the edge's smaller flood; ``--only SCENARIO`` runs that one, with the clean
+run when it is an attack; ``--streaming`` runs the attacks with the flush guard off, as the
+coordinator was before it (no non-IID pair then); ``--robust KEY=VALUE`` sets a
+``[coordinator.robust]`` key in every guarded run).
 """
 
 from __future__ import annotations
@@ -81,7 +92,10 @@ TARGET = 0  # the backdoor's label
 TRIGGER = (54, 55, 62, 63)  # the bottom-right 2x2 pixels of an 8x8 digit
 FLIP_BOOST = 10.0
 BACKDOOR_BOOST = 5.0
-SCENARIOS = ("weight_lie", "signflip", "backdoor", "resources")
+ATTACKS = ("weight_lie", "signflip", "backdoor", "resources")
+SCENARIOS = (*ATTACKS, "noniid", "edge")
+NONIID_ALPHA = 0.3
+"""The honest non-IID runs' label skew: each client's label mix drawn from Dirichlet(0.3)."""
 JOIN_FLOOD = 3000
 HOARD_UPLOADS = 400
 TIMEOUT_S = 10.0
@@ -95,7 +109,7 @@ seed = {seed}
 [data]
 dataset = "digits"
 clients = {clients}
-partition = "iid"
+{partition}
 
 [model]
 name = "mlp"
@@ -125,13 +139,15 @@ enabled = false
 
 
 def write_config(folder: Path, name: str, rounds: int, streaming: bool = False,
-                 robust: tuple[str, ...] = ()) -> Path:
+                 robust: tuple[str, ...] = (), noniid: bool = False) -> Path:
     """The experiment TOML both the coordinator and the honest clients read (``streaming``:
     the flush guard off, the default before it; ``robust``: ``KEY=VALUE`` settings of
-    ``[coordinator.robust]``)."""
+    ``[coordinator.robust]``; ``noniid``: a Dirichlet label split, clients of unequal size)."""
     path = folder / f"{name}.toml"
+    partition = (f'partition = "dirichlet"\noptions = {{ alpha = {NONIID_ALPHA} }}' if noniid
+                 else 'partition = "iid"')
     text = TOML.format(name=name, seed=SEED, clients=CLIENTS, rounds=rounds,
-                       min_updates=CLIENTS // 2)
+                       min_updates=CLIENTS // 2, partition=partition)
     if streaming:
         text += STREAMING
     elif robust:
@@ -439,9 +455,9 @@ def backdoor_rate(config_path: Path, model_path: Path) -> float:
 
 
 def one_run(folder: Path, rounds: int, scenario: str, streaming: bool = False,
-            robust: tuple[str, ...] = ()) -> dict[str, Any]:
+            robust: tuple[str, ...] = (), noniid: bool = False) -> dict[str, Any]:
     """A run of ``fedlink serve`` with the 20 clients, some attacking as ``scenario`` says."""
-    config = write_config(folder, scenario, rounds, streaming, robust)
+    config = write_config(folder, scenario, rounds, streaming, robust, noniid)
     tally = Tally()
     with coordinator(config, folder / "runs") as (process, port):
         probe = Probe(process.pid)
@@ -481,19 +497,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a [coordinator.robust] setting for every run (TOML value)")
 
 
-def main() -> None:
-    """The clean run, the attacked ones, then the figures."""
-    args = parse_args(__doc__.splitlines()[0], add_arguments, parts=SCENARIOS)
-    rounds = 5 if args.quick else 10
-    scenarios = [args.only] if args.only else list(SCENARIOS)
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory() as tmp:
-        robust = tuple(args.robust)
-        clean = one_run(Path(tmp), rounds, "clean", args.streaming, robust)
-        runs = {name: one_run(Path(tmp), rounds, name, args.streaming, robust)
-                for name in scenarios}
-    figures: dict[str, Any] = {"rounds": rounds, "guard": not args.streaming,
-                               "clean_accuracy": clean["accuracy"],
+def attack_figures(clean: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Each attacked run against the clean one."""
+    figures: dict[str, Any] = {"clean_accuracy": clean["accuracy"],
                                "clean_backdoor_rate": clean["backdoor_rate"]}
     keys = {"weight_lie": "weight_lie", "signflip": "byzantine_20pct_signflip"}
     for name, key in keys.items():
@@ -520,6 +526,50 @@ def main() -> None:
             "clean_fd_growth": clean["fd_growth"],
             "flush_refused": resources["flush_refused"],
             **{k: getattr(tally, k) for k in Tally.__dataclass_fields__}})
+    return figures
+
+
+def noniid_figures(folder: Path, rounds: int, robust: tuple[str, ...]) -> dict[str, Any]:
+    """Honest clients only, non-IID and of unequal size: the guard's run (with ``robust``)
+    against the same seed's unguarded run (``enabled = false``)."""
+    guarded = one_run(folder, rounds, "noniid", robust=robust, noniid=True)
+    plain = one_run(folder, rounds, "noniid_unguarded", streaming=True, noniid=True)
+    return {"honest_noniid_accuracy": guarded["accuracy"],
+            "honest_noniid_unguarded_accuracy": plain["accuracy"],
+            "honest_noniid_accuracy_drop": plain["accuracy"] - guarded["accuracy"],
+            "honest_noniid_updates_dropped": guarded["honest_dropped"],
+            "honest_noniid_lost": guarded["honest_lost"] + plain["honest_lost"]}
+
+
+def edge_figures(quick: bool) -> dict[str, Any]:
+    """``edge_limits.py``'s figures: memory held by a flood of messages in flight (the larger
+    of its two floods is ``inflight_rss_growth_mb``), and a SIGTERM's drain with a
+    heartbeating client connected (``sigterm_drain_seconds``)."""
+    import edge_limits
+
+    return {**edge_limits.measure_inflight(quick), **edge_limits.measure_stop()}
+
+
+def main() -> None:
+    """The clean run, the attacked ones, the honest non-IID pair and the edge, then the
+    figures."""
+    args = parse_args(__doc__.splitlines()[0], add_arguments, parts=SCENARIOS)
+    rounds = 5 if args.quick else 10
+    scenarios = [args.only] if args.only else list(SCENARIOS)
+    attacks = [name for name in scenarios if name in ATTACKS]
+    started = time.monotonic()
+    robust = tuple(args.robust)
+    figures: dict[str, Any] = {"rounds": rounds, "guard": not args.streaming}
+    with tempfile.TemporaryDirectory() as tmp:
+        if attacks:
+            clean = one_run(Path(tmp), rounds, "clean", args.streaming, robust)
+            runs = {name: one_run(Path(tmp), rounds, name, args.streaming, robust)
+                    for name in attacks}
+            figures.update(attack_figures(clean, runs))
+        if "noniid" in scenarios and not args.streaming:
+            figures.update(noniid_figures(Path(tmp), rounds, robust))
+    if "edge" in scenarios:
+        figures.update(edge_figures(args.quick))
     figures["seconds"] = time.monotonic() - started
     report(figures, args.json)
 

@@ -182,6 +182,7 @@ class _Entry:
     source: str
     digest: bytes
     norm: float = 0.0
+    length: float = 0.0
     scale: float = 1.0
     final_weight: float = 0.0
     dropped: bool = False
@@ -268,7 +269,7 @@ class FlushGuard(Accumulator):
             raise ValueError("no updates to average")
         entries = sorted(self._entries, key=lambda e: e.digest)  # the canonical order
         for entry in entries:
-            entry.norm = l2_norm(entry.train)
+            entry.length = entry.norm = l2_norm(entry.train)
             if self.normalises_work:  # FedNova compares per-step directions, not raw deltas
                 entry.norm /= max(1, entry.steps)
             else:  # per unit of work: partial work is not clipped for being partial
@@ -363,7 +364,7 @@ class FlushGuard(Accumulator):
             if entry.scale < 1.0:
                 train = (train * np.float32(entry.scale)).astype(np.float32, copy=False)
             if isinstance(self.inner, BufferedRule):  # hand the copy over, not another
-                self.inner.keep(train, entry.final_weight)
+                self.inner.keep(train, entry.final_weight, _length(entry))
             else:
                 self.inner.add(train, entry.final_weight, entry.steps)
             if entry.rest is not None and entry.rest.size:
@@ -416,6 +417,13 @@ class FlushGuard(Accumulator):
 _EMPTY = np.zeros(0, dtype=np.float32)
 
 
+def _length(entry: _Entry) -> float:
+    """The clipped update's L2 length (what a rule ranking directions divides by; a zero
+    update is its own direction)."""
+    length = entry.length * entry.scale
+    return length if length > 0 else 1.0
+
+
 def lower_median(values: list[float]) -> float:
     """The lower median (an element of ``values``; of two, the smaller): 0 when empty."""
     if not values:
@@ -433,12 +441,13 @@ def median_cosines(deltas: list[np.ndarray], scales: list[float]) -> list[float]
     squares = np.zeros(n, dtype=np.float64)
     median_square = 0.0
     for start in range(0, size, CHUNK):
-        block = np.stack([d[start:start + CHUNK] for d in deltas]).astype(np.float64)
-        block *= factors
-        median = np.median(block, axis=0)
+        # a row per coordinate: the median's partitions run in contiguous memory
+        block = np.stack([d[start:start + CHUNK] for d in deltas], axis=1).astype(np.float64)
+        block *= factors.T
+        median = np.median(block, axis=1)
         # einsum, not matmul: it stays on this thread (see robust.squares)
-        dots += np.einsum("ij,j->i", block, median)
-        squares += np.einsum("ij,ij->i", block, block)
+        dots += np.einsum("ji,j->i", block, median)
+        squares += np.einsum("ji,ji->i", block, block)
         median_square += float(np.einsum("j,j->", median, median))
     if median_square <= 0:
         return None

@@ -113,6 +113,7 @@ class BufferedRule(Accumulator):
         self.weighted = weighted
         self._deltas: list[np.ndarray] = []
         self._weights: list[float] = []
+        self._lengths: list[float] = []
 
     def add(self, delta: np.ndarray, weight: float, steps: int = 0) -> None:
         """Keep a float32 copy of ``delta`` with its weight."""
@@ -121,15 +122,23 @@ class BufferedRule(Accumulator):
             raise ValueError(f"delta shape {delta.shape} != buffered {self._deltas[0].shape}")
         self._deltas.append(np.array(delta, dtype=np.float32, copy=True))
         self._weights.append(float(weight))
+        self._lengths.append(1.0)
 
-    def keep(self, delta: np.ndarray, weight: float) -> None:
+    def keep(self, delta: np.ndarray, weight: float, length: float = 1.0) -> None:
         """``add`` without the copy: the rule takes ``delta`` (float32) over, and the caller
-        must not change it until ``reset`` (the flush guard hands over its own copies)."""
+        must not change it until ``reset`` (the flush guard hands over its own copies).
+
+        ``length``: the update's size as the caller measures it (> 0); a rule that ranks
+        directions rather than values (``TrimmedMean`` by count) ranks ``delta / length``.
+        """
         check_weight(weight)
+        if not length > 0:
+            raise ValueError(f"length must be > 0, got {length}")
         if self._deltas and delta.shape != self._deltas[0].shape:
             raise ValueError(f"delta shape {delta.shape} != buffered {self._deltas[0].shape}")
         self._deltas.append(np.asarray(delta, dtype=np.float32))
         self._weights.append(float(weight))
+        self._lengths.append(float(length))
 
     def mean(self) -> np.ndarray:
         """The rule applied coordinate-wise, ``CHUNK`` coordinates at a time."""
@@ -139,11 +148,19 @@ class BufferedRule(Accumulator):
         flat = [d.reshape(-1) for d in self._deltas]
         weights = (np.asarray(self._weights, dtype=np.float64) if self.weighted
                    else np.ones(len(self._weights)))
+        lengths = np.asarray(self._lengths, dtype=np.float64)[:, None]
         out = np.empty(flat[0].size, dtype=np.float32)
         for start in range(0, out.size, CHUNK):
-            block = np.stack([d[start:start + CHUNK] for d in flat]).astype(np.float64)
-            out[start:start + CHUNK] = self._reduce(*_sorted_mass(block, weights))
+            pieces = [d[start:start + CHUNK] for d in flat]
+            out[start:start + CHUNK] = self._reduce_pieces(pieces, weights, lengths)
         return out.reshape(shape)
+
+    def _reduce_pieces(self, pieces: list[np.ndarray], weights: np.ndarray,
+                       lengths: np.ndarray) -> np.ndarray:
+        """The rule on one chunk of each update (``lengths``: ``n x 1``, what ``keep`` was
+        told)."""
+        block = np.stack(pieces).astype(np.float64)
+        return self._reduce(*_sorted_mass(block, weights))
 
     @abstractmethod
     def _reduce(self, values: np.ndarray, cum: np.ndarray, mass: np.ndarray) -> np.ndarray:
@@ -154,6 +171,7 @@ class BufferedRule(Accumulator):
         """Drop the buffered deltas."""
         self._deltas.clear()
         self._weights.clear()
+        self._lengths.clear()
 
     @property
     def count(self) -> int:
@@ -191,7 +209,12 @@ class TrimmedMean(BufferedRule):
     ``floor(trim x n)`` whole updates at each end, and the values kept are averaged with their
     weights: the flush guard's rule, under which no weight a client claims keeps its extreme
     value from being trimmed, while the others keep FedAvg's weighting by examples (a flush of
-    fewer than ``1 / trim`` updates is not trimmed at all).
+    fewer than ``1 / trim`` updates is not trimmed at all). Updates handed over with
+    ``keep(delta, weight, length)`` are ranked by direction, ``delta / length``: honest
+    updates differ in length with the work behind them (more examples, more local steps),
+    and ranking raw values would trim the longest, most-trained ones at both ends and shrink
+    the step toward the shortest. Parallel updates, equal in direction, are ranked by value.
+    The kept values themselves are averaged unscaled.
     """
 
     def __init__(self, trim: float = 0.1, weighted: bool = False,
@@ -204,16 +227,29 @@ class TrimmedMean(BufferedRule):
         self.trim = float(trim)
         self.trim_by_count = trim_by_count
 
+    def _reduce_pieces(self, pieces: list[np.ndarray], weights: np.ndarray,
+                       lengths: np.ndarray) -> np.ndarray:
+        """By count: each coordinate's ranks, no cumulative weights; else the sorted-mass
+        rule of ``_reduce``."""
+        if not self.trim_by_count:
+            return super()._reduce_pieces(pieces, weights, lengths)
+        n = len(pieces)
+        cut = int(np.floor(self.trim * n + _HALF_TOLERANCE))  # whole updates
+        block = np.stack(pieces, axis=1).astype(np.float64)  # a row per coordinate: the
+        if cut == 0:                                          # partitions run in contiguous
+            return np.asarray(np.einsum("ij,j->i", block, weights) / weights.sum())  # memory
+        keys = block / lengths.T
+        # parallel updates tie on direction: their values break the tie, so that the same
+        # (shortest and longest) ones are trimmed at every coordinate
+        order = np.lexsort((block, keys), axis=1)[:, cut:n - cut]
+        values = np.take_along_axis(block, order, axis=1)
+        mass = weights[order]
+        return np.asarray(np.einsum("ij,ij->i", mass, values) / mass.sum(axis=1))
+
     def _reduce(self, values: np.ndarray, cum: np.ndarray, mass: np.ndarray) -> np.ndarray:
-        if self.trim_by_count:
-            cut = int(np.floor(self.trim * len(values) + _HALF_TOLERANCE))  # whole updates
-            kept = mass.copy()
-            kept[:cut] = 0.0
-            kept[len(values) - cut:] = 0.0
-        else:
-            total = cum[-1]
-            low, high = self.trim * total, (1.0 - self.trim) * total
-            kept = np.clip(np.minimum(cum, high) - np.maximum(cum - mass, low), 0.0, None)
+        total = cum[-1]
+        low, high = self.trim * total, (1.0 - self.trim) * total
+        kept = np.clip(np.minimum(cum, high) - np.maximum(cum - mass, low), 0.0, None)
         return np.asarray((kept * values).sum(axis=0) / kept.sum(axis=0))
 
 

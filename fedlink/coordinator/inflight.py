@@ -26,7 +26,11 @@ it freed for reuse rather than giving it back to the system: a burst of large re
 refused at once, still left the process hundreds of MiB larger (its peak RSS grew by the
 burst's bytes, not by the budget). ``FreedMemory`` hands it back (glibc's ``malloc_trim``)
 each time another budget's worth of bytes was read, so what a refused call held leaves the
-process at once.
+process at once. Two things kept refused messages from being freed at all: gRPC's reader of
+a unary call's request stream holds the last message it yielded until it is closed (the
+interceptor closes it once the one message is read), and a refusal's exception keeps its
+call's frames, the request among them, in a reference cycle (``FreedMemory`` collects cycles
+before it trims).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import gc
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -66,6 +71,7 @@ class FreedMemory:
         self._read += size
         if self._read >= self.every_bytes:
             self._read = 0
+            gc.collect()  # a refused call's request waits in an exception's frame cycle
             self._trim(0)
             self.trims += 1
 
@@ -84,6 +90,20 @@ def _size(message: Any) -> int:
     """Bytes a read message holds (a body that did not parse holds none of its own)."""
     byte_size = getattr(message, "ByteSize", None)
     return int(byte_size()) if callable(byte_size) else 0
+
+
+async def _close(requests: AsyncIterator[Any]) -> None:
+    """End a call's request stream once its one message is read.
+
+    gRPC's reader is a generator that keeps the last message it yielded until it is resumed
+    or closed, and a unary call's never is: left open, every refused message stayed alive as
+    long as its call's frames did (a flood of refused cap-sized Joins, read one at a time,
+    grew the process by their total size).
+    """
+    stream = aiter(requests)
+    close = getattr(stream, "aclose", None)
+    if close is not None:
+        await close()
 
 
 class InflightBudget(grpc.aio.ServerInterceptor):
@@ -194,6 +214,7 @@ class InflightBudget(grpc.aio.ServerInterceptor):
             except BaseException:
                 self._give(peer, self.message_bytes)
                 raise
+            await _close(requests)
             size = _size(request)
             self._give(peer, self.message_bytes - size)
             self.freed.read(size)

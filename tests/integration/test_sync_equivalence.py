@@ -64,7 +64,8 @@ def trainers() -> tuple[list[TorchTrainer], np.ndarray]:
 def plain_fedavg(initial: np.ndarray, plans: list[list[TrainPlan]],
                  trim: float = 0.0) -> np.ndarray:
     """FedAvg by hand: every client trains from the global model; weights = examples; with
-    ``trim``, each coordinate's ``trim`` of the updates at each end left out."""
+    ``trim``, each coordinate's ``trim`` of the updates at each end left out, ranked by
+    direction (``delta / ||delta||``)."""
     fresh, _ = trainers()
     model = initial.copy()
     for round_ in range(ROUNDS):
@@ -72,8 +73,8 @@ def plain_fedavg(initial: np.ndarray, plans: list[list[TrainPlan]],
         if trim:
             trimmed = TrimmedMean(trim, weighted=True, trim_by_count=True)
             for r in results:
-                trimmed.add((r.params.astype(np.float64) - model).astype(np.float32),
-                            r.num_examples)
+                delta = (r.params.astype(np.float64) - model).astype(np.float32)
+                trimmed.keep(delta, r.num_examples, float(np.linalg.norm(delta)))
             model = (model + trimmed.mean()).astype(np.float32)
             continue
         total = sum(r.num_examples for r in results)

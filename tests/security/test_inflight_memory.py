@@ -12,6 +12,7 @@ The evidence here is the budget's own record (refusals, the most it ever reserve
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator
 
 import grpc
@@ -20,8 +21,9 @@ import pytest
 from _hostile import Answer, Raw, answer_of
 from conftest import CoordinatorFactory, run_async, wait_until
 
-from fedlink.coordinator import CoordinatorConfig, LimitsConfig
+from fedlink.coordinator import CoordinatorConfig, CoordinatorServer, LimitsConfig
 from fedlink.errors import ConfigError
+from fedlink.metrics import EventLog
 from fedlink.proto.v1 import coordinator_pb2 as pb
 from fedlink.proto.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -101,3 +103,33 @@ def test_reads_beyond_a_connections_or_the_global_budget_are_refused_unread(
 def test_a_budget_that_cannot_hold_one_message_is_refused_naming_the_key() -> None:
     with pytest.raises(ConfigError, match="max_inflight_bytes_per_connection"):
         CoordinatorConfig(limits=LimitsConfig(max_inflight_bytes_per_connection=1 << 20))
+
+
+def test_a_refused_message_is_not_kept_alive_after_its_call() -> None:
+    """A unary call's request stream is closed once its message is read: gRPC's reader kept
+    the message it last yielded, and each refused cap-sized Join stayed in memory with its
+    call's frames (100 of them, read one at a time, grew the coordinator by 348 MiB)."""
+    pad = "x" * (CAP - (4 << 10))  # over max_metadata_bytes: refused after it is read
+    calls = 12
+
+    async def scenario() -> tuple[set[str], int]:
+        codes: set[str] = set()
+        with EventLog(None) as events:
+            async with CoordinatorServer(CoordinatorConfig(limits=limits()),
+                                         np.zeros(8, np.float32), events) as server, \
+                    grpc.aio.insecure_channel(f"127.0.0.1:{server.port}", options=[
+                        ("grpc.max_send_message_length", 16 << 20)]) as channel:
+                stub = pb_grpc.CoordinatorStub(channel)
+                for i in range(calls):
+                    request = pb.JoinRequest(client_name=f"p{i}", num_examples=1,
+                                             metadata={"pad": pad})
+                    codes.add((await answer_of(stub.Join(request, timeout=30))).code)
+                del request
+                gc.collect()
+                alive = sum(1 for o in gc.get_objects()
+                            if isinstance(o, pb.JoinRequest) and o.ByteSize() > CHUNK)
+        return codes, alive
+
+    codes, alive = run_async(scenario(), timeout=60)
+    assert codes == {"INVALID_ARGUMENT"}
+    assert alive <= 1  # at most the last call's, while its frames unwind

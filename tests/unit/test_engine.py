@@ -54,7 +54,8 @@ def test_sync_fedavg_flushes_weighted_mean_when_goal_reached(fake_clock: FakeClo
                                                              trim: float | None) -> None:
     """The weighted mean: the default trim (0.2) leaves out no whole update of three, and the
     weights are within 2 x their median and the norms within 2 x theirs (the guard caps and
-    clips nothing here). ``trim = 0.4`` leaves out one update at each end of each coordinate."""
+    clips nothing here). ``trim = 0.4`` leaves out one update at each end of each coordinate,
+    ranked by direction."""
     engine = make_engine(fake_clock, goal=3, deadline_s=None, robust=RobustConfig(trim=trim))
     rng = np.random.default_rng(0)
     deltas = [rng.normal(size=DIM).astype(np.float32) for _ in range(3)]
@@ -77,8 +78,10 @@ def test_sync_fedavg_flushes_weighted_mean_when_goal_reached(fake_clock: FakeClo
     assert engine.version == third.flush.version == 1
     weights = np.array([10.0, 7.5, 20.0])
     expected = X0 + (weights[:, None] * np.stack(deltas)).sum(0) / weights.sum()
-    if trim == 0.4:  # each coordinate's middle value of the three
-        expected = X0 + np.median(np.stack(deltas), axis=0)
+    if trim == 0.4:  # each coordinate's value from the update whose direction is the middle
+        stacked = np.stack(deltas)  # one: the short partial update is not trimmed for its length
+        middle = np.argsort(stacked / np.linalg.norm(stacked, axis=1, keepdims=True), axis=0)[1]
+        expected = X0 + stacked[middle, np.arange(DIM)]
     assert [e["action"] for e in kinds(engine, "update_limited")] == []
     np.testing.assert_allclose(engine.model, expected, rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(third.flush.model, engine.model)

@@ -199,3 +199,40 @@ def test_norms_are_per_unit_of_work() -> None:
     [clipped] = liar.report.limited
     assert clipped.source == "liar" and clipped.action == "clipped"
     assert clipped.norm == pytest.approx(100 * float(np.linalg.norm(deltas[5])), rel=1e-5)
+
+
+def _trimming_guard() -> FlushGuard:
+    trimmed = ACCUMULATORS.create("trimmed_mean", trim=0.2, weighted=True, trim_by_count=True)
+    return FlushGuard(trimmed, GuardRules(norm_multiple=0.0, drop_opposed=False))
+
+
+def test_the_trim_does_not_shrink_a_flush_of_honest_updates_of_unequal_work() -> None:
+    """Honest clients that trained more send longer updates; the trim ranks directions, so
+    it does not cut the long ones at both ends and leave the step to the short ones (trimming
+    raw values by count, the step along the clients' common direction is a fifth shorter
+    here)."""
+    rng = np.random.default_rng(0)
+    direction = rng.normal(size=DIM)
+    acc, lengths = _trimming_guard(), [1.0, 4.0] * 10
+    deltas = [(length * (direction + 0.5 * rng.normal(size=DIM))).astype(np.float32)
+              for length in lengths]
+    for i, delta in enumerate(deltas):
+        acc.add(delta, 10.0, source=f"c{i}")
+    plain = np.stack(deltas).mean(0)
+    along = float(acc.mean() @ direction) / float(plain @ direction)
+    assert 0.95 < along < 1.05
+
+
+def test_the_trim_still_leaves_out_a_colluding_fifth_on_coordinates_the_honest_leave_alone(
+        ) -> None:
+    """Four of twenty push a coordinate no honest update touches (a backdoor's trigger
+    weights): however long their updates, ranked by direction their values are the extremes,
+    and none reaches the flush."""
+    acc, deltas = _trimming_guard(), honest(20)
+    for delta in deltas:
+        delta[0] = 0.0
+    for i, delta in enumerate(deltas[16:]):
+        delta[0] = 5.0 + i
+    for i, delta in enumerate(deltas):
+        acc.add(delta, 70.0, source=f"c{i}")
+    assert acc.mean()[0] == 0.0
