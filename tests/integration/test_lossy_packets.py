@@ -3,8 +3,9 @@ both ends, a 1.2 MB model, 5 clients, 5 sync rounds.
 
 What it shows: no connection is aborted by a TCP user timeout (the kernel's
 ``TCPAbortOnTimeout`` in the clients' namespace stays 0: the sockets' ``TCP_USER_TIMEOUT`` no
-longer equals the 5 s ping timeout), no update is refused, and the summary's retries, offline
-seconds and bytes down equal what the clients counted and received. The clients' TCP
+longer equals the 5 s ping timeout), no update is refused, the summary's retries and offline
+seconds equal what the clients counted, and its bytes down are what the clients received plus
+what cut downloads lost in flight. The clients' TCP
 connections (reconnects) are printed. Skips with the reason unless run as root with TUN.
 """
 
@@ -120,4 +121,10 @@ def test_25_percent_loss_both_ways_aborts_nothing_and_counts_honestly(tmp_path: 
     assert summary["client_retries_reported"] == sum(s["retries"] for s in stats)
     assert summary["offline_seconds"] == pytest.approx(sum(s["offline_seconds"] for s in stats))
     assert summary["resumed_bytes"] == sum(s["resumed_bytes"] for s in stats)
-    assert summary["bytes_down"] == sum(s["bytes_down"] for s in stats)
+    # the coordinator counts what it handed to gRPC, the clients what arrived: a download stream
+    # cut by the loss loses what it had in flight, which the resume sends again, so the two
+    # agree but for cut downloads (exact counting of a cut: tests/integration/test_bytes_down.py)
+    received = sum(s["bytes_down"] for s in stats)
+    assert summary["bytes_down"] >= received
+    if summary["bytes_down"] > received:
+        assert sum(s["retries"] + s["stalls"] for s in stats) > 0
