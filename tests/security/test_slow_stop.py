@@ -90,6 +90,11 @@ def test_a_stop_tells_callers_to_come_back_writes_the_record_first_and_keeps_ack
                 sent, release = asyncio.Event(), asyncio.Event()
                 upload = asyncio.ensure_future(hanging_upload(raw, b, sent, release))
                 await sent.wait()
+                # the chunk written on the coordinator: the upload is a call it holds open (the
+                # client's send alone can stop before the call reaches it, and a stop with no
+                # call in flight ends at once)
+                await wait_until(lambda: server.service.uploads.open_uploads() >= 1,
+                                 what="the coordinator holding the upload")
                 stop.set()
                 await wait_until(server.gate.closed.is_set, what="the gate closing")
                 heartbeat = await answer_of(raw.stub.Heartbeat(
