@@ -88,22 +88,16 @@ def _add_client(sub: argparse._SubParsersAction) -> None:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from fedlink.metrics.report_worker import ReportWriter
+    from fedlink.metrics import print_summary
+    from fedlink.sim import ExperimentConfig, run_simulation
 
     leave_objects_to_the_exit()
-    # Started first: the helper gets ready to draw on another core while this process
-    # imports torch and runs; it draws while this process saves the model and prints the
-    # summary, and leaving the block waits for it.
-    with ReportWriter(background=not args.no_report) as writer:
-        from fedlink.metrics import print_summary
-        from fedlink.sim import ExperimentConfig, run_simulation
-
-        with_config_folder_on_path(args.config)
-        config = ExperimentConfig.from_toml(args.config)
-        result = run_simulation(config, args.output_dir, progress=not args.no_progress,
-                                report=False if args.no_report else writer)
-        print_summary(result.summary, result.run_dir)
-        print(f"final accuracy: {result.summary.get('final_accuracy')}")
+    with_config_folder_on_path(args.config)
+    config = ExperimentConfig.from_toml(args.config)
+    result = run_simulation(config, args.output_dir, progress=not args.no_progress,
+                            report=not args.no_report)
+    print_summary(result.summary, result.run_dir)
+    print(f"final accuracy: {result.summary.get('final_accuracy')}")
     if result.report is not None:
         print(f"report: {result.report}")
     return 0

@@ -1,7 +1,7 @@
 """``fedlink compare RUN...``: one report overlaying several runs.
 
 Each run folder holds ``events.jsonl`` and ``summary.json`` (any ``fedlink simulate`` or
-``serve`` run). The report (``compare.md`` plus PNG plots in the output folder) shows accuracy
+``serve`` run). The report (``compare.md`` plus SVG plots in the output folder) shows accuracy
 against wall time, model version and bytes sent, a time-to-target table, and refusals by
 reason. The first run is the baseline: every other run's **speed-up** is the baseline's time
 to the target accuracy over its own (``None`` when either never reached it).
@@ -22,12 +22,13 @@ from fedlink.errors import ConfigError
 from fedlink.metrics.events import UPDATE_ACCEPTED, UPDATE_REFUSED, Event, read_events
 from fedlink.metrics.formatting import human_bytes, human_seconds
 from fedlink.metrics.summary import SUMMARY_FILENAME, of_kind, start_elapsed, unique_flushes
+from fedlink.metrics.svg import Series, line_plot, write_svg
 
 COMPARE_FILENAME = "compare.md"
-PLOTS = (("accuracy_vs_time.png", "Accuracy against wall time", "wall seconds", "seconds"),
-         ("accuracy_vs_version.png", "Accuracy against model version", "model version",
+PLOTS = (("accuracy_vs_time.svg", "Accuracy against wall time", "wall seconds", "seconds"),
+         ("accuracy_vs_version.svg", "Accuracy against model version", "model version",
           "version"),
-         ("accuracy_vs_bytes.png", "Accuracy against bytes sent by clients", "MB sent up",
+         ("accuracy_vs_bytes.svg", "Accuracy against bytes sent by clients", "MB sent up",
           "megabytes_up"))
 
 
@@ -184,20 +185,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def _plot(path: Path, runs: Sequence[RunCurve], title: str, xlabel: str, attribute: str,
           target: float) -> None:
-    """One overlay plot, drawn on a bare Agg figure (no display, no pyplot state)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6.4, 4.0))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    for run in runs:
-        ax.plot(getattr(run, attribute), run.accuracy, marker=".", label=run.name)
-    ax.axhline(target, color="grey", linestyle="--", linewidth=0.8, label="target")
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("test accuracy")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=100)
+    """One overlay plot: a line per run and the target accuracy dashed (SVG)."""
+    write_svg(path, line_plot(
+        [Series(getattr(run, attribute), run.accuracy, label=run.name) for run in runs],
+        title=title, xlabel=xlabel, ylabel="test accuracy", hlines=[(target, "target")]))

@@ -2,7 +2,7 @@
 
 ``label_distribution(counts)`` is what a run records in ``summary.json`` (a clients x classes
 matrix of example counts, the first ``MAX_CLIENTS`` clients); ``draw_label_distribution``
-renders it as a heatmap for the report. Non-IID splits (Dirichlet, k classes per client,
+renders it as an SVG heatmap for the report. Non-IID splits (Dirichlet, k classes per client,
 natural writers) are easier to judge seen than described.
 """
 
@@ -12,7 +12,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-LABEL_PLOT = "label_distribution.png"
+from fedlink.metrics.svg import heatmap, write_svg
+
+LABEL_PLOT = "label_distribution.svg"
 MAX_CLIENTS = 100
 """Clients recorded and drawn (a heatmap of a million rows says nothing)."""
 
@@ -29,21 +31,12 @@ def draw_label_distribution(run_dir: Path, entry: Mapping[str, Any]) -> str | No
     rows = entry.get("counts") or []
     if not rows or not rows[0]:
         return None
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6.4, max(2.5, min(12.0, 0.18 * len(rows) + 1.5))),
-                 layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    image = ax.imshow(rows, aspect="auto", cmap="viridis", interpolation="nearest")
-    fig.colorbar(image, ax=ax, label="examples")
-    ax.set_xlabel("class")
-    ax.set_ylabel("client")
     shown, total = entry.get("shown", len(rows)), entry.get("clients", len(rows))
     suffix = "" if shown == total else f" (first {shown} of {total})"
-    ax.set_title(f"Labels per client{suffix}")
-    fig.savefig(run_dir / LABEL_PLOT, format="png", dpi=100)
+    height = round(100 * max(2.5, min(12.0, 0.18 * len(rows) + 1.5)))
+    write_svg(run_dir / LABEL_PLOT, heatmap(rows, title=f"Labels per client{suffix}",
+                                            xlabel="class", ylabel="client",
+                                            scale_label="examples", height=height))
     return LABEL_PLOT
 
 

@@ -5,7 +5,8 @@ a version on their own data and report it; each report is one ``evaluation_repor
 (``num_examples``, ``loss``, ``accuracy``). ``federated_figures`` weights them by examples per
 model version (with the tasks issued for it, ``evaluation_issued``), next to the central
 test-set curve of ``flush`` events, and keeps the per-client accuracies of the last evaluated
-version: their spread is a fairness question a mean hides. ``draw_federated`` plots both.
+version: their spread is a fairness question a mean hides. ``draw_federated`` plots both
+(SVG).
 Runs written before evaluation tasks existed (``fed_eval_*`` metrics riding on
 ``update_accepted``) still read.
 """
@@ -18,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from fedlink.metrics.events import Event
+from fedlink.metrics.svg import Series, histogram, line_plot, write_svg
 
-CURVES_PLOT = "federated_vs_central.png"
-SPREAD_PLOT = "client_accuracy.png"
+CURVES_PLOT = "federated_vs_central.svg"
+SPREAD_PLOT = "client_accuracy.svg"
 _OLD_PREFIX = "fed_eval_"  # how runs before evaluation tasks reported, with their updates
 
 
@@ -85,33 +87,20 @@ def draw_federated(run_dir: Path, events: list[Event], summary: Mapping[str, Any
     curve = summary.get("federated_evaluation")
     if not curve or not any(a is not None for a in curve["accuracy"]):
         return ""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     central = [(float(e.get("model_version") or 0), float(e["accuracy"])) for e in events
                if e.get("kind") == "flush" and e.get("accuracy") is not None]
-    fig = Figure(figsize=(6.4, 4.0), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    ax.plot([v for v, _ in central], [a for _, a in central], marker="o", markersize=3,
-            label="central test set")
     points = [(float(v), float(a)) for v, a in zip(curve["versions"], curve["accuracy"],
                                                    strict=True) if a is not None]
-    ax.plot([v for v, _ in points], [a for _, a in points], marker="s", markersize=3,
-            label="federated (clients' data, example-weighted)")
-    ax.set(xlabel="model version", ylabel="accuracy", title="Central and federated accuracy")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.savefig(run_dir / CURVES_PLOT, format="png", dpi=100)
+    write_svg(run_dir / CURVES_PLOT, line_plot(
+        [Series([v for v, _ in central], [a for _, a in central], label="central test set"),
+         Series([v for v, _ in points], [a for _, a in points], marker="square",
+                label="federated (clients' data, example-weighted)")],
+        title="Central and federated accuracy", xlabel="model version", ylabel="accuracy"))
     spread = curve["last_client_accuracies"]
-    fig = Figure(figsize=(6.4, 3.6), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    ax.hist(spread, bins=min(20, max(5, len(spread))), range=(0.0, 1.0))
-    ax.set(xlabel="accuracy of the global model on a client's data", ylabel="clients",
-           title=f"Per-client accuracy, version {curve['versions'][-1]} "
-                 f"({len(spread)} clients)")
-    fig.savefig(run_dir / SPREAD_PLOT, format="png", dpi=100)
+    write_svg(run_dir / SPREAD_PLOT, histogram(
+        spread, bins=min(20, max(5, len(spread))), value_range=(0.0, 1.0),
+        title=f"Per-client accuracy, version {curve['versions'][-1]} ({len(spread)} clients)",
+        xlabel="accuracy of the global model on a client's data", ylabel="clients"))
     worst, best = (spread[0], spread[-1]) if spread else (float("nan"), float("nan"))
     scored_on = f" Scored on {curve['scored_on']}." if curve.get("scored_on") else ""
     return (f"## Federated evaluation\n\nThe global model scored on the data of the clients "

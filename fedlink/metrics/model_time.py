@@ -23,7 +23,8 @@ offline, its work paused, is in neither.
 :func:`model_time_figures` gives ``accuracy_by_time``: per flush with ``model_seconds``, its
 ``model_version``, ``accuracy`` (None without evaluation), ``model_seconds`` and
 ``simulation_seconds`` (wall seconds since the log's first event). :func:`draw_model_time`
-plots accuracy against both and the communication/compute split per round and per profile.
+plots accuracy against both and the communication/compute split per round and per profile
+(SVG, :mod:`fedlink.metrics.svg`).
 """
 
 from __future__ import annotations
@@ -32,13 +33,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedlink.metrics.canvas import line_axes
 from fedlink.metrics.events import Event
-from fedlink.private import touch_private
+from fedlink.metrics.svg import BarPanel, Series, line_plot, stacked_bars, write_svg
 
-ACCURACY_VS_MODEL_TIME = "accuracy_vs_model_time.png"
-ACCURACY_VS_SIMULATION_TIME = "accuracy_vs_simulation_time.png"
-TIME_SHARES = "comm_vs_compute.png"
+ACCURACY_VS_MODEL_TIME = "accuracy_vs_model_time.svg"
+ACCURACY_VS_SIMULATION_TIME = "accuracy_vs_simulation_time.svg"
+TIME_SHARES = "comm_vs_compute.svg"
 
 _UNITS = ((7200.0, 3600.0, "hours"), (120.0, 60.0, "minutes"), (0.0, 1.0, "seconds"))
 """(span from which a unit is used, seconds per unit, its name), longest first."""
@@ -110,30 +110,11 @@ def draw_model_time(run_dir: Path, summary: Mapping[str, Any]) -> list[tuple[str
     return drawn
 
 
-SHARES_MARGINS = {"left": 0.07, "right": 0.98, "bottom": 0.2, "top": 0.8, "wspace": 0.22}
-"""The shares plot's fixed margins (``fedlink.metrics.canvas`` says why not a layout engine):
-room below for rotated tick labels and the x label, above for the legend and the titles."""
-
-
-def _shares_figure() -> tuple[Any, Any]:
-    """(figure, its two axes side by side) for the shares plot."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6.4 * 1.6, 4.0))
-    FigureCanvasAgg(fig)
-    fig.subplots_adjust(**SHARES_MARGINS)
-    return fig, fig.subplots(1, 2)
-
-
 def _accuracy_plot(path: Path, title: str, seconds: list[float], accuracy: list[float],
                    what: str) -> tuple[str, str]:
     size, unit = time_unit(seconds)
-    fig, ax = line_axes()
-    ax.plot([s / size for s in seconds], accuracy, marker="o", markersize=3, linewidth=1.5)
-    ax.set(title=title, xlabel=f"{what} ({unit})", ylabel="accuracy")
-    ax.grid(True, alpha=0.3)
-    fig.savefig(touch_private(path), format="png", dpi=100)
+    write_svg(path, line_plot([Series([s / size for s in seconds], list(accuracy))],
+                              title=title, xlabel=f"{what} ({unit})", ylabel="accuracy"))
     return title, path.name
 
 
@@ -141,19 +122,16 @@ def _shares_plot(path: Path, rounds: Sequence[Mapping[str, Any]],
                  profiles: Mapping[str, Mapping[str, Any]]) -> None:
     """Stacked bars: the communication and compute share of model time, per round (left) and
     per link profile (right)."""
-    fig, axes = _shares_figure()
-    groups = (("per round", [str(r["round"]) for r in rounds], list(rounds)),
-              ("per link profile", list(profiles), list(profiles.values())))
-    for ax, (title, labels, rows) in zip(axes, groups, strict=True):
+    groups = (("per round", [str(r["round"]) for r in rounds], list(rounds),
+               "round (the model version its tasks trained on, + 1)"),
+              ("per link profile", list(profiles), list(profiles.values()), "link profile"))
+    panels = []
+    for title, labels, rows, xlabel in groups:
         shares = [row.get("comm_share") for row in rows]  # None: no time, no bar
-        comm = [0.0 if s is None else float(s) for s in shares]
-        compute = [0.0 if s is None else 1.0 - float(s) for s in shares]
-        ax.bar(labels, comm, label="communication", color="tab:orange")
-        ax.bar(labels, compute, bottom=comm, label="compute", color="tab:blue")
-        ax.set(title=f"Share of model time, {title}", ylim=(0.0, 1.0), ylabel="share")
-        ax.tick_params(axis="x", labelrotation=45 if len(labels) > 8 else 0)
-        ax.grid(True, axis="y", alpha=0.3)
-    axes[0].set_xlabel("round (the model version its tasks trained on, + 1)")
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="upper center", ncols=2)
-    fig.savefig(touch_private(path), format="png", dpi=100)
-
+        panels.append(BarPanel(
+            f"Share of model time, {title}", labels,
+            [[None if s is None else float(s) for s in shares],
+             [None if s is None else 1.0 - float(s) for s in shares]],
+            xlabel=xlabel, ylabel="share"))
+    write_svg(path, stacked_bars(panels, ["communication", "compute"],
+                                 colors=["#ff7f0e", "#1f77b4"], y_range=(0.0, 1.0)))

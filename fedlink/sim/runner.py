@@ -34,10 +34,10 @@ from fedlink.metrics import (
     SUMMARY_FILENAME,
     EventLog,
     summarize,
+    write_report,
     write_summary,
 )
 from fedlink.metrics.federated import federated_figures
-from fedlink.metrics.report_worker import ReportWriter, write_run_report
 from fedlink.metrics.summary import near_chance_warning
 from fedlink.netem import ClientLink
 from fedlink.sim.arrivals import RunOverSleep, start_in_waves
@@ -135,16 +135,13 @@ class SimulationResult:
 def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
                    progress: bool = True, *, model: Any = None, data: Any = None,
                    trainer: Any = None, evaluate: Any = None,
-                   loss: Any = None, report: bool | ReportWriter = True) -> SimulationResult:
+                   loss: Any = None, report: bool = True) -> SimulationResult:
     """Run the experiment to the end and write its run folder; returns the summary and model.
 
     ``model``, ``data``, ``trainer``, ``evaluate`` and ``loss`` plug your own objects (or import
     strings) in place of what the config names; see ``fedlink.experiment.setup`` for what each
     must be. ``report=False`` writes no ``report.md`` and no plots (the events, summary and
-    model are written as always): for sweeps, where drawing the plots is most of a small run's
-    end; a ``fedlink.metrics.report_worker.ReportWriter`` writes it (``fedlink simulate``
-    passes one whose helper process got ready to draw while the run went on, and draws while
-    the model is saved: the report is complete once the writer's ``wait`` returns).
+    model are written as always): for sweeps of many runs, where nobody reads each report.
     """
     if config.run.mode == "virtual":  # the discrete-event loop: no sockets
         from fedlink.experiment.setup import Plugs
@@ -184,7 +181,7 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
     final = with_kept_local_filled(experiment, final, trainers, summary)
     say_what_was_measured(summary, experiment)
     write_summary(run_dir / SUMMARY_FILENAME, summary)
-    written = write_run_report(report, run_dir, recorded, summary)
+    written = write_report(run_dir, recorded, summary) if report else None
     state = experiment.save_model(run_dir, final)
     return SimulationResult(summary, run_dir, written, outcomes, state, trainers)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,6 @@ def test_run_folder_holds_events_summary_and_report(tmp_path: Path) -> None:
     assert summary["delta_bytes_saved"] > 0
     assert summary["bytes_down"] + summary["delta_bytes_saved"] == 20 * 4 * num_params
     report = (run_dir / "report.md").read_text()
-    assert "accuracy_vs_round.png" in report and "accuracy_vs_time.png" in report
-    assert (run_dir / "accuracy_vs_round.png").read_bytes().startswith(b"\x89PNG")
+    assert "accuracy_vs_round.svg" in report and "accuracy_vs_time.svg" in report
+    assert ET.parse(run_dir / "accuracy_vs_round.svg").getroot().tag.endswith("svg")
     assert result.report == run_dir / "report.md"

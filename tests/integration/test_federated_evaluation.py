@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
@@ -56,8 +57,8 @@ def test_federated_curve_is_example_weighted_and_reported(tmp_path: Path) -> Non
     assert len(curve["last_client_accuracies"]) == curve["clients"][-1]
     report = result.report.read_text()
     assert "## Federated evaluation" in report
-    assert (result.run_dir / "client_accuracy.png").read_bytes().startswith(b"\x89PNG")
-    assert (result.run_dir / "federated_vs_central.png").is_file()
+    assert ET.parse(result.run_dir / "client_accuracy.svg").getroot().tag.endswith("svg")
+    assert (result.run_dir / "federated_vs_central.svg").is_file()
 
 
 def test_holdout_needs_evaluation_and_a_share_below_one() -> None:

@@ -1,19 +1,15 @@
-"""The run report of ``fedlink simulate``: drawn by a helper process that got ready during the
-run (the same report as drawn in the run's process), skipped with ``--no-report``, and still
-written in the run's process when the helper fails."""
+"""The run report of ``fedlink simulate``: written by the run's own process with SVG plots (the
+same report as ``write_report`` writes from the run folder), with no plotting library loaded
+and no helper process, and skipped with ``--no-report``."""
 
 from __future__ import annotations
 
 import json
-import logging
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from fedlink.metrics import EVENTS_FILENAME, read_events, write_report
-from fedlink.metrics.report_worker import ReportWriter
 
 CONFIG = """
 [run]
@@ -50,19 +46,19 @@ def _simulate(tmp_path: Path, *flags: str) -> Path:
 
 
 def _report_files(run_dir: Path) -> set[str]:
-    return {p.name for p in run_dir.iterdir() if p.suffix in (".md", ".png")}
+    return {p.name for p in run_dir.iterdir() if p.suffix in (".md", ".svg", ".png")}
 
 
-def test_simulate_writes_the_same_report_as_drawing_it_in_the_run(tmp_path: Path) -> None:
+def test_simulate_writes_the_same_report_as_write_report(tmp_path: Path) -> None:
     run_dir = _simulate(tmp_path)
-    by_helper = (run_dir / "report.md").read_text()
+    by_run = (run_dir / "report.md").read_text()
     files = _report_files(run_dir)
-    assert "report.md" in files and "accuracy_vs_round.png" in files
+    assert {"report.md", "accuracy_vs_round.svg", "comm_vs_compute.svg"} <= files
     summary = json.loads((run_dir / "summary.json").read_text())
     for name in files:
         (run_dir / name).unlink()
     write_report(run_dir, read_events(run_dir / EVENTS_FILENAME), summary)
-    assert (run_dir / "report.md").read_text() == by_helper
+    assert (run_dir / "report.md").read_text() == by_run
     assert _report_files(run_dir) == files
 
 
@@ -74,22 +70,26 @@ def test_no_report_writes_the_run_folder_without_report_or_plots(tmp_path: Path)
     assert json.loads((run_dir / "summary.json").read_text())["final_accuracy"] is not None
 
 
-def test_a_failed_helper_leaves_the_report_to_the_run(tmp_path: Path,
-                                                      caplog: pytest.LogCaptureFixture) -> None:
-    run_dir = _simulate(tmp_path, "--no-report")
-    events = read_events(run_dir / EVENTS_FILENAME)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    (run_dir / "summary.json").unlink()  # the helper reads it from disk: it fails
-    with caplog.at_level(logging.WARNING), ReportWriter(background=True) as writer:
-        path = writer.write(run_dir, events, summary)
-    assert path == run_dir / "report.md" and path.is_file()
-    assert "accuracy_vs_round.png" in _report_files(run_dir)
-    assert any("report helper failed" in r.getMessage() for r in caplog.records)
-
-
-def test_an_unused_helper_is_stopped(tmp_path: Path) -> None:
-    writer = ReportWriter(background=True)
-    helper = writer._helper
-    assert helper is not None
-    writer.close()
-    assert helper.returncode is not None  # reaped: it exited when its input closed
+def test_a_simulate_process_with_its_report_loads_no_plotting_library(tmp_path: Path) -> None:
+    """The whole ``fedlink simulate`` process: no matplotlib in it, and no helper process
+    started to draw (a report costs a small run milliseconds, not a library's import)."""
+    config = tmp_path / "tiny.toml"
+    config.write_text(CONFIG)
+    code = ("import json, subprocess, sys\n"
+            "started = []\n"
+            "real = subprocess.Popen.__init__\n"
+            "def record(self, args, *a, **k):\n"
+            "    started.append(str(args))\n"
+            "    real(self, args, *a, **k)\n"
+            "subprocess.Popen.__init__ = record\n"
+            "from fedlink.cli import main\n"
+            f"code = main(['simulate', {str(config)!r}, '--no-progress',\n"
+            f"             '--output-dir', {str(tmp_path / 'runs')!r}])\n"
+            "loaded = sorted({m.split('.')[0] for m in sys.modules} & {'matplotlib', 'PIL'})\n"
+            "print(json.dumps({'code': code, 'loaded': loaded, 'started': started}))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answer == {"code": 0, "loaded": [], "started": []}
+    assert "accuracy_vs_round.svg" in _report_files(tmp_path / "runs" / "tiny")

@@ -4,6 +4,7 @@ fleet's model time went (communication vs compute), per round and per link profi
 from __future__ import annotations
 
 import json
+import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from fedlink.experiment.config import ExperimentConfig
 
 pytestmark = pytest.mark.xdist_group("virtual-model-time")
 
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SVG_ROOT = "{http://www.w3.org/2000/svg}svg"
 ROUNDS = 3
 
 
@@ -92,9 +93,9 @@ def test_accuracy_is_carried_against_model_time_and_wall_time(run_dir: Path) -> 
 def test_report_shows_model_time_plots_and_share_tables(run_dir: Path) -> None:
     text = (run_dir / "report.md").read_text()
     assert "## Model time" in text
-    for png in ("accuracy_vs_model_time.png", "accuracy_vs_simulation_time.png",
-                "comm_vs_compute.png"):
-        assert (run_dir / png).read_bytes()[:8] == PNG_MAGIC
-        assert f"]({png})" in text
+    for plot in ("accuracy_vs_model_time.svg", "accuracy_vs_simulation_time.svg",
+                 "comm_vs_compute.svg"):
+        assert ET.parse(run_dir / plot).getroot().tag == SVG_ROOT
+        assert f"]({plot})" in text
     assert "Per round (model time" in text and "Per link profile (model time" in text
     assert "| edge-2g |" in text and "| 3g |" in text

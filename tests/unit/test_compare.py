@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -54,8 +55,13 @@ def test_time_to_target_and_speedup_against_the_first_run(tmp_path: Path) -> Non
     report = write_comparison([sync, elastic], tmp_path / "cmp", 0.9).read_text()
     assert "| elastic | 5.00 s | 2 | 0.00 | 6.00x |" in report
     assert "| too_stale | 0 | 2 |" in report  # refusals by code
-    for plot in ("accuracy_vs_time.png", "accuracy_vs_version.png", "accuracy_vs_bytes.png"):
-        assert (tmp_path / "cmp" / plot).stat().st_size > 0
+    for plot in ("accuracy_vs_time.svg", "accuracy_vs_version.svg", "accuracy_vs_bytes.svg"):
+        root = ET.parse(tmp_path / "cmp" / plot).getroot()
+        svg = "{http://www.w3.org/2000/svg}"
+        assert len(root.findall(f".//{svg}polyline[@class='series']")) == 2  # one per run
+        assert len(root.findall(f".//{svg}polyline[@class='reference']")) == 1  # the target
+        legend = [t.text for t in root.iter(f"{svg}text") if t.text in ("sync", "elastic")]
+        assert sorted(legend) == ["elastic", "sync"]
 
 
 def test_the_command_prints_the_ratio_last(tmp_path: Path,

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import threading
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from fedlink.metrics import (
     write_summary,
 )
 
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SVG_ROOT = "{http://www.w3.org/2000/svg}svg"
 
 
 class FakeClock:
@@ -227,16 +228,16 @@ def test_write_summary_is_sorted_indented_json(tmp_path: Path) -> None:
 # --- report ------------------------------------------------------------------------------
 
 
-def test_report_writes_markdown_and_png_plots(tmp_path: Path) -> None:
+def test_report_writes_markdown_and_svg_plots(tmp_path: Path) -> None:
     events = hand_made_run()
     run_dir = tmp_path / "run"
     path = write_report(run_dir, events, summarize(events, {"run_name": "demo"}))
     assert path == run_dir / "report.md"
     text = path.read_text()
     assert text.startswith("# Run report: demo")
-    for png in ("accuracy_vs_round.png", "accuracy_vs_time.png", "loss_vs_round.png"):
-        assert (run_dir / png).read_bytes()[:8] == PNG_MAGIC
-        assert f"]({png})" in text
+    for plot in ("accuracy_vs_round.svg", "accuracy_vs_time.svg", "loss_vs_round.svg"):
+        assert ET.parse(run_dir / plot).getroot().tag == SVG_ROOT
+        assert f"]({plot})" in text
     assert "| too_stale | 2 | too stale |" in text  # one row per refusal code
     assert "| 1 | 1 | 0.6000 | 1.2000 | 2 | 2.0 kB | 8.0 kB | 3.50 s |" in text
     assert "| 2 | 2 | 0.5500 | 1.4000 | 1 | 750 B | 300 B | 3.00 s |" in text
@@ -247,9 +248,9 @@ def test_report_without_loss_skips_loss_plot(tmp_path: Path) -> None:
     events = [ev("flush", 1.0, model_version=1, num_updates=1, accuracy=0.5, loss=None,
                  bytes_up=1, bytes_down=1, round_seconds=1.0)]
     write_report(tmp_path, events, summarize(events, {}))
-    assert (tmp_path / "accuracy_vs_round.png").exists()
-    assert not (tmp_path / "loss_vs_round.png").exists()
-    assert "loss_vs_round.png" not in (tmp_path / "report.md").read_text()
+    assert (tmp_path / "accuracy_vs_round.svg").exists()
+    assert not (tmp_path / "loss_vs_round.svg").exists()
+    assert "loss_vs_round.svg" not in (tmp_path / "report.md").read_text()
 
 
 def test_zero_flush_run_report_says_so(tmp_path: Path) -> None:
@@ -259,8 +260,8 @@ def test_zero_flush_run_report_says_so(tmp_path: Path) -> None:
     text = path.read_text()
     assert text.startswith("# Run report: empty-run")
     assert "No rounds completed" in text
-    assert not list(run_dir.glob("*.png"))
-    assert ".png" not in text
+    assert not list(run_dir.glob("*.svg"))
+    assert ".svg" not in text
     assert write_report(tmp_path / "nothing", [], summarize([], {})).exists()
 
 

@@ -3,6 +3,7 @@ events: hours on the axis for a long run, and a real-time run's report saying wh
 
 from __future__ import annotations
 
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from fedlink.metrics import summarize, write_report
 from fedlink.metrics.model_time import time_shares, time_unit
 
 START = 1_700_000_000.0
-PLOTS = ("accuracy_vs_model_time.png", "accuracy_vs_simulation_time.png", "comm_vs_compute.png")
+PLOTS = ("accuracy_vs_model_time.svg", "accuracy_vs_simulation_time.svg", "comm_vs_compute.svg")
 
 
 def _flush(wall: float, model_s: float | None, version: int, accuracy: float) -> dict[str, Any]:
@@ -62,9 +63,9 @@ def test_long_virtual_run_report_has_the_model_time_section(tmp_path: Path) -> N
               _flush(1.0, 2 * 3600.0, 1, 0.5), _flush(2.5, 5 * 3600.0, 2, 0.7)]
     text = write_report(tmp_path, events, _virtual_summary(events)).read_text()
     assert "The run lasted 6h 00m of model time" in text
-    for png in PLOTS:
-        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
-        assert f"]({png})" in text
+    for plot in PLOTS:
+        assert ET.parse(tmp_path / plot).getroot().tag == "{http://www.w3.org/2000/svg}svg"
+        assert f"]({plot})" in text
     assert "| 1 | 2 | 1m 40s | 5m 00s | 25% |" in text  # round 1: network, compute, share
     assert "| 2 | 2 | 0.00 s | 0.00 s | - |" in text  # a round without time has no share
     assert "| 3g | 4 | 1m 40s | 5m 00s | 25% |" in text
@@ -77,5 +78,5 @@ def test_real_time_run_report_says_why_it_has_no_model_time(tmp_path: Path) -> N
     assert "accuracy_by_time" not in summary
     text = write_report(tmp_path, events, summary).read_text()
     assert "## Model time\n\nNone: this run ran on real time" in text
-    assert not any((tmp_path / png).exists() for png in PLOTS)
-    assert (tmp_path / "accuracy_vs_time.png").exists()  # its wall-clock plot stays
+    assert not any((tmp_path / plot).exists() for plot in PLOTS)
+    assert (tmp_path / "accuracy_vs_time.svg").exists()  # its wall-clock plot stays

@@ -28,11 +28,11 @@ from fedlink.metrics import (
     SUMMARY_FILENAME,
     EventLog,
     summarize,
+    write_report,
     write_summary,
 )
 from fedlink.metrics.federated import federated_figures
 from fedlink.metrics.model_time import time_shares
-from fedlink.metrics.report_worker import ReportWriter, write_run_report
 from fedlink.private import private_dir
 from fedlink.sim.virtual.availability import TraceAvailability, build_availability
 from fedlink.sim.virtual.backends import (
@@ -63,7 +63,7 @@ VECTOR_FILENAME = "model.npy"
 
 def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
                 progress: bool = True, plugs: Plugs | None = None, *,
-                report: bool | ReportWriter = True) -> SimulationResult:
+                report: bool = True) -> SimulationResult:
     """Run ``config`` on the virtual clock to the end; write and return its results.
 
     ``report=False`` skips ``report.md`` and its plots (see ``run_simulation``).
@@ -115,7 +115,7 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
     summary["training_processes"] = training.processes
     summary["training_backend"] = config.run.backend if config.virtual.workers else "inline"
     write_summary(run_dir / SUMMARY_FILENAME, summary)
-    written = write_run_report(report, run_dir, recorded, summary)
+    written = write_report(run_dir, recorded, summary) if report else None
     final = loop.engine.model.copy()
     state = experiment.save_model(run_dir, final) if experiment is not None else {}
     np.save(run_dir / VECTOR_FILENAME, final)
