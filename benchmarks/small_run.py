@@ -168,7 +168,7 @@ def measure(pairs: int, pfl_python: str | None, workdir: Path) -> dict[str, Any]
         "fedlink_accuracy": _accuracy(workdir, "fedlink"),
         "fedlink_guarded_accuracy": _accuracy(workdir, "guarded"),
         "fedlink_report_written": int((run_dir / "report.md").is_file()
-                                      and any(run_dir.glob("*.png")))}
+                                      and any(run_dir.glob("*.svg")))}
     if not pfl_python:
         figures["pfl_skipped"] = "no python with pfl: give --pfl-python or FEDLINK_PFL_PYTHON"
         return figures
