@@ -99,7 +99,7 @@ async def _serve(config_path: Path, address: str, output_dir: Path | None,
     print(f"report: {write_report(run_dir, read_events(run_dir / EVENTS_FILENAME), summary)}",
           flush=True)
     # What is left is the interpreter's exit; its last garbage collection walks every object
-    # torch and matplotlib made (seconds on a loaded machine, inside a supervisor's stop
+    # torch made (seconds on a loaded machine, inside a supervisor's stop
     # timeout). Nothing left needs collecting: frozen objects are skipped.
     gc.freeze()
     return 0
