@@ -21,7 +21,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeGuard
-from xml.sax.saxutils import escape, quoteattr
 
 from fedlink.private import touch_private
 
@@ -445,17 +444,24 @@ def _polyline(points: Sequence[tuple[float, float]], color: str, dashed: bool,
               cls: str = "series") -> str:
     dash = ' stroke-dasharray="6 4"' if dashed else ""
     coords = " ".join(f"{_n(x)},{_n(y)}" for x, y in points)
-    return (f'<polyline class="{cls}" points="{coords}" fill="none" stroke={quoteattr(color)} '
+    return (f'<polyline class="{cls}" points="{coords}" fill="none" stroke="{escape(color)}" '
             f'stroke-width="1.5"{dash}/>')
 
 
 def _marker(x: float, y: float, marker: str, color: str) -> str:
     if marker == "square":
         return (f'<rect class="marker" x="{_n(x - 3)}" y="{_n(y - 3)}" width="6" height="6" '
-                f'fill={quoteattr(color)}/>')
+                f'fill="{escape(color)}"/>')
     if marker == "circle":
-        return f'<circle class="marker" cx="{_n(x)}" cy="{_n(y)}" r="3" fill={quoteattr(color)}/>'
+        return f'<circle class="marker" cx="{_n(x)}" cy="{_n(y)}" r="3" fill="{escape(color)}"/>'
     return ""
+
+
+def escape(text: str) -> str:
+    """``text`` safe inside an SVG element or a double-quoted attribute (xml.sax.saxutils
+    would do, but loads urllib and http with it)."""
+    return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+            .replace('"', "&quot;"))
 
 
 def _clean(value: float) -> float:
