@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -509,6 +509,35 @@ class RoundEngine:
         accepted_version = self._version
         flush = self._flush() if answered >= self.rule.goal else None
         return Acceptance(self._version, staleness, weight, flush, accepted_version)
+
+    def submit_sum(self, tasks: Sequence[tuple[str, str]], mean_delta: np.ndarray,
+                   weight: float, bytes_up: int) -> FlushOutcome:
+        """Flush a secure group's sum (``[coordinator.secure]``): ``mean_delta`` is the mean
+        of the updates of ``tasks`` (client id, task id), which the coordinator never saw one
+        by one; it is folded as one aggregate of ``weight`` and makes the next version.
+
+        The tasks are of the current version (a secure group is one version's cohort); one
+        the liveness check released meanwhile still counts (its update is in the sum).
+        """
+        if self.finished:
+            raise UpdateRefused(f"the run is over: {self.finished_reason}", RefusalCode.RUN_OVER)
+        records = [self.task(client_id, task_id) for client_id, task_id in tasks]
+        if any(r.version != self._version for r in records):
+            raise UpdateRefused(f"a secure group's tasks must be of version {self._version}",
+                                RefusalCode.TASK_CLOSED)
+        if mean_delta.shape != self._model.shape:
+            raise InvalidArgument(f"a secure sum has {mean_delta.size} values, "
+                                  f"model has {self._model.size}")
+        self._accumulator.add(np.asarray(mean_delta, dtype=np.float32), float(weight), 0)
+        self._round_bytes_up += bytes_up
+        for record in records:
+            self._pending_ids.append(record.task_id)
+            if record.state.deliverable:
+                self._move(record, TaskState.DELIVERED)
+                self._save(record)
+        self._pending_infos["secure-group"] = UpdateInfo("secure-group", 0, float(weight),
+                                                         len(records), {})
+        return self._flush()
 
     def _fold(self, record: TaskRecord, update: ReceivedUpdate) -> tuple[int, float]:
         """Add ``update`` to the accumulator and tell the hooks; (staleness, weight).

@@ -322,6 +322,7 @@ class ExperimentConfig:
             coordinator["hooks"] = hooks
         values["coordinator"] = _robust_for_uplink(CoordinatorConfig.from_dict(coordinator),
                                                    values["client"])
+        _check_secure_uplink(values["coordinator"], values["client"])
         client = values["client"]
         values["client"] = dataclasses.replace(client, privacy_options=privacy_setup.stage_options(
             client.privacy, client.privacy_options, values["coordinator"].hooks, goal,
@@ -349,6 +350,15 @@ class ExperimentConfig:
         if self.data.loader:  # the data that ran is the loader's, not the default dataset
             plain["data"]["dataset"] = self.data.loader
         return plain
+
+
+def _check_secure_uplink(coordinator: CoordinatorConfig, client: ClientSection) -> None:
+    """Secure aggregation sums integers encoded from the plain float update: an uplink codec
+    would be applied to nothing (masks destroy sparsity and quantization), so it is refused."""
+    if coordinator.secure.enabled and client.compression != "fp32":
+        raise ConfigError(f"client.compression: {client.compression!r} cannot be used with "
+                          f"coordinator.secure.enabled (masked updates are integers in Z_m; "
+                          f"use 'fp32', the secure encoding sets the bits per value)")
 
 
 def _robust_for_uplink(coordinator: CoordinatorConfig,

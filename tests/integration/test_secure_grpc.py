@@ -1,0 +1,199 @@
+"""A secure round over real gRPC: clients die between phases, the sum of the rest is exact,
+and the coordinator never holds, logs or writes an individual update in the clear."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import TowardTrainer, run_async, target_of, wait_until
+
+pytest.importorskip("cryptography")
+
+from fedlink.aggregate import RobustConfig  # noqa: E402
+from fedlink.client import ClientOptions, ClientSession, RetryPolicy  # noqa: E402
+from fedlink.client.protocol import Action, MaskedUpload, Unmask  # noqa: E402
+from fedlink.coordinator import CoordinatorConfig, FlushRule, LimitsConfig  # noqa: E402
+from fedlink.coordinator.config import SecureConfig  # noqa: E402
+from fedlink.coordinator.secure import UNMASK  # noqa: E402
+from fedlink.coordinator.server import CoordinatorServer  # noqa: E402
+from fedlink.errors import ConfigError  # noqa: E402
+from fedlink.experiment.config import ExperimentConfig  # noqa: E402
+from fedlink.metrics import EventLog  # noqa: E402
+from fedlink.secagg import decode_sum  # noqa: E402
+
+pytestmark = pytest.mark.timeout(90)
+
+DIM = 32
+CLIENTS = 5
+PHASE_S = 1.5
+X0 = np.zeros(DIM, dtype=np.float32)
+FAST_RETRY = RetryPolicy(initial_backoff_s=0.01, max_backoff_s=0.05, max_attempts=5)
+
+
+class Killed(Exception):
+    """The client process 'died' here: it sends nothing more, heartbeats stop."""
+
+
+class DiesBefore(ClientSession):
+    """A client that dies just before the secure phase ``before`` (its earlier phases done)."""
+
+    def __init__(self, *args: Any, before: type, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.before = before
+
+    async def _masked_upload(self, action: MaskedUpload, *rest: Any) -> Action:
+        if self.before is MaskedUpload:  # after sharing keys: its pairwise masks must go
+            raise Killed("after sharing keys")
+        return await super()._masked_upload(action, *rest)
+
+    async def _unmask(self, action: Unmask, *rest: Any) -> Action:
+        if self.before is Unmask:  # its masked update is in: its self mask must go
+            raise Killed("during unmasking")
+        return await super()._unmask(action, *rest)
+
+
+def secure_config(state_dir: Path) -> CoordinatorConfig:
+    return CoordinatorConfig(
+        rounds=1, flush=FlushRule(goal=CLIENTS, min_updates=2, deadline_s=None),
+        limits=LimitsConfig(long_poll_s=1.0, retry_after_s=0.05),
+        robust=RobustConfig(enabled=False), norm_bound_adaptive=False,
+        secure=SecureConfig(enabled=True, phase_s=PHASE_S), state_dir=str(state_dir))
+
+
+_SKIP = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
+         types.FrameType, types.CoroutineType, asyncio.AbstractEventLoop, asyncio.Future,
+         asyncio.Handle)
+
+
+def held_objects(root: object) -> list[Any]:
+    """Everything reachable from ``root`` (the coordinator's service), except code, event
+    loops and their tasks (which would reach the in-process clients)."""
+    seen: set[int] = set()
+    found, stack = [], [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, _SKIP):
+            continue
+        seen.add(id(obj))
+        found.append(obj)
+        if isinstance(obj, np.ndarray | bytes | bytearray | memoryview | str):
+            continue
+        stack.extend(gc.get_referents(obj))
+    return found
+
+
+def leaks(obj: Any, deltas: list[np.ndarray], step: float) -> bool:
+    """Whether ``obj`` is, or decodes to, one of ``deltas`` (float, or Z_m integers)."""
+    if isinstance(obj, bytes | bytearray | memoryview):
+        data = bytes(obj)
+        return any(d.astype(np.float32).tobytes()[:16] in data for d in deltas)
+    if not isinstance(obj, np.ndarray) or obj.size < DIM:
+        return False
+    flat = obj.reshape(-1)
+    if flat.dtype.kind == "f":
+        return any(np.allclose(flat[:DIM], d, atol=1e-3) for d in deltas)
+    if flat.dtype.kind in "ui":
+        decoded = flat[:DIM].astype(np.float64) * step - 1.0  # one client's [w*u, w] encoding
+        return any(np.allclose(decoded, d, atol=1e-3) for d in deltas)
+    return False
+
+
+def test_secure_round_survives_dropouts_and_keeps_updates_private(tmp_path: Path) -> None:
+    rng = np.random.default_rng(7)
+    targets = [rng.uniform(-0.8, 0.8, DIM).astype(np.float32) for _ in range(CLIENTS)]
+    trainers = [TowardTrainer(t, examples=10 + i) for i, t in enumerate(targets)]
+    deltas = [trainer.step(X0.astype(np.float64)) for trainer in trainers]
+    config = secure_config(tmp_path / "state")
+    step = config.secagg().step
+    server = CoordinatorServer(config, X0, EventLog(tmp_path / "events.jsonl"),
+                               address="127.0.0.1:0")
+    checked: dict[str, Any] = {}
+
+    async def main() -> list[Any]:
+        async with server:
+            sessions = [
+                (DiesBefore if i in (1, 3) else ClientSession)(
+                    target_of(server), trainers[i],
+                    ClientOptions(name=f"c{i}", retry=FAST_RETRY),
+                    **({"before": MaskedUpload if i == 1 else Unmask} if i in (1, 3) else {}))
+                for i in range(CLIENTS)]
+            runs = asyncio.gather(*(s.run() for s in sessions), return_exceptions=True)
+            desk = server.service.secure
+            assert desk is not None
+            await wait_until(lambda: desk.group is not None and desk.group.phase >= UNMASK,
+                             30, "the unmask phase")
+            group = desk.group
+            assert group is not None
+            # mid-round, the masked total is all the coordinator has of the updates
+            masked_total = group.sum._total.copy()  # noqa: SLF001 (what the test inspects)
+            survivors = sorted(group.delivered)
+            checked["mid"] = [o for o in held_objects(server.service) if leaks(o, deltas, step)]
+            checked["sum_hidden"] = not np.allclose(
+                decode_sum(masked_total, len(survivors), config.secagg())[:DIM] / len(survivors),
+                np.mean([deltas[i] for i in (0, 2, 3, 4)], axis=0), atol=0.05)
+            results = await asyncio.wait_for(runs, 60)
+            await asyncio.wait_for(server.wait_finished(), 20)
+            checked["end"] = [o for o in held_objects(server.service) if leaks(o, deltas, step)]
+            checked["model_found"] = any(
+                isinstance(o, np.ndarray) and o.shape == (DIM,) and np.array_equal(
+                    o, server.service.engine.model) for o in held_objects(server.service))
+            checked["indices"] = {c: m.index for c, m in group.members.items()}
+            checked["names"] = {s.client_id: i for i, s in enumerate(sessions)}
+            return results
+
+    results = run_async(main(), timeout=80)
+    assert [type(r).__name__ for r in results] == [
+        "SessionStats", "Killed", "SessionStats", "Killed", "SessionStats"]
+
+    # the sum is the plain sum of those that delivered a masked update (client 1 did not;
+    # client 3 did, then died: its self mask was rebuilt from its neighbours' shares)
+    engine = server.service.engine
+    assert engine.version == 1
+    expected = X0 + np.mean([deltas[i] for i in (0, 2, 3, 4)], axis=0)
+    assert np.allclose(engine.model, expected, atol=4 * step)
+    assert not np.allclose(engine.model, X0 + np.mean(deltas, axis=0), atol=1e-3)
+
+    # nothing the coordinator holds, logs or writes is an individual update
+    assert checked["model_found"], "the memory walk must reach the engine's model"
+    assert checked["sum_hidden"], "mid-round the masked total must not decode to the sum"
+    assert checked["mid"] == [] and checked["end"] == []
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.name == "events.jsonl" for p in files)
+    for path in files:
+        assert not leaks(path.read_bytes(), deltas, step), path
+    for line in (tmp_path / "events.jsonl").read_text().splitlines():
+        event = json.loads(line)
+        assert not any(isinstance(v, list) and len(v) >= DIM for v in event.values()), event
+    flushes = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()
+               if json.loads(line).get("kind") == "flush"]
+    assert [f["num_updates"] for f in flushes] == [1]  # one aggregate: the group's sum
+
+
+def test_secure_settings_that_need_individual_updates_are_refused() -> None:
+    secure = SecureConfig(enabled=True)
+    plain = {"robust": RobustConfig(enabled=False), "norm_bound_adaptive": False,
+             "secure": secure}
+    CoordinatorConfig(**plain)  # the working combination
+    for change, key in ((dict(robust=RobustConfig()), "coordinator.robust.enabled"),
+                        (dict(aggregator="median"), "aggregator 'median'"),
+                        (dict(norm_bound_adaptive=True), "norm_bound_adaptive"),
+                        (dict(flush=FlushRule(continuous=True, deadline_s=None)), "continuous"),
+                        (dict(drop_partial=True), "drop_partial")):
+        with pytest.raises(ConfigError, match=key):
+            CoordinatorConfig(**{**plain, **change})
+
+
+def test_secure_run_refuses_an_uplink_codec() -> None:
+    table = {"run": {"name": "s"},
+             "coordinator": {"robust": {"enabled": False}, "norm_bound_adaptive": False,
+                             "secure": {"enabled": True}},
+             "client": {"compression": "topk"}}
+    with pytest.raises(ConfigError, match="client.compression"):
+        ExperimentConfig.from_dict(table)
