@@ -197,3 +197,11 @@ def test_secure_run_refuses_an_uplink_codec() -> None:
              "client": {"compression": "topk"}}
     with pytest.raises(ConfigError, match="client.compression"):
         ExperimentConfig.from_dict(table)
+
+
+def test_secure_run_refuses_virtual_mode() -> None:
+    table = {"run": {"name": "s", "mode": "virtual"},
+             "coordinator": {"robust": {"enabled": False}, "norm_bound_adaptive": False,
+                             "secure": {"enabled": True}}}
+    with pytest.raises(ConfigError, match="virtual"):
+        ExperimentConfig.from_dict(table)
