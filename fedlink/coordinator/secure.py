@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedlink.clock import Cancellable, Clock
-from fedlink.coordinator.config import CoordinatorConfig
+from fedlink.coordinator.config import MESSAGE_OVERHEAD_BYTES, CoordinatorConfig
 from fedlink.coordinator.engine import FlushOutcome, RoundEngine
-from fedlink.errors import InvalidArgument, UpdateRefused
+from fedlink.errors import ConfigError, InvalidArgument, UpdateRefused
 from fedlink.messages import (
     SecureAdvertiseReply,
     SecureAdvertiseRequest,
@@ -132,6 +132,14 @@ class SecureDesk:
         self._on_flush = on_flush
         self._secagg = config.secagg()
         self.group: SecureGroup | None = None
+        masked = self._secagg.vector_bytes(engine.num_parameters + 1)
+        room = config.message_cap - MESSAGE_OVERHEAD_BYTES
+        if masked > room:
+            raise ConfigError(
+                f"coordinator.secure: a masked update of this model takes {masked} bytes in one "
+                f"SecureMasked message, over the {room} bytes of payload a message may carry "
+                f"here: raise coordinator.limits.max_chunk_bytes, or lower "
+                f"coordinator.secure.modulus_bits")
 
     # -- the four calls -------------------------------------------------------------------
 
@@ -221,9 +229,8 @@ class SecureDesk:
         if not self.engine.is_open(record) or record.version != self.engine.version:
             raise UpdateRefused(f"task {task_id!r} is no longer open", RefusalCode.TASK_CLOSED)
         group = self.group
-        if group is None or group.version != record.version or (
-                group.lost and client_id not in group.members):
-            # a lost group's version is tried again by a new group
+        if group is None or group.version != record.version or group.lost:
+            # a lost group's version is tried again by a new group, with fresh keys
             size = self.engine.num_parameters + 1  # [update, weight]
             group = SecureGroup(record.version, self._secagg, self.config.flush.goal, size,
                                 SecureSum(self._secagg, record.version, size,
@@ -298,12 +305,12 @@ class SecureDesk:
         with self._durably():  # the new version and its events, journalled together
             outcome = self.engine.submit_sum(tasks, mean.astype(np.float32), weight,
                                              sum(m.bytes_up for m in group.members.values()))
+            self._on_flush(outcome)
         group.sum = SecureSum(group.config, group.version, 1, 0)  # drop the masked total
         group.answers = {}
         group.flushed_version = outcome.version
         log.info("secure group of version %d: %d of %d members summed, version %d made",
                  group.version, count, len(group.members), outcome.version)
-        self._on_flush(outcome)
 
     _CLOSERS: dict[int, Callable[[SecureDesk, SecureGroup], None]] = {
         ADVERTISE: _close_advertise, SHARE: _close_share, MASKED: _close_masked,

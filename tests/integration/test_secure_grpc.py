@@ -212,3 +212,10 @@ def test_secure_run_refuses_virtual_mode() -> None:
                              "secure": {"enabled": True}}}
     with pytest.raises(ConfigError, match="virtual"):
         ExperimentConfig.from_dict(table)
+
+
+def test_a_model_too_large_for_one_masked_message_is_refused(tmp_path: Path) -> None:
+    config = secure_config(tmp_path / "state")
+    too_big = np.zeros(config.limits.max_chunk_bytes, dtype=np.float32)  # 3 bytes a value
+    with pytest.raises(ConfigError, match=r"SecureMasked message"):
+        CoordinatorServer(config, too_big, EventLog(None))
