@@ -4,6 +4,7 @@ and the coordinator never holds, logs or writes an individual update in the clea
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import json
 import re
@@ -219,3 +220,30 @@ def test_a_model_too_large_for_one_masked_message_is_refused(tmp_path: Path) -> 
     too_big = np.zeros(config.limits.max_chunk_bytes, dtype=np.float32)  # 3 bytes a value
     with pytest.raises(ConfigError, match=r"SecureMasked message"):
         CoordinatorServer(config, too_big, EventLog(None))
+
+
+def test_a_group_with_too_few_deliveries_is_lost_and_its_members_refused(
+        tmp_path: Path) -> None:
+    config = dataclasses.replace(secure_config(tmp_path / "state"),
+                                 flush=FlushRule(goal=3, min_updates=2, deadline_s=None))
+    trainers = [TowardTrainer(np.full(DIM, 0.5, np.float32)) for _ in range(3)]
+    server = CoordinatorServer(config, X0, EventLog(None), address="127.0.0.1:0")
+
+    async def main() -> list[Any]:
+        async with server:
+            sessions = [ClientSession(target_of(server), trainers[0],
+                                      ClientOptions(name="c0", retry=FAST_RETRY, max_tasks=1))]
+            sessions += [DiesBefore(target_of(server), trainers[i],
+                                    ClientOptions(name=f"c{i}", retry=FAST_RETRY),
+                                    before=MaskedUpload) for i in (1, 2)]
+            return await asyncio.wait_for(asyncio.gather(
+                *(s.run() for s in sessions), return_exceptions=True), 30)
+
+    results = run_async(main(), timeout=40)
+    stats = results[0]
+    assert [type(r).__name__ for r in results[1:]] == ["Killed", "Killed"]
+    # one masked update of three: a "sum" of one would be that client's update
+    assert stats.refused == 1 and "was lost" in stats.refusals[0], stats.refusals
+    assert "1 of 3 members delivered" in stats.refusals[0]
+    assert server.service.engine.version == 0
+    assert server.events.of_kind("flush") == []
