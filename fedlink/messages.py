@@ -129,7 +129,8 @@ class SecureShareReply:
 
 @dataclass(frozen=True)
 class SecureMaskedRequest:
-    """Secure phase 3: a client's masked update, packed ``modulus_bits`` bits a value."""
+    """Secure phase 3: a client's masked update, packed ``modulus_bits`` bits a value, in
+    ``values`` or (``upload_id``) sent before as a resumable upload."""
 
     client_id: str
     task_id: str
@@ -138,6 +139,7 @@ class SecureMaskedRequest:
     num_examples: int = 0
     steps_completed: int = 0
     steps_planned: int = 0
+    upload_id: str = ""
 
 
 @dataclass(frozen=True)

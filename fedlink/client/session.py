@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -72,6 +73,7 @@ from fedlink.client.protocol import (
     WaitFor,
     outcome_of,
     plan_for,
+    travels_inline,
 )
 from fedlink.client.retry import Caller, RetryPolicy, Sleep
 from fedlink.client.stats import SessionStats
@@ -361,8 +363,18 @@ class ClientSession:
     async def _masked_upload(self, action: MaskedUpload, work: _TaskWork,
                              protocol: ClientProtocol) -> Action:
         secure = work.secure
-        assert secure is not None
-        secure.heard(await self._secure_call("Masked", secure.masked(self._rng)))
+        assert secure is not None and self.config is not None
+        request = secure.masked(self._rng)
+        if not travels_inline(len(request.values), self.config.inline_bytes):
+            # a large masked update rides the resumable upload; the call then names it
+            upload_id = f"{self.client_id}-{action.task.task_id}-masked-{uuid.uuid4().hex[:12]}"
+            with self._network_clock():
+                await self.courier.transfers.upload(self.client_id, upload_id, request.values,
+                                                    resume=False)
+            request = dataclasses.replace(request, values=b"", upload_id=upload_id)
+        else:
+            self.stats.bytes_up += len(request.values)  # as an inline commit counts its update
+        secure.heard(await self._secure_call("Masked", request))
         return protocol.heard(PhaseDone())
 
     async def _unmask(self, action: Unmask, work: _TaskWork,
@@ -371,6 +383,7 @@ class ClientSession:
         assert secure is not None
         await self._secure_call("Unmask", secure.unmask())
         work.secure = None  # the task's secrets go with it
+        self.stats.accepted += 1
         return protocol.heard(Accepted())
 
     async def _secure_call(self, name: str, request: object) -> Any:

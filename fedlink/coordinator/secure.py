@@ -26,16 +26,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from fedlink.clock import Cancellable, Clock
-from fedlink.coordinator.config import MESSAGE_OVERHEAD_BYTES, CoordinatorConfig
+from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.engine import FlushOutcome, RoundEngine
-from fedlink.errors import ConfigError, InvalidArgument, UpdateRefused
+from fedlink.errors import InvalidArgument, UpdateRefused
 from fedlink.messages import (
     SecureAdvertiseReply,
     SecureAdvertiseRequest,
@@ -60,7 +60,7 @@ from fedlink.secagg import (
     UnmaskShares,
     weighted_mean,
 )
-from fedlink.secagg.packing import unpack
+from fedlink.secagg.packing import packed_size, unpack
 
 log = logging.getLogger(__name__)
 
@@ -124,22 +124,16 @@ class SecureDesk:
 
     def __init__(self, config: CoordinatorConfig, engine: RoundEngine, clock: Clock,
                  on_flush: Callable[[FlushOutcome], None],
-                 durably: Callable[[], AbstractContextManager[None]]) -> None:
+                 durably: Callable[[], AbstractContextManager[None]],
+                 take_upload: Callable[[str, str, int], Awaitable[bytes]]) -> None:
         self.config = config
         self._durably = durably
+        self._take_upload = take_upload
         self.engine = engine
         self._clock = clock
         self._on_flush = on_flush
         self._secagg = config.secagg()
         self.group: SecureGroup | None = None
-        masked = self._secagg.vector_bytes(engine.num_parameters + 1)
-        room = config.message_cap - MESSAGE_OVERHEAD_BYTES
-        if masked > room:
-            raise ConfigError(
-                f"coordinator.secure: a masked update of this model takes {masked} bytes in one "
-                f"SecureMasked message, over the {room} bytes of payload a message may carry "
-                f"here: raise coordinator.limits.max_chunk_bytes, or lower "
-                f"coordinator.secure.modulus_bits")
 
     # -- the four calls -------------------------------------------------------------------
 
@@ -183,28 +177,39 @@ class SecureDesk:
                                       for s in group.sum.shares_for(member.index)))
 
     async def masked(self, request: SecureMaskedRequest) -> SecureMaskedReply:
-        """Phase 3: add the masked update to the running sum; answered with who delivered."""
+        """Phase 3: add the masked update (inline, or the resumable upload it names) to the
+        running sum; answered with who delivered."""
         group, member = self._member(request.client_id, request.task_id)
         if group.phase == MASKED and member.index not in group.delivered:
             if request.num_values != group.size:
                 raise InvalidArgument(f"a masked update has {group.size} values, got "
                                       f"{request.num_values}")
-            try:
-                values = unpack(request.values, request.num_values, group.config.modulus_bits)
-                group.sum.collect_masked(MaskedInput(member.index, values))
-            except SecAggError as err:
-                raise InvalidArgument(str(err)) from None
-            del values  # masked, but kept no longer than the addition needs
-            member.bytes_up += 4 + len(request.values)
-            group.delivered.add(member.index)
-            if group.delivered >= group.sharers:
-                self._close(group, MASKED)
+            data = request.values
+            if request.upload_id:
+                data = await self._take_upload(
+                    request.client_id, request.upload_id,
+                    packed_size(group.size, group.config.modulus_bits))
+            if group.phase == MASKED and member.index not in group.delivered:
+                self._add_masked(group, member, data)
+        await self._wait(group, MASKED, request.task_id, member)
         await self._wait(group, MASKED, request.task_id, member)
         assert group.request is not None
         if member.index not in group.request.survivors:
             raise UpdateRefused("this client's masked update came after the phase's deadline",
                                 RefusalCode.TASK_CLOSED)
         return group.request
+
+    def _add_masked(self, group: SecureGroup, member: _Member, data: bytes) -> None:
+        try:
+            values = unpack(data, group.size, group.config.modulus_bits)
+            group.sum.collect_masked(MaskedInput(member.index, values))
+        except SecAggError as err:
+            raise InvalidArgument(str(err)) from None
+        del values  # masked, but kept no longer than the addition needs
+        member.bytes_up += 4 + len(data)
+        group.delivered.add(member.index)
+        if group.delivered >= group.sharers:
+            self._close(group, MASKED)
 
     async def unmask(self, request: SecureUnmaskRequest) -> SecureUnmaskReply:
         """Phase 4: hand in the shares; answered once the sum is unmasked and flushed."""

@@ -52,7 +52,7 @@ from fedlink.coordinator.timekeeper import TimeKeeper
 from fedlink.coordinator.transfers import Transfers
 from fedlink.coordinator.uploads import UploadBounds, UploadStore
 from fedlink.coordinator.validation import RequestChecks
-from fedlink.errors import InvalidArgument, Unauthenticated, UpdateRefused
+from fedlink.errors import InvalidArgument, Unauthenticated, UpdateRefused, UploadIncomplete
 from fedlink.messages import (
     CommitReply,
     CommitRequest,
@@ -157,7 +157,23 @@ class CoordinatorService:
         from fedlink.coordinator.secure import SecureDesk
 
         return SecureDesk(self.config, self.engine, self._clock, self.reporter.made,
-                          self._journal.durably)
+                          self._journal.durably, self._take_masked_upload)
+
+    async def _take_masked_upload(self, client_id: str, upload_id: str, size: int) -> bytes:
+        """The ``size`` bytes of a masked update sent as a resumable upload; the upload is
+        settled (its spool freed) once they are taken."""
+        await self.transfers.make_durable(client_id, upload_id)
+        session = self.uploads.get(client_id, upload_id)
+        if session.committed_offset != size:
+            raise (UploadIncomplete if session.committed_offset < size else InvalidArgument)(
+                f"upload {upload_id!r} holds {session.committed_offset} bytes; the masked "
+                f"update takes {size}")
+        data = bytes(session.data)
+        with self._journal.durably():
+            self.uploads.settle(client_id, upload_id,
+                                CommitReply(upload_id, self.engine.version, 0))
+        await self.state.sync()
+        return data
 
     # -- durable state ------------------------------------------------------------------------
 

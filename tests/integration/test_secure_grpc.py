@@ -61,10 +61,10 @@ class DiesBefore(ClientSession):
         return await super()._unmask(action, *rest)
 
 
-def secure_config(state_dir: Path) -> CoordinatorConfig:
+def secure_config(state_dir: Path, inline_bytes: int = 64 << 10) -> CoordinatorConfig:
     return CoordinatorConfig(
         rounds=1, flush=FlushRule(goal=CLIENTS, min_updates=2, deadline_s=None),
-        limits=LimitsConfig(long_poll_s=1.0, retry_after_s=0.05),
+        limits=LimitsConfig(long_poll_s=1.0, retry_after_s=0.05, inline_bytes=inline_bytes),
         robust=RobustConfig(enabled=False), norm_bound_adaptive=False,
         secure=SecureConfig(enabled=True, phase_s=PHASE_S), state_dir=str(state_dir))
 
@@ -107,12 +107,14 @@ def leaks(obj: Any, deltas: list[np.ndarray], step: float) -> bool:
     return False
 
 
-def test_secure_round_survives_dropouts_and_keeps_updates_private(tmp_path: Path) -> None:
+@pytest.mark.parametrize("inline_bytes", [64 << 10, 0], ids=["inline", "resumable-upload"])
+def test_secure_round_survives_dropouts_and_keeps_updates_private(
+        tmp_path: Path, inline_bytes: int) -> None:
     rng = np.random.default_rng(7)
     targets = [rng.uniform(-0.8, 0.8, DIM).astype(np.float32) for _ in range(CLIENTS)]
     trainers = [TowardTrainer(t, examples=10 + i) for i, t in enumerate(targets)]
     deltas = [trainer.step(X0.astype(np.float64)) for trainer in trainers]
-    config = secure_config(tmp_path / "state")
+    config = secure_config(tmp_path / "state", inline_bytes)
     step = config.secagg().step
     server = CoordinatorServer(config, X0, EventLog(tmp_path / "events.jsonl"),
                                address="127.0.0.1:0")
@@ -153,6 +155,12 @@ def test_secure_round_survives_dropouts_and_keeps_updates_private(tmp_path: Path
     results = run_async(main(), timeout=80)
     assert [type(r).__name__ for r in results] == [
         "SessionStats", "Killed", "SessionStats", "Killed", "SessionStats"]
+    packed = config.secagg().vector_bytes(DIM + 1)
+    for stats in (results[0], results[2], results[4]):
+        assert (stats.tasks, stats.accepted, stats.refused) == (1, 1, 0)
+        assert stats.bytes_up == packed  # the masked update, inline or uploaded, once
+    if inline_bytes == 0:  # it rode the resumable upload, settled once taken
+        assert server.service.uploads.open_uploads() == 0
 
     # nothing the coordinator holds, logs or writes is an individual update (the detector
     # itself recognises an update as floats, as its bytes, and as its Z_m encoding)
@@ -213,13 +221,6 @@ def test_secure_run_refuses_virtual_mode() -> None:
                              "secure": {"enabled": True}}}
     with pytest.raises(ConfigError, match="virtual"):
         ExperimentConfig.from_dict(table)
-
-
-def test_a_model_too_large_for_one_masked_message_is_refused(tmp_path: Path) -> None:
-    config = secure_config(tmp_path / "state")
-    too_big = np.zeros(config.limits.max_chunk_bytes, dtype=np.float32)  # 3 bytes a value
-    with pytest.raises(ConfigError, match=r"SecureMasked message"):
-        CoordinatorServer(config, too_big, EventLog(None))
 
 
 def test_a_group_with_too_few_deliveries_is_lost_and_its_members_refused(

@@ -126,7 +126,7 @@ STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
     m.SecureMaskedRequest: st.builds(m.SecureMaskedRequest, client_id=text, task_id=text,
                                      values=st.binary(max_size=64), num_values=uint32,
                                      num_examples=int64, steps_completed=int64,
-                                     steps_planned=int64),
+                                     steps_planned=int64, upload_id=text),
     m.SecureMaskedReply: st.builds(m.SecureMaskedReply, survivors=indices, dropped=indices),
     m.ShamirShare: shamir_share,
     m.SecureUnmaskRequest: st.builds(m.SecureUnmaskRequest, client_id=text, task_id=text,

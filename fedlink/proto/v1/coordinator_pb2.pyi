@@ -210,7 +210,7 @@ class SecureShareReply(_message.Message):
     def __init__(self, shares: _Optional[_Iterable[_Union[SecureShare, _Mapping]]] = ...) -> None: ...
 
 class SecureMaskedRequest(_message.Message):
-    __slots__ = ("client_id", "task_id", "values", "num_values", "num_examples", "steps_completed", "steps_planned")
+    __slots__ = ("client_id", "task_id", "values", "num_values", "num_examples", "steps_completed", "steps_planned", "upload_id")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
@@ -218,6 +218,7 @@ class SecureMaskedRequest(_message.Message):
     NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     STEPS_COMPLETED_FIELD_NUMBER: _ClassVar[int]
     STEPS_PLANNED_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     task_id: str
     values: bytes
@@ -225,7 +226,8 @@ class SecureMaskedRequest(_message.Message):
     num_examples: int
     steps_completed: int
     steps_planned: int
-    def __init__(self, client_id: _Optional[str] = ..., task_id: _Optional[str] = ..., values: _Optional[bytes] = ..., num_values: _Optional[int] = ..., num_examples: _Optional[int] = ..., steps_completed: _Optional[int] = ..., steps_planned: _Optional[int] = ...) -> None: ...
+    upload_id: str
+    def __init__(self, client_id: _Optional[str] = ..., task_id: _Optional[str] = ..., values: _Optional[bytes] = ..., num_values: _Optional[int] = ..., num_examples: _Optional[int] = ..., steps_completed: _Optional[int] = ..., steps_planned: _Optional[int] = ..., upload_id: _Optional[str] = ...) -> None: ...
 
 class SecureMaskedReply(_message.Message):
     __slots__ = ("survivors", "dropped")
