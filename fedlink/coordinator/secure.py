@@ -35,6 +35,7 @@ import numpy as np
 from fedlink.clock import Cancellable, Clock
 from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.engine import FlushOutcome, RoundEngine
+from fedlink.coordinator.records import SummedTask
 from fedlink.errors import InvalidArgument, UpdateRefused
 from fedlink.messages import (
     SecureAdvertiseReply,
@@ -84,6 +85,9 @@ class _Member:
     index: int
     task_id: str
     bytes_up: int = 0
+    num_examples: int = 0
+    steps_completed: int = 0
+    steps_planned: int = 0
 
 
 @dataclass
@@ -120,13 +124,17 @@ class SecureGroup:
 
 class SecureDesk:
     """Runs the secure groups (module docstring); ``on_flush`` is told each flush a group's
-    sum made."""
+    sum made, ``settled(client_id, task_id)`` each task whose update is in it (the model it
+    downloaded was used), ``take_upload(client_id, upload_id, size)`` returns the bytes of a
+    masked update sent as a resumable upload."""
 
     def __init__(self, config: CoordinatorConfig, engine: RoundEngine, clock: Clock,
                  on_flush: Callable[[FlushOutcome], None],
                  durably: Callable[[], AbstractContextManager[None]],
-                 take_upload: Callable[[str, str, int], Awaitable[bytes]]) -> None:
+                 take_upload: Callable[[str, str, int], Awaitable[bytes]],
+                 settled: Callable[[str, str], None]) -> None:
         self.config = config
+        self._settled = settled
         self._durably = durably
         self._take_upload = take_upload
         self.engine = engine
@@ -190,6 +198,9 @@ class SecureDesk:
                     request.client_id, request.upload_id,
                     packed_size(group.size, group.config.modulus_bits))
             if group.phase == MASKED and member.index not in group.delivered:
+                member.num_examples = request.num_examples
+                member.steps_completed = request.steps_completed
+                member.steps_planned = request.steps_planned
                 self._add_masked(group, member, data)
         await self._wait(group, MASKED, request.task_id, member)
         await self._wait(group, MASKED, request.task_id, member)
@@ -306,10 +317,12 @@ class SecureDesk:
         total, count = group.sum.finish(group.answers.values())
         mean, weight = weighted_mean(total, count, group.config)
         survivors = set(group.delivered)
-        tasks = [(c, m.task_id) for c, m in group.members.items() if m.index in survivors]
+        tasks = [SummedTask(c, m.task_id, m.num_examples, m.steps_completed, m.steps_planned,
+                            m.bytes_up) for c, m in group.members.items() if m.index in survivors]
         with self._durably():  # the new version and its events, journalled together
-            outcome = self.engine.submit_sum(tasks, mean.astype(np.float32), weight,
-                                             sum(m.bytes_up for m in group.members.values()))
+            outcome = self.engine.submit_sum(tasks, mean.astype(np.float32), weight)
+            for task in tasks:
+                self._settled(task.client_id, task.task_id)
             self._on_flush(outcome)
         group.sum = SecureSum(group.config, group.version, 1, 0)  # drop the masked total
         group.answers = {}

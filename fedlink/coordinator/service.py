@@ -157,7 +157,9 @@ class CoordinatorService:
         from fedlink.coordinator.secure import SecureDesk
 
         return SecureDesk(self.config, self.engine, self._clock, self.reporter.made,
-                          self._journal.durably, self._take_masked_upload)
+                          self._journal.durably, self._take_masked_upload,
+                          lambda client_id, task_id: self.transfers.downloads_settled(
+                              client_id, task_id, True))
 
     async def _take_masked_upload(self, client_id: str, upload_id: str, size: int) -> bytes:
         """The ``size`` bytes of a masked update sent as a resumable upload; the upload is

@@ -148,8 +148,7 @@ def test_secure_round_survives_dropouts_and_keeps_updates_private(
             checked["model_found"] = any(
                 isinstance(o, np.ndarray) and o.shape == (DIM,) and np.array_equal(
                     o, server.service.engine.model) for o in held_objects(server.service))
-            checked["indices"] = {c: m.index for c, m in group.members.items()}
-            checked["names"] = {s.client_id: i for i, s in enumerate(sessions)}
+            checked["ids"] = [s.client_id for s in sessions]
             return results
 
     results = run_async(main(), timeout=80)
@@ -181,7 +180,11 @@ def test_secure_round_survives_dropouts_and_keeps_updates_private(
         assert not any(isinstance(v, list) and len(v) >= DIM for v in event.values()), event
     flushes = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()
                if json.loads(line).get("kind") == "flush"]
-    assert [f["num_updates"] for f in flushes] == [1]  # one aggregate: the group's sum
+    assert [f["num_updates"] for f in flushes] == [4]  # the members inside the sum
+    accepted = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()
+                if json.loads(line).get("kind") == "update_accepted"]
+    assert sorted(e["client_id"] for e in accepted) == sorted(
+        checked["ids"][i] for i in (0, 2, 3, 4))
 
     # the sum is the plain sum of those that delivered a masked update (client 1 did not;
     # client 3 did, then died: its self mask was rebuilt from its neighbours' shares)
