@@ -70,7 +70,7 @@ class SecureSettings:
     max_clients: int = 255
     neighbours: int = 0
     threshold: float = 0.5
-    phase_s: float = 30.0
+    phase_s: float = 10.0
 
 
 @dataclass(frozen=True)

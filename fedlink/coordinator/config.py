@@ -575,7 +575,8 @@ class SecureConfig:
     shares rebuild its secrets, and the fraction of the group that must deliver a masked update
     for the sum to count. ``phase_s``: each phase's deadline (advertise keys, share keys,
     masked update, unmask), counted from the phase's opening; a client that misses it is out
-    of the group.
+    of the group. A ``flush.deadline_s`` below ``4 x phase_s`` is refused: the phases come
+    after training, inside the round's deadline.
     """
 
     enabled: bool = False
@@ -584,7 +585,7 @@ class SecureConfig:
     clip: float = 1.0
     neighbours: int = 0
     threshold: float = 0.5
-    phase_s: float = 30.0
+    phase_s: float = 10.0
 
     def __post_init__(self) -> None:
         check_fields(self, "coordinator.secure")
@@ -777,7 +778,12 @@ class CoordinatorConfig:
                 f"flush hooks (coordinator.hooks) act on individual updates ({why})")
         require(not self.drop_partial, "coordinator.secure.enabled",
                 f"drop_partial judges individual updates ({why})")
-        require(self.rounds <= 1 << 31, "coordinator.rounds", "too many for secure round ids")
+        deadline = self.flush.deadline_s
+        require(deadline is None or deadline >= 4 * self.secure.phase_s,
+                "coordinator.flush.deadline_s",
+                f"{deadline} s leaves no room for the four secure phases after training: at "
+                f"least 4 x coordinator.secure.phase_s ({4 * self.secure.phase_s} s), or lower "
+                f"phase_s")
         try:
             self.secagg()
         except ConfigError as exc:

@@ -149,7 +149,9 @@ class SecureDesk:
         """Phase 1: join the group of the task's version; answered with the final roster."""
         group = self._group_for(request.client_id, request.task_id)
         member = group.members.get(request.client_id)
-        if member is None:
+        if member is not None:  # a retry: the same task, answered the same way
+            member = group.member(request.client_id, request.task_id)
+        else:
             if group.phase != ADVERTISE:
                 raise UpdateRefused(f"the secure group of version {group.version} has closed "
                                     f"its roster", RefusalCode.TASK_CLOSED)

@@ -204,7 +204,8 @@ def test_secure_settings_that_need_individual_updates_are_refused() -> None:
                         (dict(aggregator="median"), "aggregator 'median'"),
                         (dict(norm_bound_adaptive=True), "norm_bound_adaptive"),
                         (dict(flush=FlushRule(continuous=True, deadline_s=None)), "continuous"),
-                        (dict(drop_partial=True), "drop_partial")):
+                        (dict(drop_partial=True), "drop_partial"),
+                        (dict(flush=FlushRule(deadline_s=30.0)), "flush.deadline_s")):
         with pytest.raises(ConfigError, match=re.escape(key)):
             CoordinatorConfig(**{**plain, **change})
 
