@@ -14,11 +14,15 @@ or the phase's deadline (``secure.phase_s`` after the phase opened) has passed:
    pairwise masks of dropped clients removed from their neighbours' shares) and flushed as the
    next version (``RoundEngine.submit_sum``).
 
-A group that cannot go on (too few members, too few shares) is lost: every waiting call and
-every later one of its members is refused with the reason, and the tasks are not counted. The
-coordinator keeps only the running sum of masked vectors; no individual update is held, logged
-or written, in memory or in ``state_dir``. A coordinator restarted mid-group loses the group
-(its clients' tasks are refused; they check in again for the next version).
+A masked update larger than ``inline_bytes`` arrives as a resumable upload (``Upload``,
+``UploadStatus``) that ``SecureMasked`` names; it is taken and settled like a committed one.
+
+A group that cannot go on (too few members, deliveries or shares) is lost: every waiting call
+and every later one of its members is refused with the reason, and the version is tried again
+by a new group, with fresh keys, when its clients check in again. The coordinator keeps only
+the running sum of masked vectors; no individual update is held, logged or written, in memory
+or in ``state_dir``. A coordinator restarted mid-group loses the group (its members' calls are
+refused; they check in again).
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ from fedlink.secagg import (
     UnmaskShares,
     weighted_mean,
 )
+from fedlink.secagg.crypto import KEY_BYTES
 from fedlink.secagg.packing import packed_size, unpack
 
 log = logging.getLogger(__name__)
@@ -152,6 +157,8 @@ class SecureDesk:
         if member is not None:  # a retry: the same task, answered the same way
             member = group.member(request.client_id, request.task_id)
         else:
+            if len(request.cipher_public) != KEY_BYTES or len(request.mask_public) != KEY_BYTES:
+                raise InvalidArgument(f"public keys are {KEY_BYTES} bytes each")
             if group.phase != ADVERTISE:
                 raise UpdateRefused(f"the secure group of version {group.version} has closed "
                                     f"its roster", RefusalCode.TASK_CLOSED)
@@ -286,6 +293,11 @@ class SecureDesk:
             self._CLOSERS[phase](self, group)
         except (SecAggError, UpdateRefused, InvalidArgument) as err:
             self._lose(group, str(err))
+            return
+        except Exception as err:  # never leave members waiting on a phase that cannot close
+            log.exception("secure group of version %d failed closing phase %d",
+                          group.version, phase)
+            self._lose(group, f"internal error closing phase {phase}: {type(err).__name__}")
             return
         group.closed[phase].set()
         group.phase = phase + 1
