@@ -25,8 +25,10 @@ from fedlink.coordinator import CoordinatorConfig, FlushRule, LimitsConfig
 from fedlink.coordinator.config import SecureConfig
 from fedlink.coordinator.secure import UNMASK
 from fedlink.coordinator.server import CoordinatorServer
-from fedlink.errors import ConfigError
+from fedlink.coordinator.service import CoordinatorService
+from fedlink.errors import ConfigError, UpdateRefused
 from fedlink.experiment.config import ExperimentConfig
+from fedlink.messages import GetTaskRequest, JoinRequest, SecureAdvertiseRequest, Task
 from fedlink.metrics import EventLog
 from fedlink.secagg import decode_sum, encode_weighted
 
@@ -252,3 +254,32 @@ def test_a_group_with_too_few_deliveries_is_lost_and_its_members_refused(
     assert "1 of 3 members delivered" in stats.refusals[0]
     assert server.service.engine.version == 0
     assert server.events.of_kind("flush") == []
+
+
+def test_a_retried_advertise_gets_the_same_answer_and_a_late_client_is_refused(
+        tmp_path: Path) -> None:
+    config = dataclasses.replace(secure_config(tmp_path / "state"), flush=FlushRule(
+        goal=2, min_updates=2, deadline_s=None, over_selection=1.5))
+
+    async def main() -> None:
+        service = CoordinatorService(config, X0, EventLog(None))
+        try:
+            adverts = []
+            for i in range(3):  # a cohort of 3 for a group of 2 (over-selection)
+                joined = await service.join(JoinRequest(f"c{i}", num_examples=10))
+                task = await service.get_task(GetTaskRequest(joined.client_id, -1))
+                assert isinstance(task, Task)
+                adverts.append(SecureAdvertiseRequest(joined.client_id, task.task_id,
+                                                      bytes([i]) * 32, bytes([i + 8]) * 32))
+            first = asyncio.ensure_future(service.secure_advertise(adverts[0]))
+            second = await service.secure_advertise(adverts[1])  # the group is full: closes
+            assert (await first).members == second.members
+            assert [m.index for m in second.members] == [0, 1]
+            again = await service.secure_advertise(adverts[0])  # a retry, same answer
+            assert again == await first
+            with pytest.raises(UpdateRefused, match="closed its roster"):
+                await service.secure_advertise(adverts[2])
+        finally:
+            service.close()
+
+    run_async(main(), timeout=20)
