@@ -93,11 +93,28 @@ def held_objects(root: object) -> list[Any]:
     return found
 
 
+def _holds_floats(data: bytes, deltas: list[np.ndarray]) -> bool:
+    """Whether ``data`` holds, at any offset, float32 or float64 values within 1e-3 of one
+    of ``deltas`` (a copy, or a quantized one)."""
+    for dtype in (np.float32, np.float64):
+        width = np.dtype(dtype).itemsize
+        for start in range(width):
+            count = (len(data) - start) // width
+            if count < DIM:
+                continue
+            values = np.frombuffer(data, dtype, count, start).astype(np.float64)
+            for delta in deltas:
+                with np.errstate(invalid="ignore"):
+                    for at in np.flatnonzero(np.abs(values[:count - DIM + 1] - delta[0]) < 1e-3):
+                        if np.allclose(values[at:at + DIM], delta, atol=1e-3):
+                            return True
+    return False
+
+
 def leaks(obj: Any, deltas: list[np.ndarray], step: float) -> bool:
     """Whether ``obj`` is, or decodes to, one of ``deltas`` (float, or Z_m integers)."""
     if isinstance(obj, bytes | bytearray | memoryview):
-        data = bytes(obj)
-        return any(d.astype(np.float32).tobytes()[:16] in data for d in deltas)
+        return _holds_floats(bytes(obj), deltas)
     if not isinstance(obj, np.ndarray) or obj.size < DIM:
         return False
     flat = obj.reshape(-1)
@@ -169,6 +186,7 @@ def test_secure_round_survives_dropouts_and_keeps_updates_private(
     encoded = encode_weighted(deltas[0], 1.0, config_secagg, np.random.default_rng(0)).values
     assert leaks(deltas[0].astype(np.float32), deltas, step)
     assert leaks(b"head" + deltas[2].astype(np.float32).tobytes(), deltas, step)
+    assert leaks(b"x" + (deltas[1] + step).tobytes() + b"tail", deltas, step)  # float64, off
     assert leaks(encoded, deltas, step)
     assert checked["model_found"], "the memory walk must reach the engine's model"
     assert checked["sum_hidden"], "mid-round the masked total must not decode to the sum"
