@@ -21,6 +21,7 @@ pytest.importorskip("cryptography")
 from fedlink.aggregate import RobustConfig
 from fedlink.client import ClientOptions, ClientSession, RetryPolicy
 from fedlink.client.protocol import Action, MaskedUpload, Unmask
+from fedlink.config import load_toml
 from fedlink.coordinator import CoordinatorConfig, FlushRule, LimitsConfig
 from fedlink.coordinator.config import SecureConfig
 from fedlink.coordinator.secure import UNMASK
@@ -301,3 +302,9 @@ def test_a_retried_advertise_gets_the_same_answer_and_a_late_client_is_refused(
             service.close()
 
     run_async(main(), timeout=20)
+
+
+def test_the_secure_example_config_loads() -> None:
+    path = Path(__file__).resolve().parents[2] / "examples" / "digits_secure.toml"
+    config = ExperimentConfig.from_dict(load_toml(path))
+    assert config.coordinator.secure.enabled and config.coordinator.secagg().max_clients == 8
