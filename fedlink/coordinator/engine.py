@@ -893,6 +893,14 @@ class RoundEngine:
                 self.finish(reason)
                 return
 
+    def close_task(self, client_id: str, task_id: str) -> None:
+        """Close one open task (a secure group left it out): it stops holding a place, and its
+        client is not offered another task of the same version."""
+        record = self.task(client_id, task_id)
+        if record.state.deliverable:
+            self._move(record, TaskState.CLOSED)
+            self._save(record)
+
     def release_client(self, client_id: str) -> None:
         """A client left: its open tasks stop holding places."""
         for record in self._by_client.get(client_id, ()):

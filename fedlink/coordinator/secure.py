@@ -160,6 +160,7 @@ class SecureDesk:
             if len(request.cipher_public) != KEY_BYTES or len(request.mask_public) != KEY_BYTES:
                 raise InvalidArgument(f"public keys are {KEY_BYTES} bytes each")
             if group.phase != ADVERTISE:
+                self._left_out(request.client_id, request.task_id)
                 raise UpdateRefused(f"the secure group of version {group.version} has closed "
                                     f"its roster", RefusalCode.TASK_CLOSED)
             member = _Member(len(group.members), request.task_id)
@@ -188,6 +189,7 @@ class SecureDesk:
                 self._close(group, SHARE)
         await self._wait(group, SHARE, request.task_id, member)
         if member.index not in group.sharers:
+            self._left_out(request.client_id, request.task_id)
             raise UpdateRefused("this client did not share its keys before the phase's "
                                 "deadline", RefusalCode.TASK_CLOSED)
         return SecureShareReply(tuple(SecureShare(s.sender, s.receiver, s.ciphertext)
@@ -215,6 +217,7 @@ class SecureDesk:
         await self._wait(group, MASKED, request.task_id, member)
         assert group.request is not None
         if member.index not in group.request.survivors:
+            self._left_out(request.client_id, request.task_id)
             raise UpdateRefused("this client's masked update came after the phase's deadline",
                                 RefusalCode.TASK_CLOSED)
         return group.request
@@ -262,6 +265,12 @@ class SecureDesk:
                                           graph_seed=record.version))
             self.group = group
         return group
+
+    def _left_out(self, client_id: str, task_id: str) -> None:
+        """The group goes on without this task: close it, so that its client waits for the
+        next version instead of training again for this one."""
+        with self._durably():
+            self.engine.close_task(client_id, task_id)
 
     def _member(self, client_id: str, task_id: str) -> tuple[SecureGroup, _Member]:
         group = self.group
