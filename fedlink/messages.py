@@ -55,6 +55,125 @@ class RunConfig:
     max_metadata_bytes: int = 0
     max_examples_per_update: int = 0
     max_open_uploads_per_client: int = 0
+    secure: SecureSettings | None = None
+    """Set: training tasks deliver through secure aggregation (the ``Secure*`` calls)."""
+
+
+@dataclass(frozen=True)
+class SecureSettings:
+    """How a secure round encodes updates (``fedlink.secagg.SecAggConfig``'s fields; 0
+    ``neighbours``: every other member of the group)."""
+
+    modulus_bits: int = 24
+    quantization_bits: int = 16
+    clip: float = 1.0
+    max_clients: int = 255
+    neighbours: int = 0
+    threshold: float = 0.5
+    phase_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class SecureMember:
+    """One member of a secure group: its index and its two X25519 public keys."""
+
+    index: int
+    cipher_public: bytes
+    mask_public: bytes
+
+
+@dataclass(frozen=True)
+class SecureAdvertiseRequest:
+    """Secure phase 1: a client's public keys for its task's group."""
+
+    client_id: str
+    task_id: str
+    cipher_public: bytes
+    mask_public: bytes
+
+
+@dataclass(frozen=True)
+class SecureAdvertiseReply:
+    """Secure phase 1's answer: the client's index and the group's roster."""
+
+    index: int
+    round_id: int
+    graph_seed: int
+    members: tuple[SecureMember, ...] = ()
+
+
+@dataclass(frozen=True)
+class SecureShare:
+    """``sender``'s encrypted shares for ``receiver`` (the coordinator cannot read them)."""
+
+    sender: int
+    receiver: int
+    ciphertext: bytes
+
+
+@dataclass(frozen=True)
+class SecureShareRequest:
+    """Secure phase 2: a client's shares, one per neighbour."""
+
+    client_id: str
+    task_id: str
+    shares: tuple[SecureShare, ...] = ()
+
+
+@dataclass(frozen=True)
+class SecureShareReply:
+    """Secure phase 2's answer: the shares the client's neighbours sent it."""
+
+    shares: tuple[SecureShare, ...] = ()
+
+
+@dataclass(frozen=True)
+class SecureMaskedRequest:
+    """Secure phase 3: a client's masked update, packed ``modulus_bits`` bits a value, in
+    ``values`` or (``upload_id``) sent before as a resumable upload."""
+
+    client_id: str
+    task_id: str
+    values: bytes
+    num_values: int
+    num_examples: int = 0
+    steps_completed: int = 0
+    steps_planned: int = 0
+    upload_id: str = ""
+
+
+@dataclass(frozen=True)
+class SecureMaskedReply:
+    """Secure phase 3's answer: who delivered a masked update and who did not."""
+
+    survivors: tuple[int, ...] = ()
+    dropped: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ShamirShare:
+    """A Shamir share ``(x, y)`` (``y``: 32 bytes, little-endian) of ``owner``'s secret."""
+
+    owner: int
+    x: int
+    y: bytes
+
+
+@dataclass(frozen=True)
+class SecureUnmaskRequest:
+    """Secure phase 4: a client's shares of survivors' seeds and dropped clients' keys."""
+
+    client_id: str
+    task_id: str
+    seed_shares: tuple[ShamirShare, ...] = ()
+    key_shares: tuple[ShamirShare, ...] = ()
+
+
+@dataclass(frozen=True)
+class SecureUnmaskReply:
+    """Secure phase 4's answer: the version the group's sum made (0: the sum was lost)."""
+
+    flushed_version: int = 0
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,12 @@ A training task::
     CheckIn --Task--> Download --ModelReceived--> Train --Trained--> Encode --Encoded-->
     Deliver --Accepted | Refused | Lost--> CheckIn
 
+A training task of a secure run (``ProtocolSettings.secure``: the run's config says so) is
+delivered in the four phases of secure aggregation instead of ``Deliver``::
+
+    ... Encode --Encoded--> Advertise --PhaseDone--> ShareKeys --PhaseDone--> MaskedUpload
+    --PhaseDone--> Unmask --Accepted | Refused | Lost--> CheckIn
+
 An evaluation task::
 
     CheckIn --Task--> Download --ModelReceived--> Evaluate --Scored--> Report
@@ -42,10 +48,39 @@ from fedlink.errors import (
 from fedlink.messages import Finished, Task, TaskKind, TaskReply, Wait
 
 __all__ = [
-    "TASK_FAILURES", "Accepted", "Action", "CheckIn", "ClientProtocol", "Deliver", "Download",
-    "Encode", "Encoded", "Evaluate", "Heard", "Lost", "ModelReceived", "Offered", "Phase",
-    "ProtocolError", "ProtocolSettings", "Refused", "Report", "Scored", "Slept", "Stop",
-    "Train", "Trained", "WaitFor", "outcome_of", "plan_for", "travels_inline",
+    "TASK_FAILURES",
+    "Accepted",
+    "Action",
+    "Advertise",
+    "CheckIn",
+    "ClientProtocol",
+    "Deliver",
+    "Download",
+    "Encode",
+    "Encoded",
+    "Evaluate",
+    "Heard",
+    "Lost",
+    "MaskedUpload",
+    "ModelReceived",
+    "Offered",
+    "Phase",
+    "PhaseDone",
+    "ProtocolError",
+    "ProtocolSettings",
+    "Refused",
+    "Report",
+    "Scored",
+    "ShareKeys",
+    "Slept",
+    "Stop",
+    "Train",
+    "Trained",
+    "Unmask",
+    "WaitFor",
+    "outcome_of",
+    "plan_for",
+    "travels_inline",
 ]
 
 TASK_FAILURES = (DataLoss, NotFound, Unauthenticated, PermissionDenied)
@@ -121,7 +156,13 @@ class Lost:
     reason: str
 
 
-Heard = Offered | Slept | ModelReceived | Trained | Encoded | Scored | Accepted | Refused | Lost
+@dataclass(frozen=True)
+class PhaseDone:
+    """A phase of secure aggregation closed with this client still in its group."""
+
+
+Heard = (Offered | Slept | ModelReceived | Trained | Encoded | Scored | Accepted | Refused | Lost
+         | PhaseDone)
 
 
 # -- what a client does -----------------------------------------------------------------------
@@ -206,7 +247,36 @@ class Report:
     task: Task
 
 
-Action = CheckIn | WaitFor | Stop | Download | Train | Encode | Deliver | Evaluate | Report
+@dataclass(frozen=True)
+class Advertise:
+    """Secure phase 1: send this task's public keys; the group's roster comes back."""
+
+    task: Task
+
+
+@dataclass(frozen=True)
+class ShareKeys:
+    """Secure phase 2: send the encrypted shares; the neighbours' shares come back."""
+
+    task: Task
+
+
+@dataclass(frozen=True)
+class MaskedUpload:
+    """Secure phase 3: send the masked update; who delivered and who dropped come back."""
+
+    task: Task
+
+
+@dataclass(frozen=True)
+class Unmask:
+    """Secure phase 4: send the shares that unmask the group's sum (then ``Accepted``)."""
+
+    task: Task
+
+
+Action = (CheckIn | WaitFor | Stop | Download | Train | Encode | Deliver | Evaluate | Report
+          | Advertise | ShareKeys | MaskedUpload | Unmask)
 
 
 # -- the machine ------------------------------------------------------------------------------
@@ -223,6 +293,10 @@ class Phase(enum.Enum):
     DELIVERING = "delivering"
     EVALUATING = "evaluating"
     REPORTING = "reporting"
+    ADVERTISING = "advertising"
+    SHARING = "sharing"
+    MASKING = "masking"
+    UNMASKING = "unmasking"
     STOPPED = "stopped"
 
 
@@ -234,13 +308,14 @@ class ProtocolSettings:
     never). ``can_evaluate``: the client has an evaluator (a task to evaluate without one is
     declined: the client waits ``decline_wait_s`` before it asks again, as the task stays open
     at the coordinator). ``max_tasks``: stop after this many training tasks (``None``: go on
-    until the run is over).
+    until the run is over). ``secure``: training tasks deliver through secure aggregation.
     """
 
     inline_bytes: int = 0
     can_evaluate: bool = True
     decline_wait_s: float = 5.0
     max_tasks: int | None = None
+    secure: bool = False
 
 
 @dataclass
@@ -317,9 +392,17 @@ class ClientProtocol:
         return Encode(self._current(), None if deadline is None else deadline - event.at)
 
     def _encoded(self, event: Encoded) -> Action:
+        if self.settings.secure:
+            self.phase = Phase.ADVERTISING
+            return Advertise(self._current())
         self.phase = Phase.DELIVERING
         return Deliver(self._current(), event.num_bytes,
                        travels_inline(event.num_bytes, self.settings.inline_bytes))
+
+    def _phase_done(self, event: PhaseDone) -> Action:
+        phase, action = _SECURE_NEXT[self.phase]
+        self.phase = phase
+        return action(self._current())
 
     def _scored(self, event: Scored) -> Action:
         if not event.reportable:
@@ -358,7 +441,15 @@ class ClientProtocol:
 
 
 _TASK_PHASES = frozenset({Phase.DOWNLOADING, Phase.TRAINING, Phase.ENCODING, Phase.DELIVERING,
-                          Phase.EVALUATING, Phase.REPORTING})
+                          Phase.EVALUATING, Phase.REPORTING, Phase.ADVERTISING, Phase.SHARING,
+                          Phase.MASKING, Phase.UNMASKING})
+
+_SECURE_NEXT: dict[Phase, tuple[Phase, Callable[[Task], Action]]] = {
+    Phase.ADVERTISING: (Phase.SHARING, ShareKeys),
+    Phase.SHARING: (Phase.MASKING, MaskedUpload),
+    Phase.MASKING: (Phase.UNMASKING, Unmask),
+}
+"""The secure phase that follows each one that closed, and its action."""
 
 _HANDLERS: dict[tuple[Phase, type], Callable[[ClientProtocol, Any], Action]] = {
     (Phase.CHECKING_IN, Offered): ClientProtocol._offered,
@@ -369,6 +460,10 @@ _HANDLERS: dict[tuple[Phase, type], Callable[[ClientProtocol, Any], Action]] = {
     (Phase.EVALUATING, Scored): ClientProtocol._scored,
     (Phase.DELIVERING, Accepted): ClientProtocol._accepted,
     (Phase.REPORTING, Accepted): ClientProtocol._accepted,
+    (Phase.ADVERTISING, PhaseDone): ClientProtocol._phase_done,
+    (Phase.SHARING, PhaseDone): ClientProtocol._phase_done,
+    (Phase.MASKING, PhaseDone): ClientProtocol._phase_done,
+    (Phase.UNMASKING, Accepted): ClientProtocol._accepted,
 }
 """Which transition handles what a client hears in each phase (anything else is refused)."""
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -27,7 +28,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -46,6 +47,7 @@ from fedlink.client.pipeline import UpdatePipeline
 from fedlink.client.protocol import (
     Accepted,
     Action,
+    Advertise,
     CheckIn,
     ClientProtocol,
     Deliver,
@@ -54,19 +56,24 @@ from fedlink.client.protocol import (
     Encoded,
     Evaluate,
     Lost,
+    MaskedUpload,
     ModelReceived,
     Offered,
+    PhaseDone,
     ProtocolSettings,
     Refused,
     Report,
     Scored,
+    ShareKeys,
     Slept,
     Stop,
     Train,
     Trained,
+    Unmask,
     WaitFor,
     outcome_of,
     plan_for,
+    travels_inline,
 )
 from fedlink.client.retry import Caller, RetryPolicy, Sleep
 from fedlink.client.stats import SessionStats
@@ -81,10 +88,15 @@ from fedlink.messages import (
     JoinRequest,
     LeaveRequest,
     RunConfig,
+    SecureSettings,
     Task,
     TaskKind,
     TaskReply,
 )
+from fedlink.wire import unpack
+
+if TYPE_CHECKING:
+    from fedlink.client.secure import SecureDelivery
 
 R = TypeVar("R")
 
@@ -102,6 +114,7 @@ class _TaskWork:
     result: TrainResult | None = None
     update: PendingUpdate | None = None
     report: EvaluationReport | None = None
+    secure: SecureDelivery | None = None
 
     def trained_from(self) -> np.ndarray:
         """The task's model (downloaded before training or evaluation start)."""
@@ -245,7 +258,8 @@ class ClientSession:
         return ProtocolSettings(inline_bytes=self.config.inline_bytes,
                                 can_evaluate=evaluator_of(self.trainer) is not None,
                                 decline_wait_s=self.config.heartbeat_interval_s,
-                                max_tasks=self.options.max_tasks)
+                                max_tasks=self.options.max_tasks,
+                                secure=self.config.secure is not None)
 
     async def _do_task(self, protocol: ClientProtocol, action: Action) -> Action:
         """Perform one task's actions until the protocol leaves the task; the next action."""
@@ -260,7 +274,9 @@ class ClientSession:
         try:
             while protocol.task is task:
                 try:
-                    action = await self._STEPS[type(action)](self, action, work, protocol)
+                    step: Callable[..., Awaitable[Action]] = getattr(
+                        self, self._STEPS[type(action)])
+                    action = await step(action, work, protocol)
                 except RemoteError as err:
                     # the task may close before the download (its round flushed meanwhile) as
                     # well as before the commit: either way the coordinator refuses, and the
@@ -293,6 +309,9 @@ class ClientSession:
         assert work.result is not None
         work.update = self._pending_update(action.task, work.result, work.trained_from(),
                                            action.time_left_s)
+        if self._secure_settings() is not None:  # masked in its group, never kept or sent plain
+            work.secure = self._secure_delivery(action.task, work.update)
+            return protocol.heard(Encoded(work.update.payload.header.num_bytes))
         await self.courier.keep(work.update)
         if self.pipeline.saves_state:  # the error-feedback residual, to disk
             await asyncio.to_thread(self.pipeline.save_state)
@@ -325,9 +344,79 @@ class ClientSession:
         self.stats.evaluations += 1
         return protocol.heard(Accepted())
 
-    _STEPS: ClassVar[Mapping[type, Callable[..., Awaitable[Action]]]] = {
-        Download: _download, Train: _train_step, Encode: _encode, Deliver: _deliver,
-        Evaluate: _evaluate, Report: _report}
+    # -- secure aggregation's phases (``fedlink.client.secure``) --------------------------
+
+    async def _advertise(self, action: Advertise, work: _TaskWork,
+                         protocol: ClientProtocol) -> Action:
+        secure = work.secure
+        assert secure is not None
+        secure.roster(await self._secure_call("Advertise", secure.advertise()))
+        return protocol.heard(PhaseDone())
+
+    async def _share_keys(self, action: ShareKeys, work: _TaskWork,
+                          protocol: ClientProtocol) -> Action:
+        secure = work.secure
+        assert secure is not None
+        secure.shared(await self._secure_call("Share", secure.share()))
+        return protocol.heard(PhaseDone())
+
+    async def _masked_upload(self, action: MaskedUpload, work: _TaskWork,
+                             protocol: ClientProtocol) -> Action:
+        secure = work.secure
+        assert secure is not None and self.config is not None
+        request = secure.masked(self._rng)
+        if not travels_inline(len(request.values), self.config.inline_bytes):
+            # a large masked update rides the resumable upload; the call then names it
+            upload_id = f"{self.client_id}-{action.task.task_id}-masked-{uuid.uuid4().hex[:12]}"
+            with self._network_clock():
+                await self.courier.transfers.upload(self.client_id, upload_id, request.values,
+                                                    resume=False)
+            request = dataclasses.replace(request, values=b"", upload_id=upload_id)
+        else:
+            self.stats.bytes_up += len(request.values)  # as an inline commit counts its update
+        secure.heard(await self._secure_call("Masked", request))
+        return protocol.heard(PhaseDone())
+
+    async def _unmask(self, action: Unmask, work: _TaskWork,
+                      protocol: ClientProtocol) -> Action:
+        secure = work.secure
+        assert secure is not None
+        await self._secure_call("Unmask", secure.unmask())
+        work.secure = None  # the task's secrets go with it
+        self.stats.accepted += 1
+        return protocol.heard(Accepted())
+
+    async def _secure_call(self, name: str, request: object) -> Any:
+        settings = self._secure_settings()
+        assert settings is not None
+        with self._network_clock():
+            return await self._call(
+                lambda: self.transport.secure(name, request, 2 * settings.phase_s),
+                f"Secure{name}")
+
+    def _secure_settings(self) -> SecureSettings | None:
+        return None if self.config is None else self.config.secure
+
+    def _secure_delivery(self, task: Task, update: PendingUpdate) -> SecureDelivery:
+        """The task's secure delivery, from the update the pipeline made (privacy applied);
+        an uplink codec other than ``fp32`` is refused: masks destroy what it would save."""
+        from fedlink.client.secure import SecureDelivery  # needs the secagg extra
+
+        settings = self._secure_settings()
+        assert settings is not None and self.config is not None
+        header = update.payload.header
+        if header.encoding != "fp32":
+            raise ConfigError(f"client compression {header.encoding!r} cannot be used in a "
+                              f"secure run (masked updates are integers in Z_m): use 'fp32'")
+        delta = unpack(header, update.payload.data, self.config.num_parameters)
+        return SecureDelivery(self.client_id, task, settings, delta, update.num_examples,
+                              update.steps_completed, update.steps_planned)
+
+    _STEPS: ClassVar[Mapping[type, str]] = {
+        Download: "_download", Train: "_train_step", Encode: "_encode", Deliver: "_deliver",
+        Evaluate: "_evaluate", Report: "_report", Advertise: "_advertise",
+        ShareKeys: "_share_keys", MaskedUpload: "_masked_upload", Unmask: "_unmask"}
+    """The method that performs each action (by name: a subclass may perform one its way)."""
 
     def _scored(self, task: Task, scores: Mapping[str, float]) -> EvaluationReport | None:
         """The report of the trainer's ``scores``; ``None`` (logged) when there is none to

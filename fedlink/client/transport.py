@@ -296,6 +296,11 @@ class Transport:
                                                           self.unary_deadline_s))
         return reply
 
+    async def secure(self, name: str, request: Any, phase_s: float) -> Any:
+        """Call ``Secure<name>`` (a long-poll of up to ``phase_s``: not a round-trip sample)."""
+        return from_proto(await self._unary(f"Secure{name}", request,
+                                            self.unary_deadline_s + phase_s, round_trip=False))
+
     async def report_evaluation(self, request: EvaluationReport) -> EvaluationAck:
         """Call ``ReportEvaluation``."""
         reply: EvaluationAck = from_proto(await self._unary("ReportEvaluation", request,

@@ -6,7 +6,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fedlink.privacy.hooks  # noqa: F401  (registers the differential-privacy flush hooks)
 from fedlink.aggregate import ACCUMULATORS, FLUSH_HOOKS, SERVER_OPTIMIZERS, STALENESS_WEIGHTS
@@ -16,6 +16,9 @@ from fedlink.config import check_fields, from_table, require
 from fedlink.coordinator.operations import MetricsConfig, NetcheckConfig
 from fedlink.errors import ConfigError
 from fedlink.registry import Registry
+
+if TYPE_CHECKING:
+    from fedlink.secagg.base import SecAggConfig
 
 
 @dataclass(frozen=True)
@@ -561,6 +564,36 @@ MESSAGE_OVERHEAD_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
+class SecureConfig:
+    """``[coordinator.secure]``: secure aggregation (SecAgg / SecAgg+, docs/secure-aggregation.md).
+
+    ``enabled``: each version's cohort is one secure group; the coordinator learns only the
+    group's sum. Clients clip every coordinate of their update to ``[-clip, clip]`` and send it
+    as integers in Z_m, ``m = 2**modulus_bits``, ``quantization_bits`` per value (unset: the
+    most the modulus allows for a group of ``flush.goal``). ``neighbours``: SecAgg+'s sparse
+    graph (0: every other member). ``threshold``: the fraction of a client's neighbours whose
+    shares rebuild its secrets, and the fraction of the group that must deliver a masked update
+    for the sum to count. ``phase_s``: each phase's deadline (advertise keys, share keys,
+    masked update, unmask), counted from the phase's opening; a client that misses it is out
+    of the group. A ``flush.deadline_s`` below ``4 x phase_s`` is refused: the phases come
+    after training, inside the round's deadline.
+    """
+
+    enabled: bool = False
+    modulus_bits: int = 24
+    quantization_bits: int | None = None
+    clip: float = 1.0
+    neighbours: int = 0
+    threshold: float = 0.5
+    phase_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        check_fields(self, "coordinator.secure")
+        require(math.isfinite(self.phase_s) and self.phase_s > 0, "coordinator.secure.phase_s",
+                f"must be > 0 seconds, got {self.phase_s}")
+
+
+@dataclass(frozen=True)
 class CoordinatorConfig:
     """Everything a coordinator needs to run one federated training run.
 
@@ -647,6 +680,7 @@ class CoordinatorConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     netcheck: NetcheckConfig = field(default_factory=NetcheckConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    secure: SecureConfig = field(default_factory=SecureConfig)
 
     def __post_init__(self) -> None:
         check_fields(self, "coordinator")
@@ -673,6 +707,7 @@ class CoordinatorConfig:
         require(math.isfinite(self.norm_bound_multiple) and self.norm_bound_multiple >= 1,
                 "coordinator.norm_bound_multiple", f"must be >= 1, got {self.norm_bound_multiple}")
         self._check_robust()
+        self._check_secure()
         try:
             broadcast_codec(self.downlink_codec)
         except ConfigError as exc:
@@ -721,12 +756,56 @@ class CoordinatorConfig:
         self.robust.resolved_trim(self.aggregator, plain, sparse_uplink=False)
         self.robust.resolved_drop(plain)
 
+    def _check_secure(self) -> None:
+        """Settings that need each individual update cannot work with secure aggregation:
+        refused with the keys to change, never ignored."""
+        if not self.secure.enabled:
+            return
+        why = "a secure coordinator sees only the group's sum, never an individual update"
+        require(not self.flush.continuous, "coordinator.secure.enabled",
+                "asynchronous buffers (flush.continuous) are not supported: a secure group is "
+                "one version's cohort")
+        require(not self.robust.enabled, "coordinator.secure.enabled",
+                f"set coordinator.robust.enabled = false: the flush guard caps, clips, drops and "
+                f"trims individual updates, and {why}")
+        require(self.aggregator == "mean", "coordinator.secure.enabled",
+                f"aggregator {self.aggregator!r} needs individual updates ({why}): use 'mean'")
+        require(self.norm_bound == 0 and not self.norm_bound_adaptive,
+                "coordinator.secure.enabled",
+                f"set coordinator.norm_bound = 0 and norm_bound_adaptive = false: {why} (clients "
+                f"clip every value to secure.clip)")
+        require(not self.hooks, "coordinator.secure.enabled",
+                f"flush hooks (coordinator.hooks) act on individual updates ({why})")
+        require(not self.drop_partial, "coordinator.secure.enabled",
+                f"drop_partial judges individual updates ({why})")
+        deadline = self.flush.deadline_s
+        require(deadline is None or deadline >= 4 * self.secure.phase_s,
+                "coordinator.flush.deadline_s",
+                f"{deadline} s leaves no room for the four secure phases after training: at "
+                f"least 4 x coordinator.secure.phase_s ({4 * self.secure.phase_s} s), or lower "
+                f"phase_s")
+        try:
+            self.secagg()
+        except ConfigError as exc:
+            raise ConfigError(f"coordinator.secure: {exc}") from exc
+
+    def secagg(self) -> SecAggConfig:
+        """The ``fedlink.secagg.SecAggConfig`` of a group of ``flush.goal`` clients."""
+        from fedlink.secagg.base import SecAggConfig  # deferred: cryptography is an extra
+
+        return SecAggConfig(modulus_bits=self.secure.modulus_bits,
+                            quantization_bits=self.secure.quantization_bits,
+                            clip=self.secure.clip, max_clients=max(2, self.flush.goal),
+                            neighbours=self.secure.neighbours or None,
+                            threshold=self.secure.threshold)
+
     @classmethod
     def from_dict(cls, table: Mapping[str, Any]) -> CoordinatorConfig:
         """Build from a ``[coordinator]``-style table with ``flush``/``training``/``limits``."""
         nested = {"training": TrainingConfig, "limits": LimitsConfig, "tls": TLSConfig,
                   "auth": AuthConfig, "metrics": MetricsConfig, "netcheck": NetcheckConfig,
-                  "evaluation": EvaluationConfig, "robust": RobustConfig}
+                  "evaluation": EvaluationConfig, "robust": RobustConfig,
+                  "secure": SecureConfig}
         values = dict(table)
         for key, sub in nested.items():
             if key in values:

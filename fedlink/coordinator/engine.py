@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +55,7 @@ from fedlink.coordinator.client_metrics import event_fields
 from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.history import ModelHistory
 from fedlink.coordinator.progress import RoundState
-from fedlink.coordinator.records import ReceivedUpdate, TaskRecord
+from fedlink.coordinator.records import ReceivedUpdate, SummedTask, TaskRecord
 from fedlink.coordinator.state import Checkpoint, FlushRecord, NullStore, SavedState, StateStore
 from fedlink.coordinator.tasks import TaskIds, TaskPace, TaskState
 from fedlink.errors import ConfigError, InvalidArgument, NotFound, PermissionDenied, UpdateRefused
@@ -510,6 +510,40 @@ class RoundEngine:
         flush = self._flush() if answered >= self.rule.goal else None
         return Acceptance(self._version, staleness, weight, flush, accepted_version)
 
+    def submit_sum(self, tasks: Sequence[SummedTask], mean_delta: np.ndarray,
+                   weight: float) -> FlushOutcome:
+        """Flush a secure group's sum (``[coordinator.secure]``): ``mean_delta`` is the mean
+        of the updates of ``tasks``, which the coordinator never saw one by one; it is folded
+        as one aggregate of ``weight`` and makes the next version. Each task gets its
+        ``update_accepted`` event (counts and bytes, weight 1: every member weighs the same).
+
+        The tasks are of the current version (a secure group is one version's cohort); one
+        the liveness check released meanwhile still counts (its update is in the sum).
+        """
+        if self.finished:
+            raise UpdateRefused(f"the run is over: {self.finished_reason}", RefusalCode.RUN_OVER)
+        records = [self.task(t.client_id, t.task_id) for t in tasks]
+        if any(r.version != self._version for r in records):
+            raise UpdateRefused(f"a secure group's tasks must be of version {self._version}",
+                                RefusalCode.TASK_CLOSED)
+        if mean_delta.shape != self._model.shape:
+            raise InvalidArgument(f"a secure sum has {mean_delta.size} values, "
+                                  f"model has {self._model.size}")
+        self._accumulator.add(np.asarray(mean_delta, dtype=np.float32), float(weight), 0)
+        for record, summed in zip(records, tasks, strict=True):
+            self._round_bytes_up += summed.bytes_up
+            self._pending_ids.append(record.task_id)
+            if record.state.deliverable:
+                self._move(record, TaskState.DELIVERED)
+                self._save(record)
+            self.events.emit(kinds.UpdateAccepted.build(
+                client_id=summed.client_id, task_id=summed.task_id, base_version=record.version,
+                staleness=0, num_examples=summed.num_examples,
+                steps_completed=summed.steps_completed, bytes_up=summed.bytes_up, weight=1.0))
+        self._pending_infos["secure-group"] = UpdateInfo("secure-group", 0, float(weight),
+                                                         len(records), {})
+        return self._flush(summed=len(records))
+
     def _fold(self, record: TaskRecord, update: ReceivedUpdate) -> tuple[int, float]:
         """Add ``update`` to the accumulator and tell the hooks; (staleness, weight).
 
@@ -735,9 +769,11 @@ class RoundEngine:
             client_id=record.client_id, task_id=record.task_id, model_version=record.version,
             reason=reason, cause=cause or None))
 
-    def _flush(self) -> FlushOutcome:
+    def _flush(self, summed: int | None = None) -> FlushOutcome:
+        """Make the next version; ``summed``: the updates inside a secure sum (the
+        accumulator then holds one aggregate)."""
         now = self._clock()
-        outcome_updates = self._accumulator.count
+        outcome_updates = self._accumulator.count if summed is None else summed
         total_weight, guarded = 0.0, dict[str, Any]()
         if outcome_updates:  # none only when drop_partial dropped the whole cohort
             info, guarded = self._prepare()
@@ -856,6 +892,14 @@ class RoundEngine:
             if reason:
                 self.finish(reason)
                 return
+
+    def close_task(self, client_id: str, task_id: str) -> None:
+        """Close one open task (a secure group left it out): it stops holding a place, and its
+        client is not offered another task of the same version."""
+        record = self.task(client_id, task_id)
+        if record.state.deliverable:
+            self._move(record, TaskState.CLOSED)
+            self._save(record)
 
     def release_client(self, client_id: str) -> None:
         """A client left: its open tasks stop holding places."""

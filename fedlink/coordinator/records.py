@@ -64,3 +64,15 @@ class ReceivedUpdate:
     steps_planned: int
     bytes_up: int
     metrics: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SummedTask:
+    """A task whose update is inside a secure group's sum: what it claimed, never its data."""
+
+    client_id: str
+    task_id: str
+    num_examples: int = 0
+    steps_completed: int = 0
+    steps_planned: int = 0
+    bytes_up: int = 0

@@ -102,6 +102,24 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         """See ``CoordinatorService.leave``."""
         return await self._unary(context, "Leave", self.service.leave, request)
 
+    async def SecureAdvertise(self, request: pb.SecureAdvertiseRequest,
+                              context: Any) -> Message:
+        """See ``CoordinatorService.secure_advertise``."""
+        return await self._unary(context, "SecureAdvertise", self.service.secure_advertise,
+                                 request)
+
+    async def SecureShare(self, request: pb.SecureShareRequest, context: Any) -> Message:
+        """See ``CoordinatorService.secure_share``."""
+        return await self._unary(context, "SecureShare", self.service.secure_share, request)
+
+    async def SecureMasked(self, request: pb.SecureMaskedRequest, context: Any) -> Message:
+        """See ``CoordinatorService.secure_masked``."""
+        return await self._unary(context, "SecureMasked", self.service.secure_masked, request)
+
+    async def SecureUnmask(self, request: pb.SecureUnmaskRequest, context: Any) -> Message:
+        """See ``CoordinatorService.secure_unmask``."""
+        return await self._unary(context, "SecureUnmask", self.service.secure_unmask, request)
+
     async def Probe(self, request: pb.ProbeRequest, context: Any) -> Message:
         """See ``ProbeDesk.answer`` (``fedlink netcheck``)."""
         try:

@@ -276,6 +276,10 @@ class ExperimentConfig:
         require(not self.evaluator or is_import_string(self.evaluator), "coordinator.evaluator",
                 f"must be 'package.module:attr', got {self.evaluator!r}")
         self._refuse_state_virtual_clients_lose()
+        if self.run.mode == "virtual" and self.coordinator.secure.enabled:
+            raise ConfigError("[coordinator.secure] enabled with [run] mode = 'virtual': the "
+                              "virtual loop does not run secure aggregation's phases yet. Use "
+                              "[run] mode = 'grpc'")
 
     def _refuse_state_virtual_clients_lose(self) -> None:
         """Virtual mode builds each task's trainer afresh (a population of 10^6 keeps no
@@ -322,6 +326,7 @@ class ExperimentConfig:
             coordinator["hooks"] = hooks
         values["coordinator"] = _robust_for_uplink(CoordinatorConfig.from_dict(coordinator),
                                                    values["client"])
+        _check_secure_uplink(values["coordinator"], values["client"])
         client = values["client"]
         values["client"] = dataclasses.replace(client, privacy_options=privacy_setup.stage_options(
             client.privacy, client.privacy_options, values["coordinator"].hooks, goal,
@@ -349,6 +354,15 @@ class ExperimentConfig:
         if self.data.loader:  # the data that ran is the loader's, not the default dataset
             plain["data"]["dataset"] = self.data.loader
         return plain
+
+
+def _check_secure_uplink(coordinator: CoordinatorConfig, client: ClientSection) -> None:
+    """Secure aggregation sums integers encoded from the plain float update: an uplink codec
+    would be applied to nothing (masks destroy sparsity and quantization), so it is refused."""
+    if coordinator.secure.enabled and client.compression != "fp32":
+        raise ConfigError(f"client.compression: {client.compression!r} cannot be used with "
+                          f"coordinator.secure.enabled (masked updates are integers in Z_m; "
+                          f"use 'fp32', the secure encoding sets the bits per value)")
 
 
 def _robust_for_uplink(coordinator: CoordinatorConfig,

@@ -170,6 +170,11 @@ class SecureSum:
     _delivered: set[int] = field(default_factory=set, init=False)
     _sharing_closed: bool = field(default=False, init=False)
 
+    @property
+    def sharers(self) -> frozenset[int]:
+        """The clients whose shares phase 2 has taken so far."""
+        return frozenset(self._sharers)
+
     def collect_keys(self, adverts: Iterable[AdvertiseKeys]) -> list[AdvertiseKeys]:
         """Phase 1: the roster every client of phase 2 gets (clients in id order)."""
         for advert in adverts:

@@ -41,6 +41,18 @@ _PAIRS: tuple[tuple[type, type[Message]], ...] = (
     (m.LeaveReply, pb.LeaveReply),
     (m.EvaluationReport, pb.EvaluationReport),
     (m.EvaluationAck, pb.EvaluationAck),
+    (m.SecureSettings, pb.SecureSettings),
+    (m.SecureMember, pb.SecureMember),
+    (m.SecureAdvertiseRequest, pb.SecureAdvertiseRequest),
+    (m.SecureAdvertiseReply, pb.SecureAdvertiseReply),
+    (m.SecureShare, pb.SecureShare),
+    (m.SecureShareRequest, pb.SecureShareRequest),
+    (m.SecureShareReply, pb.SecureShareReply),
+    (m.SecureMaskedRequest, pb.SecureMaskedRequest),
+    (m.SecureMaskedReply, pb.SecureMaskedReply),
+    (m.ShamirShare, pb.ShamirShare),
+    (m.SecureUnmaskRequest, pb.SecureUnmaskRequest),
+    (m.SecureUnmaskReply, pb.SecureUnmaskReply),
 )
 PROTO_OF: dict[type, type[Message]] = dict(_PAIRS)
 DOMAIN_OF: dict[type[Message], type] = {proto: dom for dom, proto in _PAIRS}
@@ -62,8 +74,8 @@ def _value_to_proto(value: Any) -> Any:
         return to_proto(value)
     if isinstance(value, Mapping):
         return dict(value)
-    if isinstance(value, tuple):
-        return list(value)
+    if isinstance(value, tuple):  # repeated: scalars, or messages converted one by one
+        return [_value_to_proto(v) for v in value]
     return value
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from fedlink.client.protocol import (
     Accepted,
+    Advertise,
     CheckIn,
     ClientProtocol,
     Deliver,
@@ -16,17 +17,21 @@ from fedlink.client.protocol import (
     Encoded,
     Evaluate,
     Lost,
+    MaskedUpload,
     ModelReceived,
     Offered,
+    PhaseDone,
     ProtocolError,
     ProtocolSettings,
     Refused,
     Report,
     Scored,
+    ShareKeys,
     Slept,
     Stop,
     Train,
     Trained,
+    Unmask,
     WaitFor,
     outcome_of,
     plan_for,
@@ -183,3 +188,27 @@ def test_a_plan_carries_the_tasks_work_and_the_runs_settings() -> None:
         5, 1, 16, 0.1)
     assert (plan.seed, plan.deadline, plan.model_version, dict(plan.options)) == (
         42, 9.0, 7, {"mu": "0.01"})
+
+
+def test_a_secure_task_delivers_through_the_four_phases() -> None:
+    protocol = ClientProtocol(ProtocolSettings(secure=True))
+    protocol.start()
+    task = _task()
+    protocol.heard(Offered(task))
+    protocol.heard(ModelReceived(3))
+    protocol.heard(Trained())
+    assert protocol.heard(Encoded(100)) == Advertise(task)
+    assert protocol.heard(PhaseDone()) == ShareKeys(task)
+    assert protocol.heard(PhaseDone()) == MaskedUpload(task)
+    assert protocol.heard(PhaseDone()) == Unmask(task)
+    with pytest.raises(ProtocolError):  # the last phase ends with the answer, not another
+        protocol.heard(PhaseDone())
+    assert protocol.heard(Accepted()) == CheckIn(3)
+    # a client dropped from its group in any phase checks in again
+    protocol.heard(Offered(_task("t2")))
+    protocol.heard(ModelReceived(3))
+    protocol.heard(Trained())
+    protocol.heard(Encoded(100))
+    protocol.heard(PhaseDone())
+    assert protocol.heard(Refused("group lost")) == CheckIn(3)
+    assert protocol.outcome == Refused("group lost")

@@ -59,7 +59,14 @@ run_config = st.builds(
     max_staleness=int32,
     accepted_encodings=st.lists(text, max_size=4).map(tuple),
     trainer_options=small_text_map,
+    secure=st.none() | st.builds(m.SecureSettings, modulus_bits=uint32,
+                                 quantization_bits=uint32, clip=double, max_clients=uint32,
+                                 neighbours=uint32, threshold=double, phase_s=double),
 )
+secure_share = st.builds(m.SecureShare, sender=uint32, receiver=uint32,
+                         ciphertext=st.binary(max_size=64))
+shamir_share = st.builds(m.ShamirShare, owner=uint32, x=uint32, y=st.binary(max_size=32))
+indices = st.lists(uint32, max_size=4).map(tuple)
 task = st.builds(m.Task, task_id=text, model_version=int64, local_steps=int32,
                  local_epochs=int32, deadline_s=double, model=header,
                  delta=st.none() | header, delta_base_version=int64, options=small_text_map,
@@ -99,6 +106,33 @@ STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
                                   model_version=int64, num_examples=int64,
                                   metrics=st.dictionaries(text, double, max_size=4)),
     m.EvaluationAck: st.builds(m.EvaluationAck, task_id=text, duplicate=st.booleans()),
+    m.SecureSettings: st.builds(m.SecureSettings, modulus_bits=uint32, clip=double,
+                                threshold=double, phase_s=double),
+    m.SecureMember: st.builds(m.SecureMember, index=uint32, cipher_public=st.binary(max_size=32),
+                              mask_public=st.binary(max_size=32)),
+    m.SecureAdvertiseRequest: st.builds(m.SecureAdvertiseRequest, client_id=text, task_id=text,
+                                        cipher_public=st.binary(max_size=32),
+                                        mask_public=st.binary(max_size=32)),
+    m.SecureAdvertiseReply: st.builds(
+        m.SecureAdvertiseReply, index=uint32, round_id=int64, graph_seed=int64,
+        members=st.lists(st.builds(m.SecureMember, index=uint32,
+                                   cipher_public=st.binary(max_size=32),
+                                   mask_public=st.binary(max_size=32)), max_size=3).map(tuple)),
+    m.SecureShare: secure_share,
+    m.SecureShareRequest: st.builds(m.SecureShareRequest, client_id=text, task_id=text,
+                                    shares=st.lists(secure_share, max_size=3).map(tuple)),
+    m.SecureShareReply: st.builds(m.SecureShareReply,
+                                  shares=st.lists(secure_share, max_size=3).map(tuple)),
+    m.SecureMaskedRequest: st.builds(m.SecureMaskedRequest, client_id=text, task_id=text,
+                                     values=st.binary(max_size=64), num_values=uint32,
+                                     num_examples=int64, steps_completed=int64,
+                                     steps_planned=int64, upload_id=text),
+    m.SecureMaskedReply: st.builds(m.SecureMaskedReply, survivors=indices, dropped=indices),
+    m.ShamirShare: shamir_share,
+    m.SecureUnmaskRequest: st.builds(m.SecureUnmaskRequest, client_id=text, task_id=text,
+                                     seed_shares=st.lists(shamir_share, max_size=3).map(tuple),
+                                     key_shares=st.lists(shamir_share, max_size=3).map(tuple)),
+    m.SecureUnmaskReply: st.builds(m.SecureUnmaskReply, flushed_version=int64),
 }
 
 

@@ -73,7 +73,7 @@ class TensorHeader(_message.Message):
     def __init__(self, encoding: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., num_bytes: _Optional[int] = ..., checksum: _Optional[str] = ..., codec_params: _Optional[_Mapping[str, str]] = ..., values_checksum: _Optional[str] = ...) -> None: ...
 
 class RunConfig(_message.Message):
-    __slots__ = ("run_name", "num_parameters", "local_steps", "local_epochs", "batch_size", "learning_rate", "chunk_bytes", "heartbeat_interval_s", "max_staleness", "accepted_encodings", "trainer_options", "inline_bytes", "max_chunk_bytes", "long_poll_s", "max_update_bytes", "max_string_bytes", "max_metadata_entries", "max_uploads_per_client", "requests_per_s", "request_burst", "max_metadata_bytes", "max_examples_per_update", "max_open_uploads_per_client")
+    __slots__ = ("run_name", "num_parameters", "local_steps", "local_epochs", "batch_size", "learning_rate", "chunk_bytes", "heartbeat_interval_s", "max_staleness", "accepted_encodings", "trainer_options", "inline_bytes", "max_chunk_bytes", "long_poll_s", "max_update_bytes", "max_string_bytes", "max_metadata_entries", "max_uploads_per_client", "requests_per_s", "request_burst", "max_metadata_bytes", "max_examples_per_update", "max_open_uploads_per_client", "secure")
     class TrainerOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +104,7 @@ class RunConfig(_message.Message):
     MAX_METADATA_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_EXAMPLES_PER_UPDATE_FIELD_NUMBER: _ClassVar[int]
     MAX_OPEN_UPLOADS_PER_CLIENT_FIELD_NUMBER: _ClassVar[int]
+    SECURE_FIELD_NUMBER: _ClassVar[int]
     run_name: str
     num_parameters: int
     local_steps: int
@@ -127,7 +128,142 @@ class RunConfig(_message.Message):
     max_metadata_bytes: int
     max_examples_per_update: int
     max_open_uploads_per_client: int
-    def __init__(self, run_name: _Optional[str] = ..., num_parameters: _Optional[int] = ..., local_steps: _Optional[int] = ..., local_epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., chunk_bytes: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., max_staleness: _Optional[int] = ..., accepted_encodings: _Optional[_Iterable[str]] = ..., trainer_options: _Optional[_Mapping[str, str]] = ..., inline_bytes: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ..., long_poll_s: _Optional[float] = ..., max_update_bytes: _Optional[int] = ..., max_string_bytes: _Optional[int] = ..., max_metadata_entries: _Optional[int] = ..., max_uploads_per_client: _Optional[int] = ..., requests_per_s: _Optional[float] = ..., request_burst: _Optional[int] = ..., max_metadata_bytes: _Optional[int] = ..., max_examples_per_update: _Optional[int] = ..., max_open_uploads_per_client: _Optional[int] = ...) -> None: ...
+    secure: SecureSettings
+    def __init__(self, run_name: _Optional[str] = ..., num_parameters: _Optional[int] = ..., local_steps: _Optional[int] = ..., local_epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., chunk_bytes: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., max_staleness: _Optional[int] = ..., accepted_encodings: _Optional[_Iterable[str]] = ..., trainer_options: _Optional[_Mapping[str, str]] = ..., inline_bytes: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ..., long_poll_s: _Optional[float] = ..., max_update_bytes: _Optional[int] = ..., max_string_bytes: _Optional[int] = ..., max_metadata_entries: _Optional[int] = ..., max_uploads_per_client: _Optional[int] = ..., requests_per_s: _Optional[float] = ..., request_burst: _Optional[int] = ..., max_metadata_bytes: _Optional[int] = ..., max_examples_per_update: _Optional[int] = ..., max_open_uploads_per_client: _Optional[int] = ..., secure: _Optional[_Union[SecureSettings, _Mapping]] = ...) -> None: ...
+
+class SecureSettings(_message.Message):
+    __slots__ = ("modulus_bits", "quantization_bits", "clip", "max_clients", "neighbours", "threshold", "phase_s")
+    MODULUS_BITS_FIELD_NUMBER: _ClassVar[int]
+    QUANTIZATION_BITS_FIELD_NUMBER: _ClassVar[int]
+    CLIP_FIELD_NUMBER: _ClassVar[int]
+    MAX_CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    NEIGHBOURS_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    PHASE_S_FIELD_NUMBER: _ClassVar[int]
+    modulus_bits: int
+    quantization_bits: int
+    clip: float
+    max_clients: int
+    neighbours: int
+    threshold: float
+    phase_s: float
+    def __init__(self, modulus_bits: _Optional[int] = ..., quantization_bits: _Optional[int] = ..., clip: _Optional[float] = ..., max_clients: _Optional[int] = ..., neighbours: _Optional[int] = ..., threshold: _Optional[float] = ..., phase_s: _Optional[float] = ...) -> None: ...
+
+class SecureMember(_message.Message):
+    __slots__ = ("index", "cipher_public", "mask_public")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    CIPHER_PUBLIC_FIELD_NUMBER: _ClassVar[int]
+    MASK_PUBLIC_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    cipher_public: bytes
+    mask_public: bytes
+    def __init__(self, index: _Optional[int] = ..., cipher_public: _Optional[bytes] = ..., mask_public: _Optional[bytes] = ...) -> None: ...
+
+class SecureAdvertiseRequest(_message.Message):
+    __slots__ = ("client_id", "task_id", "cipher_public", "mask_public")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    CIPHER_PUBLIC_FIELD_NUMBER: _ClassVar[int]
+    MASK_PUBLIC_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    task_id: str
+    cipher_public: bytes
+    mask_public: bytes
+    def __init__(self, client_id: _Optional[str] = ..., task_id: _Optional[str] = ..., cipher_public: _Optional[bytes] = ..., mask_public: _Optional[bytes] = ...) -> None: ...
+
+class SecureAdvertiseReply(_message.Message):
+    __slots__ = ("index", "round_id", "graph_seed", "members")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_SEED_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    round_id: int
+    graph_seed: int
+    members: _containers.RepeatedCompositeFieldContainer[SecureMember]
+    def __init__(self, index: _Optional[int] = ..., round_id: _Optional[int] = ..., graph_seed: _Optional[int] = ..., members: _Optional[_Iterable[_Union[SecureMember, _Mapping]]] = ...) -> None: ...
+
+class SecureShare(_message.Message):
+    __slots__ = ("sender", "receiver", "ciphertext")
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    RECEIVER_FIELD_NUMBER: _ClassVar[int]
+    CIPHERTEXT_FIELD_NUMBER: _ClassVar[int]
+    sender: int
+    receiver: int
+    ciphertext: bytes
+    def __init__(self, sender: _Optional[int] = ..., receiver: _Optional[int] = ..., ciphertext: _Optional[bytes] = ...) -> None: ...
+
+class SecureShareRequest(_message.Message):
+    __slots__ = ("client_id", "task_id", "shares")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    SHARES_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    task_id: str
+    shares: _containers.RepeatedCompositeFieldContainer[SecureShare]
+    def __init__(self, client_id: _Optional[str] = ..., task_id: _Optional[str] = ..., shares: _Optional[_Iterable[_Union[SecureShare, _Mapping]]] = ...) -> None: ...
+
+class SecureShareReply(_message.Message):
+    __slots__ = ("shares",)
+    SHARES_FIELD_NUMBER: _ClassVar[int]
+    shares: _containers.RepeatedCompositeFieldContainer[SecureShare]
+    def __init__(self, shares: _Optional[_Iterable[_Union[SecureShare, _Mapping]]] = ...) -> None: ...
+
+class SecureMaskedRequest(_message.Message):
+    __slots__ = ("client_id", "task_id", "values", "num_values", "num_examples", "steps_completed", "steps_planned", "upload_id")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    NUM_VALUES_FIELD_NUMBER: _ClassVar[int]
+    NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    STEPS_COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    STEPS_PLANNED_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    task_id: str
+    values: bytes
+    num_values: int
+    num_examples: int
+    steps_completed: int
+    steps_planned: int
+    upload_id: str
+    def __init__(self, client_id: _Optional[str] = ..., task_id: _Optional[str] = ..., values: _Optional[bytes] = ..., num_values: _Optional[int] = ..., num_examples: _Optional[int] = ..., steps_completed: _Optional[int] = ..., steps_planned: _Optional[int] = ..., upload_id: _Optional[str] = ...) -> None: ...
+
+class SecureMaskedReply(_message.Message):
+    __slots__ = ("survivors", "dropped")
+    SURVIVORS_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    survivors: _containers.RepeatedScalarFieldContainer[int]
+    dropped: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, survivors: _Optional[_Iterable[int]] = ..., dropped: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ShamirShare(_message.Message):
+    __slots__ = ("owner", "x", "y")
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    X_FIELD_NUMBER: _ClassVar[int]
+    Y_FIELD_NUMBER: _ClassVar[int]
+    owner: int
+    x: int
+    y: bytes
+    def __init__(self, owner: _Optional[int] = ..., x: _Optional[int] = ..., y: _Optional[bytes] = ...) -> None: ...
+
+class SecureUnmaskRequest(_message.Message):
+    __slots__ = ("client_id", "task_id", "seed_shares", "key_shares")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    SEED_SHARES_FIELD_NUMBER: _ClassVar[int]
+    KEY_SHARES_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    task_id: str
+    seed_shares: _containers.RepeatedCompositeFieldContainer[ShamirShare]
+    key_shares: _containers.RepeatedCompositeFieldContainer[ShamirShare]
+    def __init__(self, client_id: _Optional[str] = ..., task_id: _Optional[str] = ..., seed_shares: _Optional[_Iterable[_Union[ShamirShare, _Mapping]]] = ..., key_shares: _Optional[_Iterable[_Union[ShamirShare, _Mapping]]] = ...) -> None: ...
+
+class SecureUnmaskReply(_message.Message):
+    __slots__ = ("flushed_version",)
+    FLUSHED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    flushed_version: int
+    def __init__(self, flushed_version: _Optional[int] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
     __slots__ = ("client_name", "token", "num_examples", "metadata", "instance_key", "capabilities")

@@ -84,6 +84,26 @@ class CoordinatorStub:
                 request_serializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.EvaluationReport.SerializeToString,
                 response_deserializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.EvaluationAck.FromString,
                 _registered_method=True)
+        self.SecureAdvertise = channel.unary_unary(
+                '/fedlink.v1.Coordinator/SecureAdvertise',
+                request_serializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.SecureAdvertiseRequest.SerializeToString,
+                response_deserializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.SecureAdvertiseReply.FromString,
+                _registered_method=True)
+        self.SecureShare = channel.unary_unary(
+                '/fedlink.v1.Coordinator/SecureShare',
+                request_serializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.SecureShareRequest.SerializeToString,
+                response_deserializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.SecureShareReply.FromString,
+                _registered_method=True)
+        self.SecureMasked = channel.unary_unary(
+                '/fedlink.v1.Coordinator/SecureMasked',
+                request_serializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.SecureMaskedRequest.SerializeToString,
+                response_deserializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.SecureMaskedReply.FromString,
+                _registered_method=True)
+        self.SecureUnmask = channel.unary_unary(
+                '/fedlink.v1.Coordinator/SecureUnmask',
+                request_serializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.SecureUnmaskRequest.SerializeToString,
+                response_deserializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.SecureUnmaskReply.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -165,6 +185,39 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SecureAdvertise(self, request, context):
+        """Secure aggregation (RunConfig.secure set; docs/protocol.md section 14): the four phases
+        of a secure round, each a long-poll that answers once the phase closes for the whole
+        group (everyone in it answered, or the phase's deadline passed). A client that misses a
+        phase is out of the group: its task is refused (FAILED_PRECONDITION or ABORTED).
+        Phase 1: a client's two X25519 public keys; the answer is the group's roster.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SecureShare(self, request, context):
+        """Phase 2: its encrypted Shamir shares, one per neighbour; the answer is those sent to it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SecureMasked(self, request, context):
+        """Phase 3: its masked update (packed modulus_bits bits a value); the answer says who
+        delivered and who dropped.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SecureUnmask(self, request, context):
+        """Phase 4: its shares of the survivors' self-mask seeds and the dropped clients' mask keys.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -217,6 +270,26 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ReportEvaluation,
                     request_deserializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.EvaluationReport.FromString,
                     response_serializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.EvaluationAck.SerializeToString,
+            ),
+            'SecureAdvertise': grpc.unary_unary_rpc_method_handler(
+                    servicer.SecureAdvertise,
+                    request_deserializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.SecureAdvertiseRequest.FromString,
+                    response_serializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.SecureAdvertiseReply.SerializeToString,
+            ),
+            'SecureShare': grpc.unary_unary_rpc_method_handler(
+                    servicer.SecureShare,
+                    request_deserializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.SecureShareRequest.FromString,
+                    response_serializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.SecureShareReply.SerializeToString,
+            ),
+            'SecureMasked': grpc.unary_unary_rpc_method_handler(
+                    servicer.SecureMasked,
+                    request_deserializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.SecureMaskedRequest.FromString,
+                    response_serializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.SecureMaskedReply.SerializeToString,
+            ),
+            'SecureUnmask': grpc.unary_unary_rpc_method_handler(
+                    servicer.SecureUnmask,
+                    request_deserializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.SecureUnmaskRequest.FromString,
+                    response_serializer=fedlink_dot_proto_dot_v1_dot_coordinator__pb2.SecureUnmaskReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -489,6 +562,114 @@ class Coordinator:
             '/fedlink.v1.Coordinator/ReportEvaluation',
             fedlink_dot_proto_dot_v1_dot_coordinator__pb2.EvaluationReport.SerializeToString,
             fedlink_dot_proto_dot_v1_dot_coordinator__pb2.EvaluationAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SecureAdvertise(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedlink.v1.Coordinator/SecureAdvertise',
+            fedlink_dot_proto_dot_v1_dot_coordinator__pb2.SecureAdvertiseRequest.SerializeToString,
+            fedlink_dot_proto_dot_v1_dot_coordinator__pb2.SecureAdvertiseReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SecureShare(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedlink.v1.Coordinator/SecureShare',
+            fedlink_dot_proto_dot_v1_dot_coordinator__pb2.SecureShareRequest.SerializeToString,
+            fedlink_dot_proto_dot_v1_dot_coordinator__pb2.SecureShareReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SecureMasked(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedlink.v1.Coordinator/SecureMasked',
+            fedlink_dot_proto_dot_v1_dot_coordinator__pb2.SecureMaskedRequest.SerializeToString,
+            fedlink_dot_proto_dot_v1_dot_coordinator__pb2.SecureMaskedReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SecureUnmask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedlink.v1.Coordinator/SecureUnmask',
+            fedlink_dot_proto_dot_v1_dot_coordinator__pb2.SecureUnmaskRequest.SerializeToString,
+            fedlink_dot_proto_dot_v1_dot_coordinator__pb2.SecureUnmaskReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,123 @@
+"""One task's side of secure aggregation on a real client: the messages of the four phases.
+
+``SecureDelivery`` wraps a ``fedlink.secagg.SecureClient`` and turns each phase into its
+request and each answer back into what the next phase needs. ``ClientSession`` performs the
+protocol's ``Advertise``, ``ShareKeys``, ``MaskedUpload`` and ``Unmask`` actions with it; it
+does no I/O itself. The update is clipped, quantized and masked here, on the client: what
+leaves is a vector the coordinator can read only summed with the rest of the group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fedlink.messages import (
+    SecureAdvertiseReply,
+    SecureAdvertiseRequest,
+    SecureMaskedReply,
+    SecureMaskedRequest,
+    SecureSettings,
+    SecureShare,
+    SecureShareReply,
+    SecureShareRequest,
+    SecureUnmaskRequest,
+    ShamirShare,
+    Task,
+)
+from fedlink.secagg import (
+    AdvertiseKeys,
+    EncryptedShare,
+    SecAggConfig,
+    SecureClient,
+    UnmaskRequest,
+    encode_weighted,
+)
+from fedlink.secagg.crypto import element_bytes
+from fedlink.secagg.packing import pack
+
+WEIGHT = 1.0
+"""Every delivering client weighs the same in a secure sum (its example count does not
+travel: the coordinator would learn it in the clear)."""
+
+
+def secagg_config(settings: SecureSettings) -> SecAggConfig:
+    """The ``SecAggConfig`` the run's ``RunConfig.secure`` describes."""
+    return SecAggConfig(modulus_bits=settings.modulus_bits,
+                        quantization_bits=settings.quantization_bits, clip=settings.clip,
+                        max_clients=settings.max_clients,
+                        neighbours=settings.neighbours or None, threshold=settings.threshold)
+
+
+@dataclass
+class SecureDelivery:
+    """One task's secure delivery: ``delta`` (the update after the privacy stage) masked
+    for the group of ``task``'s version."""
+
+    client_id: str
+    task: Task
+    settings: SecureSettings
+    delta: np.ndarray = field(repr=False)
+    num_examples: int = 0
+    steps_completed: int = 0
+    steps_planned: int = 0
+    config: SecAggConfig = field(init=False)
+    client: SecureClient = field(init=False, repr=False)
+    _roster: list[AdvertiseKeys] = field(default_factory=list, init=False, repr=False)
+    _graph_seed: int = field(default=0, init=False)
+    _heard: SecureMaskedReply | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.config = secagg_config(self.settings)
+        self.client = SecureClient(0, self.config, self.task.model_version,
+                                   int(self.delta.size) + 1)
+
+    def advertise(self) -> SecureAdvertiseRequest:
+        """Phase 1's request: the two public keys."""
+        keys = self.client.advertise()
+        return SecureAdvertiseRequest(self.client_id, self.task.task_id, keys.cipher_public,
+                                      keys.mask_public)
+
+    def roster(self, reply: SecureAdvertiseReply) -> None:
+        """Phase 1's answer: this client's index and the group's keys."""
+        self.client.client, self.client.round_id = reply.index, reply.round_id
+        self._graph_seed = reply.graph_seed
+        self._roster = [AdvertiseKeys(m.index, m.cipher_public, m.mask_public)
+                        for m in reply.members]
+
+    def share(self) -> SecureShareRequest:
+        """Phase 2's request: this client's secrets, shared and encrypted per neighbour."""
+        shares = self.client.share_keys(self._roster, self._graph_seed)
+        return SecureShareRequest(self.client_id, self.task.task_id, tuple(
+            SecureShare(s.sender, s.receiver, s.ciphertext) for s in shares))
+
+    def shared(self, reply: SecureShareReply) -> None:
+        """Phase 2's answer: the neighbours' shares for this client."""
+        self.client.receive_shares(EncryptedShare(s.sender, s.receiver, s.ciphertext)
+                                   for s in reply.shares)
+
+    def masked(self, rng: np.random.Generator) -> SecureMaskedRequest:
+        """Phase 3's request: ``[WEIGHT * delta, WEIGHT]`` in Z_m, masked and packed."""
+        encoded = encode_weighted(self.delta, WEIGHT, self.config, rng)
+        masked = self.client.masked_input(encoded.values)
+        return SecureMaskedRequest(self.client_id, self.task.task_id,
+                                   pack(masked.values, self.config.modulus_bits),
+                                   int(masked.values.size), self.num_examples,
+                                   self.steps_completed, self.steps_planned)
+
+    def heard(self, reply: SecureMaskedReply) -> None:
+        """Phase 3's answer: who delivered and who dropped."""
+        self._heard = reply
+
+    def unmask(self) -> SecureUnmaskRequest:
+        """Phase 4's request: shares of the survivors' seeds and the dropped clients' keys."""
+        assert self._heard is not None
+        answer = self.client.unmask(UnmaskRequest(frozenset(self._heard.survivors),
+                                                  frozenset(self._heard.dropped)))
+        return SecureUnmaskRequest(
+            self.client_id, self.task.task_id,
+            tuple(ShamirShare(o, x, element_bytes(y)) for o, (x, y) in
+                  sorted(answer.seed_shares.items())),
+            tuple(ShamirShare(o, x, element_bytes(y)) for o, (x, y) in
+                  sorted(answer.key_shares.items())))

@@ -1,0 +1,368 @@
+"""Secure groups: the coordinator's side of secure aggregation over gRPC (``[coordinator.secure]``).
+
+Each model version's cohort is one secure group (``fedlink.secagg.SecureSum`` holds its
+state). The four ``Secure*`` calls are long-polls: a client's message is recorded, and the call
+answers once its phase closes for the whole group, when every member still in it has answered
+or the phase's deadline (``secure.phase_s`` after the phase opened) has passed:
+
+1. advertise keys: closes at ``flush.goal`` members or the deadline; the roster is final;
+2. share keys: closes when every member shared or at the deadline; a member that did not share
+   is out, and the others mask only with those that did;
+3. masked update: closes when every sharer delivered or at the deadline; the group goes on only
+   if at least ``threshold`` of it delivered (and at least two: a sum of one is an update);
+4. unmask: closes when every deliverer answered or at the deadline; the sum is unmasked (the
+   pairwise masks of dropped clients removed from their neighbours' shares) and flushed as the
+   next version (``RoundEngine.submit_sum``).
+
+A masked update larger than ``inline_bytes`` arrives as a resumable upload (``Upload``,
+``UploadStatus``) that ``SecureMasked`` names; it is taken and settled like a committed one.
+
+A group that cannot go on (too few members, deliveries or shares) is lost: every waiting call
+and every later one of its members is refused with the reason, and the version is tried again
+by a new group, with fresh keys, when its clients check in again. The coordinator keeps only
+the running sum of masked vectors; no individual update is held, logged or written, in memory
+or in ``state_dir``. A coordinator restarted mid-group loses the group (its members' calls are
+refused; they check in again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fedlink.clock import Cancellable, Clock
+from fedlink.coordinator.config import CoordinatorConfig
+from fedlink.coordinator.engine import FlushOutcome, RoundEngine
+from fedlink.coordinator.records import SummedTask
+from fedlink.errors import InvalidArgument, UpdateRefused
+from fedlink.messages import (
+    SecureAdvertiseReply,
+    SecureAdvertiseRequest,
+    SecureMaskedReply,
+    SecureMaskedRequest,
+    SecureMember,
+    SecureSettings,
+    SecureShare,
+    SecureShareReply,
+    SecureShareRequest,
+    SecureUnmaskReply,
+    SecureUnmaskRequest,
+)
+from fedlink.refusals import RefusalCode
+from fedlink.secagg import (
+    AdvertiseKeys,
+    EncryptedShare,
+    MaskedInput,
+    SecAggConfig,
+    SecAggError,
+    SecureSum,
+    UnmaskShares,
+    weighted_mean,
+)
+from fedlink.secagg.crypto import KEY_BYTES
+from fedlink.secagg.packing import packed_size, unpack
+
+log = logging.getLogger(__name__)
+
+ADVERTISE, SHARE, MASKED, UNMASK, DONE = range(5)
+"""The phases of a group, in order (``DONE``: flushed or lost)."""
+
+
+def secure_settings(config: CoordinatorConfig) -> SecureSettings | None:
+    """What ``RunConfig.secure`` tells clients (``None`` when secure aggregation is off)."""
+    if not config.secure.enabled:
+        return None
+    secagg = config.secagg()
+    return SecureSettings(modulus_bits=secagg.modulus_bits, quantization_bits=secagg.bits,
+                          clip=secagg.clip, max_clients=secagg.max_clients,
+                          neighbours=secagg.neighbours or 0, threshold=secagg.threshold,
+                          phase_s=config.secure.phase_s)
+
+
+@dataclass
+class _Member:
+    index: int
+    task_id: str
+    bytes_up: int = 0
+    num_examples: int = 0
+    steps_completed: int = 0
+    steps_planned: int = 0
+
+
+@dataclass
+class SecureGroup:
+    """One version's secure group: its members, its phase and the ``SecureSum``."""
+
+    version: int
+    config: SecAggConfig
+    goal: int
+    size: int
+    sum: SecureSum
+    members: dict[str, _Member] = field(default_factory=dict)
+    phase: int = ADVERTISE
+    lost: str = ""
+    flushed_version: int = 0
+    closed: list[asyncio.Event] = field(default_factory=lambda: [asyncio.Event()
+                                                                 for _ in range(4)])
+    roster: tuple[SecureMember, ...] = ()
+    adverts: list[AdvertiseKeys] = field(default_factory=list)
+    sharers: frozenset[int] = frozenset()
+    delivered: set[int] = field(default_factory=set)
+    answers: dict[int, UnmaskShares] = field(default_factory=dict)
+    request: SecureMaskedReply | None = None
+    timer: Cancellable | None = None
+
+    def member(self, client_id: str, task_id: str) -> _Member:
+        """The caller's membership (refused when it is not in the group with this task)."""
+        member = self.members.get(client_id)
+        if member is None or member.task_id != task_id:
+            raise UpdateRefused(f"task {task_id!r} is not in the secure group of version "
+                                f"{self.version}", RefusalCode.TASK_CLOSED)
+        return member
+
+
+class SecureDesk:
+    """Runs the secure groups (module docstring); ``on_flush`` is told each flush a group's
+    sum made, ``settled(client_id, task_id)`` each task whose update is in it (the model it
+    downloaded was used), ``take_upload(client_id, upload_id, size)`` returns the bytes of a
+    masked update sent as a resumable upload."""
+
+    def __init__(self, config: CoordinatorConfig, engine: RoundEngine, clock: Clock,
+                 on_flush: Callable[[FlushOutcome], None],
+                 durably: Callable[[], AbstractContextManager[None]],
+                 take_upload: Callable[[str, str, int], Awaitable[bytes]],
+                 settled: Callable[[str, str], None]) -> None:
+        self.config = config
+        self._settled = settled
+        self._durably = durably
+        self._take_upload = take_upload
+        self.engine = engine
+        self._clock = clock
+        self._on_flush = on_flush
+        self._secagg = config.secagg()
+        self.group: SecureGroup | None = None
+
+    # -- the four calls -------------------------------------------------------------------
+
+    async def advertise(self, request: SecureAdvertiseRequest) -> SecureAdvertiseReply:
+        """Phase 1: join the group of the task's version; answered with the final roster."""
+        group = self._group_for(request.client_id, request.task_id)
+        member = group.members.get(request.client_id)
+        if member is not None:  # a retry: the same task, answered the same way
+            member = group.member(request.client_id, request.task_id)
+        else:
+            if len(request.cipher_public) != KEY_BYTES or len(request.mask_public) != KEY_BYTES:
+                raise InvalidArgument(f"public keys are {KEY_BYTES} bytes each")
+            if group.phase != ADVERTISE:
+                self._left_out(request.client_id, request.task_id)
+                raise UpdateRefused(f"the secure group of version {group.version} has closed "
+                                    f"its roster", RefusalCode.TASK_CLOSED)
+            member = _Member(len(group.members), request.task_id)
+            group.members[request.client_id] = member
+            group.adverts.append(AdvertiseKeys(member.index, request.cipher_public,
+                                               request.mask_public))
+            member.bytes_up += 4 + len(request.cipher_public) + len(request.mask_public)
+            if len(group.members) == 1:
+                self._arm(group)
+            if len(group.members) >= group.goal:
+                self._close(group, ADVERTISE)
+        await self._wait(group, ADVERTISE, request.task_id, member)
+        return SecureAdvertiseReply(member.index, group.version, group.version, group.roster)
+
+    async def share(self, request: SecureShareRequest) -> SecureShareReply:
+        """Phase 2: hand in the encrypted shares; answered with those sent to the caller."""
+        group, member = self._member(request.client_id, request.task_id)
+        if group.phase == SHARE and member.index not in group.sum.sharers:
+            try:
+                group.sum.collect_shares(member.index, [
+                    EncryptedShare(s.sender, s.receiver, s.ciphertext) for s in request.shares])
+            except SecAggError as err:
+                raise InvalidArgument(str(err)) from None
+            member.bytes_up += sum(8 + len(s.ciphertext) for s in request.shares)
+            if len(group.sum.sharers) == len(group.members):
+                self._close(group, SHARE)
+        await self._wait(group, SHARE, request.task_id, member)
+        if member.index not in group.sharers:
+            self._left_out(request.client_id, request.task_id)
+            raise UpdateRefused("this client did not share its keys before the phase's "
+                                "deadline", RefusalCode.TASK_CLOSED)
+        return SecureShareReply(tuple(SecureShare(s.sender, s.receiver, s.ciphertext)
+                                      for s in group.sum.shares_for(member.index)))
+
+    async def masked(self, request: SecureMaskedRequest) -> SecureMaskedReply:
+        """Phase 3: add the masked update (inline, or the resumable upload it names) to the
+        running sum; answered with who delivered."""
+        group, member = self._member(request.client_id, request.task_id)
+        if group.phase == MASKED and member.index not in group.delivered:
+            if request.num_values != group.size:
+                raise InvalidArgument(f"a masked update has {group.size} values, got "
+                                      f"{request.num_values}")
+            data = request.values
+            if request.upload_id:
+                data = await self._take_upload(
+                    request.client_id, request.upload_id,
+                    packed_size(group.size, group.config.modulus_bits))
+            if group.phase == MASKED and member.index not in group.delivered:
+                member.num_examples = request.num_examples
+                member.steps_completed = request.steps_completed
+                member.steps_planned = request.steps_planned
+                self._add_masked(group, member, data)
+        await self._wait(group, MASKED, request.task_id, member)
+        await self._wait(group, MASKED, request.task_id, member)
+        assert group.request is not None
+        if member.index not in group.request.survivors:
+            self._left_out(request.client_id, request.task_id)
+            raise UpdateRefused("this client's masked update came after the phase's deadline",
+                                RefusalCode.TASK_CLOSED)
+        return group.request
+
+    def _add_masked(self, group: SecureGroup, member: _Member, data: bytes) -> None:
+        try:
+            values = unpack(data, group.size, group.config.modulus_bits)
+            group.sum.collect_masked(MaskedInput(member.index, values))
+        except SecAggError as err:
+            raise InvalidArgument(str(err)) from None
+        del values  # masked, but kept no longer than the addition needs
+        member.bytes_up += 4 + len(data)
+        group.delivered.add(member.index)
+        if group.delivered >= group.sharers:
+            self._close(group, MASKED)
+
+    async def unmask(self, request: SecureUnmaskRequest) -> SecureUnmaskReply:
+        """Phase 4: hand in the shares; answered once the sum is unmasked and flushed."""
+        group, member = self._member(request.client_id, request.task_id)
+        if group.phase == UNMASK and member.index not in group.answers:
+            group.answers[member.index] = UnmaskShares(
+                member.index,
+                {s.owner: (s.x, int.from_bytes(s.y, "little")) for s in request.seed_shares},
+                {s.owner: (s.x, int.from_bytes(s.y, "little")) for s in request.key_shares})
+            member.bytes_up += 4 + 40 * (len(request.seed_shares) + len(request.key_shares))
+            assert group.request is not None
+            if set(group.answers) >= set(group.request.survivors):
+                self._close(group, UNMASK)
+        await self._wait(group, UNMASK, request.task_id, member)
+        return SecureUnmaskReply(group.flushed_version)
+
+    # -- the group's phases ---------------------------------------------------------------
+
+    def _group_for(self, client_id: str, task_id: str) -> SecureGroup:
+        """The group of the caller's task's version (a new one when none is open for it)."""
+        record = self.engine.task(client_id, task_id)
+        if not self.engine.is_open(record) or record.version != self.engine.version:
+            raise UpdateRefused(f"task {task_id!r} is no longer open", RefusalCode.TASK_CLOSED)
+        group = self.group
+        if group is None or group.version != record.version or group.lost:
+            # a lost group's version is tried again by a new group, with fresh keys
+            size = self.engine.num_parameters + 1  # [update, weight]
+            group = SecureGroup(record.version, self._secagg, self.config.flush.goal, size,
+                                SecureSum(self._secagg, record.version, size,
+                                          graph_seed=record.version))
+            self.group = group
+        return group
+
+    def _left_out(self, client_id: str, task_id: str) -> None:
+        """The group goes on without this task: close it, so that its client waits for the
+        next version instead of training again for this one."""
+        with self._durably():
+            self.engine.close_task(client_id, task_id)
+
+    def _member(self, client_id: str, task_id: str) -> tuple[SecureGroup, _Member]:
+        group = self.group
+        if group is None:
+            raise UpdateRefused("no secure group is running", RefusalCode.TASK_CLOSED)
+        return group, group.member(client_id, task_id)
+
+    async def _wait(self, group: SecureGroup, phase: int, task_id: str,
+                    member: _Member) -> None:
+        """Until ``phase`` closes; refused when the group was lost meanwhile."""
+        await group.closed[phase].wait()
+        if group.lost:
+            raise UpdateRefused(f"the secure group of version {group.version} was lost: "
+                                f"{group.lost}", RefusalCode.TASK_CLOSED)
+
+    def _arm(self, group: SecureGroup) -> None:
+        """The deadline of the group's current phase, ``phase_s`` from now."""
+        if group.timer is not None:
+            group.timer.cancel()
+        phase = group.phase
+        group.timer = self._clock.call_at(self._clock.now() + self.config.secure.phase_s,
+                                          lambda: self._close(group, phase))
+
+    def _close(self, group: SecureGroup, phase: int) -> None:
+        """Close ``phase`` (at most once) and open the next, or lose the group."""
+        if group.phase != phase:
+            return
+        try:
+            self._CLOSERS[phase](self, group)
+        except (SecAggError, UpdateRefused, InvalidArgument) as err:
+            self._lose(group, str(err))
+            return
+        except Exception as err:  # never leave members waiting on a phase that cannot close
+            log.exception("secure group of version %d failed closing phase %d",
+                          group.version, phase)
+            self._lose(group, f"internal error closing phase {phase}: {type(err).__name__}")
+            return
+        group.closed[phase].set()
+        group.phase = phase + 1
+        if group.phase != DONE:
+            self._arm(group)
+        elif group.timer is not None:
+            group.timer.cancel()
+
+    def _close_advertise(self, group: SecureGroup) -> None:
+        roster = group.sum.collect_keys(group.adverts)
+        group.roster = tuple(SecureMember(a.client, a.cipher_public, a.mask_public)
+                             for a in roster)
+        group.adverts = []
+
+    def _close_share(self, group: SecureGroup) -> None:
+        group.sharers = group.sum.close_sharing()
+        if len(group.sharers) < 2:
+            raise SecAggError(f"{len(group.sharers)} client shared keys; a secure sum needs "
+                              f"at least 2")
+
+    def _close_masked(self, group: SecureGroup) -> None:
+        needed = max(2, math.ceil(group.config.threshold * len(group.members)))
+        if len(group.delivered) < needed:
+            raise SecAggError(f"{len(group.delivered)} of {len(group.members)} members "
+                              f"delivered a masked update; {needed} needed")
+        request = group.sum.unmask_request()
+        group.request = SecureMaskedReply(tuple(sorted(request.survivors)),
+                                          tuple(sorted(request.dropped)))
+
+    def _close_unmask(self, group: SecureGroup) -> None:
+        total, count = group.sum.finish(group.answers.values())
+        mean, weight = weighted_mean(total, count, group.config)
+        survivors = set(group.delivered)
+        tasks = [SummedTask(c, m.task_id, m.num_examples, m.steps_completed, m.steps_planned,
+                            m.bytes_up) for c, m in group.members.items() if m.index in survivors]
+        with self._durably():  # the new version and its events, journalled together
+            outcome = self.engine.submit_sum(tasks, mean.astype(np.float32), weight)
+            for task in tasks:
+                self._settled(task.client_id, task.task_id)
+            self._on_flush(outcome)
+        group.sum = SecureSum(group.config, group.version, 1, 0)  # drop the masked total
+        group.answers = {}
+        group.flushed_version = outcome.version
+        log.info("secure group of version %d: %d of %d members summed, version %d made",
+                 group.version, count, len(group.members), outcome.version)
+
+    _CLOSERS: dict[int, Callable[[SecureDesk, SecureGroup], None]] = {
+        ADVERTISE: _close_advertise, SHARE: _close_share, MASKED: _close_masked,
+        UNMASK: _close_unmask}
+
+    def _lose(self, group: SecureGroup, reason: str) -> None:
+        """The group cannot go on: every waiting call is refused with ``reason``."""
+        log.warning("secure group of version %d lost: %s", group.version, reason)
+        group.lost, group.phase = reason, DONE
+        group.sum = SecureSum(group.config, group.version, 1, 0)
+        if group.timer is not None:
+            group.timer.cancel()
+        for event in group.closed:
+            event.set()

@@ -1,0 +1,313 @@
+"""A secure round over real gRPC: clients die between phases, the sum of the rest is exact,
+and the coordinator never holds, logs or writes an individual update in the clear."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import gc
+import json
+import re
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import TowardTrainer, run_async, target_of, wait_until
+
+pytest.importorskip("cryptography")
+
+from fedlink.aggregate import RobustConfig
+from fedlink.client import ClientOptions, ClientSession, RetryPolicy
+from fedlink.client.protocol import Action, MaskedUpload, Unmask
+from fedlink.config import load_toml
+from fedlink.coordinator import CoordinatorConfig, FlushRule, LimitsConfig
+from fedlink.coordinator.config import SecureConfig
+from fedlink.coordinator.secure import UNMASK
+from fedlink.coordinator.server import CoordinatorServer
+from fedlink.coordinator.service import CoordinatorService
+from fedlink.errors import ConfigError, UpdateRefused
+from fedlink.experiment.config import ExperimentConfig
+from fedlink.messages import GetTaskRequest, JoinRequest, SecureAdvertiseRequest, Task, Wait
+from fedlink.metrics import EventLog
+from fedlink.secagg import decode_sum, encode_weighted
+
+pytestmark = pytest.mark.timeout(90)
+
+DIM = 32
+CLIENTS = 5
+PHASE_S = 1.5
+X0 = np.zeros(DIM, dtype=np.float32)
+FAST_RETRY = RetryPolicy(initial_backoff_s=0.01, max_backoff_s=0.05, max_attempts=5)
+
+
+class Killed(Exception):
+    """The client process 'died' here: it sends nothing more, heartbeats stop."""
+
+
+class DiesBefore(ClientSession):
+    """A client that dies just before the secure phase ``before`` (its earlier phases done)."""
+
+    def __init__(self, *args: Any, before: type, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.before = before
+
+    async def _masked_upload(self, action: MaskedUpload, *rest: Any) -> Action:
+        if self.before is MaskedUpload:  # after sharing keys: its pairwise masks must go
+            raise Killed("after sharing keys")
+        return await super()._masked_upload(action, *rest)
+
+    async def _unmask(self, action: Unmask, *rest: Any) -> Action:
+        if self.before is Unmask:  # its masked update is in: its self mask must go
+            raise Killed("during unmasking")
+        return await super()._unmask(action, *rest)
+
+
+def secure_config(state_dir: Path, inline_bytes: int = 64 << 10) -> CoordinatorConfig:
+    return CoordinatorConfig(
+        rounds=1, flush=FlushRule(goal=CLIENTS, min_updates=2, deadline_s=None),
+        limits=LimitsConfig(long_poll_s=1.0, retry_after_s=0.05, inline_bytes=inline_bytes),
+        robust=RobustConfig(enabled=False), norm_bound_adaptive=False,
+        secure=SecureConfig(enabled=True, phase_s=PHASE_S), state_dir=str(state_dir))
+
+
+_SKIP = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
+         types.FrameType, types.CoroutineType, asyncio.AbstractEventLoop, asyncio.Future,
+         asyncio.Handle)
+
+
+def held_objects(root: object) -> list[Any]:
+    """Everything reachable from ``root`` (the coordinator's service), except code, event
+    loops and their tasks (which would reach the in-process clients)."""
+    seen: set[int] = set()
+    found, stack = [], [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, _SKIP):
+            continue
+        seen.add(id(obj))
+        found.append(obj)
+        if isinstance(obj, np.ndarray | bytes | bytearray | memoryview | str):
+            continue
+        stack.extend(gc.get_referents(obj))
+    return found
+
+
+def _holds_floats(data: bytes, deltas: list[np.ndarray]) -> bool:
+    """Whether ``data`` holds, at any offset, float32 or float64 values within 1e-3 of one
+    of ``deltas`` (a copy, or a quantized one)."""
+    for dtype in (np.float32, np.float64):
+        width = np.dtype(dtype).itemsize
+        for start in range(width):
+            count = (len(data) - start) // width
+            if count < DIM:
+                continue
+            values = np.frombuffer(data, dtype, count, start).astype(np.float64)
+            for delta in deltas:
+                with np.errstate(invalid="ignore"):
+                    for at in np.flatnonzero(np.abs(values[:count - DIM + 1] - delta[0]) < 1e-3):
+                        if np.allclose(values[at:at + DIM], delta, atol=1e-3):
+                            return True
+    return False
+
+
+def leaks(obj: Any, deltas: list[np.ndarray], step: float) -> bool:
+    """Whether ``obj`` is, or decodes to, one of ``deltas`` (float, or Z_m integers)."""
+    if isinstance(obj, bytes | bytearray | memoryview):
+        return _holds_floats(bytes(obj), deltas)
+    if not isinstance(obj, np.ndarray) or obj.size < DIM:
+        return False
+    flat = obj.reshape(-1)
+    if flat.dtype.kind == "f":
+        return any(np.allclose(flat[:DIM], d, atol=1e-3) for d in deltas)
+    if flat.dtype.kind in "ui":
+        decoded = flat[:DIM].astype(np.float64) * step - 1.0  # one client's [w*u, w] encoding
+        return any(np.allclose(decoded, d, atol=1e-3) for d in deltas)
+    return False
+
+
+@pytest.mark.parametrize("inline_bytes", [64 << 10, 0], ids=["inline", "resumable-upload"])
+def test_secure_round_survives_dropouts_and_keeps_updates_private(
+        tmp_path: Path, inline_bytes: int) -> None:
+    rng = np.random.default_rng(7)
+    targets = [rng.uniform(-0.8, 0.8, DIM).astype(np.float32) for _ in range(CLIENTS)]
+    trainers = [TowardTrainer(t, examples=10 + i) for i, t in enumerate(targets)]
+    deltas = [trainer.step(X0.astype(np.float64)) for trainer in trainers]
+    config = secure_config(tmp_path / "state", inline_bytes)
+    step = config.secagg().step
+    server = CoordinatorServer(config, X0, EventLog(tmp_path / "events.jsonl"),
+                               address="127.0.0.1:0")
+    checked: dict[str, Any] = {}
+
+    async def main() -> list[Any]:
+        async with server:
+            sessions = [
+                (DiesBefore if i in (1, 3) else ClientSession)(
+                    target_of(server), trainers[i],
+                    ClientOptions(name=f"c{i}", retry=FAST_RETRY),
+                    **({"before": MaskedUpload if i == 1 else Unmask} if i in (1, 3) else {}))
+                for i in range(CLIENTS)]
+            runs = asyncio.gather(*(s.run() for s in sessions), return_exceptions=True)
+            desk = server.service.secure
+            assert desk is not None
+            await wait_until(lambda: desk.group is not None and desk.group.phase >= UNMASK,
+                             30, "the unmask phase")
+            group = desk.group
+            assert group is not None
+            # mid-round, the masked total is all the coordinator has of the updates
+            masked_total = group.sum._total.copy()
+            survivors = sorted(group.delivered)
+            checked["mid"] = [o for o in held_objects(server.service) if leaks(o, deltas, step)]
+            checked["sum_hidden"] = not np.allclose(
+                decode_sum(masked_total, len(survivors), config.secagg())[:DIM] / len(survivors),
+                np.mean([deltas[i] for i in (0, 2, 3, 4)], axis=0), atol=0.05)
+            results = await asyncio.wait_for(runs, 60)
+            await asyncio.wait_for(server.wait_finished(), 20)
+            checked["end"] = [o for o in held_objects(server.service) if leaks(o, deltas, step)]
+            checked["model_found"] = any(
+                isinstance(o, np.ndarray) and o.shape == (DIM,) and np.array_equal(
+                    o, server.service.engine.model) for o in held_objects(server.service))
+            checked["ids"] = [s.client_id for s in sessions]
+            return results
+
+    results = run_async(main(), timeout=80)
+    assert [type(r).__name__ for r in results] == [
+        "SessionStats", "Killed", "SessionStats", "Killed", "SessionStats"]
+    packed = config.secagg().vector_bytes(DIM + 1)
+    for stats in (results[0], results[2], results[4]):
+        assert (stats.tasks, stats.accepted, stats.refused) == (1, 1, 0)
+        assert stats.bytes_up == packed  # the masked update, inline or uploaded, once
+    if inline_bytes == 0:  # it rode the resumable upload, settled once taken
+        assert server.service.uploads.open_uploads() == 0
+
+    # nothing the coordinator holds, logs or writes is an individual update (the detector
+    # itself recognises an update as floats, as its bytes, and as its Z_m encoding)
+    config_secagg = config.secagg()
+    encoded = encode_weighted(deltas[0], 1.0, config_secagg, np.random.default_rng(0)).values
+    assert leaks(deltas[0].astype(np.float32), deltas, step)
+    assert leaks(b"head" + deltas[2].astype(np.float32).tobytes(), deltas, step)
+    assert leaks(b"x" + (deltas[1] + step).tobytes() + b"tail", deltas, step)  # float64, off
+    assert leaks(encoded, deltas, step)
+    assert checked["model_found"], "the memory walk must reach the engine's model"
+    assert checked["sum_hidden"], "mid-round the masked total must not decode to the sum"
+    assert checked["mid"] == [] and checked["end"] == []
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.name == "events.jsonl" for p in files)
+    for path in files:
+        assert not leaks(path.read_bytes(), deltas, step), path
+    for line in (tmp_path / "events.jsonl").read_text().splitlines():
+        event = json.loads(line)
+        assert not any(isinstance(v, list) and len(v) >= DIM for v in event.values()), event
+    flushes = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()
+               if json.loads(line).get("kind") == "flush"]
+    assert [f["num_updates"] for f in flushes] == [4]  # the members inside the sum
+    accepted = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()
+                if json.loads(line).get("kind") == "update_accepted"]
+    assert sorted(e["client_id"] for e in accepted) == sorted(
+        checked["ids"][i] for i in (0, 2, 3, 4))
+
+    # the sum is the plain sum of those that delivered a masked update (client 1 did not;
+    # client 3 did, then died: its self mask was rebuilt from its neighbours' shares)
+    engine = server.service.engine
+    assert engine.version == 1
+    expected = X0 + np.mean([deltas[i] for i in (0, 2, 3, 4)], axis=0)
+    assert np.allclose(engine.model, expected, atol=4 * step)
+    assert not np.allclose(engine.model, X0 + np.mean(deltas, axis=0), atol=1e-3)
+
+
+def test_secure_settings_that_need_individual_updates_are_refused() -> None:
+    secure = SecureConfig(enabled=True)
+    plain = {"robust": RobustConfig(enabled=False), "norm_bound_adaptive": False,
+             "secure": secure}
+    CoordinatorConfig(**plain)  # the working combination
+    for change, key in ((dict(robust=RobustConfig()), "coordinator.robust.enabled"),
+                        (dict(aggregator="median"), "aggregator 'median'"),
+                        (dict(norm_bound_adaptive=True), "norm_bound_adaptive"),
+                        (dict(flush=FlushRule(continuous=True, deadline_s=None)), "continuous"),
+                        (dict(drop_partial=True), "drop_partial"),
+                        (dict(flush=FlushRule(deadline_s=30.0)), "flush.deadline_s")):
+        with pytest.raises(ConfigError, match=re.escape(key)):
+            CoordinatorConfig(**{**plain, **change})
+
+
+def test_secure_run_refuses_an_uplink_codec() -> None:
+    table = {"run": {"name": "s"},
+             "coordinator": {"robust": {"enabled": False}, "norm_bound_adaptive": False,
+                             "secure": {"enabled": True}},
+             "client": {"compression": "topk"}}
+    with pytest.raises(ConfigError, match=r"client\.compression"):
+        ExperimentConfig.from_dict(table)
+
+
+def test_secure_run_refuses_virtual_mode() -> None:
+    table = {"run": {"name": "s", "mode": "virtual"},
+             "coordinator": {"robust": {"enabled": False}, "norm_bound_adaptive": False,
+                             "secure": {"enabled": True}}}
+    with pytest.raises(ConfigError, match="virtual"):
+        ExperimentConfig.from_dict(table)
+
+
+def test_a_group_with_too_few_deliveries_is_lost_and_its_members_refused(
+        tmp_path: Path) -> None:
+    config = dataclasses.replace(secure_config(tmp_path / "state"),
+                                 flush=FlushRule(goal=3, min_updates=2, deadline_s=None))
+    trainers = [TowardTrainer(np.full(DIM, 0.5, np.float32)) for _ in range(3)]
+    server = CoordinatorServer(config, X0, EventLog(None), address="127.0.0.1:0")
+
+    async def main() -> list[Any]:
+        async with server:
+            sessions = [ClientSession(target_of(server), trainers[0],
+                                      ClientOptions(name="c0", retry=FAST_RETRY, max_tasks=1))]
+            sessions += [DiesBefore(target_of(server), trainers[i],
+                                    ClientOptions(name=f"c{i}", retry=FAST_RETRY),
+                                    before=MaskedUpload) for i in (1, 2)]
+            return await asyncio.wait_for(asyncio.gather(
+                *(s.run() for s in sessions), return_exceptions=True), 30)
+
+    results = run_async(main(), timeout=40)
+    stats = results[0]
+    assert [type(r).__name__ for r in results[1:]] == ["Killed", "Killed"]
+    # one masked update of three: a "sum" of one would be that client's update
+    assert stats.refused == 1 and "was lost" in stats.refusals[0], stats.refusals
+    assert "1 of 3 members delivered" in stats.refusals[0]
+    assert server.service.engine.version == 0
+    assert server.events.of_kind("flush") == []
+
+
+def test_a_retried_advertise_gets_the_same_answer_and_a_late_client_is_refused(
+        tmp_path: Path) -> None:
+    config = dataclasses.replace(secure_config(tmp_path / "state"), flush=FlushRule(
+        goal=2, min_updates=2, deadline_s=None, over_selection=1.5))
+
+    async def main() -> None:
+        service = CoordinatorService(config, X0, EventLog(None))
+        try:
+            adverts = []
+            for i in range(3):  # a cohort of 3 for a group of 2 (over-selection)
+                joined = await service.join(JoinRequest(f"c{i}", num_examples=10))
+                task = await service.get_task(GetTaskRequest(joined.client_id, -1))
+                assert isinstance(task, Task)
+                adverts.append(SecureAdvertiseRequest(joined.client_id, task.task_id,
+                                                      bytes([i]) * 32, bytes([i + 8]) * 32))
+            first = asyncio.ensure_future(service.secure_advertise(adverts[0]))
+            second = await service.secure_advertise(adverts[1])  # the group is full: closes
+            assert (await first).members == second.members
+            assert [m.index for m in second.members] == [0, 1]
+            again = await service.secure_advertise(adverts[0])  # a retry, same answer
+            assert again == await first
+            with pytest.raises(UpdateRefused, match="closed its roster"):
+                await service.secure_advertise(adverts[2])
+            # left out, it waits for the next version instead of training again for this one
+            reply = await service.get_task(GetTaskRequest(adverts[2].client_id, 0))
+            assert isinstance(reply, Wait), reply
+        finally:
+            service.close()
+
+    run_async(main(), timeout=20)
+
+
+def test_the_secure_example_config_loads() -> None:
+    path = Path(__file__).resolve().parents[2] / "examples" / "digits_secure.toml"
+    config = ExperimentConfig.from_dict(load_toml(path))
+    assert config.coordinator.secure.enabled and config.coordinator.secagg().max_clients == 8
