@@ -15,6 +15,11 @@ now hold at the edge:
   size and is held until its call ends (a stream's, until its next message is asked for).
   A call that does not fit is refused ``RESOURCE_EXHAUSTED`` with a retry hint **without its
   message being read**, and whatever a refused or finished call held is given back at once.
+- **Bytes not asked for** (``fedlink.wire.options.server_options``): gRPC core takes a
+  stream's data up to the stream's HTTP/2 window before the application asks for a message.
+  The coordinator's window is fixed at ``SERVER_STREAM_WINDOW_BYTES`` (64 KiB; BDP probing
+  would grow it to megabytes), so per connection core holds at most
+  ``max_streams_per_connection`` x 64 KiB of messages the budget has not admitted.
 
 How a message is left unread: the interceptor serves every method as a client-streaming one,
 so that the server hands it the request *stream* and reads nothing until the interceptor asks
@@ -25,7 +30,7 @@ A budget of 0 disables that bound.
 it freed for reuse rather than giving it back to the system: a burst of large requests, each
 refused at once, still left the process hundreds of MiB larger (its peak RSS grew by the
 burst's bytes, not by the budget). ``FreedMemory`` hands it back (glibc's ``malloc_trim``)
-each time another budget's worth of bytes was read, so what a refused call held leaves the
+each time two messages of the largest kind were read, so what a refused call held leaves the
 process at once. Two things kept refused messages from being freed at all: gRPC's reader of
 a unary call's request stream holds the last message it yielded until it is closed (the
 interceptor closes it once the one message is read), and a refusal's exception keeps its
@@ -50,6 +55,9 @@ from fedlink.errors import ResourceExhausted
 from fedlink.wire.status import rich_status
 
 log = logging.getLogger(__name__)
+
+TRIM_EVERY_MESSAGES = 2
+"""``FreedMemory`` hands memory back after this many messages of the largest kind were read."""
 
 
 class FreedMemory:
@@ -123,7 +131,10 @@ class InflightBudget(grpc.aio.ServerInterceptor):
         self.peak = 0
         self.refused = 0
         self._by_connection: dict[str, int] = {}
-        self.freed = FreedMemory(total_bytes or per_connection_bytes or 64 << 20)
+        # every two messages of the largest kind: refused messages wait in frame cycles until
+        # the collector runs, and once per global budget (64 MiB) let a flood of cap-sized
+        # calls grow the process by tens of MiB between hand-backs
+        self.freed = FreedMemory(TRIM_EVERY_MESSAGES * message_bytes)
 
     @classmethod
     def for_config(cls, config: CoordinatorConfig) -> InflightBudget:
