@@ -142,4 +142,5 @@ def test_the_coordinators_stream_window_stays_fixed_under_uploads_and_a_flood(
     # the flood was still answered: refused unread beyond the budget, with a retry hint
     assert {a.code for a in flood} <= {"RESOURCE_EXHAUSTED", "INVALID_ARGUMENT"}, flood
     over = [a for a in flood if a.code == "RESOURCE_EXHAUSTED"]
+    assert over, "40 concurrent cap-sized calls fit a budget of two"
     assert len(over) == refused and all(a.retry_delay is not None for a in over)
