@@ -30,12 +30,15 @@ A budget of 0 disables that bound.
 it freed for reuse rather than giving it back to the system: a burst of large requests, each
 refused at once, still left the process hundreds of MiB larger (its peak RSS grew by the
 burst's bytes, not by the budget). ``FreedMemory`` hands it back (glibc's ``malloc_trim``)
-each time two messages of the largest kind were read, so what a refused call held leaves the
+each time another budget's worth of bytes was read, so what a refused call held leaves the
 process at once. Two things kept refused messages from being freed at all: gRPC's reader of
 a unary call's request stream holds the last message it yielded until it is closed (the
 interceptor closes it once the one message is read), and a refusal's exception keeps its
-call's frames, the request among them, in a reference cycle (``FreedMemory`` collects cycles
-before it trims).
+call's frames, the request among them, in a reference cycle that only a full collection
+frees: a flood of cap-sized calls refused after they were read grew the coordinator by tens
+of MiB between two collections. The interceptor clears the locals of the frames a failed
+call's exception passed through, so its request is freed when the call ends (``FreedMemory``
+still collects cycles before it trims, for what else is caught in one).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import ctypes
 import ctypes.util
 import gc
 import logging
+import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -55,10 +59,6 @@ from fedlink.errors import ResourceExhausted
 from fedlink.wire.status import rich_status
 
 log = logging.getLogger(__name__)
-
-TRIM_EVERY_MESSAGES = 2
-"""``FreedMemory`` hands memory back after this many messages of the largest kind were read."""
-
 
 class FreedMemory:
     """Gives memory the allocator keeps back to the system after every ``every_bytes`` read.
@@ -114,6 +114,21 @@ async def _close(requests: AsyncIterator[Any]) -> None:
         await close()
 
 
+def _drop_locals(err: BaseException) -> None:
+    """Clear the local variables of the finished frames ``err`` (and the errors it chains)
+    passed through: a call's request is one of them, and an exception's frames form a
+    reference cycle that kept the request alive until the next full collection."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [err]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        pending += [current.__cause__, current.__context__]
+
+
 class InflightBudget(grpc.aio.ServerInterceptor):
     """Reserves bytes per connection and in all before a request message is read.
 
@@ -131,10 +146,7 @@ class InflightBudget(grpc.aio.ServerInterceptor):
         self.peak = 0
         self.refused = 0
         self._by_connection: dict[str, int] = {}
-        # every two messages of the largest kind: refused messages wait in frame cycles until
-        # the collector runs, and once per global budget (64 MiB) let a flood of cap-sized
-        # calls grow the process by tens of MiB between hand-backs
-        self.freed = FreedMemory(TRIM_EVERY_MESSAGES * message_bytes)
+        self.freed = FreedMemory(total_bytes or per_connection_bytes or 64 << 20)
 
     @classmethod
     def for_config(cls, config: CoordinatorConfig) -> InflightBudget:
@@ -266,6 +278,10 @@ class InflightBudget(grpc.aio.ServerInterceptor):
             request, held = await self._first(requests, context)
             try:
                 return await behavior(request, context)
+            except BaseException as err:
+                del request
+                _drop_locals(err)
+                raise
             finally:
                 self._give(peer, held)
         return run
@@ -278,18 +294,30 @@ class InflightBudget(grpc.aio.ServerInterceptor):
             try:
                 async for message in behavior(request, context):
                     yield message
+            except BaseException as err:
+                del request
+                _drop_locals(err)
+                raise
             finally:
                 self._give(peer, held)
         return run
 
     def _many_in(self, behavior: Callable[..., Any]) -> Callable[..., Any]:
         async def run(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
-            return await behavior(self._budgeted(requests, context), context)
+            try:
+                return await behavior(self._budgeted(requests, context), context)
+            except BaseException as err:
+                _drop_locals(err)  # the stream's last message
+                raise
         return run
 
     def _many_in_stream_out(self, behavior: Callable[..., Any]) -> Callable[..., Any]:
         async def run(requests: AsyncIterator[Any],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            async for message in behavior(self._budgeted(requests, context), context):
-                yield message
+            try:
+                async for message in behavior(self._budgeted(requests, context), context):
+                    yield message
+            except BaseException as err:
+                _drop_locals(err)  # the stream's last message
+                raise
         return run
