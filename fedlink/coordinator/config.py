@@ -304,7 +304,9 @@ class LimitsConfig:
       (``fedlink.coordinator.tasks.TaskPace``; 0: off). Heartbeats keep a client alive, not
       its place.
     - ``max_streams_per_connection``, ``connection_idle_s``, ``connection_age_s``: the gRPC
-      server's caps on one HTTP/2 connection.
+      server's caps on one HTTP/2 connection. gRPC core buffers at most 64 KiB (the
+      coordinator's fixed stream window) of each stream's message before it is read, so at
+      most ``max_streams_per_connection`` x 64 KiB per connection.
     - ``max_inflight_bytes`` and ``max_inflight_bytes_per_connection``: bytes of request
       messages being read at once, in all and per connection; a message's worst case (the
       largest chunk or probe accepted) is reserved before it is read, and a call that does not

@@ -15,6 +15,11 @@ now hold at the edge:
   size and is held until its call ends (a stream's, until its next message is asked for).
   A call that does not fit is refused ``RESOURCE_EXHAUSTED`` with a retry hint **without its
   message being read**, and whatever a refused or finished call held is given back at once.
+- **Bytes not asked for** (``fedlink.wire.options.server_options``): gRPC core takes a
+  stream's data up to the stream's HTTP/2 window before the application asks for a message.
+  The coordinator's window is fixed at ``SERVER_STREAM_WINDOW_BYTES`` (64 KiB; BDP probing
+  would grow it to megabytes), so per connection core holds at most
+  ``max_streams_per_connection`` x 64 KiB of messages the budget has not admitted.
 
 How a message is left unread: the interceptor serves every method as a client-streaming one,
 so that the server hands it the request *stream* and reads nothing until the interceptor asks
@@ -29,8 +34,11 @@ each time another budget's worth of bytes was read, so what a refused call held 
 process at once. Two things kept refused messages from being freed at all: gRPC's reader of
 a unary call's request stream holds the last message it yielded until it is closed (the
 interceptor closes it once the one message is read), and a refusal's exception keeps its
-call's frames, the request among them, in a reference cycle (``FreedMemory`` collects cycles
-before it trims).
+call's frames, the request among them, in a reference cycle that only a full collection
+frees: a flood of cap-sized calls refused after they were read grew the coordinator by tens
+of MiB between two collections. The interceptor clears the locals of the frames a failed
+call's exception passed through, so its request is freed when the call ends (``FreedMemory``
+still collects cycles before it trims, for what else is caught in one).
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ import ctypes
 import ctypes.util
 import gc
 import logging
+import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -50,7 +59,6 @@ from fedlink.errors import ResourceExhausted
 from fedlink.wire.status import rich_status
 
 log = logging.getLogger(__name__)
-
 
 class FreedMemory:
     """Gives memory the allocator keeps back to the system after every ``every_bytes`` read.
@@ -104,6 +112,21 @@ async def _close(requests: AsyncIterator[Any]) -> None:
     close = getattr(stream, "aclose", None)
     if close is not None:
         await close()
+
+
+def _drop_locals(err: BaseException) -> None:
+    """Clear the local variables of the finished frames ``err`` (and the errors it chains)
+    passed through: a call's request is one of them, and an exception's frames form a
+    reference cycle that kept the request alive until the next full collection."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [err]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        pending += [current.__cause__, current.__context__]
 
 
 class InflightBudget(grpc.aio.ServerInterceptor):
@@ -255,6 +278,10 @@ class InflightBudget(grpc.aio.ServerInterceptor):
             request, held = await self._first(requests, context)
             try:
                 return await behavior(request, context)
+            except BaseException as err:
+                del request
+                _drop_locals(err)
+                raise
             finally:
                 self._give(peer, held)
         return run
@@ -267,18 +294,30 @@ class InflightBudget(grpc.aio.ServerInterceptor):
             try:
                 async for message in behavior(request, context):
                     yield message
+            except BaseException as err:
+                del request
+                _drop_locals(err)
+                raise
             finally:
                 self._give(peer, held)
         return run
 
     def _many_in(self, behavior: Callable[..., Any]) -> Callable[..., Any]:
         async def run(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
-            return await behavior(self._budgeted(requests, context), context)
+            try:
+                return await behavior(self._budgeted(requests, context), context)
+            except BaseException as err:
+                _drop_locals(err)  # the stream's last message
+                raise
         return run
 
     def _many_in_stream_out(self, behavior: Callable[..., Any]) -> Callable[..., Any]:
         async def run(requests: AsyncIterator[Any],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            async for message in behavior(self._budgeted(requests, context), context):
-                yield message
+            try:
+                async for message in behavior(self._budgeted(requests, context), context):
+                    yield message
+            except BaseException as err:
+                _drop_locals(err)  # the stream's last message
+                raise
         return run

@@ -6,6 +6,18 @@ through keepalive pings, and only by the wait for the ping's ack, ``grpc.http2.p
 ``too_many_pings``; BDP probing keeps large transfers fast on high-latency links. Message
 limits sit above the largest chunk we ever send.
 
+**The coordinator's receive window is fixed** (``SERVER_STREAM_WINDOW_BYTES``, BDP probing
+off on the server only). gRPC core accepts a stream's data up to the window it advertised
+before the application asks for a message; with BDP probing on, that window grew on a fast
+link to megabytes per stream, so 200 concurrent calls just under the message cap on 2
+connections were each buffered whole by core, before fedlink's budget of bytes in flight
+(``fedlink.coordinator.inflight``) could refuse them: the coordinator peaked 250 to 400 MiB
+above its start. With a fixed window, what core holds for messages not asked for is at most
+``max_concurrent_streams x SERVER_STREAM_WINDOW_BYTES`` per connection; a message the
+coordinator does read opens its stream's window to the message's whole length at once, so a
+chunked upload costs about one round trip per chunk (measured at 100 ms RTT: 8 MiB in 1 MiB
+chunks took 0.95 s, 0.33 s with BDP probing). Downloads keep the client's BDP probing.
+
 The ping-ack wait must exceed the link's round trip, and the time the ack spends queued behind
 data in flight: on a slow *uplink* the ping waits behind the client's upload, on a slow
 *downlink* the ack waits behind the coordinator's download (measured: a 3 s timeout cut most
@@ -39,6 +51,9 @@ SERVER_PING_TIMEOUT_MS = 60_000
 Generous: on a slow uplink the ack queues behind the upload's data, on a long link it takes a
 round trip, and the coordinator tells dead clients by their heartbeats, not by pings."""
 
+SERVER_STREAM_WINDOW_BYTES = 64 << 10
+"""The coordinator's HTTP/2 stream window for data it has not asked for (HTTP/2's default)."""
+
 GrpcOptions = list[tuple[str, int | str]]
 
 
@@ -64,7 +79,8 @@ def client_channel_options(ping_timeout_ms: int = PING_TIMEOUT_MS,
 
 def server_options(max_receive_bytes: int = MAX_MESSAGE_BYTES) -> GrpcOptions:
     """Options for the coordinator's server; it reads no message over ``max_receive_bytes``
-    (gRPC refuses a larger one from its length prefix, before reading it)."""
+    (gRPC refuses a larger one from its length prefix, before reading it), and buffers at most
+    ``SERVER_STREAM_WINDOW_BYTES`` of a stream whose message it has not asked for."""
     return [
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", max_receive_bytes),
@@ -74,6 +90,8 @@ def server_options(max_receive_bytes: int = MAX_MESSAGE_BYTES) -> GrpcOptions:
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
         ("grpc.http2.max_ping_strikes", 0),
-        ("grpc.http2.bdp_probe", 1),
+        # a fixed window: BDP probing grew it per stream, for data nobody asked for yet
+        ("grpc.http2.bdp_probe", 0),
+        ("grpc.http2.lookahead_bytes", SERVER_STREAM_WINDOW_BYTES),
         ("grpc.so_reuseport", 0),
     ]

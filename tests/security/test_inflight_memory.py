@@ -133,3 +133,41 @@ def test_a_refused_message_is_not_kept_alive_after_its_call() -> None:
     codes, alive = run_async(scenario(), timeout=60)
     assert codes == {"INVALID_ARGUMENT"}
     assert alive <= 1  # at most the last call's, while its frames unwind
+
+
+def test_a_refused_message_is_freed_without_waiting_for_a_collection() -> None:
+    """The exception that ends a refused call keeps the call's frames, the request among
+    them, in a reference cycle: 12 refused cap-sized Joins stayed in memory until the next
+    full collection (in a flood, tens of MiB between two). The budget clears those frames'
+    locals, so each request is freed when its call ends, collector or not."""
+    pad = "x" * (CAP - (4 << 10))  # over max_metadata_bytes: refused after it is read
+    roomy = LimitsConfig(chunk_bytes=CHUNK, max_chunk_bytes=CHUNK, requests_per_s=0,
+                         max_inflight_bytes=64 * CAP, max_inflight_bytes_per_connection=64 * CAP)
+
+    async def scenario() -> tuple[set[str], int]:
+        codes: set[str] = set()
+        with EventLog(None) as events:
+            async with CoordinatorServer(CoordinatorConfig(limits=roomy),
+                                         np.zeros(8, np.float32), events) as server, \
+                    grpc.aio.insecure_channel(f"127.0.0.1:{server.port}", options=[
+                        ("grpc.max_send_message_length", 16 << 20)]) as channel:
+                stub = pb_grpc.CoordinatorStub(channel)
+                for i in range(12):
+                    request = pb.JoinRequest(client_name=f"p{i}", num_examples=1,
+                                             metadata={"pad": pad})
+                    codes.add((await answer_of(stub.Join(request, timeout=30))).code)
+                del request
+                assert server.inflight.freed.trims == 0  # no hand-back collected them
+                alive = sum(1 for o in gc.get_objects()  # lists, does not collect
+                            if isinstance(o, pb.JoinRequest) and o.ByteSize() > CHUNK)
+        return codes, alive
+
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        codes, alive = run_async(scenario(), timeout=60)
+    finally:
+        if collecting:
+            gc.enable()
+    assert codes == {"INVALID_ARGUMENT"}
+    assert alive == 0
