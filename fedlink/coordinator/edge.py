@@ -20,6 +20,7 @@ import grpc
 
 from fedlink.coordinator.admission import calling_from
 from fedlink.coordinator.config import CoordinatorConfig, LimitsConfig
+from fedlink.wire.options import stream_window_options
 
 CONNECTION_AGE_GRACE_S = 300.0
 """How long calls in flight may finish on a connection past ``connection_age_s``."""
@@ -107,9 +108,10 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
     return handler  # no bidirectional streams in fedlink.v1 or the standard services
 
 
-def connection_options(limits: LimitsConfig) -> list[tuple[str, int]]:
-    """gRPC server options capping one connection: streams, idle time, age (0: no cap)."""
-    options: list[tuple[str, int]] = []
+def connection_options(limits: LimitsConfig) -> list[tuple[str, int | str]]:
+    """gRPC server options capping one connection: streams, idle time, age (0: no cap), and
+    its stream window."""
+    options: list[tuple[str, int | str]] = stream_window_options(limits.stream_window_bytes)
     if limits.max_streams_per_connection:
         options.append(("grpc.max_concurrent_streams", limits.max_streams_per_connection))
     if limits.connection_idle_s:

@@ -6,8 +6,9 @@ through keepalive pings, and only by the wait for the ping's ack, ``grpc.http2.p
 ``too_many_pings``; BDP probing keeps large transfers fast on high-latency links. Message
 limits sit above the largest chunk we ever send.
 
-**The coordinator's receive window is fixed** (``SERVER_STREAM_WINDOW_BYTES``, BDP probing
-off on the server only). gRPC core accepts a stream's data up to the window it advertised
+**The coordinator's receive window is fixed by default** (``SERVER_STREAM_WINDOW_BYTES``, BDP
+probing off on the server only; ``[coordinator.limits] stream_window_bytes`` sets it, 0 turns
+BDP probing back on). gRPC core accepts a stream's data up to the window it advertised
 before the application asks for a message; with BDP probing on, that window grew on a fast
 link to megabytes per stream, so 200 concurrent calls just under the message cap on 2
 connections were each buffered whole by core, before fedlink's budget of bytes in flight
@@ -52,7 +53,8 @@ Generous: on a slow uplink the ack queues behind the upload's data, on a long li
 round trip, and the coordinator tells dead clients by their heartbeats, not by pings."""
 
 SERVER_STREAM_WINDOW_BYTES = 64 << 10
-"""The coordinator's HTTP/2 stream window for data it has not asked for (HTTP/2's default)."""
+"""The coordinator's default HTTP/2 stream window for data it has not asked for (HTTP/2's
+default)."""
 
 GrpcOptions = list[tuple[str, int | str]]
 
@@ -79,8 +81,8 @@ def client_channel_options(ping_timeout_ms: int = PING_TIMEOUT_MS,
 
 def server_options(max_receive_bytes: int = MAX_MESSAGE_BYTES) -> GrpcOptions:
     """Options for the coordinator's server; it reads no message over ``max_receive_bytes``
-    (gRPC refuses a larger one from its length prefix, before reading it), and buffers at most
-    ``SERVER_STREAM_WINDOW_BYTES`` of a stream whose message it has not asked for."""
+    (gRPC refuses a larger one from its length prefix, before reading it). The stream window
+    is a limit of its own (``stream_window_options``)."""
     return [
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", max_receive_bytes),
@@ -90,8 +92,15 @@ def server_options(max_receive_bytes: int = MAX_MESSAGE_BYTES) -> GrpcOptions:
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
         ("grpc.http2.max_ping_strikes", 0),
-        # a fixed window: BDP probing grew it per stream, for data nobody asked for yet
-        ("grpc.http2.bdp_probe", 0),
-        ("grpc.http2.lookahead_bytes", SERVER_STREAM_WINDOW_BYTES),
         ("grpc.so_reuseport", 0),
     ]
+
+
+def stream_window_options(window_bytes: int) -> GrpcOptions:
+    """The coordinator's HTTP/2 stream window: fixed at ``window_bytes`` (BDP probing off), or
+    grown by BDP probing when ``window_bytes`` is 0 (see the module docstring for the cost of
+    each)."""
+    if window_bytes == 0:
+        return [("grpc.http2.bdp_probe", 1)]
+    # a fixed window: BDP probing grew it per stream, for data nobody asked for yet
+    return [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", window_bytes)]

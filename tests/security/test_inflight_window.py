@@ -27,6 +27,7 @@ from _hostile import Answer, answer_of
 from conftest import CoordinatorFactory, run_async
 
 from fedlink.coordinator import CoordinatorConfig, LimitsConfig
+from fedlink.errors import ConfigError
 from fedlink.proto.v1 import coordinator_pb2 as pb
 from fedlink.proto.v1 import coordinator_pb2_grpc as pb_grpc
 from fedlink.wire.options import SERVER_STREAM_WINDOW_BYTES
@@ -144,3 +145,39 @@ def test_the_coordinators_stream_window_stays_fixed_under_uploads_and_a_flood(
     over = [a for a in flood if a.code == "RESOURCE_EXHAUSTED"]
     assert over, "40 concurrent cap-sized calls fit a budget of two"
     assert len(over) == refused and all(a.retry_delay is not None for a in over)
+
+
+@pytest.mark.parametrize("window", [0, 256 << 10])
+def test_the_stream_window_setting_takes_effect(coordinator: CoordinatorFactory,
+                                                window: int) -> None:
+    """``stream_window_bytes`` is the window advertised; 0 lets BDP probing grow it."""
+    limits = LimitsConfig(chunk_bytes=CHUNK, max_chunk_bytes=CHUNK, requests_per_s=0,
+                          stream_window_bytes=window)
+    model = np.zeros(UPLOAD_CHUNKS * CHUNK // 4, np.float32)
+
+    async def scenario() -> tuple[SettingsTap, list[Answer]]:
+        async with coordinator(CoordinatorConfig(limits=limits), model) as server:
+            tap = SettingsTap(server.port)
+            port = await tap.start()
+            try:
+                async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                    stub = pb_grpc.CoordinatorStub(channel)
+                    joined = await stub.Join(pb.JoinRequest(client_name="u", num_examples=10),
+                                             timeout=30)
+                    uploads = [await upload(stub, joined.client_id) for _ in range(2)]
+            finally:
+                await tap.close()
+            return tap, uploads
+
+    tap, uploads = run_async(scenario(), timeout=100)
+    assert [u.code for u in uploads] == ["OK"] * 2, uploads
+    windows = tap.sent.get(INITIAL_WINDOW_SIZE, [])
+    if window:
+        assert windows and max(windows) == window, windows
+    else:  # BDP probing on a loopback bulk upload grows the window past HTTP/2's default
+        assert windows and max(windows) > SERVER_STREAM_WINDOW_BYTES, windows
+
+
+def test_a_stream_window_below_16_kib_is_refused() -> None:
+    with pytest.raises(ConfigError, match="stream_window_bytes"):
+        LimitsConfig(stream_window_bytes=1000)
