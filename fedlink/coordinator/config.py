@@ -792,6 +792,9 @@ class CoordinatorConfig:
                 f"flush hooks (coordinator.hooks) act on individual updates ({why})")
         require(not self.drop_partial, "coordinator.secure.enabled",
                 f"drop_partial judges individual updates ({why})")
+        require(self.flush.goal >= 3, "coordinator.flush.goal",
+                f"a secure group needs at least 3 members (each shares its secrets among at "
+                f"least 2 others), got goal = {self.flush.goal}")
         deadline = self.flush.deadline_s
         require(deadline is None or deadline >= 4 * self.secure.phase_s,
                 "coordinator.flush.deadline_s",

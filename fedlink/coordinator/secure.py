@@ -66,6 +66,7 @@ from fedlink.secagg import (
     weighted_mean,
 )
 from fedlink.secagg.crypto import KEY_BYTES
+from fedlink.secagg.graph import neighbours
 from fedlink.secagg.packing import packed_size, unpack
 
 log = logging.getLogger(__name__)
@@ -147,36 +148,56 @@ class SecureDesk:
         self._on_flush = on_flush
         self._secagg = config.secagg()
         self.group: SecureGroup | None = None
+        self.on_phase: Callable[[SecureGroup, int], None] | None = None
+        """Told each phase that closes (``group.lost``: the group was lost at it)."""
 
     # -- the four calls -------------------------------------------------------------------
+    # Each call records the caller's message (``join``, ``record_*``: synchronous), waits for
+    # its phase to close, then answers (``*_reply``). The gRPC calls await the close; the
+    # virtual loop, on a manual clock, is told of it by ``on_phase`` and answers then.
 
     async def advertise(self, request: SecureAdvertiseRequest) -> SecureAdvertiseReply:
         """Phase 1: join the group of the task's version; answered with the final roster."""
+        group, member = self.join(request)
+        await self._wait(group, ADVERTISE, request.task_id, member)
+        return self.advertise_reply(group, member)
+
+    def join(self, request: SecureAdvertiseRequest) -> tuple[SecureGroup, _Member]:
+        """Phase 1's message: the caller joins the group of its task's version."""
         group = self._group_for(request.client_id, request.task_id)
         member = group.members.get(request.client_id)
         if member is not None:  # a retry: the same task, answered the same way
-            member = group.member(request.client_id, request.task_id)
-        else:
-            if len(request.cipher_public) != KEY_BYTES or len(request.mask_public) != KEY_BYTES:
-                raise InvalidArgument(f"public keys are {KEY_BYTES} bytes each")
-            if group.phase != ADVERTISE:
-                self._left_out(request.client_id, request.task_id)
-                raise UpdateRefused(f"the secure group of version {group.version} has closed "
-                                    f"its roster", RefusalCode.TASK_CLOSED)
-            member = _Member(len(group.members), request.task_id)
-            group.members[request.client_id] = member
-            group.adverts.append(AdvertiseKeys(member.index, request.cipher_public,
-                                               request.mask_public))
-            member.bytes_up += 4 + len(request.cipher_public) + len(request.mask_public)
-            if len(group.members) == 1:
-                self._arm(group)
-            if len(group.members) >= group.goal:
-                self._close(group, ADVERTISE)
-        await self._wait(group, ADVERTISE, request.task_id, member)
+            return group, group.member(request.client_id, request.task_id)
+        if len(request.cipher_public) != KEY_BYTES or len(request.mask_public) != KEY_BYTES:
+            raise InvalidArgument(f"public keys are {KEY_BYTES} bytes each")
+        if group.phase != ADVERTISE:
+            self._left_out(request.client_id, request.task_id)
+            raise UpdateRefused(f"the secure group of version {group.version} has closed "
+                                f"its roster", RefusalCode.TASK_CLOSED)
+        member = _Member(len(group.members), request.task_id)
+        group.members[request.client_id] = member
+        group.adverts.append(AdvertiseKeys(member.index, request.cipher_public,
+                                           request.mask_public))
+        member.bytes_up += 4 + len(request.cipher_public) + len(request.mask_public)
+        if len(group.members) == 1:
+            self._arm(group)
+        if len(group.members) >= group.goal:
+            self._close(group, ADVERTISE)
+        return group, member
+
+    @staticmethod
+    def advertise_reply(group: SecureGroup, member: _Member) -> SecureAdvertiseReply:
+        """Phase 1's answer, once the roster is final."""
         return SecureAdvertiseReply(member.index, group.version, group.version, group.roster)
 
     async def share(self, request: SecureShareRequest) -> SecureShareReply:
         """Phase 2: hand in the encrypted shares; answered with those sent to the caller."""
+        group, member = self.record_share(request)
+        await self._wait(group, SHARE, request.task_id, member)
+        return self.share_reply(group, member, request.client_id, request.task_id)
+
+    def record_share(self, request: SecureShareRequest) -> tuple[SecureGroup, _Member]:
+        """Phase 2's message: the caller's encrypted shares."""
         group, member = self._member(request.client_id, request.task_id)
         if group.phase == SHARE and member.index not in group.sum.sharers:
             try:
@@ -187,9 +208,13 @@ class SecureDesk:
             member.bytes_up += sum(8 + len(s.ciphertext) for s in request.shares)
             if len(group.sum.sharers) == len(group.members):
                 self._close(group, SHARE)
-        await self._wait(group, SHARE, request.task_id, member)
+        return group, member
+
+    def share_reply(self, group: SecureGroup, member: _Member, client_id: str,
+                    task_id: str) -> SecureShareReply:
+        """Phase 2's answer, once sharing closed (refused to a member that did not share)."""
         if member.index not in group.sharers:
-            self._left_out(request.client_id, request.task_id)
+            self._left_out(client_id, task_id)
             raise UpdateRefused("this client did not share its keys before the phase's "
                                 "deadline", RefusalCode.TASK_CLOSED)
         return SecureShareReply(tuple(SecureShare(s.sender, s.receiver, s.ciphertext)
@@ -200,24 +225,41 @@ class SecureDesk:
         running sum; answered with who delivered."""
         group, member = self._member(request.client_id, request.task_id)
         if group.phase == MASKED and member.index not in group.delivered:
-            if request.num_values != group.size:
-                raise InvalidArgument(f"a masked update has {group.size} values, got "
-                                      f"{request.num_values}")
             data = request.values
             if request.upload_id:
+                self._check_size(group, request)
                 data = await self._take_upload(
                     request.client_id, request.upload_id,
                     packed_size(group.size, group.config.modulus_bits))
-            if group.phase == MASKED and member.index not in group.delivered:
-                member.num_examples = request.num_examples
-                member.steps_completed = request.steps_completed
-                member.steps_planned = request.steps_planned
-                self._add_masked(group, member, data)
+            self.record_masked(request, data)
         await self._wait(group, MASKED, request.task_id, member)
-        await self._wait(group, MASKED, request.task_id, member)
+        return self.masked_reply(group, member, request.client_id, request.task_id)
+
+    def record_masked(self, request: SecureMaskedRequest,
+                      data: bytes | None = None) -> tuple[SecureGroup, _Member]:
+        """Phase 3's message: the masked update (``data``: its bytes when they came as an
+        upload, else the request's own) joins the running sum while the phase is open."""
+        group, member = self._member(request.client_id, request.task_id)
+        if group.phase == MASKED and member.index not in group.delivered:
+            self._check_size(group, request)
+            member.num_examples = request.num_examples
+            member.steps_completed = request.steps_completed
+            member.steps_planned = request.steps_planned
+            self._add_masked(group, member, request.values if data is None else data)
+        return group, member
+
+    @staticmethod
+    def _check_size(group: SecureGroup, request: SecureMaskedRequest) -> None:
+        if request.num_values != group.size:
+            raise InvalidArgument(f"a masked update has {group.size} values, got "
+                                  f"{request.num_values}")
+
+    def masked_reply(self, group: SecureGroup, member: _Member, client_id: str,
+                     task_id: str) -> SecureMaskedReply:
+        """Phase 3's answer, once it closed (refused to a member whose update came late)."""
         assert group.request is not None
         if member.index not in group.request.survivors:
-            self._left_out(request.client_id, request.task_id)
+            self._left_out(client_id, task_id)
             raise UpdateRefused("this client's masked update came after the phase's deadline",
                                 RefusalCode.TASK_CLOSED)
         return group.request
@@ -236,6 +278,13 @@ class SecureDesk:
 
     async def unmask(self, request: SecureUnmaskRequest) -> SecureUnmaskReply:
         """Phase 4: hand in the shares; answered once the sum is unmasked and flushed."""
+        group, member = self.record_unmask(request)
+        await self._wait(group, UNMASK, request.task_id, member)
+        return SecureUnmaskReply(group.flushed_version)
+
+    def record_unmask(self, request: SecureUnmaskRequest) -> tuple[SecureGroup, _Member]:
+        """Phase 4's message: the caller's shares of the survivors' seeds and the dropped
+        members' keys."""
         group, member = self._member(request.client_id, request.task_id)
         if group.phase == UNMASK and member.index not in group.answers:
             group.answers[member.index] = UnmaskShares(
@@ -246,8 +295,7 @@ class SecureDesk:
             assert group.request is not None
             if set(group.answers) >= set(group.request.survivors):
                 self._close(group, UNMASK)
-        await self._wait(group, UNMASK, request.task_id, member)
-        return SecureUnmaskReply(group.flushed_version)
+        return group, member
 
     # -- the group's phases ---------------------------------------------------------------
 
@@ -314,9 +362,19 @@ class SecureDesk:
             self._arm(group)
         elif group.timer is not None:
             group.timer.cancel()
+        if self.on_phase is not None:
+            self.on_phase(group, phase)
 
     def _close_advertise(self, group: SecureGroup) -> None:
         roster = group.sum.collect_keys(group.adverts)
+        # a member shares its secrets among its neighbours, at least 2 of them (Shamir): a
+        # roster too small for that is lost here, not by its members' failing to share
+        graph = neighbours([a.client for a in roster], group.config.neighbours,
+                           group.version)
+        few = min(len(n) for n in graph.values())
+        if few < 2:
+            raise SecAggError(f"{len(roster)} members advertised keys: a member with {few} "
+                              f"neighbour cannot share its secrets (at least 2 needed)")
         group.roster = tuple(SecureMember(a.client, a.cipher_public, a.mask_public)
                              for a in roster)
         group.adverts = []
@@ -360,9 +418,12 @@ class SecureDesk:
     def _lose(self, group: SecureGroup, reason: str) -> None:
         """The group cannot go on: every waiting call is refused with ``reason``."""
         log.warning("secure group of version %d lost: %s", group.version, reason)
+        phase = group.phase
         group.lost, group.phase = reason, DONE
         group.sum = SecureSum(group.config, group.version, 1, 0)
         if group.timer is not None:
             group.timer.cancel()
         for event in group.closed:
             event.set()
+        if self.on_phase is not None:
+            self.on_phase(group, phase)

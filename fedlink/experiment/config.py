@@ -276,10 +276,6 @@ class ExperimentConfig:
         require(not self.evaluator or is_import_string(self.evaluator), "coordinator.evaluator",
                 f"must be 'package.module:attr', got {self.evaluator!r}")
         self._refuse_state_virtual_clients_lose()
-        if self.run.mode == "virtual" and self.coordinator.secure.enabled:
-            raise ConfigError("[coordinator.secure] enabled with [run] mode = 'virtual': the "
-                              "virtual loop does not run secure aggregation's phases yet. Use "
-                              "[run] mode = 'grpc'")
 
     def _refuse_state_virtual_clients_lose(self) -> None:
         """Virtual mode builds each task's trainer afresh (a population of 10^6 keeps no

@@ -226,7 +226,8 @@ def test_secure_settings_that_need_individual_updates_are_refused() -> None:
                         (dict(norm_bound_adaptive=True), "norm_bound_adaptive"),
                         (dict(flush=FlushRule(continuous=True, deadline_s=None)), "continuous"),
                         (dict(drop_partial=True), "drop_partial"),
-                        (dict(flush=FlushRule(deadline_s=30.0)), "flush.deadline_s")):
+                        (dict(flush=FlushRule(deadline_s=30.0)), "flush.deadline_s"),
+                        (dict(flush=FlushRule(goal=2, deadline_s=None)), "flush.goal")):
         with pytest.raises(ConfigError, match=re.escape(key)):
             CoordinatorConfig(**{**plain, **change})
 
@@ -237,14 +238,6 @@ def test_secure_run_refuses_an_uplink_codec() -> None:
                              "secure": {"enabled": True}},
              "client": {"compression": "topk"}}
     with pytest.raises(ConfigError, match=r"client\.compression"):
-        ExperimentConfig.from_dict(table)
-
-
-def test_secure_run_refuses_virtual_mode() -> None:
-    table = {"run": {"name": "s", "mode": "virtual"},
-             "coordinator": {"robust": {"enabled": False}, "norm_bound_adaptive": False,
-                             "secure": {"enabled": True}}}
-    with pytest.raises(ConfigError, match="virtual"):
         ExperimentConfig.from_dict(table)
 
 
@@ -278,28 +271,29 @@ def test_a_group_with_too_few_deliveries_is_lost_and_its_members_refused(
 def test_a_retried_advertise_gets_the_same_answer_and_a_late_client_is_refused(
         tmp_path: Path) -> None:
     config = dataclasses.replace(secure_config(tmp_path / "state"), flush=FlushRule(
-        goal=2, min_updates=2, deadline_s=None, over_selection=1.5))
+        goal=3, min_updates=2, deadline_s=None, over_selection=1.5))
 
     async def main() -> None:
         service = CoordinatorService(config, X0, EventLog(None))
         try:
             adverts = []
-            for i in range(3):  # a cohort of 3 for a group of 2 (over-selection)
+            for i in range(4):  # a cohort of 4 for a group of 3 (over-selection)
                 joined = await service.join(JoinRequest(f"c{i}", num_examples=10))
                 task = await service.get_task(GetTaskRequest(joined.client_id, -1))
                 assert isinstance(task, Task)
                 adverts.append(SecureAdvertiseRequest(joined.client_id, task.task_id,
                                                       bytes([i]) * 32, bytes([i + 8]) * 32))
             first = asyncio.ensure_future(service.secure_advertise(adverts[0]))
-            second = await service.secure_advertise(adverts[1])  # the group is full: closes
-            assert (await first).members == second.members
-            assert [m.index for m in second.members] == [0, 1]
+            middle = asyncio.ensure_future(service.secure_advertise(adverts[1]))
+            last = await service.secure_advertise(adverts[2])  # the group is full: closes
+            assert (await first).members == (await middle).members == last.members
+            assert [m.index for m in last.members] == [0, 1, 2]
             again = await service.secure_advertise(adverts[0])  # a retry, same answer
             assert again == await first
             with pytest.raises(UpdateRefused, match="closed its roster"):
-                await service.secure_advertise(adverts[2])
+                await service.secure_advertise(adverts[3])
             # left out, it waits for the next version instead of training again for this one
-            reply = await service.get_task(GetTaskRequest(adverts[2].client_id, 0))
+            reply = await service.get_task(GetTaskRequest(adverts[3].client_id, 0))
             assert isinstance(reply, Wait), reply
         finally:
             service.close()

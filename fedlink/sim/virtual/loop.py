@@ -49,6 +49,7 @@ from fedlink.client.base import planned_steps
 from fedlink.client.pipeline import UpdatePipeline
 from fedlink.client.protocol import (
     Accepted,
+    Advertise,
     ClientProtocol,
     Deliver,
     Download,
@@ -201,15 +202,17 @@ class VirtualLoop:
         self._evaluations = VirtualEvaluations(config, VirtualWorld(
             self.engine, population, clock, self.availability, events, options.deterministic,
             options.step_cost_s, self._count_evaluation_network, self._count_download,
-            self._count_used, lambda index: int(self._held[index])))
+            self.count_used, lambda index: int(self._held[index])))
         self._select = np.random.default_rng([options.seed, 0x5E1EC7])
-        self._timing = None if options.deterministic else np.random.default_rng(
+        self.timing = None if options.deterministic else np.random.default_rng(
             [options.seed, 0x714E])
         self.totals = LoopTotals()
         self._round_down = RoundBytesDown()  # since the last flush, as the servicer counts it
         # what the run says about a client's lifecycle (training tasks only: evaluations are
         # drawn by ``VirtualEvaluations``)
-        self._lifecycle = ProtocolSettings(inline_bytes=config.limits.inline_limit)
+        self._lifecycle = ProtocolSettings(inline_bytes=config.limits.inline_limit,
+                                           secure=config.secure.enabled)
+        self.secure = None if not config.secure.enabled else _secure_phases(self)
         self._checked_in = np.zeros(population.size, dtype=bool)  # 1 byte a client
         # the model version each client holds (-1: none), from its last download
         self._held = np.full(population.size, -1, dtype=np.int32)
@@ -292,11 +295,11 @@ class VirtualLoop:
         self._busy[index] = busy
         self._charge(busy, tasks=1)
         profile = self.population.profile(index)
-        rtt = round_trip_s(profile, self._timing) if profile is not None else 0.0
+        rtt = round_trip_s(profile, self.timing) if profile is not None else 0.0
         down = self._download(busy, profile, action)
         seconds = rtt + (down.seconds if down is not None else 0.0)
         if down is not None:
-            self._count_network(busy, seconds, down)
+            self.count_network(busy, seconds, down)
         else:
             self._charge(busy, network_s=seconds)
         done = finish(self.availability, index, now, seconds)
@@ -314,7 +317,7 @@ class VirtualLoop:
         self._round_down.sent(MODEL, header.num_bytes)
         self.totals.bytes_down += header.num_bytes
         busy.bytes_down = header.num_bytes
-        return transfer_time(profile, header.num_bytes, DOWN, self._timing)
+        return transfer_time(profile, header.num_bytes, DOWN, self.timing)
 
     # -- a client's task -------------------------------------------------------------------
 
@@ -371,14 +374,18 @@ class VirtualLoop:
         busy.protocol.heard(Trained(self.clock.now()))
         # the job ran the pipeline with the training (in the backend): the update is encoded
         action = busy.protocol.heard(Encoded(encoded.header.num_bytes))
+        delta = unpack(encoded.header, encoded.data, self.engine.num_parameters,
+                       verify=False)  # packed just now: no wire to check
+        examples = bounded_examples(upload.num_examples, work.num_examples,
+                                    self.config.limits.max_examples_per_update)
+        if self.secure is not None:  # masked in its version's group (Advertise, ...)
+            assert isinstance(action, Advertise)
+            self.secure.start(busy, delta, examples, completed, work.steps, rng=upload.rng)
+            return
         assert isinstance(action, Deliver)
         update = ReceivedUpdate(
             client_id=self.client_id(index), task_id=task.task_id,
-            base_version=task.model_version,
-            delta=unpack(encoded.header, encoded.data, self.engine.num_parameters,
-                         verify=False),  # packed just now: no wire to check
-            num_examples=bounded_examples(upload.num_examples, work.num_examples,
-                                          self.config.limits.max_examples_per_update),
+            base_version=task.model_version, delta=delta, num_examples=examples,
             steps_completed=completed, steps_planned=work.steps,
             bytes_up=encoded.header.num_bytes, metrics=dict(upload.privacy))
         self._upload(busy, update, action)
@@ -411,10 +418,10 @@ class VirtualLoop:
         """Time the upload and commit (one call when the update travels inline)."""
         index = busy.index
         profile = self.population.profile(index)
-        up = transfer_time(profile, update.bytes_up, UP, self._timing)
-        commit = round_trip_s(profile, self._timing) if profile is not None else 0.0
+        up = transfer_time(profile, update.bytes_up, UP, self.timing)
+        commit = round_trip_s(profile, self.timing) if profile is not None else 0.0
         seconds = up.seconds if action.inline else up.seconds + commit
-        self._count_network(busy, seconds, up)
+        self.count_network(busy, seconds, up)
         arrives = finish(self.availability, index, self.clock.now(), seconds)
         if arrives <= self.clock.now():
             # an upload that takes no model time (an ideal link) arrives at once, before the
@@ -442,9 +449,9 @@ class VirtualLoop:
             busy.protocol.heard(outcome_of(err) or Refused(err.detail))
         else:
             busy.protocol.heard(Accepted())
-            self._count_used(busy.bytes_down)
+            self.count_used(busy.bytes_down)
             if acceptance.flush is not None:
-                self._flushed(acceptance.flush)
+                self.flushed(acceptance.flush)
         self._fill()
 
     def _task_times(self, busy: _Busy) -> dict[str, float]:
@@ -457,6 +464,19 @@ class VirtualLoop:
         """The task is over: the client goes back among the idle (its next check-in)."""
         self._busy.pop(busy.index, None)
         self.totals.tasks += 1
+
+    def ended(self, busy: _Busy, outcome: Accepted | Refused | Lost | None = None) -> None:
+        """A secure delivery ended (``fedlink.sim.virtual.secure``) with ``outcome`` (``None``:
+        unheard, after the run's end): the client goes back among the idle."""
+        if outcome is not None:
+            busy.protocol.heard(outcome)
+        self._done(busy)
+        if not self.engine.finished:
+            self._fill()
+
+    def busy_of(self, client_id: str) -> _Busy | None:
+        """The task in progress of the client the engine knows as ``client_id``."""
+        return self._busy.get(int(client_id.rsplit("-", 1)[1]))
 
     def _lost(self, busy: _Busy, reason: str) -> None:
         busy.protocol.heard(Lost(reason))
@@ -471,7 +491,7 @@ class VirtualLoop:
         self.engine.release_silent(self._last_seen)
         outcome = self.engine.poll()
         if outcome is not None:
-            self._flushed(outcome)
+            self.flushed(outcome)
         self._fill()
         self.clock.call_later(self.options.poll_s, self._poll)
 
@@ -491,7 +511,7 @@ class VirtualLoop:
             t -= self.options.poll_s
         return now - t
 
-    def _flushed(self, outcome: FlushOutcome) -> None:
+    def flushed(self, outcome: FlushOutcome) -> None:
         """Report a new version as the service's reporter does, in model time."""
         metrics = central_metrics(self._evaluate, outcome.model)
         wall = time.perf_counter()
@@ -512,7 +532,7 @@ class VirtualLoop:
         self.totals.bytes_down += num_bytes
         self.totals.bytes_down_evaluation += num_bytes
 
-    def _count_used(self, num_bytes: int) -> None:
+    def count_used(self, num_bytes: int) -> None:
         """A task's download was used: its update or evaluation report was accepted."""
         self.totals.bytes_down_used += num_bytes
 
@@ -524,7 +544,8 @@ class VirtualLoop:
         if transfer is not None:  # None: the client held the model, nothing was sent
             self._count_resends(transfer)
 
-    def _count_network(self, busy: _Busy, seconds: float, transfer: Any) -> None:
+    def count_network(self, busy: _Busy, seconds: float, transfer: Any) -> None:
+        """Charge ``busy``'s task ``seconds`` on the network (``transfer``: its resends)."""
         self._count_resends(transfer)
         self._charge(busy, network_s=seconds)
 
@@ -550,3 +571,11 @@ class VirtualLoop:
     def kept_state_clients(self) -> int:
         """Clients whose generator is kept (they trained at least once)."""
         return len(self._rngs)
+
+
+def _secure_phases(loop: VirtualLoop) -> Any:
+    """The secure phases' carrier (imported here: secure aggregation needs the ``secagg``
+    extra, ``cryptography``)."""
+    from fedlink.sim.virtual.secure import VirtualSecure
+
+    return VirtualSecure(loop)

@@ -243,4 +243,5 @@ def virtual_figures(totals: LoopTotals, wall_s: float, loop: VirtualLoop) -> dic
         "residuals_on_disk": loop.residuals.on_disk,
         "residual_spill_bytes": loop.residuals.spilled_bytes,
         **time_shares(totals.per_round, totals.per_profile),
+        **({} if loop.secure is None else loop.secure.totals.figures()),
     }

@@ -1,0 +1,172 @@
+"""Secure rounds in virtual mode: the gRPC coordinator's secure groups and the real client's
+secure delivery, driven through ``ClientProtocol`` on the manual clock, each phase timed on the
+client's link; clients going offline between phases are unmasked from their neighbours."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("cryptography")
+
+from fedlink.client.pipeline import UpdatePipeline
+from fedlink.clock import ManualClock
+from fedlink.coordinator.config import CoordinatorConfig
+from fedlink.coordinator.secure import SecureDesk
+from fedlink.experiment.config import ExperimentConfig
+from fedlink.metrics import EventLog
+from fedlink.netem import Fleet
+from fedlink.sim.virtual.loop import LoopOptions, VirtualLoop
+from fedlink.sim.virtual.population import Links, SyntheticPopulation, SyntheticSpec
+from fedlink.sim.virtual.runner import run_virtual
+from fedlink.sim.virtual.secure import PHASE_NAMES
+
+pytestmark = pytest.mark.timeout(120)
+
+CLIENTS = 6
+SPEC = SyntheticSpec(num_features=8, num_classes=3, min_examples=32, max_examples=32, seed=0)
+
+
+def _config(secure: bool, rounds: int = 1, **flush: Any) -> CoordinatorConfig:
+    table: dict[str, Any] = {
+        "rounds": rounds, "training": {"local_steps": 4},
+        "robust": {"enabled": False}, "norm_bound_adaptive": False,
+        "flush": {"goal": CLIENTS, "min_updates": 2, "deadline_s": None, **flush}}
+    if secure:
+        table["secure"] = {"enabled": True, "phase_s": 5.0}
+    return CoordinatorConfig.from_dict(table)
+
+
+class GoesOffline:
+    """Clients go offline at the instants ``gone`` gets (the test sets them as phases happen)
+    and come back at ``back``, long after the phase deadlines."""
+
+    def __init__(self, back: float = 1000.0) -> None:
+        self.gone: dict[int, float] = {}
+        self.back = back
+
+    def online(self, index: int, t: float) -> bool:
+        gone = self.gone.get(index, math.inf)
+        return not gone <= t < self.back
+
+    def next_online(self, index: int, t: float) -> float:
+        return t if self.online(index, t) else self.back
+
+    def next_offline(self, index: int, t: float) -> float:
+        gone = self.gone.get(index, math.inf)
+        return gone if t < gone else (math.inf if t >= self.back else t)
+
+
+def _loop(config: CoordinatorConfig, availability: Any = None,
+          fleet: Fleet | None = None) -> tuple[VirtualLoop, EventLog]:
+    clock = ManualClock()
+    events = EventLog(None, clock=clock.now)
+    population = SyntheticPopulation(SPEC, CLIENTS, Links(fleet, CLIENTS))
+    loop = VirtualLoop(config, np.zeros(SPEC.num_parameters, np.float32), population,
+                       UpdatePipeline, events, clock,
+                       LoopOptions(step_cost_s=0.25, seed=0, deterministic=True),
+                       availability=availability)
+    return loop, events
+
+
+def test_secure_virtual_model_equals_plain_within_the_quantization() -> None:
+    """Same seed, no dropouts, every client weighing the same (equal example counts): the
+    secure run's model is the plain run's, up to one quantization step a member."""
+    plain, _ = _loop(_config(False))
+    plain.run()
+    secure, events = _loop(_config(True))
+    secure.run()
+    assert secure.engine.finished and secure.engine.version == plain.engine.version == 1
+    step = 2 * _config(True).secagg().clip / 2 ** _config(True).secagg().bits
+    moved = np.abs(plain.engine.model).max()
+    assert moved > 100 * step  # the round changed the model: the comparison means something
+    np.testing.assert_allclose(secure.engine.model, plain.engine.model, rtol=0, atol=2 * step)
+    accepted = events.of_kind("update_accepted")
+    assert len(accepted) == CLIENTS
+
+
+def test_clients_offline_between_phases_are_unmasked_and_the_round_completes() -> None:
+    """One client vanishes after sharing its keys, one after delivering its masked update:
+    the group goes on with the rest (each secret rebuilt from at least half of its holder's
+    neighbours), the five deliverers are summed."""
+    availability = GoesOffline()
+    loop, events = _loop(_config(True), availability, Fleet(mix={"4g": 1.0}))
+    assert loop.secure is not None
+    share, masked = SecureDesk.record_share, SecureDesk.record_masked
+
+    def record_share(desk: SecureDesk, request: Any) -> Any:
+        index = int(request.client_id.rsplit("-", 1)[1])
+        if index == 5:  # gone as soon as its shares are in
+            availability.gone[index] = loop.clock.now()
+        return share(desk, request)
+
+    def record_masked(desk: SecureDesk, request: Any, data: Any = None) -> Any:
+        if request.client_id == "sim-4":  # its masked update is in; it misses unmasking
+            availability.gone[4] = loop.clock.now()
+        return masked(desk, request, data)
+
+    patched = dict(type(loop.secure)._RECORDERS)
+    patched.update({1: record_share, 2: record_masked})
+    loop.secure._RECORDERS = patched  # type: ignore[misc]
+    loop.run()
+    assert loop.engine.finished and loop.engine.version == 1
+    summed = {e["client_id"] for e in events.of_kind("update_accepted")}
+    assert summed == {"sim-0", "sim-1", "sim-2", "sim-3", "sim-4"}
+    totals = loop.secure.totals
+    assert totals.groups_lost == 0
+    assert totals.round_trips["masked"] == 5  # 5 never sent one
+    assert totals.round_trips["unmask"] == 4  # 4 never answered
+
+
+def test_a_group_below_threshold_is_lost_and_its_version_tried_again() -> None:
+    """Four of six vanish after sharing (two deliver, three needed): the group is lost, its
+    members refused; a new group of the clients that check in again makes the version."""
+    availability = GoesOffline(back=200.0)
+    loop, events = _loop(_config(True), availability, Fleet(mix={"4g": 1.0}))
+    assert loop.secure is not None
+    share = SecureDesk.record_share
+    dropped: set[int] = set()
+
+    def record_share(desk: SecureDesk, request: Any) -> Any:
+        index = int(request.client_id.rsplit("-", 1)[1])
+        if index >= 2 and not dropped >= {2, 3, 4, 5}:  # once only: the first group
+            dropped.add(index)
+            availability.gone[index] = loop.clock.now()
+        return share(desk, request)
+
+    patched = dict(type(loop.secure)._RECORDERS)
+    patched[1] = record_share
+    loop.secure._RECORDERS = patched  # type: ignore[misc]
+    loop.run()
+    assert loop.secure.totals.groups_lost >= 1
+    assert loop.engine.finished and loop.engine.version == 1
+    assert len(events.of_kind("update_accepted")) >= 2
+
+
+def test_virtual_secure_run_reports_each_phase_in_the_summary(tmp_path: Path) -> None:
+    """A configured virtual secure run (no longer refused) puts every phase's round trips and
+    bytes in ``summary.json``; the masked upload weighs ``modulus_bits`` a value."""
+    table = {"run": {"name": "sv", "seed": 0, "mode": "virtual"},
+             "data": {"dataset": "digits", "clients": 6, "partition": "iid"},
+             "model": {"name": "mlp", "options": {"hidden": [8]}},
+             "coordinator": {"rounds": 2, "robust": {"enabled": False},
+                             "norm_bound_adaptive": False,
+                             "flush": {"goal": 6, "min_updates": 2, "deadline_s": None},
+                             "training": {"local_epochs": 1, "batch_size": 32},
+                             "secure": {"enabled": True, "phase_s": 5.0}},
+             "network": {"fleet": {"3g": 1.0}},
+             "virtual": {"deterministic": True}}
+    config = ExperimentConfig.from_dict(table)
+    summary = run_virtual(config, tmp_path, progress=False, report=False).summary
+    for name in PHASE_NAMES.values():
+        assert summary[f"secure_{name}_round_trips"] == 12  # 6 clients, 2 rounds
+        assert summary[f"secure_{name}_bytes_up"] > 0
+        assert summary[f"secure_{name}_bytes_down"] > 0
+    values = 8 * 64 + 8 + 8 * 10 + 10 + 1  # the model and the weight
+    packed = math.ceil(values * config.coordinator.secure.modulus_bits / 8)
+    assert summary["secure_masked_bytes_up"] >= 12 * packed
+    assert summary["secure_masked_bytes_up"] < 12 * (packed + 256)
