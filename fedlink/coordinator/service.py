@@ -47,12 +47,13 @@ from fedlink.coordinator.limits import Limiter
 from fedlink.coordinator.progress import ProgressLog
 from fedlink.coordinator.registry import ClientRegistry
 from fedlink.coordinator.reporting import Evaluator, FlushReporter
+from fedlink.coordinator.secure_calls import SecureCalls
 from fedlink.coordinator.state import SavedState, open_store
 from fedlink.coordinator.timekeeper import TimeKeeper
 from fedlink.coordinator.transfers import Transfers
 from fedlink.coordinator.uploads import UploadBounds, UploadStore
 from fedlink.coordinator.validation import RequestChecks
-from fedlink.errors import InvalidArgument, Unauthenticated, UpdateRefused, UploadIncomplete
+from fedlink.errors import InvalidArgument, Unauthenticated, UpdateRefused
 from fedlink.messages import (
     CommitReply,
     CommitRequest,
@@ -69,15 +70,6 @@ from fedlink.messages import (
     LeaveReply,
     LeaveRequest,
     RunConfig,
-    SecureAdvertiseReply,
-    SecureAdvertiseRequest,
-    SecureMaskedReply,
-    SecureMaskedRequest,
-    SecureSettings,
-    SecureShareReply,
-    SecureShareRequest,
-    SecureUnmaskReply,
-    SecureUnmaskRequest,
     Task,
     TaskReply,
     UploadChunk,
@@ -90,7 +82,7 @@ from fedlink.params.base import ParamSpec
 from fedlink.refusals import RefusalCode
 
 if TYPE_CHECKING:
-    from fedlink.coordinator.secure import SecureDesk
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -143,39 +135,12 @@ class CoordinatorService:
                                      self.uploads, self.progress, self._journal, events,
                                      self._forget_client, self.reporter.made,
                                      self._signal.notify)
-        self.secure = self._secure_desk()
+        self.secure_calls = SecureCalls(config, self.engine, clock, self.reporter.made,
+                                        self._journal, self.transfers, self.uploads,
+                                        self.state, self._callers)
+        self.secure = self.secure_calls.desk
         self.restored_version: int | None = None
         self._restore()
-
-    def _secure_desk(self) -> SecureDesk | None:
-        """The secure groups (``[coordinator.secure]``), or ``None`` when it is off.
-
-        Imported here: secure aggregation needs the ``secagg`` extra (``cryptography``).
-        """
-        if not self.config.secure.enabled:
-            return None
-        from fedlink.coordinator.secure import SecureDesk
-
-        return SecureDesk(self.config, self.engine, self._clock, self.reporter.made,
-                          self._journal.durably, self._take_masked_upload,
-                          lambda client_id, task_id: self.transfers.downloads_settled(
-                              client_id, task_id, True))
-
-    async def _take_masked_upload(self, client_id: str, upload_id: str, size: int) -> bytes:
-        """The ``size`` bytes of a masked update sent as a resumable upload; the upload is
-        settled (its spool freed) once they are taken."""
-        await self.transfers.make_durable(client_id, upload_id)
-        session = self.uploads.get(client_id, upload_id)
-        if session.committed_offset != size:
-            raise (UploadIncomplete if session.committed_offset < size else InvalidArgument)(
-                f"upload {upload_id!r} holds {session.committed_offset} bytes; the masked "
-                f"update takes {size}")
-        data = bytes(session.data)
-        with self._journal.durably():
-            self.uploads.settle(client_id, upload_id,
-                                CommitReply(upload_id, self.engine.version, 0))
-        await self.state.sync()
-        return data
 
     # -- durable state ------------------------------------------------------------------------
 
@@ -262,15 +227,8 @@ class CoordinatorService:
             trainer_options=dict(training.trainer_options),
             inline_bytes=limits.inline_limit,
             **announced_limits(limits, self.engine.num_parameters),
-            secure=self._secure_settings(),
+            secure=self.secure_calls.settings(),
         )
-
-    def _secure_settings(self) -> SecureSettings | None:
-        if self.secure is None:
-            return None
-        from fedlink.coordinator.secure import secure_settings
-
-        return secure_settings(self.config)
 
     async def get_task(self, request: GetTaskRequest) -> TaskReply:
         """A task, or ``Wait``/``Finished``; waits up to ``long_poll_s`` for one to free up.
@@ -340,34 +298,6 @@ class CoordinatorService:
             raise UpdateRefused("this run aggregates securely: an update travels masked through "
                                 "the Secure* calls, never in the clear", RefusalCode.TASK_CLOSED)
         return await self.commits.commit(request)
-
-    # -- secure aggregation (``fedlink.coordinator.secure``) ----------------------------------
-
-    def _secure_call(self, client_id: str) -> SecureDesk:
-        self._callers.admit(client_id)
-        if self.secure is None:
-            raise UpdateRefused("secure aggregation is off on this coordinator",
-                                RefusalCode.TASK_CLOSED)
-        return self.secure
-
-    async def secure_advertise(self, request: SecureAdvertiseRequest) -> SecureAdvertiseReply:
-        """Secure phase 1 (``SecureDesk.advertise``)."""
-        return await self._secure_call(request.client_id).advertise(request)
-
-    async def secure_share(self, request: SecureShareRequest) -> SecureShareReply:
-        """Secure phase 2 (``SecureDesk.share``)."""
-        return await self._secure_call(request.client_id).share(request)
-
-    async def secure_masked(self, request: SecureMaskedRequest) -> SecureMaskedReply:
-        """Secure phase 3 (``SecureDesk.masked``)."""
-        return await self._secure_call(request.client_id).masked(request)
-
-    async def secure_unmask(self, request: SecureUnmaskRequest) -> SecureUnmaskReply:
-        """Secure phase 4 (``SecureDesk.unmask``); the group's flush is durable before it
-        answers."""
-        reply = await self._secure_call(request.client_id).unmask(request)
-        await self.state.sync()
-        return reply
 
     async def report_evaluation(self, request: EvaluationReport) -> EvaluationAck:
         """Take an evaluation task's report, once (``EvaluationDesk.report``)."""

@@ -104,21 +104,21 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     async def SecureAdvertise(self, request: pb.SecureAdvertiseRequest,
                               context: Any) -> Message:
-        """See ``CoordinatorService.secure_advertise``."""
-        return await self._unary(context, "SecureAdvertise", self.service.secure_advertise,
+        """See ``SecureCalls.advertise``."""
+        return await self._unary(context, "SecureAdvertise", self.service.secure_calls.advertise,
                                  request)
 
     async def SecureShare(self, request: pb.SecureShareRequest, context: Any) -> Message:
-        """See ``CoordinatorService.secure_share``."""
-        return await self._unary(context, "SecureShare", self.service.secure_share, request)
+        """See ``SecureCalls.share``."""
+        return await self._unary(context, "SecureShare", self.service.secure_calls.share, request)
 
     async def SecureMasked(self, request: pb.SecureMaskedRequest, context: Any) -> Message:
-        """See ``CoordinatorService.secure_masked``."""
-        return await self._unary(context, "SecureMasked", self.service.secure_masked, request)
+        """See ``SecureCalls.masked``."""
+        return await self._unary(context, "SecureMasked", self.service.secure_calls.masked, request)
 
     async def SecureUnmask(self, request: pb.SecureUnmaskRequest, context: Any) -> Message:
-        """See ``CoordinatorService.secure_unmask``."""
-        return await self._unary(context, "SecureUnmask", self.service.secure_unmask, request)
+        """See ``SecureCalls.unmask``."""
+        return await self._unary(context, "SecureUnmask", self.service.secure_calls.unmask, request)
 
     async def Probe(self, request: pb.ProbeRequest, context: Any) -> Message:
         """See ``ProbeDesk.answer`` (``fedlink netcheck``)."""

@@ -10,7 +10,8 @@ import fedlink.coordinator
 
 COORDINATOR_DIR = Path(fedlink.coordinator.__file__).parent
 PIECES = ("validation", "transfers", "commits", "reporting", "lifecycle", "timekeeper",
-          "journal", "changes", "admission", "timers", "tasks", "faults", "evaluations")
+          "journal", "changes", "admission", "timers", "tasks", "faults", "evaluations",
+          "secure_calls")
 ABOVE = ("fedlink.coordinator.service", "fedlink.coordinator.server",
          "fedlink.coordinator.servicer")
 
