@@ -86,6 +86,8 @@ class UpdatePipeline:
         ``ParamSpec`` (a trainer without one, or whose ``spec`` means something else) means
         every element is a weight."""
         spec = spec if isinstance(spec, ParamSpec) else None
+        if spec is not None and spec is self.spec:
+            return  # a reused pipeline bound again to the same model (once per simulated task)
         self.spec = spec
         self._trainable = None if spec is None else spec.trainable_mask()
         self._plain = [] if self._trainable is None else ranges_of(~self._trainable)

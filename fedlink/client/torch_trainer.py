@@ -176,9 +176,15 @@ class _TensorBatches:
 
     def batches(self, plan: TrainPlan, generator: torch.Generator) -> Iterator[Batch]:
         """Endless minibatches: a fresh shuffle per epoch, split into ``batch_size``."""
+        on_cpu = self.x.device.type == "cpu"  # the shuffle is drawn on the CPU
         while True:
-            order = torch.randperm(len(self), generator=generator).to(self.x.device)
-            for index in torch.split(order, plan.batch_size):
+            order = torch.randperm(len(self), generator=generator)
+            if not on_cpu:
+                order = order.to(self.x.device)
+            # a small client's epoch is one batch: the whole shuffle, no split
+            parts = (order,) if len(order) <= plan.batch_size else \
+                torch.split(order, plan.batch_size)
+            for index in parts:
                 yield self.x[index], self.y[index]
 
 
@@ -332,7 +338,7 @@ class TorchTrainer:
         self._loss = build_loss(loss)
         self._optimizer = optimizer
         self._local_mask = local_mask(self.spec, keep_local, self.model)
-        self._keeps_local = bool(self._local_mask.any())
+        self._keeps_local = bool(keep_local) and bool(self._local_mask.any())
         self._local: np.ndarray | None = None  # this client's kept entries, after a task
         self._seed = seed
         self._clock = clock or RealClock().now  # the clock plan.deadline is on
@@ -358,7 +364,9 @@ class TorchTrainer:
         ``train_loss`` (the mean minibatch loss over the steps).
         """
         started = time.perf_counter()
-        sized = dataclasses.replace(plan, batch_size=self._data.batch_size(plan))
+        batch_size = self._data.batch_size(plan)
+        sized = plan if batch_size == plan.batch_size else dataclasses.replace(
+            plan, batch_size=batch_size)
         steps_planned = planned_steps(sized, self.num_examples())
         # nothing kept local: the global vector as it is (load copies it; no copy of our own)
         self._vector.load(self.personalize(params) if self._keeps_local else params)
@@ -405,9 +413,13 @@ class TorchTrainer:
         anchor = [p.detach().clone() for p in self._params] if self._uses_anchor(plan) else []
         batches = itertools.islice(self._data.batches(plan, self._generator(plan)),
                                    steps_planned)
-        total = torch.zeros((), dtype=torch.float64)
+        # the losses summed in float64: on the CPU as a Python float (the same sum, without
+        # two tensor ops per step), else in a CPU tensor (MPS has no float64)
+        on_cpu = self._params[0].device.type == "cpu"
+        total: float | torch.Tensor = 0.0 if on_cpu else torch.zeros((), dtype=torch.float64)
         steps = 0
-        self.model.train()
+        if not all(module.training for module in self.model.modules()):
+            self.model.train()  # a simulation's working module stays in training mode
         with torch.enable_grad():
             for x, y in batches:
                 if plan.deadline is not None and self._clock() > plan.deadline:
@@ -416,10 +428,10 @@ class TorchTrainer:
                 loss = self._loss(self.model(x), y)
                 self.objective(loss, anchor, plan).backward()
                 optimizer.step()
-                total += loss.detach().cpu()
+                total += loss.item() if on_cpu else loss.detach().cpu()
                 steps += 1
         self.after_task(anchor, plan)
-        return total.item(), steps
+        return float(total), steps
 
     def _uses_anchor(self, plan: TrainPlan) -> bool:
         """Whether this task needs the starting weights: FedProx's term, or a subclass's

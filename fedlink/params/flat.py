@@ -174,27 +174,30 @@ def _layout_key(module: nn.Module) -> tuple[tuple[object, ...], ...]:
     """What a ``BoundVector`` of ``module`` depends on: each parameter's and buffer's identity,
     shape, dtype, ``requires_grad`` and device. (A cached ``BoundVector`` holds its tensors, so
     their ids cannot be reused by other tensors while it is cached.)"""
-    return tuple((id(t), t.shape, t.dtype, t.requires_grad, t.device)
-                 for t in _all_tensors(module))
+    return tuple([(id(t), t.shape, t.dtype, t.requires_grad, t.device)
+                  for t in _all_tensors(module)])
 
 
-def _all_tensors(module: nn.Module) -> Iterable[torch.Tensor]:
+def _all_tensors(module: nn.Module) -> list[torch.Tensor]:
     """Every parameter and buffer of ``module`` and its submodules (each module once).
 
     The same tensors as ``parameters()`` and ``buffers()``, read from each module's own
     ``_parameters`` and ``_buffers`` without building the dotted names those walks make: this
-    walk runs once per simulated task, where the names cost more than the check.
+    walk runs once per simulated task, where the names cost more than the check (a list, not
+    a generator: a generator's frame per module cost about as much as the walk).
     """
     seen: set[int] = set()
     stack = [module]
+    found: list[torch.Tensor] = []
     while stack:
         current = stack.pop()
         if id(current) in seen:
             continue
         seen.add(id(current))
-        yield from (t for t in current._parameters.values() if t is not None)
-        yield from (t for t in current._buffers.values() if t is not None)
-        stack.extend(m for m in current._modules.values() if m is not None)
+        found.extend([t for t in current._parameters.values() if t is not None])
+        found.extend([t for t in current._buffers.values() if t is not None])
+        stack.extend([m for m in current._modules.values() if m is not None])
+    return found
 
 
 class BoundVector:

@@ -247,3 +247,27 @@ def test_the_check_that_a_model_fits_its_data_runs_once_per_module(local_data: D
     assert len(calls) == 2
     with pytest.raises(ConfigError, match="expected 3 class logits"):  # still checked
         TorchTrainer(model, Dataset(local_data.x, local_data.y % 3, 3, 64, "three"))
+
+
+def test_a_submodule_left_in_eval_mode_trains_in_training_mode(local_data: Dataset) -> None:
+    # training skips model.train() when every module already trains: a submodule in eval
+    # mode (a reused working module) must still be switched back
+    trainer, start = make_trainer(local_data)
+    trainer.model.train()
+    next(iter(trainer.model.children())).eval()  # the root trains, a submodule does not
+    trainer.train(start, TrainPlan(local_steps=1))
+    assert all(module.training for module in trainer.model.modules())
+
+
+def test_plain_sgd_skips_parameters_without_gradients() -> None:
+    from fedlink.models.training import PlainSGD
+
+    frozen, moving = nn.Parameter(torch.ones(3)), nn.Parameter(torch.ones(2))
+    reference = [nn.Parameter(torch.ones(3)), nn.Parameter(torch.ones(2))]
+    moving.grad = torch.tensor([0.5, -1.0])
+    reference[1].grad = moving.grad.clone()
+    PlainSGD([frozen, moving], lr=0.1).step()
+    torch.optim.SGD(reference, lr=0.1).step()
+    assert torch.equal(frozen, reference[0]) and torch.equal(moving, reference[1])
+    PlainSGD([frozen], lr=0.1).step()  # no gradient at all: nothing to do, no error
+    assert torch.equal(frozen, torch.ones(3))
