@@ -283,15 +283,15 @@ def test_a_retried_advertise_gets_the_same_answer_and_a_late_client_is_refused(
                 assert isinstance(task, Task)
                 adverts.append(SecureAdvertiseRequest(joined.client_id, task.task_id,
                                                       bytes([i]) * 32, bytes([i + 8]) * 32))
-            first = asyncio.ensure_future(service.secure_advertise(adverts[0]))
-            middle = asyncio.ensure_future(service.secure_advertise(adverts[1]))
-            last = await service.secure_advertise(adverts[2])  # the group is full: closes
+            first = asyncio.ensure_future(service.secure_calls.advertise(adverts[0]))
+            middle = asyncio.ensure_future(service.secure_calls.advertise(adverts[1]))
+            last = await service.secure_calls.advertise(adverts[2])  # the group is full: closes
             assert (await first).members == (await middle).members == last.members
             assert [m.index for m in last.members] == [0, 1, 2]
-            again = await service.secure_advertise(adverts[0])  # a retry, same answer
+            again = await service.secure_calls.advertise(adverts[0])  # a retry, same answer
             assert again == await first
             with pytest.raises(UpdateRefused, match="closed its roster"):
-                await service.secure_advertise(adverts[3])
+                await service.secure_calls.advertise(adverts[3])
             # left out, it waits for the next version instead of training again for this one
             reply = await service.get_task(GetTaskRequest(adverts[3].client_id, 0))
             assert isinstance(reply, Wait), reply
