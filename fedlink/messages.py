@@ -100,6 +100,8 @@ class SecureAdvertiseReply:
     round_id: int
     graph_seed: int
     members: tuple[SecureMember, ...] = ()
+    weight: float = 1.0
+    """The staleness weight the client sums its update with (``[w * update, w]``)."""
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,9 @@ from fedlink.secagg.crypto import element_bytes
 from fedlink.secagg.packing import pack
 
 WEIGHT = 1.0
-"""Every delivering client weighs the same in a secure sum (its example count does not
-travel: the coordinator would learn it in the clear)."""
+"""A fresh update's weight in a secure sum: every delivering client weighs the same (its
+example count does not travel: the coordinator would learn it in the clear); an update
+trained on an older model is discounted by the staleness weight its roster names."""
 
 
 def secagg_config(settings: SecureSettings) -> SecAggConfig:
@@ -53,7 +54,7 @@ def secagg_config(settings: SecureSettings) -> SecAggConfig:
 @dataclass
 class SecureDelivery:
     """One task's secure delivery: ``delta`` (the update after the privacy stage) masked
-    for the group of ``task``'s version."""
+    for the secure group the coordinator puts it in."""
 
     client_id: str
     task: Task
@@ -66,6 +67,7 @@ class SecureDelivery:
     client: SecureClient = field(init=False, repr=False)
     _roster: list[AdvertiseKeys] = field(default_factory=list, init=False, repr=False)
     _graph_seed: int = field(default=0, init=False)
+    _weight: float = field(default=WEIGHT, init=False)
     _heard: SecureMaskedReply | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -83,6 +85,7 @@ class SecureDelivery:
         """Phase 1's answer: this client's index and the group's keys."""
         self.client.client, self.client.round_id = reply.index, reply.round_id
         self._graph_seed = reply.graph_seed
+        self._weight = reply.weight or WEIGHT  # unset on the wire: a fresh update
         self._roster = [AdvertiseKeys(m.index, m.cipher_public, m.mask_public)
                         for m in reply.members]
 
@@ -98,8 +101,9 @@ class SecureDelivery:
                                    for s in reply.shares)
 
     def masked(self, rng: np.random.Generator) -> SecureMaskedRequest:
-        """Phase 3's request: ``[WEIGHT * delta, WEIGHT]`` in Z_m, masked and packed."""
-        encoded = encode_weighted(self.delta, WEIGHT, self.config, rng)
+        """Phase 3's request: ``[w * delta, w]`` in Z_m (``w``: the roster's staleness
+        weight), masked and packed."""
+        encoded = encode_weighted(self.delta, self._weight, self.config, rng)
         masked = self.client.masked_input(encoded.values)
         return SecureMaskedRequest(self.client_id, self.task.task_id,
                                    pack(masked.values, self.config.modulus_bits),

@@ -581,9 +581,10 @@ MESSAGE_OVERHEAD_BYTES = 64 << 10
 class SecureConfig:
     """``[coordinator.secure]``: secure aggregation (SecAgg / SecAgg+, docs/secure-aggregation.md).
 
-    ``enabled``: each version's cohort is one secure group; the coordinator learns only the
-    group's sum. Clients clip every coordinate of their update to ``[-clip, clip]`` and send it
-    as integers in Z_m, ``m = 2**modulus_bits``, ``quantization_bits`` per value (unset: the
+    ``enabled``: the next ``flush.goal`` clients to finish training form a secure group (stale
+    members discounted by the staleness weight); the coordinator learns only the group's
+    sum. Clients clip every coordinate of their update to ``[-clip, clip]`` and send it as
+    integers in Z_m, ``m = 2**modulus_bits``, ``quantization_bits`` per value (unset: the
     most the modulus allows for a group of ``flush.goal``). ``neighbours``: SecAgg+'s sparse
     graph (0: every other member). ``threshold``: the fraction of a client's neighbours whose
     shares rebuild its secrets, and the fraction of the group that must deliver a masked update
@@ -777,8 +778,7 @@ class CoordinatorConfig:
             return
         why = "a secure coordinator sees only the group's sum, never an individual update"
         require(not self.flush.continuous, "coordinator.secure.enabled",
-                "asynchronous buffers (flush.continuous) are not supported: a secure group is "
-                "one version's cohort")
+                "asynchronous buffers (flush.continuous) are not supported with secure groups")
         require(not self.robust.enabled, "coordinator.secure.enabled",
                 f"set coordinator.robust.enabled = false: the flush guard caps, clips, drops and "
                 f"trims individual updates, and {why}")

@@ -512,20 +512,19 @@ class RoundEngine:
 
     def submit_sum(self, tasks: Sequence[SummedTask], mean_delta: np.ndarray,
                    weight: float) -> FlushOutcome:
-        """Flush a secure group's sum (``[coordinator.secure]``): ``mean_delta`` is the mean
-        of the updates of ``tasks``, which the coordinator never saw one by one; it is folded
-        as one aggregate of ``weight`` and makes the next version. Each task gets its
-        ``update_accepted`` event (counts and bytes, weight 1: every member weighs the same).
+        """Flush a secure group's sum (``[coordinator.secure]``): ``mean_delta`` is the
+        weighted mean of the updates of ``tasks``, which the coordinator never saw one by one
+        (each member summed ``[w * update, w]`` with the staleness weight ``w`` it was told);
+        it is folded as one aggregate of ``weight`` and makes the next version. Each task gets
+        its ``update_accepted`` event (counts, bytes, staleness and weight).
 
-        The tasks are of the current version (a secure group is one version's cohort); one
-        the liveness check released meanwhile still counts (its update is in the sum).
+        A group's members may have trained on older versions: their staleness was counted
+        when the roster closed, so a member that grew staler while the group finished still
+        counts (its update is in the sum), as does one the liveness check released meanwhile.
         """
         if self.finished:
             raise UpdateRefused(f"the run is over: {self.finished_reason}", RefusalCode.RUN_OVER)
         records = [self.task(t.client_id, t.task_id) for t in tasks]
-        if any(r.version != self._version for r in records):
-            raise UpdateRefused(f"a secure group's tasks must be of version {self._version}",
-                                RefusalCode.TASK_CLOSED)
         if mean_delta.shape != self._model.shape:
             raise InvalidArgument(f"a secure sum has {mean_delta.size} values, "
                                   f"model has {self._model.size}")
@@ -538,11 +537,16 @@ class RoundEngine:
                 self._save(record)
             self.events.emit(kinds.UpdateAccepted.build(
                 client_id=summed.client_id, task_id=summed.task_id, base_version=record.version,
-                staleness=0, num_examples=summed.num_examples,
-                steps_completed=summed.steps_completed, bytes_up=summed.bytes_up, weight=1.0))
+                staleness=summed.staleness, num_examples=summed.num_examples,
+                steps_completed=summed.steps_completed, bytes_up=summed.bytes_up,
+                weight=summed.weight))
         self._pending_infos["secure-group"] = UpdateInfo("secure-group", 0, float(weight),
                                                          len(records), {})
         return self._flush(summed=len(records))
+
+    def staleness_weight(self, staleness: int) -> float:
+        """The configured staleness weight of an update ``staleness`` versions behind."""
+        return float(self._staleness_weight(staleness))
 
     def _fold(self, record: TaskRecord, update: ReceivedUpdate) -> tuple[int, float]:
         """Add ``update`` to the accumulator and tell the hooks; (staleness, weight).

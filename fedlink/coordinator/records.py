@@ -76,3 +76,7 @@ class SummedTask:
     steps_completed: int = 0
     steps_planned: int = 0
     bytes_up: int = 0
+    staleness: int = 0
+    """Versions its model was behind when the group's roster closed."""
+    weight: float = 1.0
+    """The staleness weight it summed its update with (``[w * update, w]``)."""

@@ -1,25 +1,36 @@
 """Secure groups: the coordinator's side of secure aggregation over gRPC (``[coordinator.secure]``).
 
-Each model version's cohort is one secure group (``fedlink.secagg.SecureSum`` holds its
-state). The four ``Secure*`` calls are long-polls: a client's message is recorded, and the call
-answers once its phase closes for the whole group, when every member still in it has answered
-or the phase's deadline (``secure.phase_s`` after the phase opened) has passed:
+A secure group is the next ``flush.goal`` clients to finish training, whatever version each
+trained on (``fedlink.secagg.SecureSum`` holds its state): as in a plain elastic flush, an
+update up to ``flush.max_staleness`` versions old still counts, discounted by the run's
+staleness weight, which the coordinator names to each member when the roster closes (the
+member sums ``[w * update, w]``; staleness is counted against the version the group will
+flush onto, the current one plus the groups ahead of it). Groups overlap: while one goes
+through its later phases the next one forms, so a straggler's work joins the next group
+instead of waiting for a version of its own. The four ``Secure*`` calls are long-polls: a
+client's message is recorded, and the call answers once its phase closes for the whole group,
+when every member still in it has answered or the phase's deadline (``secure.phase_s`` after
+the phase opened) has passed:
 
 1. advertise keys: closes at ``flush.goal`` members or the deadline; the roster is final;
 2. share keys: closes when every member shared or at the deadline; a member that did not share
    is out, and the others mask only with those that did;
 3. masked update: closes when every sharer delivered or at the deadline; the group goes on only
    if at least ``threshold`` of it delivered (and at least two: a sum of one is an update);
-4. unmask: closes when every deliverer answered or at the deadline; the sum is unmasked (the
-   pairwise masks of dropped clients removed from their neighbours' shares) and flushed as the
-   next version (``RoundEngine.submit_sum``).
+4. unmask: closes once the answers hold enough shares to rebuild every secret the sum needs
+   (a slow member's update is in the sum whatever it answers), or at the deadline; the sum
+   is unmasked (the pairwise masks of dropped clients removed from their neighbours'
+   shares) and flushed as the next version (``RoundEngine.submit_sum``); groups flush in
+   the order they finish.
 
 A masked update larger than ``inline_bytes`` arrives as a resumable upload (``Upload``,
 ``UploadStatus``) that ``SecureMasked`` names; it is taken and settled like a committed one.
 
 A group that cannot go on (too few members, deliveries or shares) is lost: every waiting call
-and every later one of its members is refused with the reason, and the version is tried again
-by a new group, with fresh keys, when its clients check in again. The coordinator keeps only
+and every later one of its members is refused with the reason; their tasks stay open, so each
+client checks in again, trains its task again and joins a later group with fresh keys. A
+member left out by a phase's deadline (it did not share, or its masked update came late) has
+its task closed: its client waits for the next version. The coordinator keeps only
 the running sum of masked vectors; no individual update is held, logged or written, in memory
 or in ``state_dir``. A coordinator restarted mid-group loses the group (its members' calls are
 refused; they check in again).
@@ -28,6 +39,7 @@ refused; they check in again).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -74,6 +86,9 @@ log = logging.getLogger(__name__)
 ADVERTISE, SHARE, MASKED, UNMASK, DONE = range(5)
 """The phases of a group, in order (``DONE``: flushed or lost)."""
 
+KEEP_DONE = 4
+"""Finished groups kept to answer a member's retried last call (its answer was lost)."""
+
 
 def secure_settings(config: CoordinatorConfig) -> SecureSettings | None:
     """What ``RunConfig.secure`` tells clients (``None`` when secure aggregation is off)."""
@@ -90,7 +105,10 @@ def secure_settings(config: CoordinatorConfig) -> SecureSettings | None:
 class _Member:
     index: int
     task_id: str
+    base_version: int
     bytes_up: int = 0
+    staleness: int = 0
+    weight: float = 1.0
     num_examples: int = 0
     steps_completed: int = 0
     steps_planned: int = 0
@@ -98,9 +116,10 @@ class _Member:
 
 @dataclass
 class SecureGroup:
-    """One version's secure group: its members, its phase and the ``SecureSum``."""
+    """One secure group: its number in the run, its members, its phase and the
+    ``SecureSum``."""
 
-    version: int
+    number: int
     config: SecAggConfig
     goal: int
     size: int
@@ -123,8 +142,8 @@ class SecureGroup:
         """The caller's membership (refused when it is not in the group with this task)."""
         member = self.members.get(client_id)
         if member is None or member.task_id != task_id:
-            raise UpdateRefused(f"task {task_id!r} is not in the secure group of version "
-                                f"{self.version}", RefusalCode.TASK_CLOSED)
+            raise UpdateRefused(f"task {task_id!r} is not in secure group {self.number}",
+                                RefusalCode.TASK_CLOSED)
         return member
 
 
@@ -147,9 +166,17 @@ class SecureDesk:
         self._clock = clock
         self._on_flush = on_flush
         self._secagg = config.secagg()
-        self.group: SecureGroup | None = None
+        self._numbers = itertools.count(1)
+        self._forming: SecureGroup | None = None
+        self._groups: dict[int, SecureGroup] = {}  # by number, oldest first
+        self._of_task: dict[str, SecureGroup] = {}
         self.on_phase: Callable[[SecureGroup, int], None] | None = None
         """Told each phase that closes (``group.lost``: the group was lost at it)."""
+
+    @property
+    def group(self) -> SecureGroup | None:
+        """The newest group (``None`` before the first)."""
+        return next(reversed(self._groups.values()), None)
 
     # -- the four calls -------------------------------------------------------------------
     # Each call records the caller's message (``join``, ``record_*``: synchronous), waits for
@@ -163,19 +190,16 @@ class SecureDesk:
         return self.advertise_reply(group, member)
 
     def join(self, request: SecureAdvertiseRequest) -> tuple[SecureGroup, _Member]:
-        """Phase 1's message: the caller joins the group of its task's version."""
-        group = self._group_for(request.client_id, request.task_id)
-        member = group.members.get(request.client_id)
-        if member is not None:  # a retry: the same task, answered the same way
-            return group, group.member(request.client_id, request.task_id)
+        """Phase 1's message: the caller joins the group now forming."""
+        joined = self._of_task.get(request.task_id)
+        if joined is not None and not joined.lost:  # a retry: answered the same way
+            return joined, joined.member(request.client_id, request.task_id)
         if len(request.cipher_public) != KEY_BYTES or len(request.mask_public) != KEY_BYTES:
             raise InvalidArgument(f"public keys are {KEY_BYTES} bytes each")
-        if group.phase != ADVERTISE:
-            self._left_out(request.client_id, request.task_id)
-            raise UpdateRefused(f"the secure group of version {group.version} has closed "
-                                f"its roster", RefusalCode.TASK_CLOSED)
-        member = _Member(len(group.members), request.task_id)
+        group, base_version = self._forming_group(request.client_id, request.task_id)
+        member = _Member(len(group.members), request.task_id, base_version)
         group.members[request.client_id] = member
+        self._of_task[request.task_id] = group
         group.adverts.append(AdvertiseKeys(member.index, request.cipher_public,
                                            request.mask_public))
         member.bytes_up += 4 + len(request.cipher_public) + len(request.mask_public)
@@ -187,8 +211,9 @@ class SecureDesk:
 
     @staticmethod
     def advertise_reply(group: SecureGroup, member: _Member) -> SecureAdvertiseReply:
-        """Phase 1's answer, once the roster is final."""
-        return SecureAdvertiseReply(member.index, group.version, group.version, group.roster)
+        """Phase 1's answer, once the roster is final: the roster and the member's weight."""
+        return SecureAdvertiseReply(member.index, group.number, group.number, group.roster,
+                                    member.weight)
 
     async def share(self, request: SecureShareRequest) -> SecureShareReply:
         """Phase 2: hand in the encrypted shares; answered with those sent to the caller."""
@@ -292,27 +317,28 @@ class SecureDesk:
                 {s.owner: (s.x, int.from_bytes(s.y, "little")) for s in request.seed_shares},
                 {s.owner: (s.x, int.from_bytes(s.y, "little")) for s in request.key_shares})
             member.bytes_up += 4 + 40 * (len(request.seed_shares) + len(request.key_shares))
-            assert group.request is not None
-            if set(group.answers) >= set(group.request.survivors):
+            if group.sum.can_finish(group.answers.values()):
+                # enough shares rebuild every secret: the slowest members' answers would
+                # add nothing (their updates are in the sum whenever they answer)
                 self._close(group, UNMASK)
         return group, member
 
     # -- the group's phases ---------------------------------------------------------------
 
-    def _group_for(self, client_id: str, task_id: str) -> SecureGroup:
-        """The group of the caller's task's version (a new one when none is open for it)."""
+    def _forming_group(self, client_id: str, task_id: str) -> tuple[SecureGroup, int]:
+        """The group now taking members (a new one when none is) and the version the
+        caller's open task trained on."""
         record = self.engine.task(client_id, task_id)
-        if not self.engine.is_open(record) or record.version != self.engine.version:
+        if not self.engine.is_open(record):
             raise UpdateRefused(f"task {task_id!r} is no longer open", RefusalCode.TASK_CLOSED)
-        group = self.group
-        if group is None or group.version != record.version or group.lost:
-            # a lost group's version is tried again by a new group, with fresh keys
+        group = self._forming
+        if group is None:
+            number = next(self._numbers)
             size = self.engine.num_parameters + 1  # [update, weight]
-            group = SecureGroup(record.version, self._secagg, self.config.flush.goal, size,
-                                SecureSum(self._secagg, record.version, size,
-                                          graph_seed=record.version))
-            self.group = group
-        return group
+            group = SecureGroup(number, self._secagg, self.config.flush.goal, size,
+                                SecureSum(self._secagg, number, size, graph_seed=number))
+            self._forming = self._groups[number] = group
+        return group, record.version
 
     def _left_out(self, client_id: str, task_id: str) -> None:
         """The group goes on without this task: close it, so that its client waits for the
@@ -321,9 +347,10 @@ class SecureDesk:
             self.engine.close_task(client_id, task_id)
 
     def _member(self, client_id: str, task_id: str) -> tuple[SecureGroup, _Member]:
-        group = self.group
+        group = self._of_task.get(task_id)
         if group is None:
-            raise UpdateRefused("no secure group is running", RefusalCode.TASK_CLOSED)
+            raise UpdateRefused(f"task {task_id!r} is in no secure group",
+                                RefusalCode.TASK_CLOSED)
         return group, group.member(client_id, task_id)
 
     async def _wait(self, group: SecureGroup, phase: int, task_id: str,
@@ -331,8 +358,8 @@ class SecureDesk:
         """Until ``phase`` closes; refused when the group was lost meanwhile."""
         await group.closed[phase].wait()
         if group.lost:
-            raise UpdateRefused(f"the secure group of version {group.version} was lost: "
-                                f"{group.lost}", RefusalCode.TASK_CLOSED)
+            raise UpdateRefused(f"secure group {group.number} was lost: {group.lost}",
+                                RefusalCode.TASK_CLOSED)
 
     def _arm(self, group: SecureGroup) -> None:
         """The deadline of the group's current phase, ``phase_s`` from now."""
@@ -352,25 +379,25 @@ class SecureDesk:
             self._lose(group, str(err))
             return
         except Exception as err:  # never leave members waiting on a phase that cannot close
-            log.exception("secure group of version %d failed closing phase %d",
-                          group.version, phase)
+            log.exception("secure group %d failed closing phase %d", group.number, phase)
             self._lose(group, f"internal error closing phase {phase}: {type(err).__name__}")
             return
         group.closed[phase].set()
         group.phase = phase + 1
         if group.phase != DONE:
             self._arm(group)
-        elif group.timer is not None:
-            group.timer.cancel()
+        else:
+            self._retire(group)
         if self.on_phase is not None:
             self.on_phase(group, phase)
 
     def _close_advertise(self, group: SecureGroup) -> None:
+        self._forming = None  # whoever comes next starts the next group
         roster = group.sum.collect_keys(group.adverts)
         # a member shares its secrets among its neighbours, at least 2 of them (Shamir): a
         # roster too small for that is lost here, not by its members' failing to share
         graph = neighbours([a.client for a in roster], group.config.neighbours,
-                           group.version)
+                           group.number)
         few = min(len(n) for n in graph.values())
         if few < 2:
             raise SecAggError(f"{len(roster)} members advertised keys: a member with {few} "
@@ -378,6 +405,17 @@ class SecureDesk:
         group.roster = tuple(SecureMember(a.client, a.cipher_public, a.mask_public)
                              for a in roster)
         group.adverts = []
+        self._weigh(group)
+
+    def _weigh(self, group: SecureGroup) -> None:
+        """Each member's staleness against the version the group will flush onto (the
+        current one, plus one per group ahead of it still going) and its weight."""
+        ahead = sum(1 for g in self._groups.values()
+                    if g.number < group.number and ADVERTISE < g.phase < DONE)
+        onto = self.engine.version + ahead
+        for member in group.members.values():
+            member.staleness = max(0, onto - member.base_version)
+            member.weight = self.engine.staleness_weight(member.staleness)
 
     def _close_share(self, group: SecureGroup) -> None:
         group.sharers = group.sum.close_sharing()
@@ -399,17 +437,18 @@ class SecureDesk:
         mean, weight = weighted_mean(total, count, group.config)
         survivors = set(group.delivered)
         tasks = [SummedTask(c, m.task_id, m.num_examples, m.steps_completed, m.steps_planned,
-                            m.bytes_up) for c, m in group.members.items() if m.index in survivors]
+                            m.bytes_up, m.staleness, m.weight)
+                 for c, m in group.members.items() if m.index in survivors]
         with self._durably():  # the new version and its events, journalled together
             outcome = self.engine.submit_sum(tasks, mean.astype(np.float32), weight)
             for task in tasks:
                 self._settled(task.client_id, task.task_id)
             self._on_flush(outcome)
-        group.sum = SecureSum(group.config, group.version, 1, 0)  # drop the masked total
+        group.sum = SecureSum(group.config, group.number, 1, 0)  # drop the masked total
         group.answers = {}
         group.flushed_version = outcome.version
-        log.info("secure group of version %d: %d of %d members summed, version %d made",
-                 group.version, count, len(group.members), outcome.version)
+        log.info("secure group %d: %d of %d members summed, version %d made",
+                 group.number, count, len(group.members), outcome.version)
 
     _CLOSERS: dict[int, Callable[[SecureDesk, SecureGroup], None]] = {
         ADVERTISE: _close_advertise, SHARE: _close_share, MASKED: _close_masked,
@@ -417,13 +456,26 @@ class SecureDesk:
 
     def _lose(self, group: SecureGroup, reason: str) -> None:
         """The group cannot go on: every waiting call is refused with ``reason``."""
-        log.warning("secure group of version %d lost: %s", group.version, reason)
+        log.warning("secure group %d lost: %s", group.number, reason)
         phase = group.phase
         group.lost, group.phase = reason, DONE
-        group.sum = SecureSum(group.config, group.version, 1, 0)
-        if group.timer is not None:
-            group.timer.cancel()
+        group.sum = SecureSum(group.config, group.number, 1, 0)
+        if self._forming is group:
+            self._forming = None
+        self._retire(group)
         for event in group.closed:
             event.set()
         if self.on_phase is not None:
             self.on_phase(group, phase)
+
+    def _retire(self, group: SecureGroup) -> None:
+        """``group`` is done: its timer stops, and the oldest finished groups beyond
+        ``KEEP_DONE`` are forgotten (their members' retries are then refused)."""
+        if group.timer is not None:
+            group.timer.cancel()
+        done = [g for g in self._groups.values() if g.phase == DONE]
+        for old in done[:max(0, len(done) - KEEP_DONE)]:
+            del self._groups[old.number]
+            for member in old.members.values():
+                if self._of_task.get(member.task_id) is old:
+                    del self._of_task[member.task_id]

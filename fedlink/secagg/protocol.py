@@ -234,6 +234,24 @@ class SecureSum:
         return UnmaskRequest(frozenset(self._delivered),
                              frozenset(self._sharers - self._delivered))
 
+    def can_finish(self, answers: Iterable[UnmaskShares]) -> bool:
+        """Whether ``answers`` already rebuild every secret ``finish`` needs (each survivor's
+        self-mask seed, each dropped client's mask key): phase 4 need not wait for the rest."""
+        request = self.unmask_request()
+        seeds: dict[int, int] = {}
+        keys: dict[int, int] = {}
+        for answer in answers:
+            if answer.client in self._sharers:
+                for owner in answer.seed_shares:
+                    seeds[owner] = seeds.get(owner, 0) + 1
+                for owner in answer.key_shares:
+                    keys[owner] = keys.get(owner, 0) + 1
+        return (all(seeds.get(i, 0) >= self._needed(i) for i in request.survivors)
+                and all(keys.get(i, 0) >= self._needed(i) for i in request.dropped))
+
+    def _needed(self, owner: int) -> int:
+        return self.config.shares_needed(len(self._graph[owner]))
+
     def finish(self, answers: Iterable[UnmaskShares]) -> tuple[np.ndarray, int]:
         """The unmasked integer sum (uint32, in Z_m) of the delivered inputs and their count.
 
@@ -263,7 +281,7 @@ class SecureSum:
         return total & np.uint32(self.config.modulus - 1), len(request.survivors)
 
     def _rebuild(self, owner: int, shares: list[tuple[int, int]], what: str) -> int:
-        needed = self.config.shares_needed(len(self._graph[owner]))
+        needed = self._needed(owner)
         if len(shares) < needed:
             raise SecAggAborted(f"client {owner}'s {what} cannot be rebuilt: {len(shares)} of "
                                 f"its {len(self._graph[owner])} neighbours answered, {needed} "

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import TowardTrainer, run_async, target_of, wait_until
+from conftest import TowardTrainer, run_async, target_of
 
 pytest.importorskip("cryptography")
 
@@ -24,12 +24,12 @@ from fedlink.client.protocol import Action, MaskedUpload, Unmask
 from fedlink.config import load_toml
 from fedlink.coordinator import CoordinatorConfig, FlushRule, LimitsConfig
 from fedlink.coordinator.config import SecureConfig
-from fedlink.coordinator.secure import UNMASK
+from fedlink.coordinator.secure import MASKED, SecureGroup
 from fedlink.coordinator.server import CoordinatorServer
 from fedlink.coordinator.service import CoordinatorService
-from fedlink.errors import ConfigError, UpdateRefused
+from fedlink.errors import ConfigError
 from fedlink.experiment.config import ExperimentConfig
-from fedlink.messages import GetTaskRequest, JoinRequest, SecureAdvertiseRequest, Task, Wait
+from fedlink.messages import GetTaskRequest, JoinRequest, SecureAdvertiseRequest, Task
 from fedlink.metrics import EventLog
 from fedlink.secagg import decode_sum, encode_weighted
 
@@ -151,17 +151,22 @@ def test_secure_round_survives_dropouts_and_keeps_updates_private(
             runs = asyncio.gather(*(s.run() for s in sessions), return_exceptions=True)
             desk = server.service.secure
             assert desk is not None
-            await wait_until(lambda: desk.group is not None and desk.group.phase >= UNMASK,
-                             30, "the unmask phase")
-            group = desk.group
-            assert group is not None
-            # mid-round, the masked total is all the coordinator has of the updates
-            masked_total = group.sum._total.copy()
-            survivors = sorted(group.delivered)
-            checked["mid"] = [o for o in held_objects(server.service) if leaks(o, deltas, step)]
-            checked["sum_hidden"] = not np.allclose(
-                decode_sum(masked_total, len(survivors), config.secagg())[:DIM] / len(survivors),
-                np.mean([deltas[i] for i in (0, 2, 3, 4)], axis=0), atol=0.05)
+
+            def unmasking(group: SecureGroup, phase: int) -> None:
+                # mid-round (the masked phase just closed, no share answered yet), the
+                # masked total is all the coordinator has of the updates
+                if phase != MASKED or group.lost:
+                    return
+                assert group.sum._total is not None
+                survivors = sorted(group.delivered)
+                checked["mid"] = [o for o in held_objects(server.service)
+                                  if leaks(o, deltas, step)]
+                checked["sum_hidden"] = not np.allclose(
+                    decode_sum(group.sum._total, len(survivors), config.secagg())[:DIM]
+                    / len(survivors),
+                    np.mean([deltas[i] for i in (0, 2, 3, 4)], axis=0), atol=0.05)
+
+            desk.on_phase = unmasking
             results = await asyncio.wait_for(runs, 60)
             await asyncio.wait_for(server.wait_finished(), 20)
             checked["end"] = [o for o in held_objects(server.service) if leaks(o, deltas, step)]
@@ -268,7 +273,7 @@ def test_a_group_with_too_few_deliveries_is_lost_and_its_members_refused(
     assert server.events.of_kind("flush") == []
 
 
-def test_a_retried_advertise_gets_the_same_answer_and_a_late_client_is_refused(
+def test_a_retried_advertise_gets_the_same_answer_and_a_late_client_joins_the_next_group(
         tmp_path: Path) -> None:
     config = dataclasses.replace(secure_config(tmp_path / "state"), flush=FlushRule(
         goal=3, min_updates=2, deadline_s=None, over_selection=1.5))
@@ -288,13 +293,19 @@ def test_a_retried_advertise_gets_the_same_answer_and_a_late_client_is_refused(
             last = await service.secure_calls.advertise(adverts[2])  # the group is full: closes
             assert (await first).members == (await middle).members == last.members
             assert [m.index for m in last.members] == [0, 1, 2]
+            assert last.weight == 1.0  # trained on the current version: not discounted
             again = await service.secure_calls.advertise(adverts[0])  # a retry, same answer
             assert again == await first
-            with pytest.raises(UpdateRefused, match="closed its roster"):
-                await service.secure_calls.advertise(adverts[3])
-            # left out, it waits for the next version instead of training again for this one
-            reply = await service.get_task(GetTaskRequest(adverts[3].client_id, 0))
-            assert isinstance(reply, Wait), reply
+            # the fourth finished too late for that roster: it starts the next group (its
+            # work is not thrown away), answered once that group's roster closes
+            late = asyncio.ensure_future(service.secure_calls.advertise(adverts[3]))
+            desk = service.secure
+            assert desk is not None
+            await asyncio.sleep(0)
+            group = desk.group
+            assert group is not None and group.number == last.round_id + 1
+            assert list(group.members) == [adverts[3].client_id]
+            late.cancel()
         finally:
             service.close()
 

@@ -4,6 +4,7 @@ client's link; clients going offline between phases are unmasked from their neig
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,35 @@ def test_a_group_below_threshold_is_lost_and_its_version_tried_again() -> None:
     assert loop.secure.totals.groups_lost >= 1
     assert loop.engine.finished and loop.engine.version == 1
     assert len(events.of_kind("update_accepted")) >= 2
+
+
+def test_stragglers_join_later_groups_with_their_staleness_weight(tmp_path: Path) -> None:
+    """The demo's elastic fleet with short phases: a client that finishes after a roster
+    closed joins the next group, discounted by the run's staleness weight for the version its
+    group flushes onto; the run ends (a short ``phase_s`` once left versions retried by ever
+    smaller groups)."""
+    table = {"run": {"name": "stale", "seed": 0, "mode": "virtual"},
+             "data": {"dataset": "digits", "clients": 20, "partition": "iid"},
+             "model": {"name": "mlp", "options": {"hidden": [16]}},
+             "coordinator": {"rounds": 8, "robust": {"enabled": False},
+                             "norm_bound_adaptive": False, "staleness_weight": "polynomial",
+                             "staleness_weight_options": {"a": 0.5},
+                             "flush": {"goal": 8, "over_selection": 2.0, "min_updates": 4,
+                                       "deadline_s": 4.0, "max_staleness": 3},
+                             "training": {"local_epochs": 1, "batch_size": 32},
+                             "secure": {"enabled": True, "phase_s": 0.5}},
+             "network": {"fleet": {"4g": 0.3, "3g": 0.4, "flaky": 0.2, "commute": 0.1}},
+             "virtual": {"deterministic": True}}
+    result = run_virtual(ExperimentConfig.from_dict(table), tmp_path, progress=False,
+                         report=False)
+    assert result.summary["final_model_version"] == 8
+    accepted = [json.loads(line) for line in
+                (result.run_dir / "events.jsonl").read_text().splitlines()
+                if '"update_accepted"' in line]
+    stale = [e for e in accepted if e["staleness"] > 0]
+    assert stale, "no straggler's update was summed"
+    for event in accepted:
+        assert event["weight"] == pytest.approx((1 + event["staleness"]) ** -0.5)
 
 
 def test_virtual_secure_run_reports_each_phase_in_the_summary(tmp_path: Path) -> None:

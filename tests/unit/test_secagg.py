@@ -16,6 +16,7 @@ from fedlink.secagg import (
     SecureClient,
     SecureSum,
     UnmaskRequest,
+    UnmaskShares,
     crypto,
     decode_sum,
     encode,
@@ -204,3 +205,35 @@ def test_a_round_without_weights_sums_the_updates_alone() -> None:
     alive = sorted(result.delivered)
     decoded = decode_sum(result.total, len(alive), config)
     assert np.allclose(decoded, sum(updates[i] for i in alive), atol=len(alive) * config.step)
+
+
+def test_unmasking_can_finish_exactly_when_the_answers_rebuild_every_secret() -> None:
+    """Phase 4 closes as soon as the answers in hand rebuild every survivor's seed and every
+    dropped client's key: ``can_finish`` turns true exactly when ``finish`` stops refusing,
+    before every survivor answered, and the sum is then already exact."""
+    n, size, config = 8, 6, SecAggConfig(threshold=0.5)
+    rng = np.random.default_rng(3)
+    inputs = [rng.integers(0, config.modulus, size, dtype=np.uint32) for _ in range(n)]
+    clients = [SecureClient(i, config, 9, size) for i in range(n)]
+    server = SecureSum(config, 9, size, graph_seed=9)
+    roster = server.collect_keys([c.advertise() for c in clients])
+    for c in clients:
+        server.collect_shares(c.client, c.share_keys(roster, 9))
+    server.close_sharing()
+    going_on = [c for c in clients if c.client != 2]  # 2 vanishes after sharing
+    for c in going_on:
+        c.receive_shares(server.shares_for(c.client))
+        server.collect_masked(c.masked_input(inputs[c.client]))
+    request = server.unmask_request()
+    plain = sum(inputs[c.client] for c in going_on) & np.uint32(config.modulus - 1)
+    answers: list[UnmaskShares] = []
+    for c in going_on:
+        ready = server.can_finish(answers)
+        if ready:
+            break
+        with pytest.raises(SecAggAborted):
+            server.finish(answers)
+        answers.append(c.unmask(request))
+    assert server.can_finish(answers) and len(answers) < len(going_on)
+    total, count = server.finish(answers)
+    assert count == len(going_on) and np.array_equal(total, plain)

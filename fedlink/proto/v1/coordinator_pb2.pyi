@@ -172,16 +172,18 @@ class SecureAdvertiseRequest(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., task_id: _Optional[str] = ..., cipher_public: _Optional[bytes] = ..., mask_public: _Optional[bytes] = ...) -> None: ...
 
 class SecureAdvertiseReply(_message.Message):
-    __slots__ = ("index", "round_id", "graph_seed", "members")
+    __slots__ = ("index", "round_id", "graph_seed", "members", "weight")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     GRAPH_SEED_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
     index: int
     round_id: int
     graph_seed: int
     members: _containers.RepeatedCompositeFieldContainer[SecureMember]
-    def __init__(self, index: _Optional[int] = ..., round_id: _Optional[int] = ..., graph_seed: _Optional[int] = ..., members: _Optional[_Iterable[_Union[SecureMember, _Mapping]]] = ...) -> None: ...
+    weight: float
+    def __init__(self, index: _Optional[int] = ..., round_id: _Optional[int] = ..., graph_seed: _Optional[int] = ..., members: _Optional[_Iterable[_Union[SecureMember, _Mapping]]] = ..., weight: _Optional[float] = ...) -> None: ...
 
 class SecureShare(_message.Message):
     __slots__ = ("sender", "receiver", "ciphertext")

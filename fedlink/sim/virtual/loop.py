@@ -378,7 +378,7 @@ class VirtualLoop:
                        verify=False)  # packed just now: no wire to check
         examples = bounded_examples(upload.num_examples, work.num_examples,
                                     self.config.limits.max_examples_per_update)
-        if self.secure is not None:  # masked in its version's group (Advertise, ...)
+        if self.secure is not None:  # masked in the forming group (Advertise, ...)
             assert isinstance(action, Advertise)
             self.secure.start(busy, delta, examples, completed, work.steps, rng=upload.rng)
             return

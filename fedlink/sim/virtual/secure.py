@@ -64,7 +64,7 @@ PHASE_NAMES = {ADVERTISE: "advertise", SHARE: "share", MASKED: "masked", UNMASK:
 class SecurePhaseTotals:
     """Per phase (``PHASE_NAMES``): requests sent (one round trip each), their bytes up and
     their answers' bytes down; ``groups_lost``: groups that fell below threshold (their
-    version tried again by a new group)."""
+    members' tasks tried again in later groups)."""
 
     round_trips: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         PHASE_NAMES.values(), 0))
@@ -116,7 +116,7 @@ class VirtualSecure:
 
     def start(self, busy: _Busy, delta: np.ndarray, num_examples: int, steps_completed: int,
               steps_planned: int, rng: np.random.Generator) -> None:
-        """Deliver ``busy``'s update (the pipeline's output) through its version's group."""
+        """Deliver ``busy``'s update (the pipeline's output) through the group now forming."""
         state = _Member(busy, SecureDelivery(self.loop.client_id(busy.index), busy.task,
                                              self.settings, delta, num_examples,
                                              steps_completed, steps_planned), rng)
@@ -242,5 +242,5 @@ class VirtualSecure:
 
 def raise_lost(group: SecureGroup) -> None:
     """Refuse a member of a lost group, as the gRPC calls do."""
-    raise UpdateRefused(f"the secure group of version {group.version} was lost: {group.lost}",
+    raise UpdateRefused(f"secure group {group.number} was lost: {group.lost}",
                         RefusalCode.TASK_CLOSED)
