@@ -416,6 +416,9 @@ class SecureDesk:
         for member in group.members.values():
             member.staleness = max(0, onto - member.base_version)
             member.weight = self.engine.staleness_weight(member.staleness)
+            if not 0.0 < member.weight <= 1.0:  # a sum carries weights in (0, 1] only
+                raise SecAggError(f"the staleness weight of {member.staleness} versions is "
+                                  f"{member.weight:g}; a secure group needs one in (0, 1]")
 
     def _close_share(self, group: SecureGroup) -> None:
         group.sharers = group.sum.close_sharing()
