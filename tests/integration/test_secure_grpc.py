@@ -8,6 +8,8 @@ import dataclasses
 import gc
 import json
 import re
+import signal
+import sys
 import types
 from pathlib import Path
 from typing import Any
@@ -103,7 +105,8 @@ def _holds_floats(data: bytes, deltas: list[np.ndarray]) -> bool:
             count = (len(data) - start) // width
             if count < DIM:
                 continue
-            values = np.frombuffer(data, dtype, count, start).astype(np.float64)
+            with np.errstate(invalid="ignore", over="ignore"):
+                values = np.frombuffer(data, dtype, count, start).astype(np.float64)
             for delta in deltas:
                 with np.errstate(invalid="ignore"):
                     for at in np.flatnonzero(np.abs(values[:count - DIM + 1] - delta[0]) < 1e-3):
@@ -316,3 +319,78 @@ def test_the_secure_example_config_loads() -> None:
     path = Path(__file__).resolve().parents[2] / "examples" / "digits_secure.toml"
     config = ExperimentConfig.from_dict(load_toml(path))
     assert config.coordinator.secure.enabled and config.coordinator.secagg().max_clients == 8
+
+
+CHILD = """
+import asyncio, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from conftest import TowardTrainer
+from fedlink.client import ClientOptions, ClientSession, RetryPolicy
+target = np.array([float(v) for v in sys.argv[4].split(",")], dtype=np.float32)
+session = ClientSession(sys.argv[2], TowardTrainer(target, examples=10),
+                        ClientOptions(name=sys.argv[3], retry=RetryPolicy(
+                            initial_backoff_s=0.01, max_backoff_s=0.05, max_attempts=5)))
+stats = asyncio.run(session.run())
+print("accepted", stats.accepted, flush=True)
+"""
+
+
+def test_client_processes_sigkilled_between_phases_are_unmasked(tmp_path: Path) -> None:
+    """Five client processes; one is SIGKILLed the instant the coordinator has its shares,
+    one the instant it has its masked update (each before it hears the answer): the round
+    completes with the four that delivered, their mean within the quantization, and the
+    coordinator's memory, event log and state dir hold no individual update."""
+    rng = np.random.default_rng(11)
+    targets = [rng.uniform(-0.8, 0.8, DIM).astype(np.float32) for _ in range(CLIENTS)]
+    deltas = [TowardTrainer(t).step(X0.astype(np.float64)) for t in targets]
+    config = secure_config(tmp_path / "state")
+    step = config.secagg().step
+    server = CoordinatorServer(config, X0, EventLog(tmp_path / "events.jsonl"),
+                               address="127.0.0.1:0")
+    tests_dir = str(Path(__file__).resolve().parents[1])
+    procs: dict[str, asyncio.subprocess.Process] = {}
+    killed: list[str] = []
+
+    async def main() -> list[int | None]:
+        async with server:
+            desk = server.service.secure
+            assert desk is not None
+            names = server.service.registry.name_of
+            share, masked = desk.record_share, desk.record_masked
+
+            def kill_after(record: Any, name: str) -> Any:
+                def recorded(request: Any, *rest: Any) -> Any:
+                    result = record(request, *rest)
+                    if names(request.client_id) == name and name not in killed:
+                        procs[name].kill()  # SIGKILL: its answer never reaches it
+                        killed.append(name)
+                    return result
+                return recorded
+
+            desk.record_share = kill_after(share, "c1")  # type: ignore[method-assign]
+            desk.record_masked = kill_after(masked, "c3")  # type: ignore[method-assign]
+            for i in range(CLIENTS):
+                procs[f"c{i}"] = await asyncio.create_subprocess_exec(
+                    sys.executable, "-c", CHILD, tests_dir, target_of(server), f"c{i}",
+                    ",".join(repr(float(v)) for v in targets[i]),
+                    stdout=(tmp_path / f"c{i}.out").open("wb"),
+                    stderr=(tmp_path / f"c{i}.err").open("wb"))
+            codes = [await asyncio.wait_for(p.wait(), 60) for p in procs.values()]
+            await asyncio.wait_for(server.wait_finished(), 20)
+            found = [o for o in held_objects(server.service) if leaks(o, deltas, step)]
+            assert found == []
+            return codes
+
+    codes = run_async(main(), timeout=85)
+    assert killed == ["c1", "c3"]
+    assert codes[1] == codes[3] == -signal.SIGKILL
+    assert codes[0] == codes[2] == codes[4] == 0
+    for i in (0, 2, 4):
+        assert (tmp_path / f"c{i}.out").read_text().split() == ["accepted", "1"]
+    engine = server.service.engine
+    assert engine.version == 1
+    expected = X0 + np.mean([deltas[i] for i in (0, 2, 3, 4)], axis=0)
+    assert np.allclose(engine.model, expected, atol=4 * step)
+    for path in (p for p in tmp_path.rglob("*") if p.is_file()):
+        assert not leaks(path.read_bytes(), deltas, step), path
