@@ -134,6 +134,12 @@ def test_heartbeats_sleep_on_the_session_clock(coordinator: CoordinatorFactory,
             running = asyncio.create_task(session.run())
             try:
                 await wait_until(training.is_set, what="training started")
+                # the heartbeat task may take its first step only after training started (an
+                # inline download leaves the loop no turn between the two): move the clock
+                # once its wake-up is scheduled, or it would sleep from the advanced time
+                await wait_until(lambda: clock.next_time() is not None,
+                                 what="the heartbeat's wake-up")
+                assert clock.next_time() == START + 3600.0
                 assert beats == []
                 clock.advance(3600.0)
                 await wait_until(lambda: len(beats) == 1, what="a heartbeat")
