@@ -62,7 +62,7 @@ class RunConfig:
 @dataclass(frozen=True)
 class SecureSettings:
     """How a secure round encodes updates (``fedlink.secagg.SecAggConfig``'s fields; 0
-    ``neighbours``: every other member of the group)."""
+    ``neighbours``: every other member of the group) and which coordinates it sends."""
 
     modulus_bits: int = 24
     quantization_bits: int = 16
@@ -71,6 +71,10 @@ class SecureSettings:
     neighbours: int = 0
     threshold: float = 0.5
     phase_s: float = 10.0
+    density: float = 0.0
+    """Group random-k's fraction of coordinates (0, unset, or 1: every coordinate)."""
+    randk_seed: int = 0
+    """The run's public seed of the kept coordinates."""
 
 
 @dataclass(frozen=True)

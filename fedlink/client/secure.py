@@ -35,7 +35,9 @@ from fedlink.secagg import (
     encode_weighted,
 )
 from fedlink.secagg.crypto import element_bytes
+from fedlink.secagg.encoding import Encoded, decode_sum
 from fedlink.secagg.packing import pack
+from fedlink.secagg.sparse import SharedRandK, group_indices, kept_size
 
 WEIGHT = 1.0
 """A fresh update's weight in a secure sum: every delivering client weighs the same (its
@@ -63,6 +65,10 @@ class SecureDelivery:
     num_examples: int = 0
     steps_completed: int = 0
     steps_planned: int = 0
+    residual: np.ndarray | None = field(default=None, repr=False)
+    """Under group random-k: what earlier tasks kept back (error feedback; not modified)."""
+    next_residual: np.ndarray | None = field(default=None, init=False, repr=False)
+    """Under group random-k, after ``masked``: the residual once this update is in a sum."""
     config: SecAggConfig = field(init=False)
     client: SecureClient = field(init=False, repr=False)
     _roster: list[AdvertiseKeys] = field(default_factory=list, init=False, repr=False)
@@ -73,7 +79,7 @@ class SecureDelivery:
     def __post_init__(self) -> None:
         self.config = secagg_config(self.settings)
         self.client = SecureClient(0, self.config, self.task.model_version,
-                                   int(self.delta.size) + 1)
+                                   kept_size(self.settings.density, int(self.delta.size)) + 1)
 
     def advertise(self) -> SecureAdvertiseRequest:
         """Phase 1's request: the two public keys."""
@@ -102,13 +108,31 @@ class SecureDelivery:
 
     def masked(self, rng: np.random.Generator) -> SecureMaskedRequest:
         """Phase 3's request: ``[w * delta, w]`` in Z_m (``w``: the roster's staleness
-        weight), masked and packed."""
-        encoded = encode_weighted(self.delta, self._weight, self.config, rng)
+        weight), masked and packed; under group random-k, only the group's kept coordinates
+        of ``delta`` plus the residual."""
+        indices = group_indices(self.settings.density, self.settings.randk_seed,
+                                self.client.round_id, int(self.delta.size))
+        if indices is None:
+            encoded = encode_weighted(self.delta, self._weight, self.config, rng)
+        else:
+            encoded = self._encode_kept(indices, rng)
         masked = self.client.masked_input(encoded.values)
         return SecureMaskedRequest(self.client_id, self.task.task_id,
                                    pack(masked.values, self.config.modulus_bits),
                                    int(masked.values.size), self.num_examples,
                                    self.steps_completed, self.steps_planned)
+
+    def _encode_kept(self, indices: np.ndarray, rng: np.random.Generator) -> Encoded:
+        """The group's kept coordinates of ``delta`` plus the residual, encoded; the rest,
+        and what the encoding lost of the kept values (clipping, rounding), is the
+        ``next_residual``."""
+        randk = SharedRandK(self.settings.density)
+        kept, residual = randk.keep(self.delta, self.residual, indices)
+        encoded = encode_weighted(kept, self._weight, self.config, rng)
+        sent = decode_sum(encoded.values[:-1], 1, self.config) / self._weight
+        randk.carry(residual, indices, kept, sent)
+        self.next_residual = residual.astype(np.float32)
+        return encoded
 
     def heard(self, reply: SecureMaskedReply) -> None:
         """Phase 3's answer: who delivered and who dropped."""
@@ -125,3 +149,4 @@ class SecureDelivery:
                   sorted(answer.seed_shares.items())),
             tuple(ShamirShare(o, x, element_bytes(y)) for o, (x, y) in
                   sorted(answer.key_shares.items())))
+

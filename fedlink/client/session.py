@@ -188,6 +188,9 @@ class ClientSession:
         self._sleep: Sleep = sleep or self._sleep_on_clock
         self._call = Caller(self.options.retry, self.stats, self._sleep, self._clock)
         self._rng = np.random.default_rng(self.options.seed)
+        # group random-k's error feedback: what this client's summed updates kept back (in
+        # memory: a restarted client starts without it, as a fresh one would)
+        self._secure_residual: np.ndarray | None = None
         self._transport: Transport | None = None
         self._courier: Courier | None = None
         self._held: HeldModel | None = None
@@ -382,6 +385,8 @@ class ClientSession:
         secure = work.secure
         assert secure is not None
         await self._secure_call("Unmask", secure.unmask())
+        # the update is in a flushed sum: what it kept back joins the next one
+        self._secure_residual = secure.next_residual
         work.secure = None  # the task's secrets go with it
         self.stats.accepted += 1
         return protocol.heard(Accepted())
@@ -410,7 +415,8 @@ class ClientSession:
                               f"secure run (masked updates are integers in Z_m): use 'fp32'")
         delta = unpack(header, update.payload.data, self.config.num_parameters)
         return SecureDelivery(self.client_id, task, settings, delta, update.num_examples,
-                              update.steps_completed, update.steps_planned)
+                              update.steps_completed, update.steps_planned,
+                              residual=self._secure_residual)
 
     _STEPS: ClassVar[Mapping[type, str]] = {
         Download: "_download", Train: "_train_step", Encode: "_encode", Deliver: "_deliver",

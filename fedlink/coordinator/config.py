@@ -591,7 +591,11 @@ class SecureConfig:
     for the sum to count. ``phase_s``: each phase's deadline (advertise keys, share keys,
     masked update, unmask), counted from the phase's opening; a client that misses it is out
     of the group. A ``flush.deadline_s`` below ``4 x phase_s`` is refused: the phases come
-    after training, inside the round's deadline.
+    after training, inside the round's deadline. ``density`` below 1: group random-k, the
+    compression that survives masking. Every member of a group sends the same
+    ``ceil(density * n)`` coordinates of its update (drawn from the run's ``seed`` and the
+    group's number, public values) and keeps the rest as a residual that joins its next update
+    (error feedback), so its masked update is about ``density`` times as large.
     """
 
     enabled: bool = False
@@ -601,11 +605,14 @@ class SecureConfig:
     neighbours: int = 0
     threshold: float = 0.5
     phase_s: float = 10.0
+    density: float = 1.0
 
     def __post_init__(self) -> None:
         check_fields(self, "coordinator.secure")
         require(math.isfinite(self.phase_s) and self.phase_s > 0, "coordinator.secure.phase_s",
                 f"must be > 0 seconds, got {self.phase_s}")
+        require(math.isfinite(self.density) and 0 < self.density <= 1,
+                "coordinator.secure.density", f"must be in (0, 1], got {self.density}")
 
 
 @dataclass(frozen=True)
@@ -775,6 +782,9 @@ class CoordinatorConfig:
         """Settings that need each individual update cannot work with secure aggregation:
         refused with the keys to change, never ignored."""
         if not self.secure.enabled:
+            require(self.secure.density == 1, "coordinator.secure.density",
+                    "group random-k compresses secure groups' masked updates only: set "
+                    "coordinator.secure.enabled = true, or remove density")
             return
         why = "a secure coordinator sees only the group's sum, never an individual update"
         require(not self.flush.continuous, "coordinator.secure.enabled",

@@ -80,6 +80,7 @@ from fedlink.secagg import (
 from fedlink.secagg.crypto import KEY_BYTES
 from fedlink.secagg.graph import neighbours
 from fedlink.secagg.packing import packed_size, unpack
+from fedlink.secagg.sparse import group_indices, kept_size, scatter
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,9 @@ def secure_settings(config: CoordinatorConfig) -> SecureSettings | None:
     return SecureSettings(modulus_bits=secagg.modulus_bits, quantization_bits=secagg.bits,
                           clip=secagg.clip, max_clients=secagg.max_clients,
                           neighbours=secagg.neighbours or 0, threshold=secagg.threshold,
-                          phase_s=config.secure.phase_s)
+                          phase_s=config.secure.phase_s,
+                          density=0.0 if config.secure.density == 1 else config.secure.density,
+                          randk_seed=config.seed % 2**64)
 
 
 @dataclass
@@ -166,6 +169,7 @@ class SecureDesk:
         self._clock = clock
         self._on_flush = on_flush
         self._secagg = config.secagg()
+        self._settings = secure_settings(config)
         self._numbers = itertools.count(1)
         self._forming: SecureGroup | None = None
         self._groups: dict[int, SecureGroup] = {}  # by number, oldest first
@@ -334,7 +338,9 @@ class SecureDesk:
         group = self._forming
         if group is None:
             number = next(self._numbers)
-            size = self.engine.num_parameters + 1  # [update, weight]
+            assert self._settings is not None
+            # [update, weight]: the update's kept coordinates under group random-k
+            size = kept_size(self._settings.density, self.engine.num_parameters) + 1
             group = SecureGroup(number, self._secagg, self.config.flush.goal, size,
                                 SecureSum(self._secagg, number, size, graph_seed=number))
             self._forming = self._groups[number] = group
@@ -438,6 +444,7 @@ class SecureDesk:
     def _close_unmask(self, group: SecureGroup) -> None:
         total, count = group.sum.finish(group.answers.values())
         mean, weight = weighted_mean(total, count, group.config)
+        mean = self._full(group, mean)
         survivors = set(group.delivered)
         tasks = [SummedTask(c, m.task_id, m.num_examples, m.steps_completed, m.steps_planned,
                             m.bytes_up, m.staleness, m.weight)
@@ -452,6 +459,15 @@ class SecureDesk:
         group.flushed_version = outcome.version
         log.info("secure group %d: %d of %d members summed, version %d made",
                  group.number, count, len(group.members), outcome.version)
+
+    def _full(self, group: SecureGroup, mean: np.ndarray) -> np.ndarray:
+        """The model-sized mean of a group's kept coordinates: zero where none was sent
+        (each member keeps those as its residual for a later group)."""
+        assert self._settings is not None
+        n = self.engine.num_parameters
+        indices = group_indices(self._settings.density, self._settings.randk_seed,
+                                group.number, n)
+        return mean if indices is None else scatter(mean, indices, n)
 
     _CLOSERS: dict[int, Callable[[SecureDesk, SecureGroup], None]] = {
         ADVERTISE: _close_advertise, SHARE: _close_share, MASKED: _close_masked,

@@ -71,6 +71,21 @@ class SharedRandK:
         residual[indices] += np.asarray(kept, np.float64) - np.asarray(sent, np.float64)
 
 
+def group_indices(density: float, randk_seed: int, round_id: int,
+                  size: int) -> np.ndarray | None:
+    """The coordinates every member of round ``round_id`` keeps of a ``size``-value update, by
+    the run's public ``randk_seed`` (``None``: a ``density`` of 0, unset on the wire, or 1
+    keeps every coordinate)."""
+    if density in (0, 1):
+        return None
+    return SharedRandK(density).indices(round_seed(randk_seed, round_id), size)
+
+
+def kept_size(density: float, size: int) -> int:
+    """How many of ``size`` coordinates a group with ``density`` keeps (all for 0 or 1)."""
+    return size if density in (0, 1) else kept_count(density, size)
+
+
 def scatter(kept: np.ndarray, indices: np.ndarray, size: int) -> np.ndarray:
     """A vector of ``size`` zeros with ``kept`` at ``indices`` (the decoded sum, in place)."""
     full = np.zeros(size, dtype=np.float64)

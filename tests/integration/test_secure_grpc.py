@@ -26,7 +26,7 @@ from fedlink.client.protocol import Action, MaskedUpload, Unmask
 from fedlink.config import load_toml
 from fedlink.coordinator import CoordinatorConfig, FlushRule, LimitsConfig
 from fedlink.coordinator.config import SecureConfig
-from fedlink.coordinator.secure import MASKED, SecureGroup
+from fedlink.coordinator.secure import MASKED, UNMASK, SecureGroup
 from fedlink.coordinator.server import CoordinatorServer
 from fedlink.coordinator.service import CoordinatorService
 from fedlink.errors import ConfigError
@@ -34,6 +34,7 @@ from fedlink.experiment.config import ExperimentConfig
 from fedlink.messages import GetTaskRequest, JoinRequest, SecureAdvertiseRequest, Task
 from fedlink.metrics import EventLog
 from fedlink.secagg import decode_sum, encode_weighted
+from fedlink.secagg.sparse import group_indices
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -224,6 +225,56 @@ def test_secure_round_survives_dropouts_and_keeps_updates_private(
     assert not np.allclose(engine.model, X0 + np.mean(deltas, axis=0), atol=1e-3)
 
 
+def test_group_random_k_sends_the_kept_coordinates_and_feeds_back_the_rest(
+        tmp_path: Path) -> None:
+    """With ``density`` 0.25 each member masks and sends a quarter of its update, the same
+    coordinates as the rest of its group; what it kept back joins its next group's update."""
+    density, clients = 0.25, 3
+    config = dataclasses.replace(
+        secure_config(tmp_path / "state"), rounds=2,
+        flush=FlushRule(goal=clients, min_updates=2, deadline_s=None),
+        secure=SecureConfig(enabled=True, phase_s=PHASE_S, density=density), seed=11)
+    rng = np.random.default_rng(3)
+    targets = [rng.uniform(-0.8, 0.8, DIM).astype(np.float32) for _ in range(clients)]
+    trainers = [TowardTrainer(t) for t in targets]
+    server = CoordinatorServer(config, X0, EventLog(None), address="127.0.0.1:0")
+    models: list[np.ndarray] = []
+
+    async def main() -> list[Any]:
+        async with server:
+            desk = server.service.secure
+            assert desk is not None
+
+            def flushed(group: SecureGroup, phase: int) -> None:
+                if phase == UNMASK and not group.lost:  # the group's sum made a version
+                    models.append(server.service.engine.model.copy())
+
+            desk.on_phase = flushed
+            sessions = [ClientSession(target_of(server), trainers[i],
+                                      ClientOptions(name=f"c{i}", retry=FAST_RETRY))
+                        for i in range(clients)]
+            return await asyncio.wait_for(asyncio.gather(*(s.run() for s in sessions)), 60)
+
+    results = run_async(main(), timeout=80)
+    kept = [group_indices(density, 11, number, DIM) for number in (1, 2)]
+    assert all(k is not None and k.size == 8 for k in kept)
+    k1, k2 = set(kept[0].tolist()), set(kept[1].tolist())
+    assert k1 != k2  # each group draws its own coordinates
+    secagg = config.secagg()
+    for stats in results:  # two masked updates of 8 values and the weight, nothing else
+        assert (stats.accepted, stats.bytes_up) == (2, 2 * secagg.vector_bytes(8 + 1))
+    first = np.mean([t.step(X0.astype(np.float64)) for t in trainers], axis=0)
+    v1, v2 = models
+    outside = sorted(set(range(DIM)) - k1)
+    assert np.array_equal(v1[outside], X0[outside])  # only group 1's coordinates moved
+    assert np.allclose(v1[sorted(k1)], first[sorted(k1)], atol=4 * secagg.step)
+    # a coordinate group 2 kept and group 1 did not carries both tasks' updates: the second
+    # (trained where the model had not moved: the same step) and the first, fed back
+    fed_back = sorted(k2 - k1)
+    assert fed_back
+    assert np.allclose(v2[fed_back], 2 * first[fed_back], atol=6 * secagg.step)
+
+
 def test_secure_settings_that_need_individual_updates_are_refused() -> None:
     secure = SecureConfig(enabled=True)
     plain = {"robust": RobustConfig(enabled=False), "norm_bound_adaptive": False,
@@ -238,6 +289,16 @@ def test_secure_settings_that_need_individual_updates_are_refused() -> None:
                         (dict(flush=FlushRule(goal=2, deadline_s=None)), "flush.goal")):
         with pytest.raises(ConfigError, match=re.escape(key)):
             CoordinatorConfig(**{**plain, **change})
+
+
+def test_a_group_random_k_density_is_refused_out_of_range_or_without_secure_groups() -> None:
+    plain = {"robust": RobustConfig(enabled=False), "norm_bound_adaptive": False}
+    CoordinatorConfig(**plain, secure=SecureConfig(enabled=True, density=0.1))
+    for density in (0.0, 1.5, float("nan")):
+        with pytest.raises(ConfigError, match=r"coordinator\.secure\.density"):
+            SecureConfig(enabled=True, density=density)
+    with pytest.raises(ConfigError, match=re.escape("set coordinator.secure.enabled = true")):
+        CoordinatorConfig(**plain, secure=SecureConfig(density=0.1))
 
 
 def test_secure_run_refuses_an_uplink_codec() -> None:

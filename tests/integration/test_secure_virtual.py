@@ -21,6 +21,7 @@ from fedlink.coordinator.secure import SecureDesk
 from fedlink.experiment.config import ExperimentConfig
 from fedlink.metrics import EventLog
 from fedlink.netem import Fleet
+from fedlink.secagg.sparse import group_indices
 from fedlink.sim.virtual.loop import LoopOptions, VirtualLoop
 from fedlink.sim.virtual.population import Links, SyntheticPopulation, SyntheticSpec
 from fedlink.sim.virtual.runner import run_virtual
@@ -32,13 +33,14 @@ CLIENTS = 6
 SPEC = SyntheticSpec(num_features=8, num_classes=3, min_examples=32, max_examples=32, seed=0)
 
 
-def _config(secure: bool, rounds: int = 1, **flush: Any) -> CoordinatorConfig:
+def _config(secure: bool, rounds: int = 1, density: float = 1.0,
+            **flush: Any) -> CoordinatorConfig:
     table: dict[str, Any] = {
         "rounds": rounds, "training": {"local_steps": 4},
         "robust": {"enabled": False}, "norm_bound_adaptive": False,
         "flush": {"goal": CLIENTS, "min_updates": 2, "deadline_s": None, **flush}}
     if secure:
-        table["secure"] = {"enabled": True, "phase_s": 5.0}
+        table["secure"] = {"enabled": True, "phase_s": 5.0, "density": density}
     return CoordinatorConfig.from_dict(table)
 
 
@@ -88,6 +90,42 @@ def test_secure_virtual_model_equals_plain_within_the_quantization() -> None:
     np.testing.assert_allclose(secure.engine.model, plain.engine.model, rtol=0, atol=2 * step)
     accepted = events.of_kind("update_accepted")
     assert len(accepted) == CLIENTS
+
+
+def test_group_random_k_moves_the_kept_coordinates_and_keeps_the_rest_as_residuals() -> None:
+    """``density`` 0.25 in virtual mode: the first version is the plain run's on the group's
+    kept coordinates and unmoved elsewhere; every member keeps the rest of its update as its
+    residual for the next group."""
+    plain, _ = _loop(_config(False))
+    plain.run()
+    config = _config(True, density=0.25)
+    secure, _ = _loop(config)
+    secure.run()
+    size = SPEC.num_parameters
+    kept = group_indices(0.25, config.seed, 1, size)
+    assert kept is not None and kept.size == math.ceil(size / 4)
+    outside = np.setdiff1d(np.arange(size), kept)
+    step = config.secagg().step
+    np.testing.assert_allclose(secure.engine.model[kept], plain.engine.model[kept], rtol=0,
+                               atol=2 * step)
+    assert not secure.engine.model[outside].any()
+    # a second group: each member starts from what its first update kept back
+    again, _ = _loop(_config(True, rounds=2, density=0.25))
+    taken: dict[int, list[np.ndarray | None]] = {}
+    take = again.residuals.take
+
+    def recorded(index: int) -> np.ndarray | None:
+        taken.setdefault(index, []).append(take(index))
+        return taken[index][-1]
+
+    again.residuals.take = recorded  # type: ignore[method-assign]
+    again.run()
+    assert again.engine.version == 2
+    for index in range(CLIENTS):
+        first_group, residual = taken[index]
+        assert first_group is None and residual is not None, index
+        assert np.abs(residual[kept]).max() <= step  # sent: only what the encoding lost
+        assert np.abs(residual[outside]).max() > 100 * step  # held back for a later group
 
 
 def test_clients_offline_between_phases_are_unmasked_and_the_round_completes() -> None:

@@ -353,9 +353,11 @@ class VirtualLoop:
         # model time follows the plan, known now; the result is needed only when it ends
         compute = fits * step_s
         trained = finish(self.availability, index, self.clock.now(), compute)
+        # a secure run's pipeline has no feedback stage: the residual is its group random-k's
+        # (``fedlink.sim.virtual.secure``), taken when the masked update is made
+        residual = None if self.secure is not None else self.residuals.take(index)
         job = ClientJob(index, plan if fits == steps else replace(plan, local_steps=max(fits, 1)),
-                        rng, dict(task.options), self.residuals.take(index),
-                        self._trainer_states.get(index))
+                        rng, dict(task.options), residual, self._trainer_states.get(index))
         result = self._training.submit(TrainingTask(job, task.model_version, model, due=trained))
         self._charge(busy, compute_s=compute)
         work = _Training(result, steps, fits, examples)

@@ -29,6 +29,7 @@ import numpy as np
 
 from fedlink.client.protocol import (
     Accepted,
+    Lost,
     MaskedUpload,
     PhaseDone,
     Refused,
@@ -119,7 +120,9 @@ class VirtualSecure:
         """Deliver ``busy``'s update (the pipeline's output) through the group now forming."""
         state = _Member(busy, SecureDelivery(self.loop.client_id(busy.index), busy.task,
                                              self.settings, delta, num_examples,
-                                             steps_completed, steps_planned), rng)
+                                             steps_completed, steps_planned,
+                                             residual=self.loop.residuals.take(busy.index)),
+                        rng)
         self._send(state, ADVERTISE, state.delivery.advertise())
 
     # -- one phase: the request up, the answer down -----------------------------------------
@@ -137,7 +140,7 @@ class VirtualSecure:
         """The request reached the coordinator: recorded, then answered when its phase
         closes (at once when it already has)."""
         if self.loop.engine.finished:  # after the end: refused unheard
-            self.loop.ended(state.busy)
+            self._end(state)
             return
         try:
             state.group, state.member = self._RECORDERS[phase](self.desk, request)
@@ -180,7 +183,7 @@ class VirtualSecure:
         """The answer reached the client: the protocol's next phase (or the task's end)."""
         delivery, busy = state.delivery, state.busy
         if phase == UNMASK:
-            self.loop.ended(busy, Accepted())
+            self._end(state, Accepted())
             return
         if phase == ADVERTISE:
             delivery.roster(reply)
@@ -200,7 +203,16 @@ class VirtualSecure:
         self._send(state, phase + 1, request)
 
     def _refused(self, state: _Member, err: RemoteError) -> None:
-        self.loop.ended(state.busy, outcome_of(err) or Refused(err.detail))
+        self._end(state, outcome_of(err) or Refused(err.detail))
+
+    def _end(self, state: _Member, outcome: Accepted | Refused | Lost | None = None) -> None:
+        """The delivery ended: the client keeps its new group random-k residual if its update
+        is in a sum, else the one it started with."""
+        delivery = state.delivery
+        summed = isinstance(outcome, Accepted) and delivery.next_residual is not None
+        self.loop.residuals.put(state.busy.index,
+                                delivery.next_residual if summed else delivery.residual)
+        self.loop.ended(state.busy, outcome)
 
     # -- the link ---------------------------------------------------------------------------
 
