@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from fedlink.conformance.probe import CallLog
+from fedlink.conformance.probe import Call, CallLog
 from fedlink.metrics import Event
 
 REPEATED_REFUSAL_LIMIT = 3
@@ -44,10 +44,14 @@ class RunRecord:
     codec: str = ""
     """The update codec the client was asked to send (lossy scenarios), else empty."""
     slow_commit_s: float = 0.0
+    stopped: str = ""
+    """Why the runner stopped the client before it exited (empty: it did not)."""
 
     @property
     def exit_text(self) -> str:
         """The client's exit, for a verdict's detail."""
+        if self.stopped:
+            return f"client stopped by the runner: {self.stopped}"
         if self.killed:
             return f"client killed at the timeout (exit status {self.exit_code})"
         return f"client exit code {self.exit_code}"
@@ -363,3 +367,73 @@ def _lossy_update(record: RunRecord) -> tuple[bool, str]:
                     + (f" ({outcomes})" if outcomes else "")
                     + (f", {len(unchecked)} without values_checksum" if unchecked else "")
                     + f", {record.exit_text}")
+
+
+SECURE_PHASES = ("SecureAdvertise", "SecureShare", "SecureMasked", "SecureUnmask")
+"""The calls that deliver one training task in a secure run, in order (section 14)."""
+DONE = ("OK", "REPLY_LOST")
+
+
+@check("secure_round")
+def _secure_round(record: RunRecord) -> tuple[bool, str]:
+    """Every round's update delivered through the four ``Secure*`` calls and inside a
+    flushed sum (its ``update_accepted`` event), never a plain ``Commit``, exit code 0."""
+    plain = record.log.of("Commit")
+    groups = {c.fields["task_id"]: c.fields["group"] for c in record.log.of("SecureAdvertise")
+              if c.outcome == "OK"}
+    if not groups:
+        return False, _no_secure_group(record, plain)
+    missing = {task: [name for name in SECURE_PHASES if not _done(record, name, task)]
+               for task in groups}
+    complete = [task for task, gaps in missing.items() if not gaps]
+    summed = set(complete) & set(record.accepted_tasks())
+    passed = len(summed) >= record.rounds and not plain and record.exit_code == 0
+    gaps = "; ".join(f"task {task} (group {groups[task]}) without {', '.join(names)}"
+                     for task, names in missing.items() if names)
+    return passed, (f"{len(groups)} task(s) in secure groups, {len(complete)} through all four "
+                    f"calls, {len(summed)} inside a flushed sum for {record.rounds} rounds"
+                    + (f"; {gaps}" if gaps else "")
+                    + (f"; {len(plain)} plain Commit(s)" if plain else "")
+                    + f", {record.exit_text}")
+
+
+def _done(record: RunRecord, name: str, task_id: str) -> bool:
+    """Whether the call ``name`` for ``task_id`` was carried out."""
+    return any(c.fields["task_id"] == task_id and c.outcome in DONE for c in record.log.of(name))
+
+
+def _no_secure_group(record: RunRecord, plain: Sequence[Call]) -> str:
+    """Why no task of the client reached a secure group, as far as the calls tell."""
+    refused = [c for c in record.log.of("SecureAdvertise") if c.outcome not in DONE]
+    if refused:
+        return (f"{len(refused)} SecureAdvertise call(s), none answered with a roster "
+                f"({refused[-1].outcome}: {refused[-1].fields.get('detail', '')}), "
+                f"{record.exit_text}")
+    if plain:
+        return (f"no Secure* call: the client does not speak secure aggregation; it sent "
+                f"{len(plain)} plain Commit(s) ({plain[0].outcome}), but a secure run takes an "
+                f"update only masked, through SecureAdvertise, SecureShare, SecureMasked and "
+                f"SecureUnmask (docs/protocol.md section 14); {record.exit_text}")
+    return (f"no SecureAdvertise call: the client never delivered a task through the Secure* "
+            f"calls (docs/protocol.md section 14); {record.exit_text}")
+
+
+@check("secure_retry")
+def _secure_retry(record: RunRecord) -> tuple[bool, str]:
+    """A ``SecureMasked`` whose reply was lost is sent again with the same content, gets the
+    same answer, and the update is counted once."""
+    lost = record.log.injected.get("lose_masked_reply")
+    if lost is None:
+        return False, "no SecureMasked to lose the reply of: did the client send a masked update?"
+    tries = [c for c in record.log.of("SecureMasked") if c.fields["task_id"] == lost["task_id"]]
+    again = tries[1:]
+    same_content = all(c.fields["content"] == lost["content"] for c in again)
+    answer = (lost["survivors"], lost["dropped"])
+    answered = [c for c in again if c.outcome == "OK"
+                and (c.fields["survivors"], c.fields["dropped"]) == answer]
+    counted = record.accepted_tasks().count(lost["task_id"])
+    passed = bool(answered) and same_content and counted == 1
+    return passed, (f"reply to the SecureMasked of task {lost['task_id']} lost; sent "
+                    f"{len(tries)} time(s), "
+                    + ("the same content" if same_content else "with other content")
+                    + f", {len(answered)} answered the same, counted {counted} time(s)")
