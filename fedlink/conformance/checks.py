@@ -386,15 +386,27 @@ def _secure_round(record: RunRecord) -> tuple[bool, str]:
     missing = {task: [name for name in SECURE_PHASES if not _done(record, name, task)]
                for task in groups}
     complete = [task for task, gaps in missing.items() if not gaps]
-    summed = set(complete) & set(record.accepted_tasks())
-    passed = len(summed) >= record.rounds and not plain and record.exit_code == 0
+    summed = set(groups) & set(record.accepted_tasks())
+    passed = (len(summed & set(complete)) >= record.rounds and not plain
+              and record.exit_code == 0)
     gaps = "; ".join(f"task {task} (group {groups[task]}) without {', '.join(names)}"
                      for task, names in missing.items() if names)
     return passed, (f"{len(groups)} task(s) in secure groups, {len(complete)} through all four "
                     f"calls, {len(summed)} inside a flushed sum for {record.rounds} rounds"
-                    + (f"; {gaps}" if gaps else "")
+                    + (f"; {gaps}" if gaps else "") + _failed_secure_calls(record)
                     + (f"; {len(plain)} plain Commit(s)" if plain else "")
                     + f", {record.exit_text}")
+
+
+def _failed_secure_calls(record: RunRecord) -> str:
+    """How many ``Secure*`` calls were refused or failed, and the first one's answer."""
+    failed = [c for name in SECURE_PHASES for c in record.log.of(name)
+              if c.outcome not in DONE]
+    if not failed:
+        return ""
+    first = min(failed, key=lambda c: c.at)
+    return (f"; {len(failed)} Secure* call(s) refused or failed, the first {first.name} "
+            f"{first.outcome}: {first.fields.get('detail', '')}")
 
 
 def _done(record: RunRecord, name: str, task_id: str) -> bool:

@@ -387,8 +387,9 @@ class Probe:
     def _secure(self, name: str, original: Callable[[Any], Awaitable[Any]],
                 facts_of: Callable[[Any], dict[str, Any]],
                 reply_facts: Callable[[Any], dict[str, Any]]) -> Callable[[Any], Awaitable[Any]]:
-        """A ``Secure*`` call, noted with its request's and its answer's facts (a refusal
-        with its detail); the first ``SecureMasked`` reply lost when planned."""
+        """A ``Secure*`` call, noted with its request's and its answer's facts (a refusal or
+        an internal error with its detail); the first ``SecureMasked`` reply lost when
+        planned."""
         async def handler(request: Any) -> Any:
             at = self.clock.now()
             facts = facts_of(request)
@@ -396,6 +397,9 @@ class Probe:
                 reply = await original(request)
             except RemoteError as err:
                 self.log.add(name, {**facts, "detail": str(err)}, at, err.code)
+                raise
+            except Exception as err:  # the servicer answers it INTERNAL: the client saw that
+                self.log.add(name, {**facts, "detail": repr(err)}, at, "INTERNAL")
                 raise
             facts.update(reply_facts(reply))
             if name == "SecureMasked" and self._take("lose_masked_reply", **facts):
