@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import importlib.util
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -177,6 +178,13 @@ class ConformanceOptions:
         if unknown_checks:
             raise ConfigError(f"unknown check(s) {sorted(unknown_checks)}; "
                               f"known: {', '.join(CHECKS)}")
+        if self._runs_secure() and importlib.util.find_spec("cryptography") is None:
+            raise ConfigError("the secure scenario needs the secagg extra (cryptography): "
+                              "pip install 'fedlink[secagg]'")
+
+    def _runs_secure(self) -> bool:
+        """Whether the secure scenario is asked for."""
+        return self.secure or bool(set(self.only) & set(SECURE.checks))
 
     def scenarios(self) -> list[Scenario]:
         """The fault scenarios, then one per downlink codec and one per lossy update codec,
