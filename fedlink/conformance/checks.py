@@ -449,3 +449,31 @@ def _secure_retry(record: RunRecord) -> tuple[bool, str]:
                     f"{len(tries)} time(s), "
                     + ("the same content" if same_content else "with other content")
                     + f", {len(answered)} answered the same, counted {counted} time(s)")
+
+
+@check("secure_dropout")
+def _secure_dropout(record: RunRecord) -> tuple[bool, str]:
+    """A member shared its keys and vanished: the client's unmask holds a share of that
+    member's mask key and of each other survivor's seed, never both for one member (every
+    other member is a neighbour here), and the group's sum counts its update."""
+    heard = next((c for c in record.log.of("SecureMasked")
+                  if c.outcome in DONE and c.fields["dropped"]), None)
+    if heard is None:
+        return False, ("no group of the client's with a dropped member: did it deliver a masked "
+                       "update?")
+    task = heard.fields["task_id"]
+    index = next(c.fields["index"] for c in record.log.of("SecureAdvertise")
+                 if c.fields["task_id"] == task and c.outcome == "OK")
+    dropped, survivors = set(heard.fields["dropped"]), set(heard.fields["survivors"]) - {index}
+    answer = next((c for c in record.log.of("SecureUnmask")
+                   if c.fields["task_id"] == task and c.outcome == "OK"), None)
+    if answer is None:
+        return False, f"member(s) {sorted(dropped)} dropped; no SecureUnmask for task {task}"
+    keys, seeds = set(answer.fields["key_owners"]), set(answer.fields["seed_owners"])
+    summed = task in record.accepted_tasks()
+    passed = dropped <= keys and survivors <= seeds and not keys & seeds and summed
+    return passed, (f"member(s) {sorted(dropped)} dropped, survivors {sorted(survivors)} "
+                    f"besides the client; its unmask: key shares for {sorted(keys)}, seed shares "
+                    f"for {sorted(seeds)}"
+                    + (f", both for {sorted(keys & seeds)}" if keys & seeds else "")
+                    + f"; its update {'inside' if summed else 'not in'} the flushed sum")

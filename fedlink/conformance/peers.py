@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from fedlink.client import ClientOptions, ClientSession, TrainPlan, TrainResult
-from fedlink.client.protocol import Action, Advertise, ClientProtocol
+from fedlink.client.protocol import Action, Advertise, ClientProtocol, MaskedUpload
 from fedlink.coordinator.secure import ADVERTISE, SecureDesk
 
 PEER_PREFIX = "conformance-peer-"
@@ -79,27 +79,42 @@ class GroupGate:
             await self._changed.wait()
 
 
-class PeerSession(ClientSession):
-    """A fedlink client that advertises its keys only through ``gate``."""
+class PeerVanished(Exception):
+    """A peer left its group after sharing its keys (it sends nothing more)."""
 
-    def __init__(self, target: str, name: str, gate: GroupGate) -> None:
+
+class PeerSession(ClientSession):
+    """A fedlink client that advertises its keys only through ``gate``; with ``vanishes``,
+    it stops dead after sharing its keys in its first group (no masked update, no
+    ``Leave``): the others must answer the unmask with shares of its mask key."""
+
+    def __init__(self, target: str, name: str, gate: GroupGate, vanishes: bool = False) -> None:
         super().__init__(target, StepTrainer(), ClientOptions(name=name),
                          inline_training=True)
         self._gate = gate
+        self._vanishes = vanishes
 
     async def _advertise(self, action: Advertise, work: Any,
                          protocol: ClientProtocol) -> Action:
         await self._gate.wait()
         return await super()._advertise(action, work, protocol)
 
+    async def _masked_upload(self, action: MaskedUpload, work: Any,
+                             protocol: ClientProtocol) -> Action:
+        if self._vanishes:
+            raise PeerVanished(self.options.name)
+        return await super()._masked_upload(action, work, protocol)
+
 
 class Peers:
-    """``count`` peers of the client under test, running while the ``async with`` lasts."""
+    """``count`` peers of the client under test, running while the ``async with`` lasts;
+    the last ``vanishing`` of them vanish after sharing their keys in their first group."""
 
     def __init__(self, target: str, count: int, desk: SecureDesk,
-                 is_peer: Callable[[str], bool]) -> None:
+                 is_peer: Callable[[str], bool], vanishing: int = 0) -> None:
         gate = GroupGate(desk, is_peer)
-        self.sessions = [PeerSession(target, name, gate) for name in peer_names(count)]
+        self.sessions = [PeerSession(target, name, gate, i >= count - vanishing)
+                         for i, name in enumerate(peer_names(count))]
         self._runs: list[asyncio.Task[Any]] = []
 
     async def __aenter__(self) -> Peers:

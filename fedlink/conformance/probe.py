@@ -450,8 +450,9 @@ def _masked_reply_facts(reply: SecureMaskedReply) -> dict[str, Any]:
 
 
 def _unmask_facts(request: SecureUnmaskRequest) -> dict[str, Any]:
-    return {"task_id": request.task_id, "seed_shares": len(request.seed_shares),
-            "key_shares": len(request.key_shares)}
+    return {"task_id": request.task_id,
+            "seed_owners": sorted(s.owner for s in request.seed_shares),
+            "key_owners": sorted(s.owner for s in request.key_shares)}
 
 
 def _unmask_reply_facts(reply: SecureUnmaskReply) -> dict[str, Any]:

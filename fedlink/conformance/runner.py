@@ -76,6 +76,8 @@ class Scenario:
     """Put before each check's name in the report (say, the codec)."""
     secure: bool = False
     """Secure aggregation on: groups of ``SECURE_GROUP``, the runner's peers filling them."""
+    vanishing_peers: int = 0
+    """Peers that vanish after sharing their keys in their first group."""
 
     def coordinator_config(self) -> CoordinatorConfig:
         """The coordinator of this scenario: one update per round (a secure group's sum per
@@ -124,6 +126,11 @@ SECURE = Scenario("secure", ("secure_round", "secure_retry"),
                   FaultPlan(lose_masked_reply=True), secure=True)
 """Two secure groups, each the client under test and the runner's three peers; the reply to
 the client's first ``SecureMasked`` lost."""
+
+SECURE_DROPOUT = Scenario("secure-dropout", ("secure_dropout",), secure=True, rounds=1,
+                          vanishing_peers=1)
+"""One secure group, a peer of which shares its keys and vanishes: the group goes on once the
+masked phase's deadline passes, and the client's unmask must hold a share of its mask key."""
 
 
 def codec_scenario(codec: str) -> Scenario:
@@ -184,16 +191,18 @@ class ConformanceOptions:
 
     def _runs_secure(self) -> bool:
         """Whether the secure scenario is asked for."""
-        return self.secure or bool(set(self.only) & set(SECURE.checks))
+        return self.secure or bool(set(self.only) & {*SECURE.checks, *SECURE_DROPOUT.checks})
 
     def scenarios(self) -> list[Scenario]:
         """The fault scenarios, then one per downlink codec and one per lossy update codec,
         then the secure one when asked for (those holding a check of ``only``, when it is
         given)."""
         every = [FAULTS, BEHAVIOURS, *(codec_scenario(c) for c in self.codecs),
-                 *(lossy_scenario(c) for c in self.update_codecs), SECURE]
+                 *(lossy_scenario(c) for c in self.update_codecs)]
+        if self.secure or self.only:
+            every += [SECURE, SECURE_DROPOUT]
         if not self.only:
-            return every if self.secure else every[:-1]
+            return every
         return [dataclasses.replace(s, checks=tuple(c for c in s.checks if c in self.only))
                 for s in every if set(s.checks) & set(self.only)]
 
@@ -244,7 +253,8 @@ async def run_scenario(scenario: Scenario, options: ConformanceOptions) -> Scena
     async with server:
         command = options.client_cmd.replace(SERVER_PLACEHOLDER, options.address(server.port))
         command = command.replace(CODEC_PLACEHOLDER, scenario.update_codec or "fp32")
-        ran = await _serve(scenario, server, shlex.split(command), options.timeout_s)
+        ran = await _serve(scenario, server, shlex.split(command), options.timeout_s,
+                           options.address(server.port))
     record = RunRecord(ran.log, list(events.events), ran.exit_code, scenario.rounds,
                        ran.killed and not ran.stopped, scenario.update_codec,
                        scenario.faults.slow_commit_s, ran.stopped)
@@ -268,7 +278,7 @@ PLAIN_IN_SECURE = ("it sent a plain Commit, which a secure run refuses (updates 
 
 
 async def _serve(scenario: Scenario, server: CoordinatorServer, argv: Sequence[str],
-                 timeout_s: float) -> _Run:
+                 timeout_s: float, target: str) -> _Run:
     """Probe ``server`` and run the client; in a secure run beside the runner's peers, and
     stopped at its first plain ``Commit`` (it cannot take part: waiting would only wait
     for the timeout)."""
@@ -282,8 +292,8 @@ async def _serve(scenario: Scenario, server: CoordinatorServer, argv: Sequence[s
     plain = asyncio.Event()
     log.watchers.append(lambda call: plain.set() if call.name == "Commit" else None)
     assert server.service.secure is not None
-    async with Peers(f"127.0.0.1:{server.port}", scenario.peers, server.service.secure,
-                     probe.is_peer):
+    async with Peers(target, scenario.peers, server.service.secure,
+                     probe.is_peer, scenario.vanishing_peers):
         code, killed, output = await _run_client(argv, timeout_s, plain)
     return _Run(log, code, killed, output, PLAIN_IN_SECURE if plain.is_set() and killed else "")
 

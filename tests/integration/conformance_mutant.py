@@ -166,6 +166,20 @@ def _drop_on_lost_masked_reply() -> None:
     wrap(Transport, "secure", make)
 
 
+@mutant("no_key_shares")
+def _no_key_shares() -> None:
+    """Answer the unmask with the survivors' seed shares only, none of a dropped member's key
+    (the other members' shares rebuild it: the coordinator alone cannot tell)."""
+    from fedlink.client import secure  # needs the secagg extra: only this mutant imports it
+
+    def make(original: Any) -> Any:
+        def unmask(self: Any) -> Any:
+            return dataclasses.replace(original(self), key_shares=())
+        return unmask
+
+    wrap(secure.SecureDelivery, "unmask", make)
+
+
 @mutant("no_inline")
 def _no_inline() -> None:
     """Ignore ``inline_bytes``: every update is uploaded, never inline."""

@@ -43,6 +43,7 @@ BROKEN: dict[str, tuple[str, tuple[str, ...]]] = {
     "no_unmask": ("secure_round", ()),
     "plain_in_secure": ("secure_round", ()),
     "drop_on_lost_masked_reply": ("secure_retry", ()),
+    "no_key_shares": ("secure_dropout", ()),
 }
 """Mutant -> (the check it must fail, extra options narrowing the run to that check)."""
 
@@ -91,13 +92,14 @@ DETAILS = {
     "no_unmask": "(group 1) without SecureUnmask",
     "plain_in_secure": "the client does not speak secure aggregation",
     "drop_on_lost_masked_reply": "sent 1 time(s)",
+    "no_key_shares": "key shares for []",
 }
 """What the failed verdict must say for the secure mutants (the coordinator alone could not
 tell: the others' answers unmask a sum without the client's)."""
 
 
 @pytest.mark.parametrize("check", ["heartbeat", "retry_hint", "metrics", "new_upload_id",
-                                   "secure_round", "secure_retry"])
+                                   "secure_round", "secure_retry", "secure_dropout"])
 def test_the_unmutated_client_passes_the_checks_run_alone(check: str, data: Path,
                                                           tmp_path: Path) -> None:
     """The narrowed runs above fail because of the mutation, not because of the narrowing."""
