@@ -2,13 +2,14 @@
 
 A secure group needs ``flush.goal`` members (at least 3), so a client under test cannot finish
 one alone. The runner adds ``flush.goal - 1`` in-process fedlink clients (``ClientSession``
-over real gRPC) that join under ``PEER_NAMES`` (the probe lets their calls through unseen)
-and train by a small fixed step. A peer advertises its keys only once the client under test
-is in the group now forming: every group is then that client and the peers, however long
-the client takes to train (a roster closes at ``flush.goal`` members, or at its deadline
-with whoever came, which without the gate could be the peers alone).
+over real gRPC) that join under ``peer_names`` (the probe lets their calls through unseen)
+and train by a small fixed step; one may vanish after sharing its keys (``secure-dropout``).
+A peer advertises its keys only once the client under test is in the group now forming: every
+group is then that client and the peers, however long the client takes to train (a roster
+closes at ``flush.goal`` members, or at its deadline with whoever came, which without the gate
+could be the peers alone).
 
-Imported only by the secure scenario: it needs the ``secagg`` extra (``cryptography``).
+Imported only by the secure scenarios: it needs the ``secagg`` extra (``cryptography``).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class GroupGate:
         self._changed = asyncio.Event()
         join = desk.join
 
+        # a member joining is the one moment the forming group changes: wake the peers then
         def joined(request: Any) -> Any:
             result = join(request)
             self._wake()

@@ -11,9 +11,11 @@ trains logistic regression, 64 features x 10 classes: 650).
 Scenarios: ``faults`` (cut transfers, a lost commit reply, a corrupted upload),
 ``behaviours`` (a corrupted model, a slow commit, an overload refusal with a retry hint, a
 forgotten client, evaluation tasks, the run's end), one per downlink codec, one per lossy
-update codec; and, asked for (``secure``, or a secure check in ``only``), ``secure``: a
-coordinator with ``[coordinator.secure]`` whose groups the runner fills with fedlink clients of
-its own (``fedlink.conformance.peers``), so that the client under test can complete them.
+update codec; and, asked for (``secure``, or a secure check in ``only``), ``secure`` (two
+groups, a lost ``SecureMasked`` reply) and ``secure-dropout`` (a member vanishes after sharing
+its keys): coordinators with ``[coordinator.secure]`` whose groups the runner fills with
+fedlink clients of its own (``fedlink.conformance.peers``), so that the client under test can
+complete them.
 """
 
 from __future__ import annotations
@@ -48,8 +50,9 @@ SERVER_PLACEHOLDER = "{server}"
 CODEC_PLACEHOLDER = "{update_codec}"
 SECURE_GROUP = 4
 """Members of a secure group in the secure scenario: the client under test and three peers.
-With four, every secret has a threshold of 2 among 3 neighbours, so the peers' answers alone
-unmask a group: the client's own unmask, or its missing, is the client's to show."""
+With four, every secret has a threshold of 2 among 3 neighbours, so when no member drops the
+peers' answers alone unmask a group: the coordinator flushes whether or not the client under
+test answers, and only its own calls show whether it did."""
 SECURE_PHASE_S = 5.0
 """Each secure phase's deadline: the phases close as soon as every member has answered, so
 this bounds only how long a slow or silent client under test holds its group up."""
@@ -152,8 +155,8 @@ class ConformanceOptions:
     """What to run: the client command (with ``{server}``, and ``{update_codec}`` for the
     lossy scenarios), the model size, the codecs, where the coordinators listen,
     ``only``: check names (without a codec prefix) to run alone (empty: all), and ``secure``:
-    add the secure scenario (a client without secure aggregation fails it, so it is asked for:
-    by this or by naming a secure check in ``only``)."""
+    add the secure scenarios (a client without secure aggregation fails them, so they are
+    asked for: by this or by naming a secure check in ``only``)."""
 
     client_cmd: str
     num_parameters: int = 650
@@ -186,16 +189,16 @@ class ConformanceOptions:
             raise ConfigError(f"unknown check(s) {sorted(unknown_checks)}; "
                               f"known: {', '.join(CHECKS)}")
         if self._runs_secure() and importlib.util.find_spec("cryptography") is None:
-            raise ConfigError("the secure scenario needs the secagg extra (cryptography): "
+            raise ConfigError("the secure scenarios need the secagg extra (cryptography): "
                               "pip install 'fedlink[secagg]'")
 
     def _runs_secure(self) -> bool:
-        """Whether the secure scenario is asked for."""
+        """Whether the secure scenarios are asked for."""
         return self.secure or bool(set(self.only) & {*SECURE.checks, *SECURE_DROPOUT.checks})
 
     def scenarios(self) -> list[Scenario]:
         """The fault scenarios, then one per downlink codec and one per lossy update codec,
-        then the secure one when asked for (those holding a check of ``only``, when it is
+        then the secure ones when asked for (those holding a check of ``only``, when it is
         given)."""
         every = [FAULTS, BEHAVIOURS, *(codec_scenario(c) for c in self.codecs),
                  *(lossy_scenario(c) for c in self.update_codecs)]
