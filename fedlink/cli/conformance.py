@@ -38,6 +38,10 @@ def add_conformance_parser(sub: argparse._SubParsersAction) -> None:
                         "a free port for each)")
     p.add_argument("--only", default=None,
                    help="check names to run alone, comma-separated (default: every check)")
+    p.add_argument("--secure", action="store_true",
+                   help="also run the secure-aggregation scenario (groups filled with the "
+                        "runner's own fedlink clients); --only secure_round,secure_retry runs "
+                        "it alone")
     p.add_argument("--timeout-s", type=float, default=120.0,
                    help="seconds one client run may take")
     p.add_argument("--json", type=Path, default=None, metavar="FILE",
@@ -58,7 +62,7 @@ def _conformance(args: argparse.Namespace) -> int:
         client_cmd=args.client_cmd, num_parameters=args.num_parameters,
         codecs=_names(args.codecs, DOWNLINK_CODECS),
         update_codecs=_names(args.update_codecs, LOSSY_CODECS), timeout_s=args.timeout_s,
-        host=args.host, port=args.port, only=_names(args.only, ()))
+        host=args.host, port=args.port, only=_names(args.only, ()), secure=args.secure)
     results = asyncio.run(run_conformance(options))
     print(format_report(results), flush=True)
     verdicts = [v for r in results for v in r.verdicts]

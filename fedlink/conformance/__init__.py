@@ -6,7 +6,9 @@ commit, an overload refusal, a forgotten client) and reports by name which proto
 the client showed: join, task, resume download, resume upload, idempotent commit, delta,
 refusal handling, a new upload id after ``DATA_LOSS``, model verification, heartbeats, the
 retry hint, re-joining, evaluation tasks, metrics, leave, inline payloads, each downlink codec
-and each lossy update codec (``docs/protocol.md``).
+and each lossy update codec (``docs/protocol.md``); asked for, secure aggregation (a secure
+round, a retried ``SecureMasked``, a group member that vanished: groups the runner fills with
+fedlink clients of its own, ``docs/secure-aggregation.md``).
 """
 
 from fedlink.conformance.checks import CHECKS, Verdict

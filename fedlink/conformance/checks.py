@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from fedlink.conformance.probe import CallLog
+from fedlink.conformance.probe import Call, CallLog
 from fedlink.metrics import Event
 
 REPEATED_REFUSAL_LIMIT = 3
@@ -44,10 +44,14 @@ class RunRecord:
     codec: str = ""
     """The update codec the client was asked to send (lossy scenarios), else empty."""
     slow_commit_s: float = 0.0
+    stopped: str = ""
+    """Why the runner stopped the client before it exited (empty: it did not)."""
 
     @property
     def exit_text(self) -> str:
         """The client's exit, for a verdict's detail."""
+        if self.stopped:
+            return f"client stopped by the runner: {self.stopped}"
         if self.killed:
             return f"client killed at the timeout (exit status {self.exit_code})"
         return f"client exit code {self.exit_code}"
@@ -363,3 +367,113 @@ def _lossy_update(record: RunRecord) -> tuple[bool, str]:
                     + (f" ({outcomes})" if outcomes else "")
                     + (f", {len(unchecked)} without values_checksum" if unchecked else "")
                     + f", {record.exit_text}")
+
+
+SECURE_PHASES = ("SecureAdvertise", "SecureShare", "SecureMasked", "SecureUnmask")
+"""The calls that deliver one training task in a secure run, in order (section 14)."""
+DONE = ("OK", "REPLY_LOST")
+
+
+@check("secure_round")
+def _secure_round(record: RunRecord) -> tuple[bool, str]:
+    """Every round's update delivered through the four ``Secure*`` calls and inside a
+    flushed sum (its ``update_accepted`` event), never a plain ``Commit``, exit code 0."""
+    plain = record.log.of("Commit")
+    groups = {c.fields["task_id"]: c.fields["group"] for c in record.log.of("SecureAdvertise")
+              if c.outcome == "OK"}
+    if not groups:
+        return False, _no_secure_group(record, plain)
+    missing = {task: [name for name in SECURE_PHASES if not _done(record, name, task)]
+               for task in groups}
+    complete = [task for task, gaps in missing.items() if not gaps]
+    summed = set(groups) & set(record.accepted_tasks())
+    passed = (len(summed & set(complete)) >= record.rounds and not plain
+              and record.exit_code == 0)
+    gaps = "; ".join(f"task {task} (group {groups[task]}) without {', '.join(names)}"
+                     for task, names in missing.items() if names)
+    return passed, (f"{len(groups)} task(s) in secure groups, {len(complete)} through all four "
+                    f"calls, {len(summed)} inside a flushed sum for {record.rounds} rounds"
+                    + (f"; {gaps}" if gaps else "") + _failed_secure_calls(record)
+                    + (f"; {len(plain)} plain Commit(s)" if plain else "")
+                    + f", {record.exit_text}")
+
+
+def _failed_secure_calls(record: RunRecord) -> str:
+    """How many ``Secure*`` calls were refused or failed, and the first one's answer."""
+    failed = [c for name in SECURE_PHASES for c in record.log.of(name)
+              if c.outcome not in DONE]
+    if not failed:
+        return ""
+    first = min(failed, key=lambda c: c.at)
+    return (f"; {len(failed)} Secure* call(s) refused or failed, the first {first.name} "
+            f"{first.outcome}: {first.fields.get('detail', '')}")
+
+
+def _done(record: RunRecord, name: str, task_id: str) -> bool:
+    """Whether the call ``name`` for ``task_id`` was carried out."""
+    return any(c.fields["task_id"] == task_id and c.outcome in DONE for c in record.log.of(name))
+
+
+def _no_secure_group(record: RunRecord, plain: Sequence[Call]) -> str:
+    """Why no task of the client reached a secure group, as far as the calls tell."""
+    refused = [c for c in record.log.of("SecureAdvertise") if c.outcome not in DONE]
+    if refused:
+        return (f"{len(refused)} SecureAdvertise call(s), none answered with a roster "
+                f"({refused[-1].outcome}: {refused[-1].fields.get('detail', '')}), "
+                f"{record.exit_text}")
+    if plain:
+        return (f"no Secure* call: the client does not speak secure aggregation; it sent "
+                f"{len(plain)} plain Commit(s) ({plain[0].outcome}), but a secure run takes an "
+                f"update only masked, through SecureAdvertise, SecureShare, SecureMasked and "
+                f"SecureUnmask (docs/protocol.md section 14); {record.exit_text}")
+    return (f"no SecureAdvertise call: the client never delivered a task through the Secure* "
+            f"calls (docs/protocol.md section 14); {record.exit_text}")
+
+
+@check("secure_retry")
+def _secure_retry(record: RunRecord) -> tuple[bool, str]:
+    """A ``SecureMasked`` whose reply was lost is sent again with the same content, gets the
+    same answer, and the update is counted once."""
+    lost = record.log.injected.get("lose_masked_reply")
+    if lost is None:
+        return False, "no SecureMasked to lose the reply of: did the client send a masked update?"
+    tries = [c for c in record.log.of("SecureMasked") if c.fields["task_id"] == lost["task_id"]]
+    again = tries[1:]
+    same_content = all(c.fields["content"] == lost["content"] for c in again)
+    answer = (lost["survivors"], lost["dropped"])
+    answered = [c for c in again if c.outcome == "OK"
+                and (c.fields["survivors"], c.fields["dropped"]) == answer]
+    counted = record.accepted_tasks().count(lost["task_id"])
+    passed = bool(answered) and same_content and counted == 1
+    return passed, (f"reply to the SecureMasked of task {lost['task_id']} lost; sent "
+                    f"{len(tries)} time(s), "
+                    + ("the same content" if same_content else "with other content")
+                    + f", {len(answered)} answered the same, counted {counted} time(s)")
+
+
+@check("secure_dropout")
+def _secure_dropout(record: RunRecord) -> tuple[bool, str]:
+    """A member shared its keys and vanished: the client's unmask holds a share of that
+    member's mask key and of each other survivor's seed, never both for one member (every
+    other member is a neighbour here), and the group's sum counts its update."""
+    heard = next((c for c in record.log.of("SecureMasked")
+                  if c.outcome in DONE and c.fields["dropped"]), None)
+    if heard is None:
+        return False, ("no group of the client's with a dropped member: did it deliver a masked "
+                       "update?")
+    task = heard.fields["task_id"]
+    index = next(c.fields["index"] for c in record.log.of("SecureAdvertise")
+                 if c.fields["task_id"] == task and c.outcome == "OK")
+    dropped, survivors = set(heard.fields["dropped"]), set(heard.fields["survivors"]) - {index}
+    answer = next((c for c in record.log.of("SecureUnmask")
+                   if c.fields["task_id"] == task and c.outcome == "OK"), None)
+    if answer is None:
+        return False, f"member(s) {sorted(dropped)} dropped; no SecureUnmask for task {task}"
+    keys, seeds = set(answer.fields["key_owners"]), set(answer.fields["seed_owners"])
+    summed = task in record.accepted_tasks()
+    passed = dropped <= keys and survivors <= seeds and not keys & seeds and summed
+    return passed, (f"member(s) {sorted(dropped)} dropped, survivors {sorted(survivors)} "
+                    f"besides the client; its unmask: key shares for {sorted(keys)}, seed shares "
+                    f"for {sorted(seeds)}"
+                    + (f", both for {sorted(keys & seeds)}" if keys & seeds else "")
+                    + f"; its update {'inside' if summed else 'not in'} the flushed sum")

@@ -1,18 +1,24 @@
 """A probe on a running ``CoordinatorService``: it records every call a client makes and
 injects the faults of a ``FaultPlan`` (a cut download, a cut upload, a lost commit reply, a
 corrupted upload, a corrupted model, a slow commit, an overload refusal with a retry hint, a
-forgotten client), so that what the client does next can be checked.
+forgotten client, a lost ``SecureMasked`` reply), so that what the client does next can be
+checked.
 
 The probe replaces the service's handlers on the instance (the servicer looks them up at each
 call), so the coordinator under test is the real one, over real gRPC: a fault looks to the
 client exactly like the network or coordinator failure it imitates (``UNAVAILABLE`` mid-stream,
 a reply that never came, bytes that do not match their checksum).
+
+The probe judges one client: the calls of ``peers`` (clients the runner itself supplies, by
+the name they join with, so that a secure group can fill) reach the service untouched, neither
+logged nor given a fault.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable
+import hashlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +37,14 @@ from fedlink.messages import (
     JoinReply,
     JoinRequest,
     LeaveRequest,
+    SecureAdvertiseReply,
+    SecureAdvertiseRequest,
+    SecureMaskedReply,
+    SecureMaskedRequest,
+    SecureShareReply,
+    SecureShareRequest,
+    SecureUnmaskReply,
+    SecureUnmaskRequest,
     Task,
     TaskReply,
     UploadChunk,
@@ -54,7 +68,8 @@ class FaultPlan:
     is heard meanwhile). ``overload_s``: the first ``GetTask`` is refused ``RESOURCE_EXHAUSTED``
     with a ``RetryInfo`` of that many seconds. ``forget_client``: the first ``GetTask`` after
     an accepted update is refused ``UNAUTHENTICATED``, as by a coordinator that lost its
-    client registry.
+    client registry. ``lose_masked_reply``: the first ``SecureMasked`` is carried out, then
+    answered ``UNAVAILABLE`` as if its reply was lost.
     """
 
     cut_download: bool = False
@@ -65,6 +80,7 @@ class FaultPlan:
     slow_commit_s: float = 0.0
     overload_s: float = 0.0
     forget_client: bool = False
+    lose_masked_reply: bool = False
 
 
 @dataclass(frozen=True)
@@ -88,6 +104,8 @@ class CallLog:
     calls: list[Call] = field(default_factory=list)
     injected: dict[str, dict[str, Any]] = field(default_factory=dict)
     clock: Clock = field(default_factory=RealClock)
+    watchers: list[Callable[[Call], None]] = field(default_factory=list)
+    """Told of each call as it is noted (a runner that stops a run on what it sees)."""
 
     def of(self, name: str) -> list[Call]:
         """The calls named ``name``."""
@@ -101,34 +119,86 @@ class CallLog:
         """Note a call that arrived at ``at`` and is answered now."""
         call = Call(name, fields, outcome, at, self.clock.now())
         self.calls.append(call)
+        for watch in self.watchers:
+            watch(call)
         return call
 
 
 class Probe:
-    """Records the calls of one ``CoordinatorService`` and injects ``plan``'s faults."""
+    """Records the calls of one ``CoordinatorService`` and injects ``plan``'s faults; the
+    calls of the clients that join named in ``peers`` pass through unseen."""
 
     def __init__(self, service: CoordinatorService, plan: FaultPlan,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, peers: Collection[str] = ()) -> None:
         self.service = service
         self.plan = plan
         self.clock = clock or RealClock()
         self.log = CallLog(clock=self.clock)
+        self.peers = frozenset(peers)
+        self._peer_ids: set[str] = set()
         self._upload_ids: list[str] = []
+
+    def is_peer(self, client_id: str) -> bool:
+        """Whether ``client_id`` is one a peer joined as."""
+        return client_id in self._peer_ids
 
     def install(self) -> CallLog:
         """Wrap the service's handlers; returns the log they fill."""
         service: Any = self.service  # instance attributes shadow the methods
-        service.join = self._join(self.service.join)
-        service.get_task = self._get_task(self.service.get_task)
-        service.download = self._download(self.service.download)
-        service.upload = self._upload(self.service.upload)
-        service.upload_status = self._upload_status(self.service.upload_status)
-        service.commit = self._commit(self.service.commit)
-        service.heartbeat = self._plain("Heartbeat", self.service.heartbeat, _heartbeat_facts)
-        service.leave = self._plain("Leave", self.service.leave, _leave_facts)
-        service.report_evaluation = self._plain("ReportEvaluation",
-                                                self.service.report_evaluation, _report_facts)
+        unary: dict[str, Callable[[Any], Awaitable[Any]]] = {
+            "get_task": self._get_task(service.get_task),
+            "upload_status": self._upload_status(service.upload_status),
+            "commit": self._commit(service.commit),
+            "heartbeat": self._plain("Heartbeat", service.heartbeat, _heartbeat_facts),
+            "leave": self._plain("Leave", service.leave, _leave_facts),
+            "report_evaluation": self._plain("ReportEvaluation", service.report_evaluation,
+                                             _report_facts)}
+        for attr, probed in unary.items():
+            setattr(service, attr, self._unless_peer(getattr(service, attr), probed))
+        service.join = self._join(service.join)
+        service.download = self._download_unless_peer(service.download,
+                                                      self._download(service.download))
+        service.upload = self._upload_unless_peer(service.upload, self._upload(service.upload))
+        self._install_secure(service.secure_calls)
         return self.log
+
+    def _install_secure(self, calls: Any) -> None:
+        """Wrap the four ``Secure*`` calls (the servicer looks them up at each call too)."""
+        for attr, name, facts_of, reply_facts in SECURE_CALLS:
+            probed = self._secure(name, getattr(calls, attr), facts_of, reply_facts)
+            setattr(calls, attr, self._unless_peer(getattr(calls, attr), probed))
+
+    def _unless_peer(self, original: Callable[[Any], Awaitable[Any]],
+                     probed: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
+        """``probed`` for the client under test, ``original`` for a peer."""
+        async def handler(request: Any) -> Any:
+            if request.client_id in self._peer_ids:
+                return await original(request)
+            return await probed(request)
+
+        return handler
+
+    def _download_unless_peer(
+            self, original: Callable[[DownloadRequest], AsyncIterator[DataChunk]],
+            probed: Callable[[DownloadRequest], AsyncIterator[DataChunk]]
+    ) -> Callable[[DownloadRequest], AsyncIterator[DataChunk]]:
+        def download(request: DownloadRequest) -> AsyncIterator[DataChunk]:
+            return (original if request.client_id in self._peer_ids else probed)(request)
+
+        return download
+
+    def _upload_unless_peer(
+            self, original: Callable[[AsyncIterator[UploadChunk]], Awaitable[UploadReply]],
+            probed: Callable[[AsyncIterator[UploadChunk]], Awaitable[UploadReply]]
+    ) -> Callable[[AsyncIterator[UploadChunk]], Awaitable[UploadReply]]:
+        async def upload(chunks: AsyncIterator[UploadChunk]) -> UploadReply:
+            first = await anext(chunks, None)  # the stream says whose it is in its chunks
+            stream = _prepended(first, chunks)
+            if first is not None and first.client_id in self._peer_ids:
+                return await original(stream)
+            return await probed(stream)
+
+        return upload
 
     def _plain(self, name: str, original: Callable[[Any], Awaitable[Any]],
                facts_of: Callable[[Any], dict[str, Any]]) -> Callable[[Any], Awaitable[Any]]:
@@ -148,6 +218,10 @@ class Probe:
     def _join(self, original: Callable[[JoinRequest], Awaitable[JoinReply]]
               ) -> Callable[[JoinRequest], Awaitable[JoinReply]]:
         async def join(request: JoinRequest) -> JoinReply:
+            if request.client_name in self.peers:
+                reply = await original(request)
+                self._peer_ids.add(reply.client_id)
+                return reply
             at = self.clock.now()
             facts: dict[str, Any] = {"capabilities": list(request.capabilities),
                                      "name": request.client_name}
@@ -309,6 +383,89 @@ class Probe:
             return reply
 
         return commit
+
+    def _secure(self, name: str, original: Callable[[Any], Awaitable[Any]],
+                facts_of: Callable[[Any], dict[str, Any]],
+                reply_facts: Callable[[Any], dict[str, Any]]) -> Callable[[Any], Awaitable[Any]]:
+        """A ``Secure*`` call, noted with its request's and its answer's facts (a refusal or
+        an internal error with its detail); the first ``SecureMasked`` reply lost when
+        planned."""
+        async def handler(request: Any) -> Any:
+            at = self.clock.now()
+            facts = facts_of(request)
+            try:
+                reply = await original(request)
+            except RemoteError as err:
+                self.log.add(name, {**facts, "detail": str(err)}, at, err.code)
+                raise
+            except Exception as err:  # the servicer answers it INTERNAL: the client saw that
+                self.log.add(name, {**facts, "detail": repr(err)}, at, "INTERNAL")
+                raise
+            facts.update(reply_facts(reply))
+            if name == "SecureMasked" and self._take("lose_masked_reply", **facts):
+                self.log.add(name, facts, at, "REPLY_LOST")
+                raise Unavailable("conformance: SecureMasked reply lost on purpose")
+            self.log.add(name, facts, at)
+            return reply
+
+        return handler
+
+
+async def _prepended(first: UploadChunk | None,
+                     rest: AsyncIterator[UploadChunk]) -> AsyncIterator[UploadChunk]:
+    """``first`` (unless None), then ``rest``."""
+    if first is not None:
+        yield first
+    async for chunk in rest:
+        yield chunk
+
+
+def _advertise_facts(request: SecureAdvertiseRequest) -> dict[str, Any]:
+    return {"task_id": request.task_id}
+
+
+def _advertise_reply_facts(reply: SecureAdvertiseReply) -> dict[str, Any]:
+    return {"group": reply.round_id, "index": reply.index, "members": len(reply.members),
+            "weight": reply.weight}
+
+
+def _share_facts(request: SecureShareRequest) -> dict[str, Any]:
+    return {"task_id": request.task_id, "shares": len(request.shares)}
+
+
+def _share_reply_facts(reply: SecureShareReply) -> dict[str, Any]:
+    return {"received": len(reply.shares)}
+
+
+def _masked_facts(request: SecureMaskedRequest) -> dict[str, Any]:
+    # a digest, not the values: enough to tell a retry with the same content from another
+    content = hashlib.sha256(request.values).hexdigest()[:16] if request.values \
+        else f"upload {request.upload_id}"
+    return {"task_id": request.task_id, "num_values": request.num_values,
+            "upload_id": request.upload_id, "content": content}
+
+
+def _masked_reply_facts(reply: SecureMaskedReply) -> dict[str, Any]:
+    return {"survivors": list(reply.survivors), "dropped": list(reply.dropped)}
+
+
+def _unmask_facts(request: SecureUnmaskRequest) -> dict[str, Any]:
+    return {"task_id": request.task_id,
+            "seed_owners": sorted(s.owner for s in request.seed_shares),
+            "key_owners": sorted(s.owner for s in request.key_shares)}
+
+
+def _unmask_reply_facts(reply: SecureUnmaskReply) -> dict[str, Any]:
+    return {"flushed_version": reply.flushed_version}
+
+
+SECURE_CALLS: tuple[tuple[str, str, Callable[[Any], dict[str, Any]],
+                          Callable[[Any], dict[str, Any]]], ...] = (
+    ("advertise", "SecureAdvertise", _advertise_facts, _advertise_reply_facts),
+    ("share", "SecureShare", _share_facts, _share_reply_facts),
+    ("masked", "SecureMasked", _masked_facts, _masked_reply_facts),
+    ("unmask", "SecureUnmask", _unmask_facts, _unmask_reply_facts))
+"""The secure calls: ``SecureCalls`` attribute, call name, request facts, answer facts."""
 
 
 def _heartbeat_facts(request: HeartbeatRequest) -> dict[str, Any]:

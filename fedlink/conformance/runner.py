@@ -11,7 +11,11 @@ trains logistic regression, 64 features x 10 classes: 650).
 Scenarios: ``faults`` (cut transfers, a lost commit reply, a corrupted upload),
 ``behaviours`` (a corrupted model, a slow commit, an overload refusal with a retry hint, a
 forgotten client, evaluation tasks, the run's end), one per downlink codec, one per lossy
-update codec.
+update codec; and, asked for (``secure``, or a secure check in ``only``), ``secure`` (two
+groups, a lost ``SecureMasked`` reply) and ``secure-dropout`` (a member vanishes after sharing
+its keys): coordinators with ``[coordinator.secure]`` whose groups the runner fills with
+fedlink clients of its own (``fedlink.conformance.peers``), so that the client under test can
+complete them.
 """
 
 from __future__ import annotations
@@ -19,16 +23,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import importlib.util
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from fedlink.aggregate import RobustConfig
 from fedlink.conformance.checks import CHECKS, RunRecord, Verdict, judge
-from fedlink.conformance.probe import FaultPlan, Probe
+from fedlink.conformance.probe import CallLog, FaultPlan, Probe
 from fedlink.coordinator import CoordinatorConfig, CoordinatorServer, FlushRule, LimitsConfig
-from fedlink.coordinator.config import EvaluationConfig, TrainingConfig
+from fedlink.coordinator.config import EvaluationConfig, SecureConfig, TrainingConfig
 from fedlink.errors import ConfigError
 from fedlink.metrics import EventLog
 
@@ -42,6 +48,14 @@ travel in the payload, so any choice decodes as sent and only the golden vectors
 client to them."""
 SERVER_PLACEHOLDER = "{server}"
 CODEC_PLACEHOLDER = "{update_codec}"
+SECURE_GROUP = 4
+"""Members of a secure group in the secure scenario: the client under test and three peers.
+With four, every secret has a threshold of 2 among 3 neighbours, so when no member drops the
+peers' answers alone unmask a group: the coordinator flushes whether or not the client under
+test answers, and only its own calls show whether it did."""
+SECURE_PHASE_S = 5.0
+"""Each secure phase's deadline: the phases close as soon as every member has answered, so
+this bounds only how long a slow or silent client under test holds its group up."""
 
 
 @dataclass(frozen=True)
@@ -63,18 +77,35 @@ class Scenario:
     """The update codec the client command is asked for (``{update_codec}``)."""
     prefix: str = ""
     """Put before each check's name in the report (say, the codec)."""
+    secure: bool = False
+    """Secure aggregation on: groups of ``SECURE_GROUP``, the runner's peers filling them."""
+    vanishing_peers: int = 0
+    """Peers that vanish after sharing their keys in their first group."""
 
     def coordinator_config(self) -> CoordinatorConfig:
-        """The coordinator of this scenario: one update per round, short long-polls."""
-        return CoordinatorConfig(
+        """The coordinator of this scenario: one update per round (a secure group's sum per
+        round when ``secure``), short long-polls."""
+        config = CoordinatorConfig(
             run_name=f"conformance-{self.name}", rounds=self.rounds,
-            flush=FlushRule(goal=1, deadline_s=None), downlink_codec=self.downlink_codec,
+            flush=FlushRule(goal=SECURE_GROUP if self.secure else 1, deadline_s=None),
+            downlink_codec=self.downlink_codec,
             server_optimizer_options={"lr": self.server_lr},
             training=TrainingConfig(local_epochs=1, batch_size=32, learning_rate=0.1),
             evaluation=EvaluationConfig(fraction=1.0 if self.evaluate else 0.0),
             limits=LimitsConfig(chunk_bytes=self.chunk_bytes, inline_bytes=self.inline_bytes,
                                 long_poll_s=1.0, retry_after_s=0.2,
                                 heartbeat_interval_s=self.heartbeat_interval_s))
+        if not self.secure:
+            return config
+        # off what needs individual updates: a secure coordinator refuses it
+        return dataclasses.replace(config, secure=SecureConfig(enabled=True,
+                                                                phase_s=SECURE_PHASE_S),
+                                   robust=RobustConfig(enabled=False), norm_bound_adaptive=False)
+
+    @property
+    def peers(self) -> int:
+        """How many clients of its own the runner adds (the rest of a secure group)."""
+        return SECURE_GROUP - 1 if self.secure else 0
 
 
 FAULTS = Scenario(
@@ -94,6 +125,17 @@ the first ``GetTask`` refused for overload, the first after an update refused as
 coordinator that forgot the client; an evaluation task for every version."""
 
 
+SECURE = Scenario("secure", ("secure_round", "secure_retry"),
+                  FaultPlan(lose_masked_reply=True), secure=True)
+"""Two secure groups, each the client under test and the runner's three peers; the reply to
+the client's first ``SecureMasked`` lost."""
+
+SECURE_DROPOUT = Scenario("secure-dropout", ("secure_dropout",), secure=True, rounds=1,
+                          vanishing_peers=1)
+"""One secure group, a peer of which shares its keys and vanishes: the group goes on once the
+masked phase's deadline passes, and the client's unmask must hold a share of its mask key."""
+
+
 def codec_scenario(codec: str) -> Scenario:
     """Two rounds with the model broadcast in ``codec``, inline; the second version arrives as
     a delta (the server's step is scaled down so that the delta is smaller than the model
@@ -111,8 +153,10 @@ def lossy_scenario(codec: str) -> Scenario:
 @dataclass(frozen=True)
 class ConformanceOptions:
     """What to run: the client command (with ``{server}``, and ``{update_codec}`` for the
-    lossy scenarios), the model size, the codecs, where the coordinators listen, and
-    ``only``: check names (without a codec prefix) to run alone (empty: all)."""
+    lossy scenarios), the model size, the codecs, where the coordinators listen,
+    ``only``: check names (without a codec prefix) to run alone (empty: all), and ``secure``:
+    add the secure scenarios (a client without secure aggregation fails them, so they are
+    asked for: by this or by naming a secure check in ``only``)."""
 
     client_cmd: str
     num_parameters: int = 650
@@ -122,6 +166,7 @@ class ConformanceOptions:
     host: str = "127.0.0.1"
     port: int = 0
     only: tuple[str, ...] = ()
+    secure: bool = False
 
     def __post_init__(self) -> None:
         if SERVER_PLACEHOLDER not in self.client_cmd:
@@ -143,12 +188,22 @@ class ConformanceOptions:
         if unknown_checks:
             raise ConfigError(f"unknown check(s) {sorted(unknown_checks)}; "
                               f"known: {', '.join(CHECKS)}")
+        if self._runs_secure() and importlib.util.find_spec("cryptography") is None:
+            raise ConfigError("the secure scenarios need the secagg extra (cryptography): "
+                              "pip install 'fedlink[secagg]'")
+
+    def _runs_secure(self) -> bool:
+        """Whether the secure scenarios are asked for."""
+        return self.secure or bool(set(self.only) & {*SECURE.checks, *SECURE_DROPOUT.checks})
 
     def scenarios(self) -> list[Scenario]:
-        """The fault scenarios, then one per downlink codec and one per lossy update codec
-        (those holding a check of ``only``, when it is given)."""
+        """The fault scenarios, then one per downlink codec and one per lossy update codec,
+        then the secure ones when asked for (those holding a check of ``only``, when it is
+        given)."""
         every = [FAULTS, BEHAVIOURS, *(codec_scenario(c) for c in self.codecs),
                  *(lossy_scenario(c) for c in self.update_codecs)]
+        if self.secure or self.only:
+            every += [SECURE, SECURE_DROPOUT]
         if not self.only:
             return every
         return [dataclasses.replace(s, checks=tuple(c for c in s.checks if c in self.only))
@@ -199,32 +254,84 @@ async def run_scenario(scenario: Scenario, options: ConformanceOptions) -> Scena
     server = CoordinatorServer(scenario.coordinator_config(), initial.astype(np.float32),
                                events, address=options.address(options.port))
     async with server:
-        log = Probe(server.service, scenario.faults).install()
         command = options.client_cmd.replace(SERVER_PLACEHOLDER, options.address(server.port))
         command = command.replace(CODEC_PLACEHOLDER, scenario.update_codec or "fp32")
-        exit_code, killed, output = await _run_client(shlex.split(command), options.timeout_s)
-    record = RunRecord(log, list(events.events), exit_code, scenario.rounds, killed,
-                       scenario.update_codec, scenario.faults.slow_commit_s)
+        ran = await _serve(scenario, server, shlex.split(command), options.timeout_s,
+                           options.address(server.port))
+    record = RunRecord(ran.log, list(events.events), ran.exit_code, scenario.rounds,
+                       ran.killed and not ran.stopped, scenario.update_codec,
+                       scenario.faults.slow_commit_s, ran.stopped)
     return ScenarioResult(scenario.name, judge(scenario.checks, record, scenario.prefix),
-                          output, record.exit_text)
+                          ran.output, record.exit_text)
 
 
-async def _run_client(argv: Sequence[str], timeout_s: float) -> tuple[int | None, bool, str]:
-    """Run the client until it exits (killed at ``timeout_s``): its exit status, whether it
-    was killed, and its output."""
+@dataclass
+class _Run:
+    """What serving one client run left: its calls and how the client ended."""
+
+    log: CallLog
+    exit_code: int | None
+    killed: bool
+    output: str
+    stopped: str = ""
+
+
+PLAIN_IN_SECURE = ("it sent a plain Commit, which a secure run refuses (updates travel masked "
+                   "through the Secure* calls, docs/protocol.md section 14)")
+
+
+async def _serve(scenario: Scenario, server: CoordinatorServer, argv: Sequence[str],
+                 timeout_s: float, target: str) -> _Run:
+    """Probe ``server`` and run the client; in a secure run beside the runner's peers, and
+    stopped at its first plain ``Commit`` (it cannot take part: waiting would only wait
+    for the timeout)."""
+    if not scenario.secure:
+        log = Probe(server.service, scenario.faults).install()
+        return _Run(log, *await _run_client(argv, timeout_s))
+    from fedlink.conformance.peers import Peers, peer_names  # needs the secagg extra
+
+    probe = Probe(server.service, scenario.faults, peers=peer_names(scenario.peers))
+    log = probe.install()
+    plain = asyncio.Event()
+    log.watchers.append(lambda call: plain.set() if call.name == "Commit" else None)
+    assert server.service.secure is not None
+    async with Peers(target, scenario.peers, server.service.secure,
+                     probe.is_peer, scenario.vanishing_peers):
+        code, killed, output = await _run_client(argv, timeout_s, plain)
+    return _Run(log, code, killed, output, PLAIN_IN_SECURE if plain.is_set() and killed else "")
+
+
+async def _run_client(argv: Sequence[str], timeout_s: float,
+                      stop: asyncio.Event | None = None) -> tuple[int | None, bool, str]:
+    """Run the client until it exits (killed at ``timeout_s``, or once ``stop`` is set): its
+    exit status, whether it was killed, and its output."""
     process = await asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     reading = asyncio.ensure_future(_read_all(process))
     killed = False
     try:
-        await asyncio.wait_for(asyncio.shield(process.wait()), timeout_s)
+        await asyncio.wait_for(_exit_or(process, stop), timeout_s)
     except TimeoutError:
+        killed = True
+    if process.returncode is None:
         killed = True
         with contextlib.suppress(ProcessLookupError):
             process.kill()
         await process.wait()
     output = await reading
     return process.returncode, killed, output
+
+
+async def _exit_or(process: asyncio.subprocess.Process, stop: asyncio.Event | None) -> None:
+    """Until the process exits or ``stop`` is set."""
+    waits = [asyncio.ensure_future(process.wait())]
+    if stop is not None:
+        waits.append(asyncio.ensure_future(stop.wait()))
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
 
 
 async def _read_all(process: asyncio.subprocess.Process) -> str:

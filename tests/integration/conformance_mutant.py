@@ -26,7 +26,7 @@ from fedlink.client.transport import Transport
 from fedlink.compress import sparse
 from fedlink.compress.quantize import StochasticQuantizer, unpack_codes
 from fedlink.errors import DataLoss, RemoteError, Unavailable, UpdateRefused
-from fedlink.messages import UploadChunk
+from fedlink.messages import SecureUnmaskReply, UploadChunk
 from fedlink.wire import payload
 
 MUTANTS: dict[str, Callable[[], None]] = {}
@@ -118,6 +118,66 @@ def _no_delta() -> None:
         return get_task
 
     wrap(Transport, "get_task", make)
+
+
+@mutant("plain_in_secure")
+def _plain_in_secure() -> None:
+    """Ignore ``RunConfig.secure``: deliver every update by a plain ``Commit``."""
+
+    def make(original: Any) -> Any:
+        async def join(self: Transport, request: Any) -> Any:
+            reply = await original(self, request)
+            return dataclasses.replace(reply, config=dataclasses.replace(reply.config,
+                                                                         secure=None))
+        return join
+
+    wrap(Transport, "join", make)
+
+
+@mutant("no_unmask")
+def _no_unmask() -> None:
+    """Never send ``SecureUnmask``: take the group's sum as done once the masked update is in
+    (the other members' answers unmask it: the coordinator alone cannot tell)."""
+
+    def make(original: Any) -> Any:
+        async def secure(self: Transport, name: str, request: Any, phase_s: float) -> Any:
+            if name == "Unmask":
+                return SecureUnmaskReply()
+            return await original(self, name, request, phase_s)
+        return secure
+
+    wrap(Transport, "secure", make)
+
+
+@mutant("drop_on_lost_masked_reply")
+def _drop_on_lost_masked_reply() -> None:
+    """A ``SecureMasked`` whose reply is lost is given up, not sent again."""
+
+    def make(original: Any) -> Any:
+        async def secure(self: Transport, name: str, request: Any, phase_s: float) -> Any:
+            try:
+                return await original(self, name, request, phase_s)
+            except Unavailable as err:
+                if name != "Masked":
+                    raise
+                raise UpdateRefused(f"mutant: giving up after {err.code}") from err
+        return secure
+
+    wrap(Transport, "secure", make)
+
+
+@mutant("no_key_shares")
+def _no_key_shares() -> None:
+    """Answer the unmask with the survivors' seed shares only, none of a dropped member's key
+    (the other members' shares rebuild it: the coordinator alone cannot tell)."""
+    from fedlink.client import secure  # needs the secagg extra: only this mutant imports it
+
+    def make(original: Any) -> Any:
+        def unmask(self: Any) -> Any:
+            return dataclasses.replace(original(self), key_shares=())
+        return unmask
+
+    wrap(secure.SecureDelivery, "unmask", make)
 
 
 @mutant("no_inline")

@@ -90,6 +90,53 @@ def test_the_coordinators_listen_where_they_are_told(tmp_path: Path) -> None:
     assert f"| 127.0.0.1:{port}" in result.stdout  # the client was given that address
 
 
+SECURE_CLIENT_TOML = """
+[run]
+name = "conformance-secure"
+[data]
+dataset = "digits"
+clients = 2
+[model]
+name = "logreg"
+"""
+"""fedlink's own client on digits with logistic regression: 650 parameters, the default."""
+
+
+def test_the_fedlink_client_passes_the_secure_scenario(tmp_path: Path) -> None:
+    """fedlink's own client completes two secure groups beside the runner's three peers,
+    retries its SecureMasked whose reply was lost, and answers for a peer that vanished after
+    sharing its keys; only its own tasks are judged."""
+    pytest.importorskip("cryptography")
+    config = tmp_path / "client.toml"
+    config.write_text(SECURE_CLIENT_TOML)
+    cmd = f"{sys.executable} -m fedlink client --server {{server}} --config {config}"
+    result = conformance(cmd, tmp_path / "verdicts.json", "--secure", "--only",
+                         "secure_round,secure_retry,secure_dropout", "--timeout-s", "90")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    verdicts = json.loads((tmp_path / "verdicts.json").read_text())
+    assert verdicts == {"secure_round": True, "secure_retry": True,
+                        "secure_dropout": True}, result.stdout
+    # the peers' tasks are not the client's: 2 rounds, 2 tasks, not 8
+    assert "2 task(s) in secure groups, 2 through all four calls, 2 inside a flushed sum" \
+        in result.stdout
+    assert "the same content, 1 answered the same, counted 1 time(s)" in result.stdout
+    assert "its update inside the flushed sum" in result.stdout
+
+
+def test_the_secure_scenario_is_asked_for() -> None:
+    """A client that delivers plain updates would fail it: the default run leaves it out."""
+    def names(options: ConformanceOptions) -> list[str]:
+        return [s.name for s in options.scenarios()]
+
+    cmd = "c {server}"
+    assert "secure" not in names(ConformanceOptions(cmd))
+    assert names(ConformanceOptions(cmd, secure=True))[-2:] == ["secure", "secure-dropout"]
+    assert names(ConformanceOptions(cmd, only=("secure_round",))) == ["secure"]
+    assert names(ConformanceOptions(cmd, only=("secure_dropout",))) == ["secure-dropout"]
+    assert "secure" not in names(ConformanceOptions(cmd, only=("join",)))
+
+
 def test_options_need_the_server_placeholder_and_known_codecs() -> None:
     with pytest.raises(ConfigError, match="server"):
         ConformanceOptions(client_cmd="python client.py")
@@ -101,4 +148,5 @@ def test_options_need_the_server_placeholder_and_known_codecs() -> None:
         ConformanceOptions(client_cmd="c {server}", only=("no_such_check",))
     with pytest.raises(ConfigError, match="port"):
         ConformanceOptions(client_cmd="c {server}", port=70000)
-    assert {"join", "refusal", "codec", "heartbeat", "lossy_update"} <= set(CHECKS)
+    assert {"join", "refusal", "codec", "heartbeat", "lossy_update", "secure_round",
+            "secure_retry"} <= set(CHECKS)

@@ -40,6 +40,10 @@ BROKEN: dict[str, tuple[str, tuple[str, ...]]] = {
     "naive_qsgd": ("lossy_update", ("--update-codecs", "qsgd")),
     "numpy_randk": ("lossy_update", ("--update-codecs", "randk+q8")),
     "no_values_checksum": ("lossy_update", ("--update-codecs", "sign")),
+    "no_unmask": ("secure_round", ()),
+    "plain_in_secure": ("secure_round", ()),
+    "drop_on_lost_masked_reply": ("secure_retry", ()),
+    "no_key_shares": ("secure_dropout", ()),
 }
 """Mutant -> (the check it must fail, extra options narrowing the run to that check)."""
 
@@ -71,6 +75,8 @@ def test_every_check_has_a_mutant_that_fails_it() -> None:
 @pytest.mark.parametrize("name", list(BROKEN))
 def test_the_mutant_fails_its_check(name: str, data: Path, tmp_path: Path) -> None:
     check, extra = BROKEN[name]
+    if check.startswith("secure"):
+        pytest.importorskip("cryptography")
     code, verdicts, output = run_mutant(name, data, tmp_path / "verdicts.json",
                                         "--only", check, *extra)
     assert code == 1, output
@@ -79,12 +85,26 @@ def test_the_mutant_fails_its_check(name: str, data: Path, tmp_path: Path) -> No
     assert f"FAIL  {failed[0]}" in output
     if name == "exit_3":  # the client's own status, as it gave it
         assert "client exit code 3" in output
+    assert DETAILS.get(name, "") in output
 
 
-@pytest.mark.parametrize("check", ["heartbeat", "retry_hint", "metrics", "new_upload_id"])
+DETAILS = {
+    "no_unmask": "(group 1) without SecureUnmask",
+    "plain_in_secure": "the client does not speak secure aggregation",
+    "drop_on_lost_masked_reply": "sent 1 time(s)",
+    "no_key_shares": "key shares for []",
+}
+"""What the failed verdict must say for the secure mutants (the coordinator alone could not
+tell: the others' answers unmask a sum without the client's)."""
+
+
+@pytest.mark.parametrize("check", ["heartbeat", "retry_hint", "metrics", "new_upload_id",
+                                   "secure_round", "secure_retry", "secure_dropout"])
 def test_the_unmutated_client_passes_the_checks_run_alone(check: str, data: Path,
                                                           tmp_path: Path) -> None:
     """The narrowed runs above fail because of the mutation, not because of the narrowing."""
+    if check.startswith("secure"):
+        pytest.importorskip("cryptography")
     code, verdicts, output = run_mutant("honest", data, tmp_path / "verdicts.json",
                                         "--only", check)
     assert code == 0 and verdicts == {check: True}, output
