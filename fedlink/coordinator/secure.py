@@ -241,7 +241,14 @@ class SecureDesk:
 
     def share_reply(self, group: SecureGroup, member: _Member, client_id: str,
                     task_id: str) -> SecureShareReply:
-        """Phase 2's answer, once sharing closed (refused to a member that did not share)."""
+        """Phase 2's answer, once sharing closed (refused to a member that did not share, and
+        to a retry that comes once the group is done: its shares are no longer held)."""
+        if group.phase == DONE:
+            if member.index not in group.delivered:
+                self._left_out(client_id, task_id)
+            raise UpdateRefused(f"secure group {group.number} is done (version "
+                                f"{group.flushed_version}); its shares are no longer held",
+                                RefusalCode.TASK_CLOSED)
         if member.index not in group.sharers:
             self._left_out(client_id, task_id)
             raise UpdateRefused("this client did not share its keys before the phase's "

@@ -29,10 +29,17 @@ from fedlink.coordinator.config import SecureConfig
 from fedlink.coordinator.secure import MASKED, UNMASK, SecureGroup
 from fedlink.coordinator.server import CoordinatorServer
 from fedlink.coordinator.service import CoordinatorService
-from fedlink.errors import ConfigError
+from fedlink.errors import ConfigError, UpdateRefused
 from fedlink.experiment.config import ExperimentConfig
-from fedlink.messages import GetTaskRequest, JoinRequest, SecureAdvertiseRequest, Task
+from fedlink.messages import (
+    GetTaskRequest,
+    JoinRequest,
+    SecureAdvertiseRequest,
+    SecureShareRequest,
+    Task,
+)
 from fedlink.metrics import EventLog
+from fedlink.refusals import RefusalCode
 from fedlink.secagg import decode_sum, encode_weighted
 from fedlink.secagg.sparse import group_indices
 
@@ -374,6 +381,39 @@ def test_a_retried_advertise_gets_the_same_answer_and_a_late_client_joins_the_ne
             service.close()
 
     run_async(main(), timeout=20)
+
+
+class StaysJoined(ClientSession):
+    """A client whose process lives on after the run: it never leaves (its id stays known)."""
+
+    async def _leave(self, reason: str) -> None:
+        return None
+
+
+def test_a_share_retried_once_its_group_flushed_is_refused_as_closed(tmp_path: Path) -> None:
+    """A member whose share reply was lost may ask again after its group flushed without it:
+    the shares are gone, so it is told its task is closed (never an internal error)."""
+    config = dataclasses.replace(secure_config(tmp_path / "state"), rounds=1,
+                                 flush=FlushRule(goal=3, min_updates=2, deadline_s=None))
+    trainers = [TowardTrainer(np.full(DIM, 0.5, np.float32)) for _ in range(3)]
+    server = CoordinatorServer(config, X0, EventLog(None), address="127.0.0.1:0")
+
+    async def main() -> None:
+        async with server:
+            sessions = [StaysJoined(target_of(server), trainers[i],
+                                    ClientOptions(name=f"c{i}", retry=FAST_RETRY))
+                        for i in range(3)]
+            await asyncio.wait_for(asyncio.gather(*(s.run() for s in sessions)), 30)
+            group = server.service.secure.group if server.service.secure else None
+            assert group is not None and group.flushed_version == 1
+            client_id = sessions[0].client_id
+            member = group.members[client_id]
+            with pytest.raises(UpdateRefused, match="its shares are no longer held") as err:
+                await server.service.secure_calls.share(
+                    SecureShareRequest(client_id, member.task_id))
+            assert err.value.reason is RefusalCode.TASK_CLOSED
+
+    run_async(main(), timeout=40)
 
 
 def test_the_secure_example_config_loads() -> None:
