@@ -75,6 +75,15 @@ class SecureSettings:
     """Group random-k's fraction of coordinates (0, unset, or 1: every coordinate)."""
     randk_seed: int = 0
     """The run's public seed of the kept coordinates."""
+    ddp_noise_multiplier: float = 0.0
+    """Distributed DP (0: off): the sum of ``ddp_noise_shares`` clients' Skellam shares has
+    standard deviation ``ddp_noise_multiplier * ddp_clip_norm``."""
+    ddp_clip_norm: float = 0.0
+    """Distributed DP: the L2 norm each update is clipped to."""
+    ddp_granularity_bits: int = 0
+    """Distributed DP: ``ddp_clip_norm`` is this many bits of integer units."""
+    ddp_noise_shares: int = 0
+    """Distributed DP: how many clients' noise shares make the whole noise."""
 
 
 @dataclass(frozen=True)

@@ -31,13 +31,14 @@ from fedlink.secagg import (
     EncryptedShare,
     SecAggConfig,
     SecureClient,
+    SkellamConfig,
     UnmaskRequest,
     encode_weighted,
 )
 from fedlink.secagg.crypto import element_bytes
 from fedlink.secagg.encoding import Encoded, decode_sum
 from fedlink.secagg.packing import pack
-from fedlink.secagg.sparse import SharedRandK, group_indices, kept_size
+from fedlink.secagg.sparse import SharedRandK, group_indices, masked_size
 
 WEIGHT = 1.0
 """A fresh update's weight in a secure sum: every delivering client weighs the same (its
@@ -51,6 +52,13 @@ def secagg_config(settings: SecureSettings) -> SecAggConfig:
                         quantization_bits=settings.quantization_bits, clip=settings.clip,
                         max_clients=settings.max_clients,
                         neighbours=settings.neighbours or None, threshold=settings.threshold)
+
+
+def skellam_config(settings: SecureSettings, size: int) -> SkellamConfig:
+    """The ``SkellamConfig`` of a run with distributed DP, for ``size`` values a member sends."""
+    return SkellamConfig(settings.ddp_clip_norm, settings.ddp_noise_multiplier,
+                         settings.ddp_noise_shares, size, settings.ddp_granularity_bits,
+                         settings.modulus_bits, settings.max_clients)
 
 
 @dataclass
@@ -79,7 +87,13 @@ class SecureDelivery:
     def __post_init__(self) -> None:
         self.config = secagg_config(self.settings)
         self.client = SecureClient(0, self.config, self.task.model_version,
-                                   kept_size(self.settings.density, int(self.delta.size)) + 1)
+                                   masked_size(self.settings.density, int(self.delta.size),
+                                               weighted=not self.ddp))
+
+    @property
+    def ddp(self) -> bool:
+        """Whether this run adds distributed-DP noise (``SecureSettings.ddp_*``)."""
+        return self.settings.ddp_noise_multiplier > 0
 
     def advertise(self) -> SecureAdvertiseRequest:
         """Phase 1's request: the two public keys."""
@@ -112,11 +126,13 @@ class SecureDelivery:
         of ``delta`` plus the residual."""
         indices = group_indices(self.settings.density, self.settings.randk_seed,
                                 self.client.round_id, int(self.delta.size))
-        if indices is None:
-            encoded = encode_weighted(self.delta, self._weight, self.config, rng)
+        if self.ddp:
+            values = self._noised(indices, rng)
+        elif indices is None:
+            values = encode_weighted(self.delta, self._weight, self.config, rng).values
         else:
-            encoded = self._encode_kept(indices, rng)
-        masked = self.client.masked_input(encoded.values)
+            values = self._encode_kept(indices, rng).values
+        masked = self.client.masked_input(values)
         return SecureMaskedRequest(self.client_id, self.task.task_id,
                                    pack(masked.values, self.config.modulus_bits),
                                    int(masked.values.size), self.num_examples,
@@ -133,6 +149,22 @@ class SecureDelivery:
         randk.carry(residual, indices, kept, sent)
         self.next_residual = residual.astype(np.float32)
         return encoded
+
+    def _noised(self, indices: np.ndarray | None, rng: np.random.Generator) -> np.ndarray:
+        """Distributed DP: the (kept coordinates of the) update clipped to ``ddp_clip_norm``,
+        weighted, in integer units, plus this client's share of Skellam noise. Under group
+        random-k the residual keeps the unsent coordinates and what clipping cut, never the
+        rounding or the noise (feeding noise back would take it out again)."""
+        values = np.asarray(self.delta, np.float64)
+        if indices is not None:
+            randk = SharedRandK(self.settings.density)
+            values, residual = randk.keep(values, self.residual, indices)
+        clipped = values * min(1.0, self.settings.ddp_clip_norm / max(
+            float(np.linalg.norm(values)), 1e-300))
+        if indices is not None:
+            randk.carry(residual, indices, values, clipped)
+            self.next_residual = residual.astype(np.float32)
+        return skellam_config(self.settings, clipped.size).encode(self._weight * clipped, rng)
 
     def heard(self, reply: SecureMaskedReply) -> None:
         """Phase 3's answer: who delivered and who dropped."""

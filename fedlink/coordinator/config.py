@@ -8,7 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import fedlink.privacy.hooks  # noqa: F401  (registers the differential-privacy flush hooks)
+# registers the differential-privacy flush hooks, and secure runs' distributed-DP hook
+import fedlink.privacy.hooks
+import fedlink.privacy.secure_ddp  # noqa: F401
 from fedlink.aggregate import ACCUMULATORS, FLUSH_HOOKS, SERVER_OPTIMIZERS, STALENESS_WEIGHTS
 from fedlink.aggregate.flushguard import RobustConfig
 from fedlink.compress import broadcast_codec
@@ -596,6 +598,15 @@ class SecureConfig:
     ``ceil(density * n)`` coordinates of its update (drawn from the run's ``seed`` and the
     group's number, public values) and keeps the rest as a residual that joins its next update
     (error feedback), so its masked update is about ``density`` times as large.
+
+    Distributed DP, ``noise_multiplier`` above 0 (``fedlink.privacy.secure_ddp``): each member
+    clips its (staleness-weighted) update to L2 norm ``clip_norm``, counts it in units of
+    ``clip_norm / 2**granularity_bits`` and adds its share of Skellam noise, so that a group of
+    ``flush.goal`` carries noise of standard deviation ``noise_multiplier * clip_norm`` on its
+    sum; no member sends, and the coordinator never sees, a less noisy value. Epsilon at
+    ``delta`` is accounted for every sum unmasked, with the noise it carries; ``max_epsilon``
+    (0: no budget) is never exceeded: a sum that would is not unmasked, and the run ends once
+    the next would. ``clip`` and ``quantization_bits`` do not apply then (refused).
     """
 
     enabled: bool = False
@@ -606,13 +617,36 @@ class SecureConfig:
     threshold: float = 0.5
     phase_s: float = 10.0
     density: float = 1.0
+    noise_multiplier: float = 0.0
+    clip_norm: float = 1.0
+    granularity_bits: int = 16
+    delta: float = 1e-5
+    max_epsilon: float = 0.0
 
     def __post_init__(self) -> None:
         check_fields(self, "coordinator.secure")
+        require(math.isfinite(self.noise_multiplier) and self.noise_multiplier >= 0,
+                "coordinator.secure.noise_multiplier",
+                f"must be >= 0 (0: no distributed DP), got {self.noise_multiplier}")
+        if self.noise_multiplier == 0:
+            self._refuse_unused_ddp()
         require(math.isfinite(self.phase_s) and self.phase_s > 0, "coordinator.secure.phase_s",
                 f"must be > 0 seconds, got {self.phase_s}")
         require(math.isfinite(self.density) and 0 < self.density <= 1,
                 "coordinator.secure.density", f"must be in (0, 1], got {self.density}")
+
+    def _refuse_unused_ddp(self) -> None:
+        """Distributed-DP settings without its noise would be recorded and never applied."""
+        defaults = SecureConfig.__dataclass_fields__
+        for key in ("clip_norm", "granularity_bits", "delta", "max_epsilon"):
+            require(getattr(self, key) == defaults[key].default, f"coordinator.secure.{key}",
+                    "applies to distributed DP only: set coordinator.secure.noise_multiplier "
+                    "above 0, or remove it")
+
+    @property
+    def ddp(self) -> bool:
+        """Whether the clients add distributed-DP noise."""
+        return self.noise_multiplier > 0
 
 
 @dataclass(frozen=True)
@@ -785,7 +819,16 @@ class CoordinatorConfig:
             require(self.secure.density == 1, "coordinator.secure.density",
                     "group random-k compresses secure groups' masked updates only: set "
                     "coordinator.secure.enabled = true, or remove density")
+            require(not self.secure.ddp, "coordinator.secure.noise_multiplier",
+                    "distributed DP is added inside secure groups: set "
+                    "coordinator.secure.enabled = true, or use the dp_fedavg hook")
             return
+        if self.secure.ddp:
+            require(self.secure.quantization_bits is None and self.secure.clip == 1.0,
+                    "coordinator.secure.noise_multiplier",
+                    "with distributed DP updates are clipped to clip_norm (L2) and counted in "
+                    "units of clip_norm / 2**granularity_bits: remove clip and "
+                    "quantization_bits")
         why = "a secure coordinator sees only the group's sum, never an individual update"
         require(not self.flush.continuous, "coordinator.secure.enabled",
                 "asynchronous buffers (flush.continuous) are not supported with secure groups")
@@ -825,6 +868,21 @@ class CoordinatorConfig:
                             clip=self.secure.clip, max_clients=max(2, self.flush.goal),
                             neighbours=self.secure.neighbours or None,
                             threshold=self.secure.threshold)
+
+    def implied_hooks(self, num_parameters: int) -> tuple[dict[str, Any], ...]:
+        """Flush hooks the settings imply (not listed in ``hooks``): ``secure_ddp`` for a
+        secure run with distributed DP, sized for a model of ``num_parameters`` values."""
+        if not (self.secure.enabled and self.secure.ddp):
+            return ()
+        from fedlink.secagg.sparse import kept_size  # deferred: cryptography is an extra
+
+        secure = self.secure
+        return ({"name": "secure_ddp", "noise_multiplier": secure.noise_multiplier,
+                 "clip_norm": secure.clip_norm, "noise_shares": self.flush.goal,
+                 "size": kept_size(secure.density, num_parameters),
+                 "granularity_bits": secure.granularity_bits,
+                 "modulus_bits": secure.modulus_bits, "max_clients": max(2, self.flush.goal),
+                 "delta": secure.delta, "max_epsilon": secure.max_epsilon},)
 
     @classmethod
     def from_dict(cls, table: Mapping[str, Any]) -> CoordinatorConfig:

@@ -29,7 +29,7 @@ import functools
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -143,6 +143,9 @@ def build_streaming(config: CoordinatorConfig,
     return accumulator
 
 
+HookT = TypeVar("HookT", bound=FlushHook)
+
+
 def build_hooks(tables: tuple[Mapping[str, Any], ...]) -> list[FlushHook]:
     """Flush hooks from ``[[coordinator.hooks]]`` tables: ``name`` plus the hook's options."""
     hooks = []
@@ -182,7 +185,7 @@ class RoundEngine:
         # robust rules and norm bounds see trainable weights only (docs/model-state.md)
         self._accumulator = build_accumulator(config, self._weights_norm, self._trainable)
         self._check_buffer()
-        self._hooks = build_hooks(config.hooks)
+        self._hooks = build_hooks(config.hooks + config.implied_hooks(self._model.size))
         # the hooks hear of the flush's updates at the flush, as aggregated (by task id)
         self._pending_infos: dict[str, UpdateInfo] = {}
         self._history = ModelHistory(broadcast_codec(config.downlink_codec),
@@ -543,6 +546,10 @@ class RoundEngine:
         self._pending_infos["secure-group"] = UpdateInfo("secure-group", 0, float(weight),
                                                          len(records), {})
         return self._flush(summed=len(records))
+
+    def hook_of(self, kind: type[HookT]) -> HookT | None:
+        """The run's flush hook of type ``kind`` (``None`` when it has none)."""
+        return next((h for h in self._hooks if isinstance(h, kind)), None)
 
     def staleness_weight(self, staleness: int) -> float:
         """The configured staleness weight of an update ``staleness`` versions behind."""

@@ -45,6 +45,7 @@ import math
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -66,6 +67,7 @@ from fedlink.messages import (
     SecureUnmaskReply,
     SecureUnmaskRequest,
 )
+from fedlink.privacy.secure_ddp import SecureDDPHook
 from fedlink.refusals import RefusalCode
 from fedlink.secagg import (
     AdvertiseKeys,
@@ -80,7 +82,7 @@ from fedlink.secagg import (
 from fedlink.secagg.crypto import KEY_BYTES
 from fedlink.secagg.graph import neighbours
 from fedlink.secagg.packing import packed_size, unpack
-from fedlink.secagg.sparse import group_indices, kept_size, scatter
+from fedlink.secagg.sparse import group_indices, masked_size, scatter
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +103,17 @@ def secure_settings(config: CoordinatorConfig) -> SecureSettings | None:
                           neighbours=secagg.neighbours or 0, threshold=secagg.threshold,
                           phase_s=config.secure.phase_s,
                           density=0.0 if config.secure.density == 1 else config.secure.density,
-                          randk_seed=config.seed % 2**64)
+                          randk_seed=config.seed % 2**64, **_ddp_settings(config))
+
+
+def _ddp_settings(config: CoordinatorConfig) -> dict[str, Any]:
+    """``SecureSettings``' distributed-DP fields (none without it)."""
+    secure = config.secure
+    if not secure.ddp:
+        return {}
+    return {"ddp_noise_multiplier": secure.noise_multiplier, "ddp_clip_norm": secure.clip_norm,
+            "ddp_granularity_bits": secure.granularity_bits,
+            "ddp_noise_shares": config.flush.goal}
 
 
 @dataclass
@@ -170,6 +182,8 @@ class SecureDesk:
         self._on_flush = on_flush
         self._secagg = config.secagg()
         self._settings = secure_settings(config)
+        self._ddp = engine.hook_of(SecureDDPHook)
+        """Distributed DP's accountant (``None`` without it)."""
         self._numbers = itertools.count(1)
         self._forming: SecureGroup | None = None
         self._groups: dict[int, SecureGroup] = {}  # by number, oldest first
@@ -347,7 +361,8 @@ class SecureDesk:
             number = next(self._numbers)
             assert self._settings is not None
             # [update, weight]: the update's kept coordinates under group random-k
-            size = kept_size(self._settings.density, self.engine.num_parameters) + 1
+            size = masked_size(self._settings.density, self.engine.num_parameters,
+                               weighted=self._ddp is None)
             group = SecureGroup(number, self._secagg, self.config.flush.goal, size,
                                 SecureSum(self._secagg, number, size, graph_seed=number))
             self._forming = self._groups[number] = group
@@ -449,10 +464,12 @@ class SecureDesk:
                                           tuple(sorted(request.dropped)))
 
     def _close_unmask(self, group: SecureGroup) -> None:
-        total, count = group.sum.finish(group.answers.values())
-        mean, weight = weighted_mean(total, count, group.config)
-        mean = self._full(group, mean)
         survivors = set(group.delivered)
+        if self._ddp is not None and not self._ddp.admits(len(survivors)):
+            raise SecAggError(self._ddp.refuse(len(survivors)))  # never unmasked
+        total, count = group.sum.finish(group.answers.values())
+        mean, weight = self._mean(group, total, count, survivors)
+        mean = self._full(group, mean)
         tasks = [SummedTask(c, m.task_id, m.num_examples, m.steps_completed, m.steps_planned,
                             m.bytes_up, m.staleness, m.weight)
                  for c, m in group.members.items() if m.index in survivors]
@@ -466,6 +483,17 @@ class SecureDesk:
         group.flushed_version = outcome.version
         log.info("secure group %d: %d of %d members summed, version %d made",
                  group.number, count, len(group.members), outcome.version)
+
+    def _mean(self, group: SecureGroup, total: np.ndarray, count: int,
+              survivors: set[int]) -> tuple[np.ndarray, float]:
+        """The weighted mean of the survivors' kept coordinates and its weight, from the
+        unmasked sum. Under distributed DP the sum is accounted here, as it is learnt, and
+        its weight is that of the members, which the coordinator named (the sum has none)."""
+        if self._ddp is None:
+            return weighted_mean(total, count, group.config)
+        self._ddp.account(len(survivors))
+        weight = sum(m.weight for m in group.members.values() if m.index in survivors)
+        return self._ddp.skellam.decode_sum(total) / weight, weight
 
     def _full(self, group: SecureGroup, mean: np.ndarray) -> np.ndarray:
         """The model-sized mean of a group's kept coordinates: zero where none was sent

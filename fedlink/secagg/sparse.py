@@ -86,6 +86,13 @@ def kept_size(density: float, size: int) -> int:
     return size if density in (0, 1) else kept_count(density, size)
 
 
+def masked_size(density: float, size: int, weighted: bool) -> int:
+    """The values of one member's masked vector for a ``size``-value update: the group's
+    kept coordinates, and the weight after them when the sum carries it (``weighted``;
+    under distributed DP the coordinator adds up the weights it named instead)."""
+    return kept_size(density, size) + (1 if weighted else 0)
+
+
 def scatter(kept: np.ndarray, indices: np.ndarray, size: int) -> np.ndarray:
     """A vector of ``size`` zeros with ``kept`` at ``indices`` (the decoded sum, in place)."""
     full = np.zeros(size, dtype=np.float64)

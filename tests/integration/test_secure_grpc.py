@@ -282,6 +282,46 @@ def test_group_random_k_sends_the_kept_coordinates_and_feeds_back_the_rest(
     assert np.allclose(v2[fed_back], 2 * first[fed_back], atol=6 * secagg.step)
 
 
+def test_distributed_dp_over_grpc_with_group_random_k(tmp_path: Path) -> None:
+    """Distributed DP with group random-k over gRPC: the settings reach the clients, each
+    sends its kept coordinates noised (no weight: the coordinator names the weights), and
+    the version is the members' mean on those coordinates, within the (here tiny) noise."""
+    clients, z, c = 3, 1e-4, 100.0
+    config = dataclasses.replace(
+        secure_config(tmp_path / "state"), rounds=1, seed=5,
+        flush=FlushRule(goal=clients, min_updates=2, deadline_s=None),
+        secure=SecureConfig(enabled=True, phase_s=PHASE_S, density=0.5, noise_multiplier=z,
+                            clip_norm=c))
+    rng = np.random.default_rng(4)
+    trainers = [TowardTrainer(rng.uniform(-0.8, 0.8, DIM).astype(np.float32))
+                for _ in range(clients)]
+    server = CoordinatorServer(config, X0, EventLog(None), address="127.0.0.1:0")
+
+    async def main() -> list[Any]:
+        async with server:
+            sessions = [ClientSession(target_of(server), trainers[i],
+                                      ClientOptions(name=f"c{i}", retry=FAST_RETRY))
+                        for i in range(clients)]
+            return await asyncio.wait_for(asyncio.gather(*(s.run() for s in sessions)), 60)
+
+    results = run_async(main(), timeout=80)
+    kept = group_indices(0.5, 5, 1, DIM)
+    assert kept is not None and kept.size == DIM // 2
+    secagg = config.secagg()
+    for stats in results:  # the kept coordinates, no weight after them
+        assert (stats.accepted, stats.bytes_up) == (1, secagg.vector_bytes(DIM // 2))
+    model = server.service.engine.model
+    first = np.mean([t.step(X0.astype(np.float64)) for t in trainers], axis=0)
+    outside = np.setdiff1d(np.arange(DIM), kept)
+    assert not model[outside].any()
+    gamma = c / 2 ** 16
+    assert np.abs(first[kept]).max() > 100 * gamma
+    np.testing.assert_allclose(model[kept], first[kept], rtol=0,
+                               atol=2 * gamma + 6 * z * c / clients)
+    (flush,) = server.events.of_kind("flush")
+    assert flush["privacy"]["mode"] == "user_distributed" and flush["epsilon"] > 0
+
+
 def test_secure_settings_that_need_individual_updates_are_refused() -> None:
     secure = SecureConfig(enabled=True)
     plain = {"robust": RobustConfig(enabled=False), "norm_bound_adaptive": False,
@@ -306,6 +346,29 @@ def test_a_group_random_k_density_is_refused_out_of_range_or_without_secure_grou
             SecureConfig(enabled=True, density=density)
     with pytest.raises(ConfigError, match=re.escape("set coordinator.secure.enabled = true")):
         CoordinatorConfig(**plain, secure=SecureConfig(density=0.1))
+
+
+def test_distributed_dp_settings_that_cannot_take_effect_are_refused() -> None:
+    plain = {"robust": RobustConfig(enabled=False), "norm_bound_adaptive": False}
+    CoordinatorConfig(**plain, secure=SecureConfig(enabled=True, noise_multiplier=1.0,
+                                                   clip_norm=0.5, max_epsilon=8.0))
+    for key, value in (("clip_norm", 0.5), ("granularity_bits", 12), ("delta", 1e-6),
+                       ("max_epsilon", 4.0)):  # distributed-DP settings without its noise
+        with pytest.raises(ConfigError, match=rf"coordinator\.secure\.{key}"):
+            SecureConfig(enabled=True, **{key: value})
+    with pytest.raises(ConfigError, match=r"noise_multiplier.*must be >= 0"):
+        SecureConfig(enabled=True, noise_multiplier=-1.0)
+    with pytest.raises(ConfigError, match=re.escape("set coordinator.secure.enabled = true")):
+        CoordinatorConfig(**plain, secure=SecureConfig(noise_multiplier=1.0))
+    for change in ({"quantization_bits": 12}, {"clip": 0.5}):  # the noise sets the encoding
+        with pytest.raises(ConfigError, match="remove clip and quantization_bits"):
+            CoordinatorConfig(**plain, secure=SecureConfig(enabled=True, noise_multiplier=1.0,
+                                                           **change))
+    # a ring too small for the noised sum is refused when the model's size is known
+    small = CoordinatorConfig(**plain, secure=SecureConfig(enabled=True, noise_multiplier=1.0,
+                                                           modulus_bits=16))
+    with pytest.raises(ConfigError, match="modulus_bits"):
+        CoordinatorService(small, X0, EventLog(None)).close()
 
 
 def test_secure_run_refuses_an_uplink_codec() -> None:

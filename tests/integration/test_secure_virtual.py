@@ -21,6 +21,8 @@ from fedlink.coordinator.secure import SecureDesk
 from fedlink.experiment.config import ExperimentConfig
 from fedlink.metrics import EventLog
 from fedlink.netem import Fleet
+from fedlink.privacy.secure_ddp import SecureDDPHook
+from fedlink.secagg import SkellamConfig
 from fedlink.secagg.sparse import group_indices
 from fedlink.sim.virtual.loop import LoopOptions, VirtualLoop
 from fedlink.sim.virtual.population import Links, SyntheticPopulation, SyntheticSpec
@@ -34,13 +36,13 @@ SPEC = SyntheticSpec(num_features=8, num_classes=3, min_examples=32, max_example
 
 
 def _config(secure: bool, rounds: int = 1, density: float = 1.0,
-            **flush: Any) -> CoordinatorConfig:
+            ddp: dict[str, float] | None = None, **flush: Any) -> CoordinatorConfig:
     table: dict[str, Any] = {
         "rounds": rounds, "training": {"local_steps": 4},
         "robust": {"enabled": False}, "norm_bound_adaptive": False,
         "flush": {"goal": CLIENTS, "min_updates": 2, "deadline_s": None, **flush}}
     if secure:
-        table["secure"] = {"enabled": True, "phase_s": 5.0, "density": density}
+        table["secure"] = {"enabled": True, "phase_s": 5.0, "density": density, **(ddp or {})}
     return CoordinatorConfig.from_dict(table)
 
 
@@ -238,3 +240,68 @@ def test_virtual_secure_run_reports_each_phase_in_the_summary(tmp_path: Path) ->
     packed = math.ceil(values * config.coordinator.secure.modulus_bits / 8)
     assert summary["secure_masked_bytes_up"] >= 12 * packed
     assert summary["secure_masked_bytes_up"] < 12 * (packed + 256)
+
+
+def _skellam(config: CoordinatorConfig) -> SkellamConfig:
+    secure = config.secure
+    return SkellamConfig(secure.clip_norm, secure.noise_multiplier, CLIENTS,
+                         SPEC.num_parameters, secure.granularity_bits, secure.modulus_bits)
+
+
+def test_distributed_dp_sums_carry_the_noise_of_central_dp_and_are_accounted() -> None:
+    """Each member adds its share of Skellam noise: with almost none the model is the plain
+    run's; with ``noise_multiplier`` z the model's distance from it has the standard
+    deviation of central DP-FedAvg's noise on the mean (z * clip_norm / n), and the flush
+    records the epsilon of one sum of every share."""
+    plain, _ = _loop(_config(False))
+    plain.run()
+    quiet = _config(True, ddp={"noise_multiplier": 1e-4, "clip_norm": 100.0})
+    secure, _ = _loop(quiet)
+    secure.run()
+    moved = np.abs(plain.engine.model).max()
+    gamma = _skellam(quiet).gamma
+    assert moved > 100 * gamma
+    np.testing.assert_allclose(secure.engine.model, plain.engine.model, rtol=0,
+                               atol=2 * gamma + 6 * 1e-4 * 100 / CLIENTS)
+    noisy_config = _config(True, ddp={"noise_multiplier": 0.5, "clip_norm": 100.0,
+                                      "delta": 1e-6})
+    noisy, events = _loop(noisy_config)
+    noisy.run()
+    noise = noisy.engine.model.astype(np.float64) - plain.engine.model
+    expected = 0.5 * 100 / CLIENTS
+    assert 0.6 * expected < noise.std() < 1.5 * expected, (noise.std(), expected)
+    (flush,) = events.of_kind("flush")
+    privacy = flush["privacy"]
+    assert privacy["mode"] == "user_distributed" and privacy["steps"] == 1
+    assert privacy["epsilon"] == pytest.approx(_skellam(noisy_config).epsilon(1, 1e-6))
+    assert privacy["sums_short_of_shares"] == 0
+
+
+def test_a_sum_that_would_spend_past_the_budget_is_never_unmasked() -> None:
+    """``max_epsilon`` admits one sum with every member's noise: a group that would be unmasked
+    with a member gone (less noise, more epsilon) is lost instead, and the version is made
+    once a full group delivers; epsilon never exceeds the budget, and the run then stops."""
+    one_sum = _skellam(_config(True, ddp={"noise_multiplier": 1.0})).epsilon(1, 1e-5)
+    config = _config(True, rounds=3, ddp={"noise_multiplier": 1.0,
+                                          "max_epsilon": one_sum * 1.001})
+    availability = GoesOffline(back=60.0)
+    loop, events = _loop(config, availability, Fleet(mix={"4g": 1.0}))
+    assert loop.secure is not None
+    share = SecureDesk.record_share
+
+    def record_share(desk: SecureDesk, request: Any) -> Any:
+        if request.client_id == "sim-5" and loop.clock.now() < 30:  # gone after sharing
+            availability.gone[5] = loop.clock.now()
+        return share(desk, request)
+
+    patched = dict(type(loop.secure)._RECORDERS)
+    patched[1] = record_share
+    loop.secure._RECORDERS = patched  # type: ignore[misc]
+    loop.run()
+    hook = loop.engine.hook_of(SecureDDPHook)
+    assert hook is not None
+    assert hook.privacy_record()["sums_withheld"] >= 1
+    assert loop.engine.version == 1 and hook.sums == 1
+    assert hook.epsilon == pytest.approx(one_sum) and hook.epsilon <= config.secure.max_epsilon
+    assert "privacy budget exhausted" in loop.engine.finished_reason
+    assert len(events.of_kind("flush")) == 1

@@ -132,7 +132,7 @@ class RunConfig(_message.Message):
     def __init__(self, run_name: _Optional[str] = ..., num_parameters: _Optional[int] = ..., local_steps: _Optional[int] = ..., local_epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., chunk_bytes: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., max_staleness: _Optional[int] = ..., accepted_encodings: _Optional[_Iterable[str]] = ..., trainer_options: _Optional[_Mapping[str, str]] = ..., inline_bytes: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ..., long_poll_s: _Optional[float] = ..., max_update_bytes: _Optional[int] = ..., max_string_bytes: _Optional[int] = ..., max_metadata_entries: _Optional[int] = ..., max_uploads_per_client: _Optional[int] = ..., requests_per_s: _Optional[float] = ..., request_burst: _Optional[int] = ..., max_metadata_bytes: _Optional[int] = ..., max_examples_per_update: _Optional[int] = ..., max_open_uploads_per_client: _Optional[int] = ..., secure: _Optional[_Union[SecureSettings, _Mapping]] = ...) -> None: ...
 
 class SecureSettings(_message.Message):
-    __slots__ = ("modulus_bits", "quantization_bits", "clip", "max_clients", "neighbours", "threshold", "phase_s", "density", "randk_seed")
+    __slots__ = ("modulus_bits", "quantization_bits", "clip", "max_clients", "neighbours", "threshold", "phase_s", "density", "randk_seed", "ddp_noise_multiplier", "ddp_clip_norm", "ddp_granularity_bits", "ddp_noise_shares")
     MODULUS_BITS_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_BITS_FIELD_NUMBER: _ClassVar[int]
     CLIP_FIELD_NUMBER: _ClassVar[int]
@@ -142,6 +142,10 @@ class SecureSettings(_message.Message):
     PHASE_S_FIELD_NUMBER: _ClassVar[int]
     DENSITY_FIELD_NUMBER: _ClassVar[int]
     RANDK_SEED_FIELD_NUMBER: _ClassVar[int]
+    DDP_NOISE_MULTIPLIER_FIELD_NUMBER: _ClassVar[int]
+    DDP_CLIP_NORM_FIELD_NUMBER: _ClassVar[int]
+    DDP_GRANULARITY_BITS_FIELD_NUMBER: _ClassVar[int]
+    DDP_NOISE_SHARES_FIELD_NUMBER: _ClassVar[int]
     modulus_bits: int
     quantization_bits: int
     clip: float
@@ -151,7 +155,11 @@ class SecureSettings(_message.Message):
     phase_s: float
     density: float
     randk_seed: int
-    def __init__(self, modulus_bits: _Optional[int] = ..., quantization_bits: _Optional[int] = ..., clip: _Optional[float] = ..., max_clients: _Optional[int] = ..., neighbours: _Optional[int] = ..., threshold: _Optional[float] = ..., phase_s: _Optional[float] = ..., density: _Optional[float] = ..., randk_seed: _Optional[int] = ...) -> None: ...
+    ddp_noise_multiplier: float
+    ddp_clip_norm: float
+    ddp_granularity_bits: int
+    ddp_noise_shares: int
+    def __init__(self, modulus_bits: _Optional[int] = ..., quantization_bits: _Optional[int] = ..., clip: _Optional[float] = ..., max_clients: _Optional[int] = ..., neighbours: _Optional[int] = ..., threshold: _Optional[float] = ..., phase_s: _Optional[float] = ..., density: _Optional[float] = ..., randk_seed: _Optional[int] = ..., ddp_noise_multiplier: _Optional[float] = ..., ddp_clip_norm: _Optional[float] = ..., ddp_granularity_bits: _Optional[int] = ..., ddp_noise_shares: _Optional[int] = ...) -> None: ...
 
 class SecureMember(_message.Message):
     __slots__ = ("index", "cipher_public", "mask_public")
