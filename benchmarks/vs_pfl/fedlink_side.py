@@ -28,13 +28,17 @@ class DigitsUsers:
     """``size`` users of ``task``: no link model (clean links), speed 1, lazily made data.
 
     Trainers share one torch module (training is sequential in the loop's process and each
-    task loads the global vector into it first), as pfl keeps one model per worker.
+    task loads the global vector into it first), as pfl keeps one model per worker; each is
+    derived from the first (``WorkingModelTrainers``), as a virtual run of the built-in
+    trainer does.
     """
 
     def __init__(self, size: int, train: Any, module: Any) -> None:
+        from fedlink.client.torch_trainer import TorchTrainer, WorkingModelTrainers
+
         self._size = size
         self._train = train
-        self._module = module
+        self._trainers = WorkingModelTrainers(TorchTrainer, module)
         self._last: tuple[int, np.ndarray] = (-1, np.zeros(0, np.int64))
 
     def _rows(self, index: int) -> np.ndarray:
@@ -63,12 +67,11 @@ class DigitsUsers:
 
     def trainer(self, index: int) -> Any:
         """A ``TorchTrainer`` over user ``index``'s examples, made now."""
-        from fedlink.client.torch_trainer import TorchTrainer
         from fedlink.data.base import Dataset
 
         rows = self._rows(index)
         data = Dataset(self._train.x[rows], self._train.y[rows], task.CLASSES, task.FEATURES)
-        return TorchTrainer(self._module, data, seed=index)
+        return self._trainers(self._trainers.model, data, seed=index)
 
 
 def run_fedlink(users: int, cohort: int, rounds: int, train: Any, test: Any,

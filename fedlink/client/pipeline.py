@@ -93,10 +93,11 @@ class UpdatePipeline:
         self._plain = [] if self._trainable is None else ranges_of(~self._trainable)
 
     def process(self, delta: np.ndarray, rng: np.random.Generator,
-                time_left_s: float | None = None) -> Payload:
-        """Privatise, then encode ``delta`` (``time_left_s``: until the task's deadline)."""
+                time_left_s: float | None = None, *, checksums: bool = True) -> Payload:
+        """Privatise, then encode ``delta`` (``time_left_s``: until the task's deadline;
+        ``checksums=False``: a payload that crosses no wire, see ``pack``)."""
         private = self.privatise(np.asarray(delta, dtype=np.float32), rng)
-        return self.compress(private, rng, time_left_s)
+        return self.compress(private, rng, time_left_s, checksums=checksums)
 
     def privatise(self, delta: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """``delta`` through the privacy stage: its trainable part, once ``bind`` said which
@@ -131,13 +132,13 @@ class UpdatePipeline:
     # -- compression --------------------------------------------------------------------------
 
     def compress(self, update: np.ndarray, rng: np.random.Generator,
-                 time_left_s: float | None = None) -> Payload:
+                 time_left_s: float | None = None, *, checksums: bool = True) -> Payload:
         """Encode ``update`` with error feedback (if on) at the density the policy picks."""
         codec = self.codec_for(update.size, time_left_s)
         if self.feedback is None:
-            return pack(update, codec, rng)
+            return pack(update, codec, rng, checksums=checksums)
         accumulated = self.feedback.accumulate(update)
-        payload = pack(accumulated, codec, rng)
+        payload = pack(accumulated, codec, rng, checksums=checksums)
         sent = codec.decode(payload.data, payload.header.codec_params, accumulated.size)
         self.feedback.record(accumulated, sent)
         return payload

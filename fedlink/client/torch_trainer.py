@@ -7,12 +7,12 @@ part of the client SDK that needs torch, and ``fedlink.client`` does not import 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import fnmatch
 import functools
 import itertools
 import time
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -69,21 +69,20 @@ def _proximal_term(params: list[nn.Parameter], anchor: list[torch.Tensor]) -> to
     return sum(((p - a) ** 2).sum() for p, a in zip(params, anchor, strict=True))  # type: ignore[return-value]
 
 
-_FITTED: weakref.WeakKeyDictionary[nn.Module, set[tuple[Any, ...]]] = \
-    weakref.WeakKeyDictionary()
-"""Per module, the (example shape, dtype, device, classes) it was found to fit: a simulation
-builds a trainer per task on one working module, and checks it once."""
+FitKey = tuple[tuple[int, ...], torch.dtype, torch.device, int]
+"""What ``_check_fits`` found a model to fit: (example shape, dtype, device, classes)."""
 
 
-def _check_fits(model: nn.Module, x: torch.Tensor, num_classes: int) -> None:
+def _check_fits(model: nn.Module, x: torch.Tensor, num_classes: int,
+                fitted: set[FitKey]) -> None:
     """``ConfigError`` unless ``model`` maps a batch of ``x`` to ``num_classes`` logits.
 
     Runs one small forward pass in eval mode (restoring the mode), so a model built for other
-    data fails here, with a clear message, rather than inside the first task. Done once per
-    module and input shape (``_FITTED``): the pass reads no weights that matter to the answer.
+    data fails here, with a clear message, rather than inside the first task. Skipped for a
+    key already in ``fitted`` (the trainer's, shared with those derived from it by
+    ``for_client``): the pass reads no weights that matter to the answer.
     """
     key = (tuple(x.shape[1:]), x.dtype, x.device, num_classes)
-    fitted = _FITTED.setdefault(model, set())
     if key in fitted:
         return
     was_training = model.training
@@ -331,10 +330,10 @@ class TorchTrainer:
         if not self._params:
             raise ConfigError("the model has no trainable parameters")
         self.spec = self._vector.spec
-        self._data = _bind_data(data, self._params[0].dtype, device)
-        if isinstance(self._data, _TensorBatches) and loss == "cross_entropy":
-            assert isinstance(data, Dataset)
-            _check_fits(self.model, self._data.x, data.num_classes)
+        self._device = device
+        self._checks_fit = isinstance(loss, str) and loss == "cross_entropy"
+        self._fitted: set[FitKey] = set()  # shared with the trainers for_client derives
+        self._data = self._bind(data)
         self._loss = build_loss(loss)
         self._optimizer = optimizer
         self._local_mask = local_mask(self.spec, keep_local, self.model)
@@ -344,6 +343,35 @@ class TorchTrainer:
         self._clock = clock or RealClock().now  # the clock plan.deadline is on
         if optimizer is not PlainSGD:
             _warm_up_torch_optim()
+
+    def for_client(self, data: TorchData, seed: int) -> TorchTrainer:
+        """A trainer over another client's ``data`` with its ``seed``, as building one with
+        this one's other arguments gives, without finding and checking the module again.
+
+        It shares this trainer's working module (and its ``BoundVector``), loss, optimizer
+        factory, ``keep_local`` mask, device and clock, none of which a task changes, and holds
+        none of this one's per-client state (data, seed, kept-local entries). For trainers used
+        one at a time in one working module whose tensors stay the same objects meanwhile
+        (``WorkingModelTrainers``). A subclass may keep per-client state of its own that a copy
+        would share: ``TypeError`` unless this is a plain ``TorchTrainer``.
+        """
+        if type(self) is not TorchTrainer:
+            raise TypeError(f"for_client derives plain TorchTrainers only, not a "
+                            f"{type(self).__name__} (its own state would be shared)")
+        derived = copy.copy(self)  # shallow: what is shared is never changed by a task
+        derived._data = derived._bind(data)
+        derived._seed = seed
+        derived._local = None
+        return derived
+
+    def _bind(self, data: TorchData) -> _TensorBatches | _LoaderBatches:
+        """``data`` ready to train on; for a fedlink ``Dataset`` with the cross-entropy loss,
+        checked to fit the model (once per example shape: ``_check_fits``)."""
+        bound = _bind_data(data, self._params[0].dtype, self._device)
+        if isinstance(bound, _TensorBatches) and self._checks_fit:
+            assert isinstance(data, Dataset)
+            _check_fits(self.model, bound.x, data.num_classes, self._fitted)
+        return bound
 
     def num_examples(self) -> int:
         """Number of local training examples."""
@@ -444,3 +472,38 @@ class TorchTrainer:
         """The shuffling generator of one task, seeded by (``seed``, ``plan.seed``)."""
         state = np.random.SeedSequence([self._seed & _SEED_MASK, plan.seed & _SEED_MASK])
         return torch.Generator().manual_seed(int(state.generate_state(1, np.uint64)[0]))
+
+
+class WorkingModelTrainers:
+    """A trainer factory ``(model, data, *, seed) -> Trainer`` for trainers used one at a
+    time in one working module, ``model`` (a virtual run's tasks, in one process), built by
+    ``factory`` (of the same signature).
+
+    The first trainer in ``model`` is the factory's; when that is a plain ``TorchTrainer``,
+    the next ones are derived from it (``TorchTrainer.for_client``): each task still gets a
+    trainer of its own, without the per-task cost of finding and checking the module's
+    tensors, resolving the device and building the loss. Only where the factory is known to
+    build plain ``TorchTrainer``\\ s from fixed settings (the built-in trainer: the run's loss,
+    optimizer, ``keep_local`` and device), so a derived trainer is the one the factory would
+    build. Called with another model (a held-out evaluation's own), it calls the factory.
+
+    It lives as long as the working module is used this way (a virtual run's population, a
+    worker's) and owns it: nothing else may replace the module's tensors meanwhile (loading
+    values into them, as an evaluator does, is fine; every task loads all of them first).
+    """
+
+    def __init__(self, factory: Callable[..., Any], model: nn.Module) -> None:
+        self.model = model
+        self._factory = factory
+        self._first: TorchTrainer | None = None
+
+    def __call__(self, model: nn.Module, data: TorchData, *, seed: int) -> Any:
+        """The trainer of a client over ``data`` with ``seed``, in ``model``."""
+        if model is not self.model:
+            return self._factory(model, data, seed=seed)
+        if self._first is not None:
+            return self._first.for_client(data, seed)
+        trainer = self._factory(model, data, seed=seed)
+        if type(trainer) is TorchTrainer and trainer.model is model:
+            self._first = trainer
+        return trainer

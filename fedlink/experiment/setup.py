@@ -286,14 +286,17 @@ class Experiment:
         built_in_trainer = self.plugs.trainer is None and self.config.client.trainer == "torch"
         return built_in_model and built_in_trainer
 
-    def trainer(self, index: int, *, model: nn.Module | None = None) -> Trainer:
+    def trainer(self, index: int, *, model: nn.Module | None = None,
+                factory: TrainerFactory | None = None) -> Trainer:
         """The trainer of client ``index``, over its local data (loaded on first use when the
         data loader made that client's share lazy).
 
         It trains in a fresh model, or in ``model`` when given: a working module that trainers
-        used one after another share (see ``may_share_working_model``).
+        used one after another share (see ``may_share_working_model``). ``factory`` (default:
+        ``trainer_factory()``, built per call) builds it: a virtual run passes one it keeps
+        (``WorkingModelTrainers``).
         """
-        factory = self.trainer_factory()
+        factory = factory or self.trainer_factory()
         seed = self.config.run.seed * 7919 + index
 
         def make(data: Any, working: nn.Module | None) -> Trainer:

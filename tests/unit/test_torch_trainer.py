@@ -232,21 +232,21 @@ def test_bad_prox_mu_is_a_config_error() -> None:
         proximal_mu(TrainPlan(options={"prox_mu": "lots"}))
 
 
-def test_the_check_that_a_model_fits_its_data_runs_once_per_module(local_data: Dataset) -> None:
-    """A simulation builds a trainer per task on one working module: the fit check's forward
-    pass is paid once for it, not per task (and again for another module or input shape)."""
+def test_the_check_that_a_model_fits_its_data_runs_once_per_trainer(local_data: Dataset) -> None:
+    """Each trainer built checks that its model fits its data (one small forward pass); the
+    trainers derived from it (``for_client``, a virtual run's tasks) check it once between
+    them, per input shape and class count."""
     model = build_model("mlp", 64, 10, seed=0)
     calls: list[tuple[int, ...]] = []
     model.register_forward_hook(lambda module, args, out: calls.append(tuple(args[0].shape)))
-    for _ in range(3):
-        TorchTrainer(model, local_data)
+    trainer = TorchTrainer(model, local_data)
+    for seed in range(3):
+        trainer.for_client(local_data, seed)
     assert len(calls) == 1
-    other = build_model("mlp", 64, 10, seed=0)
-    other.register_forward_hook(lambda module, args, out: calls.append(tuple(args[0].shape)))
-    TorchTrainer(other, local_data)
+    TorchTrainer(model, local_data)
     assert len(calls) == 2
     with pytest.raises(ConfigError, match="expected 3 class logits"):  # still checked
-        TorchTrainer(model, Dataset(local_data.x, local_data.y % 3, 3, 64, "three"))
+        trainer.for_client(Dataset(local_data.x, local_data.y % 3, 3, 64, "three"), 0)
 
 
 def test_a_submodule_left_in_eval_mode_trains_in_training_mode(local_data: Dataset) -> None:

@@ -353,3 +353,19 @@ def test_iter_chunks_at_end_yields_nothing() -> None:
 def test_iter_chunks_rejects_non_positive_size() -> None:
     with pytest.raises(ValueError, match="chunk_bytes"):
         list(iter_chunks(b"abc", 0))
+
+
+@pytest.mark.parametrize("codec", ["fp32", "qsgd"])
+def test_a_payload_packed_without_checksums_decodes_the_same_unverified(codec: str) -> None:
+    """A virtual run's update crosses no wire: packed without checksums (both left empty),
+    it decodes, unverified, to what the checksummed payload decodes to; a verifying receiver
+    refuses it."""
+    vector = np.random.default_rng(3).normal(size=50).astype(np.float32)
+    full = pack(vector, get_codec(codec), np.random.default_rng(1))
+    bare = pack(vector, get_codec(codec), np.random.default_rng(1), checksums=False)
+    assert (bare.header.checksum, bare.header.values_checksum) == ("", "")
+    assert bare.data == full.data
+    assert np.array_equal(unpack(bare.header, bare.data, 50, verify=False),
+                          unpack(full.header, full.data, 50))
+    with pytest.raises(InvalidArgument, match="checksum"):
+        unpack(bare.header, bare.data, 50)

@@ -185,10 +185,15 @@ def _build(config: ExperimentConfig, plugs: Plugs | None = None, evaluates: bool
 def _task_trainers(experiment: Experiment) -> Callable[[int], Trainer]:
     """Builds each task's trainer. Where the experiment allows it, they all train in one
     working model, as pfl's workers do: a process trains its tasks one at a time, and a new
-    model per task was a third of a small client's training time."""
+    model per task was a third of a small client's training time. There one factory, kept
+    with the population, derives each task's trainer from the first (``WorkingModelTrainers``):
+    building the factory and finding the module's tensors per task cost as much again."""
     if not experiment.may_share_working_model:
         return experiment.trainer
-    return functools.partial(experiment.trainer, model=experiment.new_model())
+    from fedlink.client.torch_trainer import WorkingModelTrainers  # torch: loaded already
+
+    working = WorkingModelTrainers(experiment.trainer_factory(), experiment.new_model())
+    return functools.partial(experiment.trainer, model=working.model, factory=working)
 
 
 def build_population(config: ExperimentConfig, worker: int = 0) -> Population:
