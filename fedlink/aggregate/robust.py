@@ -238,19 +238,68 @@ class TrimmedMean(BufferedRule):
         block = np.stack(pieces, axis=1).astype(np.float64)  # a row per coordinate: the
         if cut == 0:                                          # partitions run in contiguous
             return np.asarray(np.einsum("ij,j->i", block, weights) / weights.sum())  # memory
-        keys = block / lengths.T
-        # parallel updates tie on direction: their values break the tie, so that the same
-        # (shortest and longest) ones are trimmed at every coordinate
-        order = np.lexsort((block, keys), axis=1)[:, cut:n - cut]
-        values = np.take_along_axis(block, order, axis=1)
-        mass = weights[order]
-        return np.asarray(np.einsum("ij,ij->i", mass, values) / mass.sum(axis=1))
+        mass = kept_by_rank(block, block / lengths.T, cut) * weights
+        # summed in the order the updates were kept, as with no trim (the flush guard keeps
+        # them in a canonical order: its flush does not depend on their arrival)
+        return np.asarray(np.einsum("ij,ij->i", mass, block) / mass.sum(axis=1))
 
     def _reduce(self, values: np.ndarray, cum: np.ndarray, mass: np.ndarray) -> np.ndarray:
         total = cum[-1]
         low, high = self.trim * total, (1.0 - self.trim) * total
         kept = np.clip(np.minimum(cum, high) - np.maximum(cum - mass, low), 0.0, None)
         return np.asarray((kept * values).sum(axis=0) / kept.sum(axis=0))
+
+
+def kept_by_rank(values: np.ndarray, keys: np.ndarray, cut: int) -> np.ndarray:
+    """Which entries of each row are ranked ``cut`` to ``n - cut - 1`` by (key, value,
+    index): a boolean ``n``-wide mask per row, ``n - 2 cut`` true.
+
+    The ranking of ``np.lexsort((values, keys))``, without sorting: a partition finds the
+    keys at ranks ``cut - 1`` and ``n - cut``, and the keys strictly between are kept. A row
+    where that leaves the window short has keys tied with a boundary key: among tied entries
+    of one value (coordinates many updates leave at zero) the index ranks, so the first
+    ones are trimmed at the low end and the last ones at the high end; a row whose tied
+    entries differ in value (parallel updates: their values break the tie, so the same
+    shortest and longest ones are trimmed at every coordinate) is ranked in full.
+    """
+    n = keys.shape[1]
+    bounds = np.partition(keys, (cut - 1, n - cut), axis=1)
+    low, high = bounds[:, cut - 1:cut], bounds[:, n - cut:n - cut + 1]
+    kept = (keys > low) & (keys < high)
+    short = np.flatnonzero(kept.sum(axis=1) < n - 2 * cut)
+    if short.size:
+        kept[short] = _kept_at_ties(values[short], keys[short], low[short], high[short],
+                                    cut, kept[short])
+    return kept
+
+
+def _kept_at_ties(values: np.ndarray, keys: np.ndarray, low: np.ndarray, high: np.ndarray,
+                  cut: int, between: np.ndarray) -> np.ndarray:
+    """``kept_by_rank`` for rows with keys tied at a boundary (``between``: the entries
+    strictly between the boundary keys)."""
+    n = keys.shape[1]
+    at_low, at_high = keys == low, keys == high
+    trim_low = (cut - (keys < low).sum(axis=1))[:, None]  # tied entries trimmed per end
+    trim_high = (cut - (keys > high).sum(axis=1))[:, None]
+    rank_low = np.cumsum(at_low, axis=1, dtype=np.int32)  # its place in its tie, by index
+    rank_high = np.cumsum(at_high, axis=1, dtype=np.int32)
+    keep_low = at_low & (rank_low > trim_low)
+    keep_high = at_high & (rank_high <= rank_high[:, -1:] - trim_high)
+    # one tie spanning the window is trimmed at both ends
+    kept = between | np.where(low == high, keep_low & keep_high, keep_low | keep_high)
+    mixed = np.flatnonzero(_spread(values, at_low) | _spread(values, at_high))
+    if mixed.size:
+        order = np.lexsort((values[mixed], keys[mixed]), axis=1)[:, cut:n - cut]
+        ranked = np.zeros((mixed.size, n), dtype=bool)
+        np.put_along_axis(ranked, order, True, axis=1)
+        kept[mixed] = ranked
+    return kept
+
+
+def _spread(values: np.ndarray, where: np.ndarray) -> np.ndarray:
+    """Per row, whether the ``values`` at ``where`` differ."""
+    return np.where(where, values, np.inf).min(axis=1) \
+        != np.where(where, values, -np.inf).max(axis=1)
 
 
 @ACCUMULATORS.register("median")

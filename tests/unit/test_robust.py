@@ -7,6 +7,7 @@ import pytest
 from scipy import stats
 
 from fedlink.aggregate import ACCUMULATORS, FedNovaMean, NormBounded, StreamingMean
+from fedlink.aggregate.robust import kept_by_rank
 from fedlink.aggregate.streaming import CHUNK
 from fedlink.errors import ConfigError
 
@@ -130,3 +131,64 @@ def test_fednova_counts_unknown_steps_as_one() -> None:
     acc = FedNovaMean()
     acc.add(np.array([2.0], np.float32), 1.0, steps=0)
     np.testing.assert_allclose(acc.mean(), [2.0])
+
+
+def _ranked_by_lexsort(values: np.ndarray, keys: np.ndarray, cut: int) -> np.ndarray:
+    n = keys.shape[1]
+    order = np.lexsort((values, keys), axis=1)[:, cut:n - cut]
+    kept = np.zeros(keys.shape, dtype=bool)
+    np.put_along_axis(kept, order, True, axis=1)
+    return kept
+
+
+@pytest.mark.parametrize("case", ["distinct", "rounded", "zeros", "all_zero", "parallel",
+                                  "half_steps"])
+def test_trim_by_count_keeps_the_full_rankings_middle_through_every_kind_of_tie(
+        case: str) -> None:
+    """The trim's partition-based choice is the (key, value, index) ranking's, ties included:
+    zeros many updates share (ranked by index), parallel updates (ranked by value), one tie
+    spanning the window."""
+    rng = np.random.default_rng(["distinct", "rounded", "zeros", "all_zero", "parallel",
+                                 "half_steps"].index(case))
+    for _ in range(150):
+        n, rows = int(rng.integers(3, 40)), int(rng.integers(1, 20))
+        cut = int(rng.integers(1, (n + 1) // 2))
+        values = rng.normal(size=(rows, n))
+        lengths = rng.uniform(1, 2, size=n)
+        if case == "rounded":
+            values = np.round(values, 1)
+        elif case == "zeros":
+            values[rng.uniform(size=values.shape) < 0.6] = 0.0
+        elif case == "all_zero":
+            values[:] = 0.0
+        elif case == "parallel":  # scaled copies of one direction, and a few others
+            lengths = rng.uniform(0.5, 3, size=n)
+            values = rng.normal(size=(rows, 1)) * lengths
+            values[:, ::3] = rng.normal(size=values[:, ::3].shape)
+        elif case == "half_steps":
+            lengths[:] = 1.0
+            values = np.round(values * 2) / 2
+        keys = values / lengths
+        kept = kept_by_rank(values, keys, cut)
+        assert np.array_equal(kept, _ranked_by_lexsort(values, keys, cut))
+        assert (kept.sum(axis=1) == n - 2 * cut).all()
+
+
+def test_trim_by_count_is_the_weighted_mean_of_each_coordinates_middle_ranks() -> None:
+    """By hand: per coordinate, rank the updates by direction (value / length), drop the
+    ``floor(trim n)`` lowest and highest, and average the rest with their weights."""
+    rng = np.random.default_rng(3)
+    n, size = 12, 300
+    deltas = rng.normal(size=(n, size)).astype(np.float32)
+    deltas[:, :100] = np.round(deltas[:, :100]) * (rng.uniform(size=(n, 100)) < 0.5)
+    weights, lengths = rng.uniform(1, 30, size=n), rng.uniform(0.5, 2, size=n)
+    rule = ACCUMULATORS.create("trimmed_mean", trim=0.25, weighted=True, trim_by_count=True)
+    for delta, weight, length in zip(deltas, weights, lengths, strict=True):
+        rule.keep(delta, float(weight), float(length))
+    expected = np.empty(size)
+    for j in range(size):
+        column = deltas[:, j].astype(np.float64)
+        ranked = sorted(range(n), key=lambda i: (column[i] / lengths[i], column[i], i))[3:-3]
+        expected[j] = sum(weights[i] * column[i] for i in ranked) / weights[ranked].sum()
+    np.testing.assert_allclose(rule.mean(), expected.astype(np.float32), rtol=1e-6,
+                               atol=1e-7)
