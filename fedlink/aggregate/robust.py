@@ -238,10 +238,12 @@ class TrimmedMean(BufferedRule):
         block = np.stack(pieces, axis=1).astype(np.float64)  # a row per coordinate: the
         if cut == 0:                                          # partitions run in contiguous
             return np.asarray(np.einsum("ij,j->i", block, weights) / weights.sum())  # memory
-        mass = kept_by_rank(block, block / lengths.T, cut) * weights
+        kept = kept_by_rank(block, block / lengths.T, cut)
+        block *= kept  # the trimmed values zeroed in place: no other n x CHUNK temporary
         # summed in the order the updates were kept, as with no trim (the flush guard keeps
         # them in a canonical order: its flush does not depend on their arrival)
-        return np.asarray(np.einsum("ij,ij->i", mass, block) / mass.sum(axis=1))
+        return np.asarray(np.einsum("ij,j->i", block, weights)
+                          / np.einsum("ij,j->i", kept, weights))
 
     def _reduce(self, values: np.ndarray, cum: np.ndarray, mass: np.ndarray) -> np.ndarray:
         total = cum[-1]
@@ -264,9 +266,12 @@ def kept_by_rank(values: np.ndarray, keys: np.ndarray, cut: int) -> np.ndarray:
     """
     n = keys.shape[1]
     bounds = np.partition(keys, (cut - 1, n - cut), axis=1)
-    low, high = bounds[:, cut - 1:cut], bounds[:, n - cut:n - cut + 1]
+    low, high = bounds[:, cut - 1:cut].copy(), bounds[:, n - cut:n - cut + 1].copy()
+    del bounds  # an n x CHUNK copy: not kept while the masks are made
     kept = (keys > low) & (keys < high)
     short = np.flatnonzero(kept.sum(axis=1) < n - 2 * cut)
+    if short.size == len(keys):  # every row: no copies
+        return _kept_at_ties(values, keys, low, high, cut, kept)
     if short.size:
         kept[short] = _kept_at_ties(values[short], keys[short], low[short], high[short],
                                     cut, kept[short])
@@ -281,8 +286,9 @@ def _kept_at_ties(values: np.ndarray, keys: np.ndarray, low: np.ndarray, high: n
     at_low, at_high = keys == low, keys == high
     trim_low = (cut - (keys < low).sum(axis=1))[:, None]  # tied entries trimmed per end
     trim_high = (cut - (keys > high).sum(axis=1))[:, None]
-    rank_low = np.cumsum(at_low, axis=1, dtype=np.int32)  # its place in its tie, by index
-    rank_high = np.cumsum(at_high, axis=1, dtype=np.int32)
+    counter = np.int16 if n < 2**15 else np.int32
+    rank_low = np.cumsum(at_low, axis=1, dtype=counter)  # its place in its tie, by index
+    rank_high = np.cumsum(at_high, axis=1, dtype=counter)
     keep_low = at_low & (rank_low > trim_low)
     keep_high = at_high & (rank_high <= rank_high[:, -1:] - trim_high)
     # one tie spanning the window is trimmed at both ends
@@ -297,9 +303,9 @@ def _kept_at_ties(values: np.ndarray, keys: np.ndarray, low: np.ndarray, high: n
 
 
 def _spread(values: np.ndarray, where: np.ndarray) -> np.ndarray:
-    """Per row, whether the ``values`` at ``where`` differ."""
-    return np.where(where, values, np.inf).min(axis=1) \
-        != np.where(where, values, -np.inf).max(axis=1)
+    """Per row, whether the ``values`` at ``where`` differ (from the first of them)."""
+    first = values[np.arange(len(values)), np.argmax(where, axis=1)][:, None]
+    return (where & (values != first)).any(axis=1)
 
 
 @ACCUMULATORS.register("median")
