@@ -51,8 +51,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedlink.aggregate.base import Accumulator
-from fedlink.aggregate.robust import BufferedRule, l2_norm
-from fedlink.aggregate.streaming import CHUNK, StreamingMean, check_weight
+from fedlink.aggregate.robust import BufferedRule, chunk_size, l2_norm
+from fedlink.aggregate.streaming import StreamingMean, check_weight
 from fedlink.errors import ConfigError
 
 REFERENCE_MULTIPLE = 10.0
@@ -433,16 +433,17 @@ def lower_median(values: list[float]) -> float:
 
 def median_cosines(deltas: list[np.ndarray], scales: list[float]) -> list[float] | None:
     """Each ``scale x delta``'s cosine with their coordinate-wise median (``None`` when the
-    median is zero), ``CHUNK`` coordinates at a time (no model-sized temporary but one
-    ``n x CHUNK`` block)."""
+    median is zero), a chunk of coordinates at a time (no model-sized temporary but one
+    ``n x chunk`` block: ``robust.chunk_size``)."""
     n, size = len(deltas), deltas[0].size
     factors = np.asarray(scales, dtype=np.float64)[:, None]
     dots = np.zeros(n, dtype=np.float64)
     squares = np.zeros(n, dtype=np.float64)
     median_square = 0.0
-    for start in range(0, size, CHUNK):
+    chunk = chunk_size(n)
+    for start in range(0, size, chunk):
         # a row per coordinate: the median's partitions run in contiguous memory
-        block = np.stack([d[start:start + CHUNK] for d in deltas], axis=1).astype(np.float64)
+        block = np.stack([d[start:start + chunk] for d in deltas], axis=1).astype(np.float64)
         block *= factors.T
         median = np.median(block, axis=1)
         # einsum, not matmul: it stays on this thread (see robust.squares)

@@ -9,8 +9,8 @@
   cannot be computed from a running sum, so **they buffer every update until the flush**:
   memory is ``n x 4 x P`` bytes for ``n`` updates per flush (at most ``flush.goal``) of a
   ``P``-parameter model (``n`` times the model, against about twice for the mean), plus
-  ``O(n x CHUNK)`` scratch at the flush, which works through the coordinates ``CHUNK`` at a
-  time.
+  a bounded scratch at the flush, which works through the coordinates a chunk at a time
+  (``chunk_size``).
 
 Both rules are **unweighted by default** (``weighted = false``): every update is one unit of
 mass, whatever it claims. A weight is what a client says about itself (its example count), and
@@ -34,6 +34,18 @@ from fedlink.aggregate.streaming import CHUNK, check_weight
 from fedlink.errors import ConfigError
 
 _HALF_TOLERANCE = 1e-9
+
+
+SCRATCH_VALUES = 1 << 21
+"""Values (float64: 16 MB) in one ``n x chunk`` block of a flush's coordinate-wise work."""
+
+
+def chunk_size(n: int) -> int:
+    """Coordinates per chunk of coordinate-wise work over ``n`` updates: ``CHUNK``, fewer
+    when ``n`` is large, so that each ``n x chunk`` temporary stays near ``SCRATCH_VALUES``
+    (a temporary that size is reused by the allocator; a larger one is fresh pages from the
+    kernel each time, which cost more than the work on them)."""
+    return max(256, min(CHUNK, SCRATCH_VALUES // max(n, 1)))
 
 
 def squares(piece: np.ndarray) -> float:
@@ -141,7 +153,7 @@ class BufferedRule(Accumulator):
         self._lengths.append(float(length))
 
     def mean(self) -> np.ndarray:
-        """The rule applied coordinate-wise, ``CHUNK`` coordinates at a time."""
+        """The rule applied coordinate-wise, a chunk of coordinates at a time (``chunk_size``)."""
         if not self._deltas:
             raise ValueError("no updates to average")
         shape = self._deltas[0].shape
@@ -150,9 +162,10 @@ class BufferedRule(Accumulator):
                    else np.ones(len(self._weights)))
         lengths = np.asarray(self._lengths, dtype=np.float64)[:, None]
         out = np.empty(flat[0].size, dtype=np.float32)
-        for start in range(0, out.size, CHUNK):
-            pieces = [d[start:start + CHUNK] for d in flat]
-            out[start:start + CHUNK] = self._reduce_pieces(pieces, weights, lengths)
+        chunk = chunk_size(len(flat))
+        for start in range(0, out.size, chunk):
+            pieces = [d[start:start + chunk] for d in flat]
+            out[start:start + chunk] = self._reduce_pieces(pieces, weights, lengths)
         return out.reshape(shape)
 
     def _reduce_pieces(self, pieces: list[np.ndarray], weights: np.ndarray,
@@ -239,7 +252,7 @@ class TrimmedMean(BufferedRule):
         if cut == 0:                                          # partitions run in contiguous
             return np.asarray(np.einsum("ij,j->i", block, weights) / weights.sum())  # memory
         kept = kept_by_rank(block, block / lengths.T, cut)
-        block *= kept  # the trimmed values zeroed in place: no other n x CHUNK temporary
+        block *= kept  # the trimmed values zeroed in place: no other n x chunk temporary
         # summed in the order the updates were kept, as with no trim (the flush guard keeps
         # them in a canonical order: its flush does not depend on their arrival)
         return np.asarray(np.einsum("ij,j->i", block, weights)
@@ -267,7 +280,7 @@ def kept_by_rank(values: np.ndarray, keys: np.ndarray, cut: int) -> np.ndarray:
     n = keys.shape[1]
     bounds = np.partition(keys, (cut - 1, n - cut), axis=1)
     low, high = bounds[:, cut - 1:cut].copy(), bounds[:, n - cut:n - cut + 1].copy()
-    del bounds  # an n x CHUNK copy: not kept while the masks are made
+    del bounds  # an n x chunk copy: not kept while the masks are made
     kept = (keys > low) & (keys < high)
     short = np.flatnonzero(kept.sum(axis=1) < n - 2 * cut)
     if short.size == len(keys):  # every row: no copies

@@ -7,7 +7,8 @@ import pytest
 from scipy import stats
 
 from fedlink.aggregate import ACCUMULATORS, FedNovaMean, NormBounded, StreamingMean
-from fedlink.aggregate.robust import kept_by_rank
+from fedlink.aggregate.flushguard import median_cosines
+from fedlink.aggregate.robust import chunk_size, kept_by_rank
 from fedlink.aggregate.streaming import CHUNK
 from fedlink.errors import ConfigError
 
@@ -75,6 +76,26 @@ def test_robust_rules_work_across_chunks_and_reset() -> None:
     assert acc.count == 0
     with pytest.raises(ValueError, match="no updates"):
         acc.mean()
+
+
+def test_a_large_flush_is_worked_in_smaller_chunks_with_the_same_result() -> None:
+    """Over many updates a chunk holds fewer coordinates (its scratch stays bounded); the
+    rules' results cross those boundaries unchanged."""
+    n = 2_100
+    assert chunk_size(n) < 1_000 < chunk_size(10) == CHUNK
+    deltas = np.random.default_rng(4).normal(size=(n, 1_000 + 17)).astype(np.float32)
+    median, trimmed = ACCUMULATORS.create("median"), ACCUMULATORS.create("trimmed_mean",
+                                                                           trim=0.1)
+    for delta in deltas:
+        median.add(delta, 1.0)
+        trimmed.add(delta, 1.0)
+    np.testing.assert_allclose(median.mean(), np.median(deltas, axis=0), rtol=1e-6)
+    np.testing.assert_allclose(trimmed.mean(), stats.trim_mean(deltas, 0.1, axis=0),
+                               rtol=1e-5, atol=1e-6)
+    cosines = median_cosines(list(deltas), [1.0] * n)
+    centre = np.median(deltas.astype(np.float64), axis=0)
+    expected = deltas @ centre / (np.linalg.norm(deltas, axis=1) * np.linalg.norm(centre))
+    np.testing.assert_allclose(cosines, expected, rtol=1e-5)
 
 
 @pytest.mark.parametrize("trim", [-0.1, 0.5, 0.7])
