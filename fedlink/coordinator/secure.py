@@ -12,11 +12,15 @@ client's message is recorded, and the call answers once its phase closes for the
 when every member still in it has answered or the phase's deadline (``secure.phase_s`` after
 the phase opened) has passed:
 
-1. advertise keys: closes at ``flush.goal`` members or the deadline; the roster is final;
+1. advertise keys: closes at ``flush.goal`` members or the deadline; the roster is final.
+   The flush rule binds a group as a flush: a member that would be staler than
+   ``flush.max_staleness`` is left out (``TOO_STALE``), and a roster of fewer than
+   ``flush.min_updates`` is lost;
 2. share keys: closes when every member shared or at the deadline; a member that did not share
    is out, and the others mask only with those that did;
 3. masked update: closes when every sharer delivered or at the deadline; the group goes on only
-   if at least ``threshold`` of it delivered (and at least two: a sum of one is an update);
+   if at least ``threshold`` of it and ``flush.min_updates`` delivered (and at least two: a sum
+   of one is an update);
 4. unmask: closes once the answers hold enough shares to rebuild every secret the sum needs
    (a slow member's update is in the sum whatever it answers), or at the deadline; the sum
    is unmasked (the pairwise masks of dropped clients removed from their neighbours'
@@ -29,8 +33,9 @@ A masked update larger than ``inline_bytes`` arrives as a resumable upload (``Up
 A group that cannot go on (too few members, deliveries or shares) is lost: every waiting call
 and every later one of its members is refused with the reason; their tasks stay open, so each
 client checks in again, trains its task again and joins a later group with fresh keys. A
-member left out by a phase's deadline (it did not share, or its masked update came late) has
-its task closed: its client waits for the next version. The coordinator keeps only
+member left out (too stale, it did not share, or its masked update came late) has its task
+closed, with an ``update_refused`` event: its client waits for the next version. The
+coordinator keeps only
 the running sum of masked vectors; no individual update is held, logged or written, in memory
 or in ``state_dir``. A coordinator restarted mid-group loses the group (its members' calls are
 refused; they check in again).
@@ -52,6 +57,7 @@ import numpy as np
 from fedlink.clock import Cancellable, Clock
 from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.engine import FlushOutcome, RoundEngine
+from fedlink.coordinator.outcomes import update_refused
 from fedlink.coordinator.records import SummedTask
 from fedlink.errors import InvalidArgument, UpdateRefused
 from fedlink.messages import (
@@ -140,6 +146,7 @@ class SecureGroup:
     size: int
     sum: SecureSum
     members: dict[str, _Member] = field(default_factory=dict)
+    too_stale: dict[str, _Member] = field(default_factory=dict)
     phase: int = ADVERTISE
     lost: str = ""
     flushed_version: int = 0
@@ -205,12 +212,15 @@ class SecureDesk:
         """Phase 1: join the group of the task's version; answered with the final roster."""
         group, member = self.join(request)
         await self._wait(group, ADVERTISE, request.task_id, member)
-        return self.advertise_reply(group, member)
+        return self.advertise_reply(group, member, request.client_id, request.task_id)
 
     def join(self, request: SecureAdvertiseRequest) -> tuple[SecureGroup, _Member]:
         """Phase 1's message: the caller joins the group now forming."""
         joined = self._of_task.get(request.task_id)
         if joined is not None and not joined.lost:  # a retry: answered the same way
+            left_out = joined.too_stale.get(request.client_id)
+            if left_out is not None and left_out.task_id == request.task_id:
+                return joined, left_out
             return joined, joined.member(request.client_id, request.task_id)
         if len(request.cipher_public) != KEY_BYTES or len(request.mask_public) != KEY_BYTES:
             raise InvalidArgument(f"public keys are {KEY_BYTES} bytes each")
@@ -227,9 +237,15 @@ class SecureDesk:
             self._close(group, ADVERTISE)
         return group, member
 
-    @staticmethod
-    def advertise_reply(group: SecureGroup, member: _Member) -> SecureAdvertiseReply:
-        """Phase 1's answer, once the roster is final: the roster and the member's weight."""
+    def advertise_reply(self, group: SecureGroup, member: _Member, client_id: str,
+                        task_id: str) -> SecureAdvertiseReply:
+        """Phase 1's answer, once the roster is final: the roster and the member's weight
+        (refused to a member that grew staler than ``flush.max_staleness`` meanwhile)."""
+        if group.too_stale.get(client_id) is member:
+            raise self._left_out(client_id, task_id, member, UpdateRefused(
+                f"this task's update would be {member.staleness} versions stale when secure "
+                f"group {group.number} flushes (max_staleness "
+                f"{self.config.flush.max_staleness})", RefusalCode.TOO_STALE))
         return SecureAdvertiseReply(member.index, group.number, group.number, group.roster,
                                     member.weight)
 
@@ -258,15 +274,16 @@ class SecureDesk:
         """Phase 2's answer, once sharing closed (refused to a member that did not share, and
         to a retry that comes once the group is done: its shares are no longer held)."""
         if group.phase == DONE:
+            done = UpdateRefused(f"secure group {group.number} is done (version "
+                                 f"{group.flushed_version}); its shares are no longer held",
+                                 RefusalCode.TASK_CLOSED)
             if member.index not in group.delivered:
-                self._left_out(client_id, task_id)
-            raise UpdateRefused(f"secure group {group.number} is done (version "
-                                f"{group.flushed_version}); its shares are no longer held",
-                                RefusalCode.TASK_CLOSED)
+                self._left_out(client_id, task_id, member, done)
+            raise done
         if member.index not in group.sharers:
-            self._left_out(client_id, task_id)
-            raise UpdateRefused("this client did not share its keys before the phase's "
-                                "deadline", RefusalCode.TASK_CLOSED)
+            raise self._left_out(client_id, task_id, member, UpdateRefused(
+                "this client did not share its keys before the phase's deadline",
+                RefusalCode.TASK_CLOSED))
         return SecureShareReply(tuple(SecureShare(s.sender, s.receiver, s.ciphertext)
                                       for s in group.sum.shares_for(member.index)))
 
@@ -309,9 +326,9 @@ class SecureDesk:
         """Phase 3's answer, once it closed (refused to a member whose update came late)."""
         assert group.request is not None
         if member.index not in group.request.survivors:
-            self._left_out(client_id, task_id)
-            raise UpdateRefused("this client's masked update came after the phase's deadline",
-                                RefusalCode.TASK_CLOSED)
+            raise self._left_out(client_id, task_id, member, UpdateRefused(
+                "this client's masked update came after the phase's deadline",
+                RefusalCode.TASK_CLOSED))
         return group.request
 
     def _add_masked(self, group: SecureGroup, member: _Member, data: bytes) -> None:
@@ -368,11 +385,18 @@ class SecureDesk:
             self._forming = self._groups[number] = group
         return group, record.version
 
-    def _left_out(self, client_id: str, task_id: str) -> None:
+    def _left_out(self, client_id: str, task_id: str, member: _Member,
+                  why: UpdateRefused) -> UpdateRefused:
         """The group goes on without this task: close it, so that its client waits for the
-        next version instead of training again for this one."""
-        with self._durably():
-            self.engine.close_task(client_id, task_id)
+        next version instead of training again for this one, and record why (once: a retried
+        call is answered again, not recorded again); returns ``why``."""
+        record = self.engine.task(client_id, task_id)
+        if record.state.deliverable and not self.engine.finished:
+            with self._durably():
+                self.engine.close_task(client_id, task_id)
+                self.engine.events.emit(update_refused(client_id, task_id, why,
+                                                       member.bytes_up, {}))
+        return why
 
     def _member(self, client_id: str, task_id: str) -> tuple[SecureGroup, _Member]:
         group = self._of_task.get(task_id)
@@ -421,7 +445,13 @@ class SecureDesk:
 
     def _close_advertise(self, group: SecureGroup) -> None:
         self._forming = None  # whoever comes next starts the next group
-        roster = group.sum.collect_keys(group.adverts)
+        self._weigh(group)
+        needed = self.config.flush.min_updates
+        if len(group.members) < needed:  # the flush rule's floor binds a group as a flush
+            raise SecAggError(f"{len(group.members)} members advertised keys in time; "
+                              f"flush.min_updates is {needed}")
+        kept = {member.index for member in group.members.values()}
+        roster = group.sum.collect_keys(a for a in group.adverts if a.client in kept)
         # a member shares its secrets among its neighbours, at least 2 of them (Shamir): a
         # roster too small for that is lost here, not by its members' failing to share
         graph = neighbours([a.client for a in roster], group.config.neighbours,
@@ -433,16 +463,20 @@ class SecureDesk:
         group.roster = tuple(SecureMember(a.client, a.cipher_public, a.mask_public)
                              for a in roster)
         group.adverts = []
-        self._weigh(group)
 
     def _weigh(self, group: SecureGroup) -> None:
         """Each member's staleness against the version the group will flush onto (the
-        current one, plus one per group ahead of it still going) and its weight."""
+        current one, plus one per group ahead of it still going) and its weight; a member
+        staler than ``flush.max_staleness`` is left out (answered ``TOO_STALE``), as a plain
+        flush refuses its update."""
         ahead = sum(1 for g in self._groups.values()
                     if g.number < group.number and ADVERTISE < g.phase < DONE)
         onto = self.engine.version + ahead
-        for member in group.members.values():
+        for client_id, member in list(group.members.items()):
             member.staleness = max(0, onto - member.base_version)
+            if member.staleness > self.config.flush.max_staleness:
+                group.too_stale[client_id] = group.members.pop(client_id)
+                continue
             member.weight = self.engine.staleness_weight(member.staleness)
             if not 0.0 < member.weight <= 1.0:  # a sum carries weights in (0, 1] only
                 raise SecAggError(f"the staleness weight of {member.staleness} versions is "
@@ -455,7 +489,8 @@ class SecureDesk:
                               f"at least 2")
 
     def _close_masked(self, group: SecureGroup) -> None:
-        needed = max(2, math.ceil(group.config.threshold * len(group.members)))
+        needed = max(2, self.config.flush.min_updates,
+                     math.ceil(group.config.threshold * len(group.members)))
         if len(group.delivered) < needed:
             raise SecAggError(f"{len(group.delivered)} of {len(group.members)} members "
                               f"delivered a masked update; {needed} needed")
@@ -530,6 +565,6 @@ class SecureDesk:
         done = [g for g in self._groups.values() if g.phase == DONE]
         for old in done[:max(0, len(done) - KEEP_DONE)]:
             del self._groups[old.number]
-            for member in old.members.values():
+            for member in [*old.members.values(), *old.too_stale.values()]:
                 if self._of_task.get(member.task_id) is old:
                     del self._of_task[member.task_id]

@@ -217,6 +217,44 @@ def test_stragglers_join_later_groups_with_their_staleness_weight(tmp_path: Path
         assert event["weight"] == pytest.approx((1 + event["staleness"]) ** -0.5)
 
 
+def test_secure_groups_keep_the_flush_rules_min_updates_and_max_staleness(
+        tmp_path: Path) -> None:
+    """The flush rule binds secure groups as it binds plain flushes: no version is made of
+    fewer than ``min_updates`` updates (a roster or a masked phase short of it is lost, its
+    members trying again), and no update staler than ``max_staleness`` is summed (a member
+    that grew too stale while its roster formed is left out and told so). Before, groups of
+    2 or 3 made versions and updates 4 versions old were summed, and the demo's secure run
+    fell from 0.92 to 0.54 accuracy in its last ten versions."""
+    table = {"run": {"name": "rule", "seed": 0, "mode": "virtual"},
+             "data": {"dataset": "digits", "clients": 20, "partition": "iid"},
+             "model": {"name": "mlp", "options": {"hidden": [64, 64]}},
+             "coordinator": {"rounds": 40, "robust": {"enabled": False},
+                             "norm_bound_adaptive": False, "staleness_weight": "polynomial",
+                             "staleness_weight_options": {"a": 0.5},
+                             "flush": {"goal": 8, "over_selection": 2.0, "min_updates": 4,
+                                       "deadline_s": 4.0, "max_staleness": 3},
+                             "training": {"local_epochs": 3, "batch_size": 32,
+                                          "learning_rate": 0.2},
+                             "secure": {"enabled": True, "phase_s": 1.0}},
+             "network": {"fleet": {"4g": 0.3, "3g": 0.4, "flaky": 0.2, "commute": 0.1},
+                         "speed": {"kind": "lognormal", "sigma": 0.25}}}
+    result = run_virtual(ExperimentConfig.from_dict(table), tmp_path, progress=False,
+                         report=False)
+    events = [json.loads(line) for line in
+              (result.run_dir / "events.jsonl").read_text().splitlines()]
+    flushes = [e for e in events if e["kind"] == "flush"]
+    assert len(flushes) == 40
+    assert min(len(e["updates"]) for e in flushes) >= 4
+    accepted = [e for e in events if e["kind"] == "update_accepted"]
+    assert max(e["staleness"] for e in accepted) <= 3
+    assert any(e["staleness"] == 3 for e in accepted)  # stale members summed, none too stale
+    assert result.summary["secure_groups_lost"] > 0
+    refused = [e for e in events if e["kind"] == "update_refused"]
+    assert any(e["reason_code"] == "too_stale" for e in refused)  # left out, and recorded
+    assert len({e["task_id"] for e in refused}) == len(refused)  # once each
+    assert not {e["task_id"] for e in refused} & {e["task_id"] for e in accepted}
+
+
 def test_virtual_secure_run_reports_each_phase_in_the_summary(tmp_path: Path) -> None:
     """A configured virtual secure run (no longer refused) puts every phase's round trips and
     bytes in ``summary.json``; the masked upload weighs ``modulus_bits`` a value."""

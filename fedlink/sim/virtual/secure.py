@@ -242,8 +242,7 @@ class VirtualSecure:
         MASKED: SecureDesk.record_masked, UNMASK: SecureDesk.record_unmask}
 
     _REPLIES: dict[int, Callable[..., Any]] = {
-        ADVERTISE: lambda desk, group, member, client_id, task_id:
-            SecureDesk.advertise_reply(group, member),
+        ADVERTISE: SecureDesk.advertise_reply,
         SHARE: SecureDesk.share_reply,
         MASKED: SecureDesk.masked_reply,
         UNMASK: lambda desk, group, member, client_id, task_id:
