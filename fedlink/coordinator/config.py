@@ -585,7 +585,8 @@ class SecureConfig:
 
     ``enabled``: the next ``flush.goal`` clients to finish training form a secure group (stale
     members discounted by the staleness weight; the flush rule's ``max_staleness`` and
-    ``min_updates`` bind a group as a flush); the coordinator learns only the group's sum. Clients clip every coordinate of their update to ``[-clip, clip]`` and send it as
+    ``min_updates`` bind a group as a flush); the coordinator learns only the group's sum.
+    Clients clip every coordinate of their update to ``[-clip, clip]`` and send it as
     integers in Z_m, ``m = 2**modulus_bits``, ``quantization_bits`` per value (unset: the
     most the modulus allows for a group of ``flush.goal``). ``neighbours``: SecAgg+'s sparse
     graph (0: every other member). ``threshold``: the fraction of a client's neighbours whose

@@ -390,12 +390,12 @@ class SecureDesk:
         """The group goes on without this task: close it, so that its client waits for the
         next version instead of training again for this one, and record why (once: a retried
         call is answered again, not recorded again); returns ``why``."""
-        record = self.engine.task(client_id, task_id)
-        if record.state.deliverable and not self.engine.finished:
+        if self.engine.task(client_id, task_id).state.deliverable:
             with self._durably():
                 self.engine.close_task(client_id, task_id)
-                self.engine.events.emit(update_refused(client_id, task_id, why,
-                                                       member.bytes_up, {}))
+                if not self.engine.finished:  # once the run is over its log may be closing
+                    self.engine.events.emit(update_refused(client_id, task_id, why,
+                                                           member.bytes_up, {}))
         return why
 
     def _member(self, client_id: str, task_id: str) -> tuple[SecureGroup, _Member]:
