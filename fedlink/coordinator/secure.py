@@ -73,6 +73,7 @@ from fedlink.messages import (
     SecureUnmaskReply,
     SecureUnmaskRequest,
 )
+from fedlink.metrics.kinds import SecureGroupLost
 from fedlink.privacy.secure_ddp import SecureDDPHook
 from fedlink.refusals import RefusalCode
 from fedlink.secagg import (
@@ -94,6 +95,9 @@ log = logging.getLogger(__name__)
 
 ADVERTISE, SHARE, MASKED, UNMASK, DONE = range(5)
 """The phases of a group, in order (``DONE``: flushed or lost)."""
+
+PHASE_NAMES = {ADVERTISE: "advertise", SHARE: "share", MASKED: "masked", UNMASK: "unmask"}
+"""The phases by name (events, the virtual summary's ``secure_<name>_*``)."""
 
 KEEP_DONE = 4
 """Finished groups kept to answer a member's retried last call (its answer was lost)."""
@@ -544,9 +548,14 @@ class SecureDesk:
         UNMASK: _close_unmask}
 
     def _lose(self, group: SecureGroup, reason: str) -> None:
-        """The group cannot go on: every waiting call is refused with ``reason``."""
+        """The group cannot go on: every waiting call is refused with ``reason``, and the
+        loss is a ``secure_group_lost`` event."""
         log.warning("secure group %d lost: %s", group.number, reason)
         phase = group.phase
+        if not self.engine.finished:  # once the run is over its log may be closing
+            self.engine.events.emit(SecureGroupLost.build(
+                group=group.number, phase=PHASE_NAMES[phase], reason=reason,
+                members=len(group.members), model_version=self.engine.version))
         group.lost, group.phase = reason, DONE
         group.sum = SecureSum(group.config, group.number, 1, 0)
         if self._forming is group:

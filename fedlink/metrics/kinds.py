@@ -295,6 +295,20 @@ class UpdateLimited(Event):
 
 
 @dataclass(frozen=True, eq=False, kw_only=True, repr=False)
+class SecureGroupLost(Event):
+    """A secure group could not go on (``[coordinator.secure]``): ``phase`` is where it
+    stopped (``advertise``, ``share``, ``masked``, ``unmask``), ``reason`` why, ``members``
+    how many it had; the members' tasks stay open and they try again in later groups."""
+
+    KIND: ClassVar[str] = "secure_group_lost"
+    group: int | None = None
+    phase: str | None = None
+    reason: str | None = None
+    members: int | None = None
+    model_version: int | None = None
+
+
+@dataclass(frozen=True, eq=False, kw_only=True, repr=False)
 class ClientLeft(Event):
     """A client left, with the resilience counters it reported since its last commit."""
 
@@ -424,8 +438,8 @@ class OtherEvent(Event):
 EVENT_TYPES: Mapping[str, type[Event]] = {
     cls.KIND: cls for cls in (
         RunStarted, ClientJoined, TaskIssued, DownloadFinished, DownloadUsed, UpdateAccepted,
-        UpdateRefused, Flush, FlushRefused, UpdateLimited, ClientLeft, ClientExpired,
-        ClientTimeout, RunFinished,
+        UpdateRefused, Flush, FlushRefused, UpdateLimited, SecureGroupLost, ClientLeft,
+        ClientExpired, ClientTimeout, RunFinished,
         CoordinatorRestored, ClientNetwork, EvaluationIssued, EvaluationReported)
 }
 """Every event kind the framework writes, by name."""

@@ -186,6 +186,11 @@ def test_a_group_below_threshold_is_lost_and_its_version_tried_again() -> None:
     assert loop.secure.totals.groups_lost >= 1
     assert loop.engine.finished and loop.engine.version == 1
     assert len(events.of_kind("update_accepted")) >= 2
+    lost = events.of_kind("secure_group_lost")  # the loss is recorded, not only logged
+    assert len(lost) == loop.secure.totals.groups_lost
+    first = lost[0]
+    assert (first.group, first.phase, first.members, first.model_version) == (1, "masked", 6, 0)
+    assert "2 of 6 members delivered" in (first.reason or "")
 
 
 def test_stragglers_join_later_groups_with_their_staleness_weight(tmp_path: Path) -> None:
@@ -248,7 +253,8 @@ def test_secure_groups_keep_the_flush_rules_min_updates_and_max_staleness(
     accepted = [e for e in events if e["kind"] == "update_accepted"]
     assert max(e["staleness"] for e in accepted) <= 3
     assert any(e["staleness"] == 3 for e in accepted)  # stale members summed, none too stale
-    assert result.summary["secure_groups_lost"] > 0
+    assert result.summary["secure_groups_lost"] == sum(
+        e["kind"] == "secure_group_lost" for e in events)
     refused = [e for e in events if e["kind"] == "update_refused"]
     assert any(e["reason_code"] == "too_stale" for e in refused)  # left out, and recorded
     assert len({e["task_id"] for e in refused}) == len(refused)  # once each

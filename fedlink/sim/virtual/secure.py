@@ -41,6 +41,7 @@ from fedlink.client.secure import SecureDelivery
 from fedlink.coordinator.secure import (
     ADVERTISE,
     MASKED,
+    PHASE_NAMES,
     SHARE,
     UNMASK,
     SecureDesk,
@@ -57,8 +58,6 @@ from fedlink.wire.convert import to_proto
 if TYPE_CHECKING:
     from fedlink.sim.virtual.loop import VirtualLoop, _Busy
 
-PHASE_NAMES = {ADVERTISE: "advertise", SHARE: "share", MASKED: "masked", UNMASK: "unmask"}
-"""The phases by the names the summary uses (``secure_<name>_*``)."""
 
 
 @dataclass
