@@ -283,11 +283,10 @@ def kept_by_rank(values: np.ndarray, keys: np.ndarray, cut: int) -> np.ndarray:
     del bounds  # an n x chunk copy: not kept while the masks are made
     kept = (keys > low) & (keys < high)
     short = np.flatnonzero(kept.sum(axis=1) < n - 2 * cut)
-    if short.size == len(keys):  # every row: no copies
-        return _kept_at_ties(values, keys, low, high, cut, kept)
     if short.size:
-        kept[short] = _kept_at_ties(values[short], keys[short], low[short], high[short],
-                                    cut, kept[short])
+        rows = short if short.size < len(keys) else slice(None)  # every row: views, no copies
+        kept[rows] = _kept_at_ties(values[rows], keys[rows], low[rows], high[rows], cut,
+                                   kept[rows])
     return kept
 
 
