@@ -220,9 +220,22 @@ class CoordinatorProcess:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port below the kernel's ephemeral range, kept for every restart of the run.
+
+    The coordinator is down between kills; a port the kernel hands out (``bind(0)``) could
+    then go to another test's server, and the clients would reconnect to that run (seen under
+    load: a model of another size). Other tests bind port 0, so they never get this one.
+    """
+    with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+        ephemeral = int(f.read().split()[0])
+    for port in random.Random().sample(range(max(1024, ephemeral - 12_000), ephemeral), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 @pytest.fixture
