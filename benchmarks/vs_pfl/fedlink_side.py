@@ -67,11 +67,8 @@ class DigitsUsers:
 
     def trainer(self, index: int) -> Any:
         """A ``TorchTrainer`` over user ``index``'s examples, made now."""
-        from fedlink.data.base import Dataset
-
-        rows = self._rows(index)
-        data = Dataset(self._train.x[rows], self._train.y[rows], task.CLASSES, task.FEATURES)
-        return self._trainers(self._trainers.model, data, seed=index)
+        return self._trainers(self._trainers.model, self._train.subset(self._rows(index)),
+                              seed=index)
 
 
 def run_fedlink(users: int, cohort: int, rounds: int, train: Any, test: Any,

@@ -211,7 +211,8 @@ class BoundVector:
     when it was bound.
 
     ``load`` and ``read`` go through one float32 staging vector on the CPU, cut into a view per
-    tensor once, so a task's load or read is a copy per tensor and no slicing.
+    tensor once, so a task's load or read is a copy per tensor and no slicing; once the
+    module's owner lets the binding ``adopt`` its tensors, one copy in all.
     """
 
     def __init__(self, module: nn.Module) -> None:
@@ -225,6 +226,28 @@ class BoundVector:
         self._parts = [self._staging[offset : offset + numel].view(tensor.shape)
                        for tensor, offset, numel in zip(self._tensors, self.spec.offsets,
                                                         self.spec.numels, strict=True)]
+        self._adopted = False
+
+    def adopt(self) -> bool:
+        """Make the module's tensors views of the staging vector, when all are float32 on the
+        CPU; whether they now are.
+
+        Each tensor stays the same object with the same values (its ``.data`` is moved into
+        the staging vector), so ``load`` is one copy into the module and ``read`` one copy out
+        of it, not a copy per tensor: a six-tensor MLP's load and read cost more than a step
+        of its training. Only for the module's owner (``WorkingModelTrainers``: a simulation's
+        working module), since the tensors then share one block of memory.
+        """
+        storages = {t.untyped_storage().data_ptr() for t in self._tensors}
+        if not self._adopted and len(storages) == len(self._tensors) and all(
+                t.dtype == torch.float32 and t.device.type == "cpu" for t in self._tensors):
+            # (tensors sharing memory, one a view of another, keep it: moving one would not)
+            with torch.no_grad():
+                for tensor, part in zip(self._tensors, self._parts, strict=True):
+                    part.copy_(tensor)
+                    tensor.data = part
+            self._adopted = True
+        return self._adopted
 
     @classmethod
     def of(cls, module: nn.Module) -> BoundVector:
@@ -244,12 +267,16 @@ class BoundVector:
         """Write ``vector`` into the tensors (``ConfigError`` when its length is wrong)."""
         # copied into the staging vector: a read-only vector needs no copy of its own
         np.copyto(self._staging_array, self.spec.check(vector))
+        if self._adopted:
+            return  # the tensors are views of the staging vector
         with torch.no_grad():
             for tensor, part in zip(self._tensors, self._parts, strict=True):
                 tensor.copy_(part if tensor.is_floating_point() else part.round())
 
     def read(self) -> np.ndarray:
         """The tensors as a new float32 vector."""
+        if self._adopted:
+            return self._staging_array.copy()
         with torch.no_grad():
             for name, tensor, part in zip(self.spec.names, self._tensors, self._parts,
                                           strict=True):

@@ -37,3 +37,36 @@ def test_bound_vector_sees_in_place_training_and_refuses_a_wrong_length() -> Non
     np.testing.assert_array_equal(bound.read(), to_vector(model))
     with pytest.raises(ConfigError):
         bound.load(np.zeros(bound.spec.size + 1, dtype=np.float32))
+
+
+def test_an_adopted_binding_loads_and_reads_through_the_modules_own_tensors() -> None:
+    """``adopt``: the module keeps its tensor objects and values, which become views of the
+    staging vector; load and read then give what the per-tensor path gives."""
+    model = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3))
+    tensors = [p for p in model.parameters()]
+    before = to_vector(model)
+    bound = BoundVector(model)
+    assert bound.adopt() and bound.adopt()
+    assert [p for p in model.parameters()] == tensors  # the same objects
+    np.testing.assert_array_equal(to_vector(model), before)
+    vector = np.arange(before.size, dtype=np.float32) / 7
+    bound.load(vector)
+    np.testing.assert_array_equal(to_vector(model), vector)
+    with torch.no_grad():
+        model[0].weight.add_(1.0)  # training writes the module: read sees it
+    expected = to_vector(model)
+    read = bound.read()
+    np.testing.assert_array_equal(read, expected)
+    read[:] = 0  # a copy: the module is untouched
+    np.testing.assert_array_equal(to_vector(model), expected)
+
+
+def test_a_binding_with_integer_buffers_or_shared_memory_is_not_adopted() -> None:
+    with_counter = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))  # int64 num_batches_tracked
+    assert not BoundVector(with_counter).adopt()
+    shared = nn.Linear(4, 4)
+    shared.register_buffer("transposed", shared.weight.detach().t())  # a view of the weight
+    assert not BoundVector(shared).adopt()
+    with torch.no_grad():
+        shared.weight.fill_(2.0)
+    assert float(shared.transposed[0, 1]) == 2.0  # the view still sees the weight

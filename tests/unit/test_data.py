@@ -358,3 +358,20 @@ def test_data_package_imports_neither_torch_nor_grpc() -> None:
         "assert 'torch' not in sys.modules and 'grpc' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_subset_is_the_checked_dataset_of_its_rows() -> None:
+    """``subset`` skips the checks its rows passed already, and gives what they would give."""
+    rng = np.random.default_rng(0)
+    data = Dataset(rng.normal(size=(9, 3)), rng.integers(0, 4, 9), 4, 3, "pool")
+    rows = np.array([8, 0, 3, 3])
+    part, checked = data.subset(rows, "part"), Dataset(data.x[rows], data.y[rows], 4, 3, "part")
+    for got, want in ((part.x, checked.x), (part.y, checked.y)):
+        assert got.dtype == want.dtype and got.flags.c_contiguous
+        assert not got.flags.writeable
+        np.testing.assert_array_equal(got, want)
+    assert (part.num_classes, part.num_features, part.name) == (4, 3, "part")
+    assert data.subset(rows).name == "pool"
+    assert not np.shares_memory(part.x, data.x)  # a copy: the pool's rows stay its own
+    with pytest.raises(IndexError):
+        data.subset(np.array([9]))

@@ -47,15 +47,28 @@ SETTINGS = [
 ]
 
 
-@pytest.mark.parametrize("settings", SETTINGS, ids=["plain", "momentum", "adam-fedbn"])
+def _mlp() -> nn.Module:
+    """All float32 tensors: the working module's binding adopts them (one copy per load)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
+
+
+CASES = [pytest.param(settings, _bn_model, id=name) for settings, name in
+         zip(SETTINGS, ["plain", "momentum", "adam-fedbn"], strict=True)] + [
+    pytest.param(SETTINGS[0], _mlp, id="plain-adopted"),
+    pytest.param(SETTINGS[1], _mlp, id="momentum-adopted")]
+
+
+@pytest.mark.parametrize(("settings", "make"), CASES)
 def test_a_derived_trainer_trains_as_a_fresh_one(clients: list[Dataset],
-                                                 settings: dict[str, Any]) -> None:
+                                                 settings: dict[str, Any],
+                                                 make: Callable[[], nn.Module]) -> None:
     """Clients A, B, A, C in turn, each task from another global model with its own learning
     rate, seed and length, the working module left in eval mode between some: every result
     is bit-identical to a trainer built afresh in a new module."""
     factory = _factory(**settings)
-    working = WorkingModelTrainers(factory, _bn_model())
-    model = to_vector(_bn_model())
+    working = WorkingModelTrainers(factory, make())
+    model = to_vector(make())
     tasks = [(0, 7, TrainPlan(local_steps=5, batch_size=8, learning_rate=0.05, seed=1)),
              (1, 8, TrainPlan(local_epochs=1, batch_size=16, learning_rate=0.3, seed=2)),
              (0, 7, TrainPlan(local_steps=3, batch_size=8, learning_rate=0.01, seed=3)),
@@ -64,7 +77,7 @@ def test_a_derived_trainer_trains_as_a_fresh_one(clients: list[Dataset],
         reused = working(working.model, clients[client], seed=seed)
         if number:
             assert reused is not working(working.model, clients[client], seed=seed)
-        fresh = factory(_bn_model(), clients[client], seed=seed)
+        fresh = factory(make(), clients[client], seed=seed)
         got, want = reused.train(model, plan), fresh.train(model, plan)
         assert got.num_examples == want.num_examples == len(clients[client])
         assert got.steps_completed == want.steps_completed
