@@ -48,6 +48,13 @@ class RunFinished(FedlinkError):
     """The coordinator has ended the run; no more tasks will be issued."""
 
 
+class WrongRun(FedlinkError):
+    """The coordinator serves a run this client cannot take part in: a model of another size
+    than the client's trainer holds, or, when the client joins again, another run than the one
+    it joined (another process took over the address). Raised instead of training a model of
+    the wrong shape or mixing updates of two runs."""
+
+
 MAX_DETAIL_CHARS = 512
 """The longest detail a ``RemoteError`` carries: a refusal that quotes client input (an
 attacker-sized encoding name, say) is cut here, so it is never echoed, remembered as a commit's

@@ -24,6 +24,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import asyncio
+import random
+import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -197,3 +199,23 @@ def accepted_updates(run_dir: Any) -> list[tuple[Any, ...]]:
     events = [json.loads(line) for line in lines]
     return [(e["client_id"], e["task_id"], e["base_version"]) for e in events
             if e["kind"] == "update_accepted"]
+
+
+def fixed_port() -> int:
+    """A free port below the kernel's ephemeral range, for a coordinator restarted on the
+    same address (a crash and restart, or another run taking the address over).
+
+    While the address has no server, a port the kernel hands out (``bind(0)``) could go to
+    another test's server, and the clients would reconnect to that run (seen under load: a
+    model of another size). Other tests bind port 0, so they never get this one.
+    """
+    with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+        ephemeral = int(f.read().split()[0])
+    for port in random.Random().sample(range(max(1024, ephemeral - 12_000), ephemeral), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")

@@ -80,7 +80,7 @@ from fedlink.client.stats import SessionStats
 from fedlink.client.transfer import HeldModel, Transfers
 from fedlink.client.transport import Timeouts, TLSOptions, Transport
 from fedlink.clock import Clock, RealClock, sleep_on
-from fedlink.errors import ConfigError, RemoteError, Unauthenticated
+from fedlink.errors import ConfigError, RemoteError, Unauthenticated, WrongRun
 from fedlink.messages import (
     EvaluationReport,
     GetTaskRequest,
@@ -93,6 +93,7 @@ from fedlink.messages import (
     TaskKind,
     TaskReply,
 )
+from fedlink.params.base import ParamSpec
 from fedlink.wire import unpack
 
 if TYPE_CHECKING:
@@ -508,6 +509,7 @@ class ClientSession:
                 num_examples=self.trainer.num_examples(), metadata={"sdk": "fedlink"},
                 instance_key=self.instance_key, capabilities=capabilities(self.trainer))),
             "Join")
+        same_run(self.config, reply.config, self.trainer, self.target)
         self.client_id = reply.client_id
         if self.config is None:  # a running run: an earlier "run over" no longer holds
             forget_finished(self.options.outbox_dir)
@@ -586,3 +588,22 @@ def run_client(target: str, trainer: Trainer, options: ClientOptions | None = No
                pipeline: UpdatePipeline | None = None) -> SessionStats:
     """Sync facade: run one client session to the end of the run."""
     return asyncio.run(ClientSession(target, trainer, options, pipeline).run())
+
+
+def same_run(joined: RunConfig | None, offered: RunConfig, trainer: Trainer,
+             target: str) -> None:
+    """``WrongRun`` unless the run ``offered`` at ``Join`` is one this client can take part in:
+    its model has as many parameters as ``trainer``'s (when the trainer says: a ``ParamSpec``
+    as ``spec``, as ``TorchTrainer`` has), and, joining again, it is the run the client
+    ``joined`` (same name and model size)."""
+    spec = getattr(trainer, "spec", None)
+    size = spec.size if isinstance(spec, ParamSpec) else None
+    if size is not None and size != offered.num_parameters:
+        raise WrongRun(f"the coordinator at {target} runs {offered.run_name!r} with a model of "
+                       f"{offered.num_parameters} parameters; this client's trainer holds "
+                       f"{size}")
+    if joined is not None and (joined.run_name, joined.num_parameters) != (
+            offered.run_name, offered.num_parameters):
+        raise WrongRun(f"the coordinator at {target} now runs {offered.run_name!r} "
+                       f"({offered.num_parameters} parameters), not {joined.run_name!r} "
+                       f"({joined.num_parameters} parameters), which this client joined")

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import fixed_port
 
 from fedlink.aggregate.robust import l2_norm
 from fedlink.client import ClientOptions, ClientSession, RetryPolicy, SessionStats, TrainPlan
@@ -219,29 +220,10 @@ class CoordinatorProcess:
         return False
 
 
-def free_port() -> int:
-    """A free port below the kernel's ephemeral range, kept for every restart of the run.
-
-    The coordinator is down between kills; a port the kernel hands out (``bind(0)``) could
-    then go to another test's server, and the clients would reconnect to that run (seen under
-    load: a model of another size). Other tests bind port 0, so they never get this one.
-    """
-    with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
-        ephemeral = int(f.read().split()[0])
-    for port in random.Random().sample(range(max(1024, ephemeral - 12_000), ephemeral), 200):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port below the ephemeral range")
-
-
 @pytest.fixture
 def coordinator(tmp_path: Path) -> Iterator[CoordinatorProcess]:
     """The coordinator process; never left running after the test, whatever happened."""
-    process = CoordinatorProcess(tmp_path, free_port())
+    process = CoordinatorProcess(tmp_path, fixed_port())
     yield process
     if process.popen is not None and process.popen.poll() is None:
         process.kill()
