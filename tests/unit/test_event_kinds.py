@@ -17,6 +17,7 @@ from fedlink.metrics.kinds import (
     TaskIssued,
     UpdateAccepted,
     from_record,
+    make_event,
 )
 from fedlink.sim.watch import FlushWatch
 
@@ -163,3 +164,13 @@ def test_the_flush_watch_moves_the_bar_and_tells_the_first_flush_at_the_target()
     assert told == [2]  # once, on the flush that reached the target
     assert watch.reached is not None and watch.reached.model_version == 2
     assert bar.shown == [(1, 0.5, 10, 20), (2, 0.85, 20, 40), (3, 0.9, 30, 60)]
+
+
+def test_build_refuses_undeclared_and_reserved_fields_and_equals_the_checked_path() -> None:
+    fields = {"client_id": "a", "task_id": "t1", "base_version": 2, "weight": 3.0}
+    built = UpdateAccepted.build(**fields)
+    assert built.body() == make_event("update_accepted", fields).body() == fields
+    with pytest.raises(ValueError, match="has no field"):
+        UpdateAccepted.build(client_id="a", accuracy=0.5)
+    with pytest.raises(ValueError, match="reserved event field"):
+        UpdateAccepted.build(client_id="a", t=1.0)
