@@ -238,10 +238,10 @@ class BoundVector:
         of its training. Only for the module's owner (``WorkingModelTrainers``: a simulation's
         working module), since the tensors then share one block of memory.
         """
+        # tensors that share memory (one a view of another) keep it: moving one would not
         storages = {t.untyped_storage().data_ptr() for t in self._tensors}
         if not self._adopted and len(storages) == len(self._tensors) and all(
                 t.dtype == torch.float32 and t.device.type == "cpu" for t in self._tensors):
-            # (tensors sharing memory, one a view of another, keep it: moving one would not)
             with torch.no_grad():
                 for tensor, part in zip(self._tensors, self._parts, strict=True):
                     part.copy_(tensor)
