@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import fixed_port
 
 from fedlink.conformance import CHECKS, LOSSY_CODECS, ConformanceOptions
 from fedlink.errors import ConfigError
@@ -77,11 +78,7 @@ def test_a_client_that_never_connects_fails_every_behaviour(tmp_path: Path) -> N
 
 
 def test_the_coordinators_listen_where_they_are_told(tmp_path: Path) -> None:
-    import socket
-
-    with socket.socket() as probe:  # a free port, released for the coordinator to take
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = fixed_port()  # below the ephemeral range: no other test's bind(0) takes it meanwhile
     cmd = f"{sys.executable} -c 'import sys; print(sys.argv[1])' {{server}}"
     result = conformance(cmd, tmp_path / "verdicts.json", "--only", "join", "--host",
                          "127.0.0.1", "--port", str(port), "--timeout-s", "30")
