@@ -183,8 +183,8 @@ class _TensorBatches:
             # a small client's epoch is one batch: the whole shuffle, no split
             parts = (order,) if len(order) <= plan.batch_size else \
                 torch.split(order, plan.batch_size)
-            for index in parts:
-                yield self.x[index], self.y[index]
+            for index in parts:  # index_select: x[index]'s values, without parsing an index
+                yield self.x.index_select(0, index), self.y.index_select(0, index)
 
 
 class _LoaderBatches:

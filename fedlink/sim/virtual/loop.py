@@ -122,6 +122,9 @@ class _Busy:
     network_s: float = 0.0
     compute_s: float = 0.0
     bytes_down: int = 0
+    rows: tuple[dict[str, float], ...] = ()
+    """The task's rows of ``LoopTotals.per_profile`` and ``per_round`` (found at its first
+    charge: a task is charged four times)."""
 
 
 @dataclass(frozen=True)
@@ -562,9 +565,11 @@ class VirtualLoop:
         self.totals.compute_s += compute_s
         busy.network_s += network_s
         busy.compute_s += compute_s
-        rows = (self.totals.per_profile.setdefault(self._profile_name(busy.index), _row()),
+        if not busy.rows:
+            busy.rows = (
+                self.totals.per_profile.setdefault(self._profile_name(busy.index), _row()),
                 self.totals.per_round.setdefault(busy.task.model_version, _row()))
-        for row in rows:
+        for row in busy.rows:
             row["tasks"] += tasks
             row["network_s"] += network_s
             row["compute_s"] += compute_s
