@@ -310,6 +310,11 @@ class LimitsConfig:
       server's caps on one HTTP/2 connection. gRPC core buffers at most
       ``stream_window_bytes`` (64 KiB by default) of each stream's message before it is read,
       so at most ``max_streams_per_connection`` x ``stream_window_bytes`` per connection.
+    - ``max_connections``: HTTP/2 connections the server holds at once (0: no cap, the
+      default). A connection over the cap is closed as soon as it is accepted, and its client
+      retries. With the per-connection bound above, what gRPC core buffers for calls not yet
+      read is at most ``max_connections`` x ``max_streams_per_connection`` x
+      ``stream_window_bytes``; without it, the process's open-file limit is the only cap.
     - ``stream_window_bytes``: the coordinator's fixed HTTP/2 stream window. A message it
       reads opens its stream's window to the message's length, so each chunk of an upload
       costs about one round trip more than with a window grown by BDP probing (5-12% on a
@@ -365,6 +370,7 @@ class LimitsConfig:
     stream_window_bytes: int = SERVER_STREAM_WINDOW_BYTES
     connection_idle_s: float = 300.0
     connection_age_s: float = 3600.0
+    max_connections: int = 0
     checkins_per_s: float = 0.0
 
     def __post_init__(self) -> None:
@@ -413,7 +419,7 @@ class LimitsConfig:
                      "task_quiet_multiple", "max_inflight_bytes",
                      "max_inflight_bytes_per_connection",
                      "max_streams_per_connection", "connection_idle_s", "connection_age_s",
-                     "checkins_per_s"):
+                     "max_connections", "checkins_per_s"):
             require(getattr(self, name) >= 0, f"coordinator.limits.{name}",
                     f"must be >= 0 (0 = no limit), got {getattr(self, name)}")
         for rate, burst in (("join_per_peer_per_s", "join_burst_per_peer"),

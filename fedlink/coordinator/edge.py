@@ -109,8 +109,8 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
 
 
 def connection_options(limits: LimitsConfig) -> list[tuple[str, int | str]]:
-    """gRPC server options capping one connection: streams, idle time, age (0: no cap), and
-    its stream window."""
+    """gRPC server options capping one connection (streams, idle time, age; 0: no cap) and
+    its stream window, and how many connections the server holds at once."""
     options: list[tuple[str, int | str]] = stream_window_options(limits.stream_window_bytes)
     if limits.max_streams_per_connection:
         options.append(("grpc.max_concurrent_streams", limits.max_streams_per_connection))
@@ -119,6 +119,8 @@ def connection_options(limits: LimitsConfig) -> list[tuple[str, int | str]]:
     if limits.connection_age_s:
         options.append(("grpc.max_connection_age_ms", int(limits.connection_age_s * 1000)))
         options.append(("grpc.max_connection_age_grace_ms", int(CONNECTION_AGE_GRACE_S * 1000)))
+    if limits.max_connections:
+        options.append(("grpc.max_allowed_incoming_connections", limits.max_connections))
     return options
 
 

@@ -4,13 +4,15 @@ that shares one address and one connection.
 The coordinator's defaults assume one device per peer address and per HTTP/2 connection
 (``fedlink.coordinator.config.LimitsConfig``): at most ``join_burst_per_peer`` Joins at once
 from one address (``join_global_burst`` from all), ``max_streams_per_connection``
-concurrent calls on one connection, ``max_clients`` in all. ``fedlink simulate`` runs every
-client in one process, from 127.0.0.1, and gRPC gives channels to the same target one shared
-connection, so those caps would refuse a population larger than a device's worth of calls:
-at 10,000 clients the Joins met ``REFUSED_STREAM`` (stream cap) and per-peer Join throttling
-until their retry budgets ran out. A simulation raises those caps to what its population needs
-(never lowers them); caps per client (request rate, uploads, tokens) are kept, as each
-simulated client is one (with its own name, so its own request budget).
+concurrent calls on one connection, ``max_clients`` in all (and ``max_connections``, when
+set, connections in all: a client behind an emulated link has a connection of its own).
+``fedlink simulate`` runs every client in one process, from 127.0.0.1, and gRPC gives
+channels to the same target one shared connection, so those caps would refuse a population
+larger than a device's worth of calls: at 10,000 clients the Joins met ``REFUSED_STREAM``
+(stream cap) and per-peer Join throttling until their retry budgets ran out. A simulation
+raises those caps to what its population needs (never lowers them); caps per client (request
+rate, uploads, tokens) are kept, as each simulated client is one (with its own name, so its
+own request budget).
 
 A large population also gets pace steering (``limits.checkins_per_s``, unless the config sets
 it): one process serves every idle client's long polls, and 10,000 of them asking again every
@@ -33,6 +35,10 @@ STREAMS_PER_CLIENT = 4
 STREAM_HEADROOM = 100
 """Streams beyond the population's own (probes, the health check)."""
 
+CONNECTIONS_PER_CLIENT = 2
+"""Connections one client may hold for a while: its own (each client behind an emulated
+link dials through a proxy of its own) and the one it left after a stall, until it closes."""
+
 PACED_FROM_CLIENTS = 2000
 """From this population on, a simulation steers idle clients' pace (smaller ones keep the
 plain ``retry_after_s``)."""
@@ -52,6 +58,9 @@ def for_population(config: CoordinatorConfig, clients: int) -> CoordinatorConfig
         "max_streams_per_connection": max(limits.max_streams_per_connection,
                                           STREAMS_PER_CLIENT * clients + STREAM_HEADROOM),
     }
+    if limits.max_connections:
+        wanted["max_connections"] = max(limits.max_connections,
+                                        CONNECTIONS_PER_CLIENT * clients + STREAM_HEADROOM)
     if clients >= PACED_FROM_CLIENTS and not limits.checkins_per_s:
         wanted["checkins_per_s"] = SIM_CHECKINS_PER_S
     raised = {key: value for key, value in wanted.items() if value != getattr(limits, key)}
