@@ -506,5 +506,5 @@ class WorkingModelTrainers:
         trainer = self._factory(model, data, seed=seed)
         if type(trainer) is TorchTrainer and trainer.model is model:
             self._first = trainer
-            trainer._vector.adopt()  # this factory owns the module: one copy per load, read
+            BoundVector.of(model).adopt()  # owned here: one copy per load and per read
         return trainer

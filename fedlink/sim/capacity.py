@@ -39,6 +39,9 @@ CONNECTIONS_PER_CLIENT = 2
 """Connections one client may hold for a while: its own (each client behind an emulated
 link dials through a proxy of its own) and the one it left after a stall, until it closes."""
 
+CONNECTION_HEADROOM = 100
+"""Connections beyond the population's own (probes, the health check)."""
+
 PACED_FROM_CLIENTS = 2000
 """From this population on, a simulation steers idle clients' pace (smaller ones keep the
 plain ``retry_after_s``)."""
@@ -60,7 +63,8 @@ def for_population(config: CoordinatorConfig, clients: int) -> CoordinatorConfig
     }
     if limits.max_connections:
         wanted["max_connections"] = max(limits.max_connections,
-                                        CONNECTIONS_PER_CLIENT * clients + STREAM_HEADROOM)
+                                        CONNECTIONS_PER_CLIENT * clients
+                                        + CONNECTION_HEADROOM)
     if clients >= PACED_FROM_CLIENTS and not limits.checkins_per_s:
         wanted["checkins_per_s"] = SIM_CHECKINS_PER_S
     raised = {key: value for key, value in wanted.items() if value != getattr(limits, key)}
