@@ -46,19 +46,19 @@ that process), of ``examples/population_1m.toml`` at the population asked for. F
   ``grpc_10k_rss_mb``.
 
 - ``vs_pfl_ratio``: pfl-research (``pfl``) on the same task in the same run (``vs_pfl/task.py``:
-  100,000 lazily made users of digits samples, cohort 1,000, 10 rounds, an MLP 64-64-10, one
-  local epoch, clean links; ``--quick``: 10,000 users, cohort 100, 3 rounds), fedlink's
-  virtual-mode wall (``fedlink_virtual_wall_s``) over pfl's (``pfl_wall_s``), each from
-  building the model to the end of the last round, with both final test accuracies. Like for
-  like: both sides train the sampled users and evaluate the central model every round, and
-  nothing else (pfl's per-user evaluation off); the median ratio of 3 alternating pairs
-  (``--quick``: 1), with ``vs_pfl_ratio_pfl_per_user_eval`` the old configuration's figure
-  (pfl also evaluating every sampled user before and after training) as a named extra. Both
-  sides aggregate by plain weighted FedAvg (fedlink's flush guard, on by default, off);
-  ``vs_pfl_ratio_fedlink_guarded`` is fedlink with its default guard against the same pfl run.
-  pfl runs in a python that has it: ``--pfl-python PATH`` or ``FEDLINK_PFL_PYTHON``, else this
-  one if it can import pfl; without one the figure is absent and ``vs_pfl_skipped`` says why.
-  ``--vs-pfl-only`` runs just this comparison.
+  100,000 lazily made users of digits samples, cohort 1,000, 10 rounds, an MLP 64-64-10, one local
+  epoch, clean links; ``--quick``: 10,000 users, cohort 100, 3 rounds), fedlink's virtual-mode wall
+  (``fedlink_virtual_wall_s``) over pfl's (``pfl_wall_s``), each from building the model to the end
+  of the last round, with both final test accuracies. Like for like: both sides train the sampled
+  users and evaluate the central model every round, and nothing else (pfl's per-user evaluation
+  off); the median ratio of ``VS_PFL_PAIRS`` (5) alternating pairs (``--quick``: 1; a machine's
+  speed can drift by a tenth or more between minutes, and a pair's two runs share the drift), with
+  ``vs_pfl_ratio_pfl_per_user_eval`` the old configuration's figure (pfl also evaluating every
+  sampled user before and after training) as a named extra. Both sides aggregate by plain weighted
+  FedAvg (fedlink's flush guard, on by default, off); ``vs_pfl_ratio_fedlink_guarded`` is fedlink
+  with its default guard against the same pfl run. pfl runs in a python that has it: ``--pfl-python
+  PATH`` or ``FEDLINK_PFL_PYTHON``, else this one if it can import pfl; without one the figure is
+  absent and ``vs_pfl_skipped`` says why. ``--vs-pfl-only`` runs just this comparison.
 """
 
 from __future__ import annotations
@@ -210,6 +210,9 @@ def _speedup_size(quick: bool) -> tuple[int, int, int]:
 PARALLEL_REPEATS = 5
 """Inline/2-worker pairs of the training-backend comparison (the figure is the median ratio)."""
 
+VS_PFL_PAIRS = 5
+"""pfl/fedlink pairs of ``vs_pfl_ratio`` (the figure is the median of their ratios)."""
+
 
 def _backend_run(backend: str, workers: int, rounds: int,
                  workdir: Path) -> tuple[float, float, Any]:
@@ -315,7 +318,7 @@ def _vs_pfl(quick: bool, python: str, workdir: Path) -> dict[str, Any]:
     from fedlink.data.digits import digits
 
     size = (10_000, 100, 3) if quick else (100_000, 1_000, 10)
-    repeats = 1 if quick else 3
+    repeats = 1 if quick else VS_PFL_PAIRS
     data = digits(1, np.random.default_rng(task.SEED))
     arrays, out = workdir / "digits.npz", workdir / "pfl.json"
     np.savez(arrays, x_train=data.train.x, y_train=data.train.y, x_test=data.test.x,

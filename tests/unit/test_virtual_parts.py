@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import gc
 import math
+import weakref
 
 import numpy as np
 
 from fedlink.clock import ManualClock
 from fedlink.netem import PRESETS, LinkProfile
 from fedlink.sim.virtual.availability import Diurnal, TraceAvailability, finish
+from fedlink.sim.virtual.loop import setup_frozen
 from fedlink.sim.virtual.timing import DOWN, UP, transfer_time
 
 
@@ -55,3 +58,29 @@ def test_resets_cost_resent_bytes_and_round_trips() -> None:
     assert timed.resets > 0 and timed.resent_bytes > 0
     assert timed.seconds > transfer_time(link, 2_000_000, UP, None).seconds
     assert transfer_time(PRESETS["lan"], 1000, UP, None).seconds < 0.01
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.me = self  # a reference cycle: only the cyclic collector frees it
+
+
+def test_a_run_freezes_what_existed_only_while_it_runs_and_still_collects_its_cycles() -> None:
+    gc.unfreeze()  # an earlier test in this process may have frozen objects (serve does)
+    with setup_frozen():
+        assert gc.get_freeze_count() > 0
+        garbage = weakref.ref(_Node())
+        gc.collect()
+        assert garbage() is None
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_freeze_made_before_the_run_is_left_as_it_was() -> None:
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with setup_frozen():
+            assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
