@@ -304,7 +304,7 @@ def _vs_pfl(quick: bool, python: str, workdir: Path) -> dict[str, Any]:
 
     Both sides train every sampled user and evaluate the central model on the test set every
     round; pfl's per-user evaluation (before and after each user's training) is off, as the
-    fedlink side does no such work (``vs_pfl/run_pfl.py``). ``REPEATS`` pairs alternate the two
+    fedlink side does no such work (``vs_pfl/run_pfl.py``). ``VS_PFL_PAIRS`` pairs alternate the two
     sides so that a burst of load lands on both; each pair gives a ratio and the figure is the
     median. ``vs_pfl_ratio_pfl_per_user_eval`` is the old, unequal comparison (pfl also
     evaluating every user), one pair, kept as a named extra.
