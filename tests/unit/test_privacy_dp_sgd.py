@@ -243,3 +243,31 @@ def test_the_noise_is_opacus_own_draw() -> None:
     ours, opacus = noised(_GhostOptimizer), noised(DPOptimizerFastGradientClipping)
     assert all(torch.equal(a, b) for a, b in zip(ours, opacus, strict=True))
     assert not torch.equal(ours[0], torch.full_like(ours[0], 0.25))  # noise was added
+
+
+@pytest.mark.parametrize("options", [{}, {"momentum": 0.9}, {"weight_decay": 0.01}],
+                         ids=["plain", "momentum", "weight-decay"])
+def test_two_steps_are_opacus_own_steps(options: dict[str, float]) -> None:
+    """Accumulate, noise, scale, descend and clear, twice: the same parameters, bit for bit,
+    as Opacus's ghost-clipping optimizer over the same ``torch.optim.SGD``."""
+    from fedlink.privacy.dp_sgd import _GhostOptimizer
+
+    def stepped(kind: type) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
+        optimizer = kind(torch.optim.SGD(model.parameters(), lr=0.1, **options),
+                         noise_multiplier=1.3, max_grad_norm=0.7, expected_batch_size=8,
+                         loss_reduction="mean")
+        optimizer.generator = torch.Generator().manual_seed(5)
+        for value in (0.25, -0.5):
+            optimizer.zero_grad(set_to_none=True)
+            for p in model.parameters():
+                p.grad = torch.full_like(p, value)
+            optimizer.step()
+            assert all(p.summed_grad is not None for p in model.parameters())
+        optimizer.zero_grad(set_to_none=True)
+        assert all(p.grad is None and p.summed_grad is None for p in model.parameters())
+        return [p.detach().clone() for p in model.parameters()]
+
+    ours, opacus = stepped(_GhostOptimizer), stepped(DPOptimizerFastGradientClipping)
+    assert all(torch.equal(a, b) for a, b in zip(ours, opacus, strict=True))
