@@ -119,12 +119,12 @@ class _GhostOptimizer(DPOptimizerFastGradientClipping):
         super().__init__(optimizer, **kwargs)
         self._param_list: list[Any] = [
             p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-        self._plain_lr = _plain_sgd_rate(optimizer)
+        self._plain = _is_plain_sgd(optimizer)
 
     def zero_grad(self, set_to_none: bool = False) -> None:
         """Opacus's: drop every summed gradient (unless the last step was skipped) and every
         gradient (``set_to_none``; else torch's own zeroing)."""
-        if not set_to_none or self._plain_lr is None:
+        if not set_to_none or not self._plain:
             super().zero_grad(set_to_none)
             return
         keep_summed = self._is_last_step_skipped
@@ -135,15 +135,17 @@ class _GhostOptimizer(DPOptimizerFastGradientClipping):
 
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """Opacus's step: accumulate, noise and scale (``pre_step``), then descend."""
-        if closure is not None or self._plain_lr is None:
+        if closure is not None or not self._plain:
             return super().step(closure)
         if self.pre_step():
-            self._descend(self._plain_lr)
+            self._descend()
         return None
 
     @torch.no_grad()
-    def _descend(self, lr: float) -> None:
-        """Plain SGD's update of the parameters that have a gradient, in one call."""
+    def _descend(self) -> None:
+        """Plain SGD's update of the parameters that have a gradient, in one call, at the
+        rate the parameter group holds now (a scheduler may have changed it)."""
+        lr = float(self.original_optimizer.param_groups[0]["lr"])
         stepped = [p for p in self.params if p.grad is not None]
         if stepped:
             torch._foreach_add_(stepped, [p.grad for p in stepped], alpha=-lr)
@@ -178,16 +180,15 @@ class _GhostOptimizer(DPOptimizerFastGradientClipping):
                 p.summed_grad = p.grad.detach().clone()
 
 
-def _plain_sgd_rate(optimizer: torch.optim.Optimizer) -> float | None:
-    """The learning rate of a plain ``torch.optim.SGD`` with one parameter group (no
-    momentum, dampening, weight decay, Nesterov, maximize, or a tensor rate); else ``None``."""
+def _is_plain_sgd(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` is a plain ``torch.optim.SGD`` with one parameter group (no
+    momentum, dampening, weight decay, Nesterov, maximize, or a tensor rate)."""
     if type(optimizer) is not torch.optim.SGD or len(optimizer.param_groups) != 1:
-        return None
+        return False
     group = optimizer.param_groups[0]
-    plain = (group["momentum"] == 0 and group["dampening"] == 0 and group["weight_decay"] == 0
-             and not group["nesterov"] and not group["maximize"]
-             and not isinstance(group["lr"], torch.Tensor))
-    return float(group["lr"]) if plain else None
+    return bool(group["momentum"] == 0 and group["dampening"] == 0
+                and group["weight_decay"] == 0 and not group["nesterov"]
+                and not group["maximize"] and not isinstance(group["lr"], torch.Tensor))
 
 
 class PrivacyBudgetExhausted(FedlinkError):

@@ -248,8 +248,9 @@ def test_the_noise_is_opacus_own_draw() -> None:
 @pytest.mark.parametrize("options", [{}, {"momentum": 0.9}, {"weight_decay": 0.01}],
                          ids=["plain", "momentum", "weight-decay"])
 def test_two_steps_are_opacus_own_steps(options: dict[str, float]) -> None:
-    """Accumulate, noise, scale, descend and clear, twice: the same parameters, bit for bit,
-    as Opacus's ghost-clipping optimizer over the same ``torch.optim.SGD``."""
+    """Accumulate, noise, scale, descend and clear, twice (the rate changed in between, as a
+    scheduler does): the same parameters, bit for bit, as Opacus's ghost-clipping optimizer
+    over the same ``torch.optim.SGD``."""
     from fedlink.privacy.dp_sgd import _GhostOptimizer
 
     def stepped(kind: type) -> list[torch.Tensor]:
@@ -259,7 +260,8 @@ def test_two_steps_are_opacus_own_steps(options: dict[str, float]) -> None:
                          noise_multiplier=1.3, max_grad_norm=0.7, expected_batch_size=8,
                          loss_reduction="mean")
         optimizer.generator = torch.Generator().manual_seed(5)
-        for value in (0.25, -0.5):
+        for value, rate in ((0.25, 0.1), (-0.5, 0.03)):
+            optimizer.param_groups[0]["lr"] = rate
             optimizer.zero_grad(set_to_none=True)
             for p in model.parameters():
                 p.grad = torch.full_like(p, value)
