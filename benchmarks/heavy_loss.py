@@ -29,9 +29,10 @@ timeout killed its connection, which ``own_reconnects_per_client`` cannot see in
 ``client_timeouts_<p>`` and
 ``false_client_timeouts_<p>`` (timeouts of clients whose update was accepted later; target 0).
 Overall: ``own_reconnects_per_client`` and ``false_client_timeouts`` (the worst of the
-default runs), and ``models_identical_across_3_runs`` (1 when the final models of the
+default runs); ``models_identical_across_3_runs`` (1 when the final models of the
 ``25pct`` default, ``25pct`` fixed and ``burst`` default runs are bit-identical: a sync run's
-result must not depend on the order its updates arrived in).
+result must not depend on the order its updates arrived in; absent under ``--only``, which
+runs one profile); ``models_identical_all_runs`` (the same over every run made).
 
 ``--repeats N`` runs each pair N times, alternating which arm goes first (default first, then
 fixed first, ...), so that a drift in the machine's load falls on both arms: the slowdown is
@@ -304,9 +305,10 @@ def main() -> None:
     defaults = [r for r in runs.values() if "_default" in r["name"]]
     figures["own_reconnects_per_client"] = max(r.get("reconnects", -1) for r in defaults)
     figures["false_client_timeouts"] = max(r.get("false_client_timeouts", -1) for r in defaults)
-    three = [runs.get(n, {}).get("model_sha256", "") for n in ("25pct_default", "25pct_fixed",
-                                                                 "burst_default")]
-    figures["models_identical_across_3_runs"] = int(bool(three[0]) and len(set(three)) == 1)
+    three = [runs[n].get("model_sha256", "") for n in ("25pct_default", "25pct_fixed",
+                                                         "burst_default") if n in runs]
+    if len(three) == 3:  # ``--only`` runs one profile: the figure cannot be told, not 0
+        figures["models_identical_across_3_runs"] = int(bool(three[0]) and len(set(three)) == 1)
     figures["models_identical_all_runs"] = int(
         len({r.get("model_sha256", "") for r in runs.values()} - {""}) == 1
         and all(r.get("model_sha256") for r in runs.values()))
