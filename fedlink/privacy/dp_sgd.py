@@ -89,6 +89,7 @@ from fedlink.client.torch_trainer import TorchData, resolve_device
 from fedlink.clock import RealClock
 from fedlink.data.base import Dataset
 from fedlink.errors import ConfigError, FedlinkError
+from fedlink.models.training import PlainSGD
 from fedlink.params import TRAINABLE
 from fedlink.params.flat import load_vector, spec_of, to_vector
 from fedlink.privacy.accounting import Accountant, check_accountant
@@ -119,36 +120,29 @@ class _GhostOptimizer(DPOptimizerFastGradientClipping):
         super().__init__(optimizer, **kwargs)
         self._param_list: list[Any] = [
             p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-        self._plain = _is_plain_sgd(optimizer)
+        self._plain = PlainSGD(self._param_list, 0.0) \
+            if self._param_list and _is_plain_sgd(optimizer) else None
 
     def zero_grad(self, set_to_none: bool = False) -> None:
         """Opacus's: drop every summed gradient (unless the last step was skipped) and every
         gradient (``set_to_none``; else torch's own zeroing)."""
-        if not set_to_none or not self._plain:
+        if not set_to_none or self._plain is None:
             super().zero_grad(set_to_none)
             return
-        keep_summed = self._is_last_step_skipped
-        for p in self.params:
-            if not keep_summed:
+        if not self._is_last_step_skipped:
+            for p in self.params:
                 p.summed_grad = None
-            p.grad = None
+        self._plain.zero_grad(set_to_none=True)
 
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        """Opacus's step: accumulate, noise and scale (``pre_step``), then descend."""
-        if closure is not None or not self._plain:
+        """Opacus's step: accumulate, noise and scale (``pre_step``), then descend at the
+        rate the parameter group holds now (a scheduler may have changed it)."""
+        if closure is not None or self._plain is None:
             return super().step(closure)
         if self.pre_step():
-            self._descend()
+            self._plain.lr = float(self.original_optimizer.param_groups[0]["lr"])
+            self._plain.step()
         return None
-
-    @torch.no_grad()
-    def _descend(self) -> None:
-        """Plain SGD's update of the parameters that have a gradient, in one call, at the
-        rate the parameter group holds now (a scheduler may have changed it)."""
-        lr = float(self.original_optimizer.param_groups[0]["lr"])
-        stepped = [p for p in self.params if p.grad is not None]
-        if stepped:
-            torch._foreach_add_(stepped, [p.grad for p in stepped], alpha=-lr)
 
     @property
     def params(self) -> list[Any]:
