@@ -46,12 +46,15 @@ the mean of the last three rounds. Secure rounds use SecAgg+ with 8 neighbours, 
 ``examples/demo_poor_network.toml``: elastic rounds, 20 clients on the poor fleet, the demo's
 target accuracy) run in virtual mode twice with the same seed: as it is (plain, 8-bit qsgd
 uplink), and secure (``[coordinator.secure]`` with ``phase_s`` 1 s, the most the demo's 4 s
-deadline allows; fp32 before encoding, as secure runs require; robust flush guard off). A
+deadline allows, and ``quorum`` 0.75, ``DEMO_QUORUM``: a phase closes once 3 in 4 answered;
+fp32 before encoding, as secure runs require; robust flush guard off). A
 pair's ratio is the secure run's model seconds to the first version at the target accuracy
 over the plain run's. The demo's target sits where its accuracy levels off, so when one run
 crosses it moves a single pair's ratio by up to a factor of two: the figure is the median of
 the pairs of seeds ``TTA_SEEDS`` (target <= 1.5), with ``_min``, ``_max`` and
-``secure_tta_ratio_seed<s>``. ``secure_tta_<plain|secure>_model_seconds``, ``_versions`` (the
+``secure_tta_ratio_seed<s>``; ``secure_time_to_accuracy_ratio_wait_all`` (with ``_min`` and
+``_max``) is the same with quorum 1, every phase waiting for every member.
+``secure_tta_<plain|secure>_model_seconds``, ``_versions`` (the
 version that reached the target) and ``_seconds_per_version`` (medians over the seeds) split
 the ratio into how long a version takes and how many it needs; ``secure_tta_<phase>_*`` are
 the first seed's secure run's phase figures (``secure_<phase>_round_trips`` / ``_bytes_up`` /
@@ -400,7 +403,12 @@ def _time_to_target(table: dict[str, Any],
     return math.inf, 0, result.summary
 
 
-def _tta_tables(seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+DEMO_QUORUM = 0.75
+"""The secure run's ``quorum``: on this fleet one member in a blackout would hold every phase
+of its group up to ``phase_s``; ``_wait_all`` figures are the same runs with quorum 1."""
+
+
+def _tta_tables(seed: int, quorum: float) -> tuple[dict[str, Any], dict[str, Any]]:
     """The demo as it is (plain) and with secure aggregation, both in virtual mode."""
     plain = load_toml(DEMO)
     plain["run"] = {**plain["run"], "mode": "virtual", "name": "tta-plain", "seed": seed}
@@ -409,27 +417,32 @@ def _tta_tables(seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
     secure["client"] = {"compression": "fp32"}
     secure["coordinator"] = {**secure["coordinator"], "robust": {"enabled": False},
                              "norm_bound_adaptive": False,
-                             "secure": {"enabled": True, "phase_s": DEMO_PHASE_S}}
+                             "secure": {"enabled": True, "phase_s": DEMO_PHASE_S,
+                                        "quorum": quorum}}
     return plain, secure
 
 
 def secure_time_to_accuracy() -> dict[str, Any]:
     """The demo in virtual mode, plain and secure, paired by seed (see the docstring)."""
-    pairs = []
+    pairs, waiting = [], []
     with tempfile.TemporaryDirectory() as workdir:
         for seed in TTA_SEEDS:
-            plain, secure = _tta_tables(seed)
+            plain, secure = _tta_tables(seed, DEMO_QUORUM)
             plain_run = _time_to_target(plain, Path(workdir))
-            secure_run = _time_to_target(secure, Path(workdir))
-            pairs.append((plain_run, secure_run))
+            pairs.append((plain_run, _time_to_target(secure, Path(workdir))))
+            waiting.append(_time_to_target(_tta_tables(seed, 1.0)[1], Path(workdir))[0]
+                           / plain_run[0])
     ratios = [s[0] / p[0] for p, s in pairs]
     figures: dict[str, Any] = {
         "secure_time_to_accuracy_ratio": statistics.median(ratios),
         "secure_time_to_accuracy_ratio_min": min(ratios),
         "secure_time_to_accuracy_ratio_max": max(ratios),
+        "secure_time_to_accuracy_ratio_wait_all": statistics.median(waiting),
+        "secure_time_to_accuracy_ratio_wait_all_min": min(waiting),
+        "secure_time_to_accuracy_ratio_wait_all_max": max(waiting),
         "secure_tta_seeds": len(TTA_SEEDS),
         "secure_tta_target_accuracy": load_toml(DEMO)["run"]["target_accuracy"],
-        "secure_tta_phase_s": DEMO_PHASE_S}
+        "secure_tta_phase_s": DEMO_PHASE_S, "secure_tta_quorum": DEMO_QUORUM}
     for (plain_run, secure_run), seed in zip(pairs, TTA_SEEDS, strict=True):
         figures[f"secure_tta_ratio_seed{seed}"] = secure_run[0] / plain_run[0]
     for name, runs in (("plain", [p for p, _ in pairs]), ("secure", [s for _, s in pairs])):

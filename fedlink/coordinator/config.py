@@ -600,8 +600,13 @@ class SecureConfig:
     for the sum to count. ``phase_s``: each phase's deadline (advertise keys, share keys,
     masked update, unmask), counted from the phase's opening; a client that misses it is out
     of the group. A ``flush.deadline_s`` below ``4 x phase_s`` is refused: the phases come
-    after training, inside the round's deadline. ``density`` below 1: group random-k, the
-    compression that survives masking. Every member of a group sends the same
+    after training, inside the round's deadline. ``quorum``: the fraction of the group whose
+    keys close the share phase, and of those that shared whose masked updates close the masked
+    phase, without waiting for the deadline (1: every one of them; never fewer than the masked
+    phase needs to go on). A member that answers after its phase closed is out, as one that
+    missed the deadline: on a fleet where a member in a blackout holds each phase up to
+    ``phase_s``, a quorum below 1 trades its work for the others' time. ``density`` below 1:
+    group random-k, the compression that survives masking. Every member of a group sends the same
     ``ceil(density * n)`` coordinates of its update (drawn from the run's ``seed`` and the
     group's number, public values) and keeps the rest as a residual that joins its next update
     (error feedback), so its masked update is about ``density`` times as large.
@@ -623,6 +628,7 @@ class SecureConfig:
     neighbours: int = 0
     threshold: float = 0.5
     phase_s: float = 10.0
+    quorum: float = 1.0
     density: float = 1.0
     noise_multiplier: float = 0.0
     clip_norm: float = 1.0
@@ -639,6 +645,9 @@ class SecureConfig:
             self._refuse_unused_ddp()
         require(math.isfinite(self.phase_s) and self.phase_s > 0, "coordinator.secure.phase_s",
                 f"must be > 0 seconds, got {self.phase_s}")
+        require(math.isfinite(self.quorum) and 0 < self.quorum <= 1,
+                "coordinator.secure.quorum", f"must be in (0, 1] (1: every member), got "
+                f"{self.quorum}")
         require(math.isfinite(self.density) and 0 < self.density <= 1,
                 "coordinator.secure.density", f"must be in (0, 1], got {self.density}")
 
@@ -826,6 +835,9 @@ class CoordinatorConfig:
             require(self.secure.density == 1, "coordinator.secure.density",
                     "group random-k compresses secure groups' masked updates only: set "
                     "coordinator.secure.enabled = true, or remove density")
+            require(self.secure.quorum == 1, "coordinator.secure.quorum",
+                    "a quorum closes secure groups' phases only: set "
+                    "coordinator.secure.enabled = true, or remove quorum")
             require(not self.secure.ddp, "coordinator.secure.noise_multiplier",
                     "distributed DP is added inside secure groups: set "
                     "coordinator.secure.enabled = true, or use the dp_fedavg hook")

@@ -16,11 +16,13 @@ the phase opened) has passed:
    The flush rule binds a group as a flush: a member that would be staler than
    ``flush.max_staleness`` is left out (``TOO_STALE``), and a roster of fewer than
    ``flush.min_updates`` is lost;
-2. share keys: closes when every member shared or at the deadline; a member that did not share
-   is out, and the others mask only with those that did;
-3. masked update: closes when every sharer delivered or at the deadline; the group goes on only
-   if at least ``threshold`` of it and ``flush.min_updates`` delivered (and at least two: a sum
-   of one is an update);
+2. share keys: closes when every member shared (``secure.quorum`` of them, below 1) or at the
+   deadline; a member that did not share is out, and the others mask only with those that did;
+3. masked update: closes when every sharer delivered (``secure.quorum`` of them) or at the
+   deadline; the group goes on only if at least ``threshold`` of it and ``flush.min_updates``
+   delivered (and at least two: a sum of one is an update). A quorum closes either phase only
+   with at least that many answers, and only when those members' unmask answers alone would
+   rebuild every secret (``SecureSum.rebuildable``);
 4. unmask: closes once the answers hold enough shares to rebuild every secret the sum needs
    (a slow member's update is in the sum whatever it answers), or at the deadline; the sum
    is unmasked (the pairwise masks of dropped clients removed from their neighbours'
@@ -47,7 +49,7 @@ import asyncio
 import itertools
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Set
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
@@ -269,7 +271,7 @@ class SecureDesk:
             except SecAggError as err:
                 raise InvalidArgument(str(err)) from None
             member.bytes_up += sum(8 + len(s.ciphertext) for s in request.shares)
-            if len(group.sum.sharers) == len(group.members):
+            if self._phase_full(group, group.sum.sharers, len(group.members)):
                 self._close(group, SHARE)
         return group, member
 
@@ -286,7 +288,7 @@ class SecureDesk:
             raise done
         if member.index not in group.sharers:
             raise self._left_out(client_id, task_id, member, UpdateRefused(
-                "this client did not share its keys before the phase's deadline",
+                "this client did not share its keys before the phase closed",
                 RefusalCode.TASK_CLOSED))
         return SecureShareReply(tuple(SecureShare(s.sender, s.receiver, s.ciphertext)
                                       for s in group.sum.shares_for(member.index)))
@@ -331,7 +333,7 @@ class SecureDesk:
         assert group.request is not None
         if member.index not in group.request.survivors:
             raise self._left_out(client_id, task_id, member, UpdateRefused(
-                "this client's masked update came after the phase's deadline",
+                "this client's masked update came after the phase closed",
                 RefusalCode.TASK_CLOSED))
         return group.request
 
@@ -344,7 +346,7 @@ class SecureDesk:
         del values  # masked, but kept no longer than the addition needs
         member.bytes_up += 4 + len(data)
         group.delivered.add(member.index)
-        if group.delivered >= group.sharers:
+        if self._phase_full(group, group.delivered, len(group.sharers)):
             self._close(group, MASKED)
 
     async def unmask(self, request: SecureUnmaskRequest) -> SecureUnmaskReply:
@@ -492,9 +494,24 @@ class SecureDesk:
             raise SecAggError(f"{len(group.sharers)} client shared keys; a secure sum needs "
                               f"at least 2")
 
+    def _deliveries_needed(self, group: SecureGroup) -> int:
+        """Masked updates the group needs to go on: at least 2 (a sum of one is an update),
+        ``flush.min_updates`` and ``threshold`` of the roster."""
+        return max(2, self.config.flush.min_updates,
+                   math.ceil(group.config.threshold * len(group.members)))
+
+    def _phase_full(self, group: SecureGroup, answered: Set[int], answering: int) -> bool:
+        """Whether the share or masked phase closes now, before its deadline: every one of
+        its ``answering`` members answered, or ``secure.quorum`` of them (never fewer than
+        the masked phase needs) whose unmask answers alone would rebuild every secret."""
+        if len(answered) >= answering:
+            return True
+        quorum = max(math.ceil(self.config.secure.quorum * answering - 1e-9),
+                     self._deliveries_needed(group))
+        return len(answered) >= quorum and group.sum.rebuildable(answered)
+
     def _close_masked(self, group: SecureGroup) -> None:
-        needed = max(2, self.config.flush.min_updates,
-                     math.ceil(group.config.threshold * len(group.members)))
+        needed = self._deliveries_needed(group)
         if len(group.delivered) < needed:
             raise SecAggError(f"{len(group.delivered)} of {len(group.members)} members "
                               f"delivered a masked update; {needed} needed")

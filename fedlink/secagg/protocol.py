@@ -249,6 +249,14 @@ class SecureSum:
         return (all(seeds.get(i, 0) >= self._needed(i) for i in request.survivors)
                 and all(keys.get(i, 0) >= self._needed(i) for i in request.dropped))
 
+    def rebuildable(self, survivors: Iterable[int]) -> bool:
+        """Whether the unmask answers of ``survivors`` alone (sharers, each holding its
+        neighbours' shares) would rebuild every secret unmasking needs: each survivor's
+        self-mask seed and the mask key of every other sharer (dropped)."""
+        alive = set(survivors)
+        return all(len(alive.intersection(self._graph[owner])) >= self._needed(owner)
+                   for owner in self._sharers | alive)
+
     def _needed(self, owner: int) -> int:
         return self.config.shares_needed(len(self._graph[owner]))
 

@@ -22,7 +22,7 @@ pytest.importorskip("cryptography")
 
 from fedlink.aggregate import RobustConfig
 from fedlink.client import ClientOptions, ClientSession, RetryPolicy
-from fedlink.client.protocol import Action, MaskedUpload, Unmask
+from fedlink.client.protocol import Action, MaskedUpload, ShareKeys, Unmask
 from fedlink.config import load_toml
 from fedlink.coordinator import CoordinatorConfig, FlushRule, LimitsConfig
 from fedlink.coordinator.config import SecureConfig
@@ -348,6 +348,16 @@ def test_a_group_random_k_density_is_refused_out_of_range_or_without_secure_grou
         CoordinatorConfig(**plain, secure=SecureConfig(density=0.1))
 
 
+def test_a_quorum_is_refused_out_of_range_or_without_secure_groups() -> None:
+    plain = {"robust": RobustConfig(enabled=False), "norm_bound_adaptive": False}
+    CoordinatorConfig(**plain, secure=SecureConfig(enabled=True, quorum=0.75))
+    for quorum in (0.0, -0.5, 1.5, float("nan")):
+        with pytest.raises(ConfigError, match=r"coordinator\.secure\.quorum"):
+            SecureConfig(enabled=True, quorum=quorum)
+    with pytest.raises(ConfigError, match=r"coordinator\.secure\.quorum.*enabled = true"):
+        CoordinatorConfig(**plain, secure=SecureConfig(quorum=0.75))
+
+
 def test_distributed_dp_settings_that_cannot_take_effect_are_refused() -> None:
     plain = {"robust": RobustConfig(enabled=False), "norm_bound_adaptive": False}
     CoordinatorConfig(**plain, secure=SecureConfig(enabled=True, noise_multiplier=1.0,
@@ -477,6 +487,55 @@ def test_a_share_retried_once_its_group_flushed_is_refused_as_closed(tmp_path: P
             assert err.value.reason is RefusalCode.TASK_CLOSED
 
     run_async(main(), timeout=40)
+
+
+class HeldBeforeSharing(ClientSession):
+    """A client that trains and advertises its keys, then holds them until ``release``."""
+
+    def __init__(self, *args: Any, release: asyncio.Event, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.release = release
+
+    async def _share_keys(self, action: ShareKeys, *rest: Any) -> Action:
+        await self.release.wait()
+        return await super()._share_keys(action, *rest)
+
+
+def test_a_quorum_closes_the_share_and_masked_phases_without_the_straggler(
+        tmp_path: Path) -> None:
+    """``quorum = 0.75``: a group of 4 flushes the sum of the 3 that shared while the fourth
+    still holds its keys (the phases' 600 s deadline never comes), and the fourth's update,
+    moving the other way, is not in the model; its keys come too late and are refused."""
+    config = dataclasses.replace(
+        secure_config(tmp_path / "state"), rounds=1,
+        flush=FlushRule(goal=4, min_updates=2, deadline_s=None),
+        secure=SecureConfig(enabled=True, phase_s=600.0, quorum=0.75))
+    trainers = [TowardTrainer(np.full(DIM, 0.5 if i < 3 else -0.5, np.float32))
+                for i in range(4)]
+    server = CoordinatorServer(config, X0, EventLog(None), address="127.0.0.1:0")
+
+    async def main() -> tuple[list[Any], Any]:
+        release = asyncio.Event()
+        async with server:
+            straggler = asyncio.ensure_future(HeldBeforeSharing(
+                target_of(server), trainers[3], ClientOptions(name="c3", retry=FAST_RETRY),
+                release=release).run())
+            sessions = [ClientSession(target_of(server), trainers[i],
+                                      ClientOptions(name=f"c{i}", retry=FAST_RETRY))
+                        for i in range(3)]
+            # the three finish the run (one version) while the fourth holds its keys
+            done = await asyncio.wait_for(asyncio.gather(*(s.run() for s in sessions)), 30)
+            assert not straggler.done()
+            release.set()
+            return done, await asyncio.wait_for(straggler, 30)
+
+    done, late = run_async(main(), timeout=70)
+    assert all(stats.accepted == 1 for stats in done)
+    [flush] = server.events.of_kind("flush")
+    assert flush.num_updates == 3
+    assert np.allclose(server.service.engine.model, 0.25, atol=1e-4)  # the three's mean
+    assert late.accepted == 0 and late.refused == 1, late.refusals
+    assert "no longer held" in late.refusals[0]  # its group is done: it never shared
 
 
 def test_the_secure_example_config_loads() -> None:

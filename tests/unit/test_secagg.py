@@ -237,3 +237,43 @@ def test_unmasking_can_finish_exactly_when_the_answers_rebuild_every_secret() ->
     assert server.can_finish(answers) and len(answers) < len(going_on)
     total, count = server.finish(answers)
     assert count == len(going_on) and np.array_equal(total, plain)
+
+
+def _survivors_round(n: int, config: SecAggConfig, survivors: frozenset[int]) -> tuple[
+        bool, bool]:
+    """A round in which every client shares and only ``survivors`` deliver and answer:
+    whether ``rebuildable`` said so before the inputs came, and whether ``finish`` could."""
+    size = 3
+    clients = [SecureClient(i, config, 5, size) for i in range(n)]
+    server = SecureSum(config, 5, size, graph_seed=5)
+    roster = server.collect_keys([c.advertise() for c in clients])
+    for c in clients:
+        server.collect_shares(c.client, c.share_keys(roster, 5))
+    server.close_sharing()
+    told = server.rebuildable(survivors)
+    for c in clients:
+        if c.client in survivors:
+            c.receive_shares(server.shares_for(c.client))
+            server.collect_masked(c.masked_input(np.zeros(size, np.uint32)))
+    request = server.unmask_request()
+    try:
+        server.finish([c.unmask(request) for c in clients if c.client in survivors])
+    except SecAggAborted:
+        return told, False
+    return told, True
+
+
+@pytest.mark.parametrize(("n", "k"), [(6, None), (8, 4)])
+def test_rebuildable_says_beforehand_whether_the_survivors_answers_unmask_the_sum(
+        n: int, k: int | None) -> None:
+    """A quorum closes a phase early only when the members in it could unmask the sum alone:
+    ``rebuildable`` must agree with ``finish`` for every set of survivors (full and sparse
+    graphs), so that it neither closes a phase into a lost group nor waits for nothing."""
+    config = SecAggConfig(neighbours=k, threshold=0.5)
+    outcomes = set()
+    for count in range(2, n + 1):
+        for survivors in itertools.combinations(range(n), count):
+            told, finished = _survivors_round(n, config, frozenset(survivors))
+            assert told == finished, survivors
+            outcomes.add(finished)
+    assert outcomes == {True, False}  # both cases met
