@@ -4,6 +4,7 @@ client's link; clients going offline between phases are unmasked from their neig
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -161,6 +162,41 @@ def test_clients_offline_between_phases_are_unmasked_and_the_round_completes() -
     assert totals.groups_lost == 0
     assert totals.round_trips["masked"] == 5  # 5 never sent one
     assert totals.round_trips["unmask"] == 4  # 4 never answered
+
+
+@pytest.mark.parametrize("quorum", [1.0, 0.75])
+def test_a_quorum_closes_the_phases_without_a_member_gone_after_advertising(
+        quorum: float) -> None:
+    """One of six goes offline once its keys are advertised. With quorum 1 the share phase
+    waits for it until ``phase_s`` and the five others are summed; with 0.75 the five that
+    shared go on at once (the model clock says when), and the masked phase closes once four
+    of them delivered."""
+    availability = GoesOffline()
+    config = _config(True)
+    config = dataclasses.replace(config, secure=dataclasses.replace(config.secure,
+                                                                    quorum=quorum))
+    loop, events = _loop(config, availability, Fleet(mix={"4g": 1.0}))
+    assert loop.secure is not None
+    join = SecureDesk.join
+    gone_at: list[float] = []
+
+    def advertise(desk: SecureDesk, request: Any) -> Any:
+        if request.client_id == "sim-5" and not gone_at:
+            gone_at.append(loop.clock.now())
+            availability.gone[5] = loop.clock.now()
+        return join(desk, request)
+
+    patched = dict(type(loop.secure)._RECORDERS)
+    patched[0] = advertise
+    loop.secure._RECORDERS = patched  # type: ignore[misc]
+    loop.run()
+    assert loop.engine.finished and loop.engine.version == 1
+    summed = {e["client_id"] for e in events.of_kind("update_accepted")}
+    assert summed <= {f"sim-{i}" for i in range(5)}
+    assert len(summed) == math.ceil(quorum * 5)
+    (flush,) = events.of_kind("flush")
+    waited = flush["model_seconds"] - gone_at[0] >= config.secure.phase_s
+    assert waited == (quorum == 1.0), (flush["model_seconds"], gone_at)
 
 
 def test_a_group_below_threshold_is_lost_and_its_version_tried_again() -> None:
