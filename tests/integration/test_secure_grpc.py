@@ -584,7 +584,10 @@ def test_client_processes_sigkilled_between_phases_are_unmasked(tmp_path: Path) 
     rng = np.random.default_rng(11)
     targets = [rng.uniform(-0.8, 0.8, DIM).astype(np.float32) for _ in range(CLIENTS)]
     deltas = [TowardTrainer(t).step(X0.astype(np.float64)) for t in targets]
-    config = secure_config(tmp_path / "state")
+    # c1's death after sharing is noticed only at the masked phase's deadline: long enough
+    # that the four live processes deliver before it on a loaded machine (1.5 s was not)
+    config = dataclasses.replace(secure_config(tmp_path / "state"),
+                                 secure=SecureConfig(enabled=True, phase_s=10.0))
     step = config.secagg().step
     server = CoordinatorServer(config, X0, EventLog(tmp_path / "events.jsonl"),
                                address="127.0.0.1:0")
