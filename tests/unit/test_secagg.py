@@ -207,6 +207,18 @@ def test_a_round_without_weights_sums_the_updates_alone() -> None:
     assert np.allclose(decoded, sum(updates[i] for i in alive), atol=len(alive) * config.step)
 
 
+def _shared(n: int, config: SecAggConfig, round_id: int,
+            size: int) -> tuple[list[SecureClient], SecureSum]:
+    """``n`` clients that advertised and shared their keys, and the closed sharing phase."""
+    clients = [SecureClient(i, config, round_id, size) for i in range(n)]
+    server = SecureSum(config, round_id, size, graph_seed=round_id)
+    roster = server.collect_keys([c.advertise() for c in clients])
+    for c in clients:
+        server.collect_shares(c.client, c.share_keys(roster, round_id))
+    server.close_sharing()
+    return clients, server
+
+
 def test_unmasking_can_finish_exactly_when_the_answers_rebuild_every_secret() -> None:
     """Phase 4 closes as soon as the answers in hand rebuild every survivor's seed and every
     dropped client's key: ``can_finish`` turns true exactly when ``finish`` stops refusing,
@@ -214,12 +226,7 @@ def test_unmasking_can_finish_exactly_when_the_answers_rebuild_every_secret() ->
     n, size, config = 8, 6, SecAggConfig(threshold=0.5)
     rng = np.random.default_rng(3)
     inputs = [rng.integers(0, config.modulus, size, dtype=np.uint32) for _ in range(n)]
-    clients = [SecureClient(i, config, 9, size) for i in range(n)]
-    server = SecureSum(config, 9, size, graph_seed=9)
-    roster = server.collect_keys([c.advertise() for c in clients])
-    for c in clients:
-        server.collect_shares(c.client, c.share_keys(roster, 9))
-    server.close_sharing()
+    clients, server = _shared(n, config, 9, size)
     going_on = [c for c in clients if c.client != 2]  # 2 vanishes after sharing
     for c in going_on:
         c.receive_shares(server.shares_for(c.client))
@@ -244,12 +251,7 @@ def _survivors_round(n: int, config: SecAggConfig, survivors: frozenset[int]) ->
     """A round in which every client shares and only ``survivors`` deliver and answer:
     whether ``rebuildable`` said so before the inputs came, and whether ``finish`` could."""
     size = 3
-    clients = [SecureClient(i, config, 5, size) for i in range(n)]
-    server = SecureSum(config, 5, size, graph_seed=5)
-    roster = server.collect_keys([c.advertise() for c in clients])
-    for c in clients:
-        server.collect_shares(c.client, c.share_keys(roster, 5))
-    server.close_sharing()
+    clients, server = _shared(n, config, 5, size)
     told = server.rebuildable(survivors)
     for c in clients:
         if c.client in survivors:
