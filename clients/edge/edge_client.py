@@ -222,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--classes", type=int, default=10,
                    help="number of classes of the coordinator's model (digits: 10)")
     p.add_argument("--seed", type=int, default=0,
-                   help="the coordinator config's [run] seed (data split and shuffles)")
+                   help="the coordinator config's [run] seed (the data split)")
     p.add_argument("--name", default="", help="client name shown in the coordinator's log")
     p.add_argument("--token", default="", help="join token, if the coordinator needs one")
     p.add_argument("--tls-ca", default="", metavar="PEM",
@@ -251,9 +251,10 @@ def run(args: argparse.Namespace) -> SessionStats:
     x, y = (load_npz(args.data) if args.data
             else load_digits_share(args.index, args.of, args.seed))
     trainer = LogisticRegressionTrainer(x, y, args.classes, seed=args.seed * 7919 + args.index)
+    # the session's randomness (its privacy noise, if the run asks for any) is drawn from the
+    # operating system: a seed derived from the run's would let the coordinator predict it
     options = ClientOptions(name=args.name or f"edge-{args.index}", token=args.token,
-                            seed=args.seed * 1_000_003 + args.index, max_tasks=args.max_tasks,
-                            tls=tls)
+                            max_tasks=args.max_tasks, tls=tls)
     pipeline = UpdatePipeline.from_names("none", args.compression)
     return run_sdk_client(args.server, trainer, options, pipeline)
 

@@ -73,6 +73,10 @@ def _add_client(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--outbox", type=Path, default=None, metavar="DIR",
                    help="keep pending updates (and the client's instance key) in DIR, "
                         "delivered after a restart")
+    p.add_argument("--seed", type=int, default=None, metavar="N",
+                   help="seed the client's randomness, its privacy noise included, for a "
+                        "reproducible run (default: fresh entropy, so that nobody who knows "
+                        "the run's settings can predict the client's noise)")
     retry = p.add_argument_group("retries (override [client.retry])")
     retry.add_argument("--retry-max-attempts", type=int, default=None, metavar="N",
                        help="attempts per call before giving up")
@@ -137,7 +141,7 @@ def _client(args: argparse.Namespace) -> int:
     retry = {name: getattr(args, f"retry_{name}") for name in RETRY_FLAGS
              if getattr(args, f"retry_{name}") is not None}
     return run_one_client(args.server, args.config, args.index, args.name, args.token,
-                          args.outbox, tls, retry)
+                          args.outbox, tls, retry, args.seed)
 
 
 RETRY_FLAGS = ("max_attempts", "budget_s", "initial_backoff_s", "max_backoff_s", "keep_trying")

@@ -20,13 +20,15 @@ from fedlink.experiment.setup import Experiment
 
 def run_one_client(server: str, config_path: Path, index: int, name: str, token: str,
                    outbox: Path | None = None, tls: TLSOptions | None = None,
-                   retry: Mapping[str, Any] | None = None) -> int:
+                   retry: Mapping[str, Any] | None = None, seed: int | None = None) -> int:
     """Join ``server`` and train until the run ends; prints what this client did.
 
     With ``outbox``, pending updates are kept in that directory, and a client restarted with
     the same name and directory delivers what its previous process left there. With ``tls``,
     the connection is TLS (mutual when it names a client certificate). ``retry``: fields of
-    ``[client.retry]`` overridden (from ``--retry-...``).
+    ``[client.retry]`` overridden (from ``--retry-...``). ``seed``: the client's randomness,
+    privacy noise included, for a reproducible run (``None``: fresh entropy;
+    ``ClientOptions.seed``).
 
     Returns 0 once the coordinator said the run is over. The closing counter line is printed
     however the client stops: the run's end, a signal, or an error it gives up on.
@@ -40,9 +42,9 @@ def run_one_client(server: str, config_path: Path, index: int, name: str, token:
         policy = dataclasses.replace(config.client.retry, **dict(retry or {}))
     except TypeError as exc:
         raise ConfigError(f"--retry-...: {exc}") from None
-    options = ClientOptions(name=name or f"client-{index}", token=token,
-                            seed=config.run.seed * 1_000_003 + index, outbox_dir=outbox,
-                            tls=tls, retry=policy, liveness=config.client.liveness)
+    options = ClientOptions(name=name or f"client-{index}", token=token, seed=seed,
+                            outbox_dir=outbox, tls=tls, retry=policy,
+                            liveness=config.client.liveness)
     pipeline = config.client.pipeline()
     session = ClientSession(server, experiment.trainer(index), options, pipeline)
     try:

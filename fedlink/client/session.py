@@ -135,13 +135,21 @@ class ClientOptions:
     ``tls``: connect over TLS with these CA / client certificate files (``None``: plaintext).
     ``liveness``: bounds of the ping-ack timeout, TCP user timeout and call deadlines that
     follow the measured link (``fedlink.client.liveness``).
+
+    ``seed``: the seed of the client's own randomness: its minibatch order, stochastic
+    rounding and random-k, and its privacy noise (the pipeline's noise stage, DP-SGD, its
+    share of distributed-DP noise). ``None`` (the default) draws fresh entropy from the
+    operating system, so no two clients, and no one who knows the run's settings, can predict
+    a client's noise. A fixed seed makes the client reproducible, noise included: whoever
+    knows it can take the noise out again, so fixed seeds are for simulations, and two
+    clients given the same seed add the same noise.
     """
 
     name: str = ""
     token: str = ""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     timeouts: Timeouts = field(default_factory=Timeouts)
-    seed: int = 0
+    seed: int | None = None
     max_tasks: int | None = None
     outbox_dir: Path | None = None
     tls: TLSOptions | None = None
