@@ -97,7 +97,10 @@ class DPFedAvgHook(FlushHook):
     ``max_epsilon`` (0: no budget), ``sample_rate`` (q in (0, 1]) or ``population`` and
     ``cohort`` (q = cohort / population), ``target_quantile`` (0: fixed S; else in (0, 1)),
     ``clip_learning_rate`` (> 0), ``clipped_count_stddev`` (0: ``cohort / 20``, or
-    ``population / 20 * q`` without a cohort), ``seed``.
+    ``population / 20 * q`` without a cohort), ``seed``: of the central noise (and the clipped
+    count's); ``None`` (the default) draws fresh entropy from the operating system, so that
+    nobody who reads the config can take the noise out of a released model again. Simulations
+    fill in the run's seed (``with_run_seed``), which makes them reproducible.
     """
 
     def __init__(self, clip_norm: float = 1.0, noise_multiplier: float = 1.0,
@@ -105,7 +108,7 @@ class DPFedAvgHook(FlushHook):
                  max_epsilon: float = 0.0, sample_rate: float = 0.0, population: int = 0,
                  cohort: int = 0, target_quantile: float = 0.0,
                  clip_learning_rate: float = 0.2, clipped_count_stddev: float = 0.0,
-                 seed: int = 0) -> None:
+                 seed: int | None = None) -> None:
         if noise not in NOISE_MODES:
             raise ConfigError(f"noise: must be one of {', '.join(NOISE_MODES)}, got {noise!r}")
         if not (math.isfinite(clip_norm) and clip_norm > 0):

@@ -15,10 +15,14 @@ without privacy).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedlink.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fedlink.coordinator.config import CoordinatorConfig
 
 HOOK = "dp_fedavg"
 STAGE = "dp_fedavg"
@@ -45,6 +49,16 @@ def with_sampling_defaults(hooks: list[Any], population: int, goal: int) -> list
             table = {"population": population, "cohort": goal, **table}
         out.append(table)
     return out
+
+
+def with_run_seed(config: CoordinatorConfig) -> CoordinatorConfig:
+    """``config`` with its seed filled into a ``dp_fedavg`` table that names none: a
+    simulation's central noise follows the run's seed, so that the run can be repeated. A
+    served coordinator draws it from the operating system instead (the hook's default)."""
+    hooks = tuple({"seed": config.seed, **table}
+                  if isinstance(table, Mapping) and table.get("name") == HOOK else table
+                  for table in config.hooks)
+    return dataclasses.replace(config, hooks=hooks)
 
 
 def with_dp_sgd_report(hooks: list[Any], trainer: str,

@@ -40,6 +40,7 @@ from fedlink.metrics import (
 from fedlink.metrics.federated import federated_figures
 from fedlink.metrics.summary import near_chance_warning
 from fedlink.netem import ClientLink
+from fedlink.privacy.setup import with_run_seed
 from fedlink.sim.arrivals import RunOverSleep, start_in_waves
 from fedlink.sim.capacity import for_population
 from fedlink.sim.network import ClientOutcome, network_summary
@@ -273,7 +274,7 @@ async def _simulate(experiment: Experiment, events: EventLog, progress: bool,
         max(1, config.run.train_workers)
     target = config.run.target_accuracy
     initial = experiment.initial_vector()
-    server = CoordinatorServer(for_population(config.coordinator, len(trainers)),
+    server = CoordinatorServer(with_run_seed(for_population(config.coordinator, len(trainers))),
                                initial, events,
                                evaluator=experiment.checked_evaluator(initial),
                                stop_rules=(target_accuracy(target),) if target > 0 else (),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,8 +13,10 @@ from hypothesis.extra.numpy import arrays
 
 from fedlink.aggregate import FlushInfo, UpdateInfo
 from fedlink.client.pipeline import UpdatePipeline
+from fedlink.coordinator import CoordinatorConfig
 from fedlink.errors import ConfigError
 from fedlink.privacy import PRIVACY_STAGES, ClipAndNoise, DPFedAvgHook, clip_to_norm
+from fedlink.privacy.setup import with_run_seed
 
 finite = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False, width=32)
 norms = st.floats(1e-3, 1e3, allow_nan=False, allow_infinity=False)
@@ -67,6 +70,26 @@ def test_central_noise_has_std_z_s_on_the_sum() -> None:
         mean = hook.on_flush(np.zeros(dim, np.float32), FlushInfo(1, n, float(n)))
         sums.append(mean.astype(np.float64) * n)  # the noise on the sum of the n updates
     assert abs(np.concatenate(sums).std() / (z * s) - 1) < 0.03
+
+
+def test_central_noise_is_drawn_afresh_unless_a_seed_is_named() -> None:
+    """A served coordinator's noise cannot be regenerated from its config (whoever could
+    would take it out of a released model); a named seed repeats it."""
+    flush, zeros = FlushInfo(1, 10, 10.0), np.zeros(64, np.float32)
+
+    def noise(**options: Any) -> np.ndarray:
+        hook = DPFedAvgHook(clip_norm=1.0, noise_multiplier=1.0, sample_rate=0.1, **options)
+        return hook.on_flush(zeros, flush)
+
+    assert not np.array_equal(noise(), noise())
+    np.testing.assert_array_equal(noise(seed=5), noise(seed=5))
+
+
+def test_a_simulation_seeds_the_central_noise_with_its_own_seed() -> None:
+    dp = {"name": "dp_fedavg", "sample_rate": 0.1}
+    config = CoordinatorConfig(seed=4, hooks=(dp, {**dp, "seed": 9}, {"name": "dp_sgd"}))
+    assert with_run_seed(config).hooks == ({**dp, "seed": 4}, {**dp, "seed": 9},
+                                           {"name": "dp_sgd"})
 
 
 def test_central_and_client_share_modes_give_the_same_noise_on_the_aggregate() -> None:

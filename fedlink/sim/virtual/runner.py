@@ -33,6 +33,7 @@ from fedlink.metrics import (
 )
 from fedlink.metrics.federated import federated_figures
 from fedlink.metrics.model_time import time_shares
+from fedlink.privacy.setup import with_run_seed
 from fedlink.private import private_dir
 from fedlink.sim.virtual.availability import TraceAvailability, build_availability
 from fedlink.sim.virtual.backends import (
@@ -90,7 +91,8 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
             config.virtual.workers, population, ConfigPopulation(config), config.ray.address,
             config.client.pipeline))
         try:  # the backend's workers (and a Ray it started) stop however the run ends
-            loop = VirtualLoop(config.coordinator, initial, traced, config.client.pipeline,
+            loop = VirtualLoop(with_run_seed(config.coordinator), initial, traced,
+                               config.client.pipeline,
                                events, clock, loop_options(config),
                                availability, evaluate,
                                _profile_names(traced),
