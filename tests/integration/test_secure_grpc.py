@@ -82,6 +82,18 @@ def secure_config(state_dir: Path, inline_bytes: int = 64 << 10) -> CoordinatorC
         secure=SecureConfig(enabled=True, phase_s=PHASE_S), state_dir=str(state_dir))
 
 
+def run_clients(server: CoordinatorServer, trainers: list[TowardTrainer]) -> list[Any]:
+    """Serve one client per trainer (default options) until the run ends; their stats."""
+    async def main() -> list[Any]:
+        async with server:
+            sessions = [ClientSession(target_of(server), trainer,
+                                      ClientOptions(name=f"c{i}", retry=FAST_RETRY))
+                        for i, trainer in enumerate(trainers)]
+            return await asyncio.wait_for(asyncio.gather(*(s.run() for s in sessions)), 60)
+
+    return list(run_async(main(), timeout=80))
+
+
 _SKIP = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
          types.FrameType, types.CoroutineType, asyncio.AbstractEventLoop, asyncio.Future,
          asyncio.Handle)
@@ -297,14 +309,7 @@ def test_distributed_dp_over_grpc_with_group_random_k(tmp_path: Path) -> None:
                 for _ in range(clients)]
     server = CoordinatorServer(config, X0, EventLog(None), address="127.0.0.1:0")
 
-    async def main() -> list[Any]:
-        async with server:
-            sessions = [ClientSession(target_of(server), trainers[i],
-                                      ClientOptions(name=f"c{i}", retry=FAST_RETRY))
-                        for i in range(clients)]
-            return await asyncio.wait_for(asyncio.gather(*(s.run() for s in sessions)), 60)
-
-    results = run_async(main(), timeout=80)
+    results = run_clients(server, trainers)
     kept = group_indices(0.5, 5, 1, DIM)
     assert kept is not None and kept.size == DIM // 2
     secagg = config.secagg()
@@ -339,14 +344,7 @@ def test_clients_at_their_default_seed_each_add_their_own_noise_share(tmp_path: 
     x0 = np.zeros(dim, np.float32)
     server = CoordinatorServer(config, x0, EventLog(None), address="127.0.0.1:0")
 
-    async def main() -> list[Any]:
-        async with server:
-            sessions = [ClientSession(target_of(server), trainers[i],
-                                      ClientOptions(name=f"c{i}", retry=FAST_RETRY))
-                        for i in range(clients)]
-            return await asyncio.wait_for(asyncio.gather(*(s.run() for s in sessions)), 60)
-
-    results = run_async(main(), timeout=80)
+    results = run_clients(server, trainers)
     assert [stats.accepted for stats in results] == [1] * clients
     first = np.mean([t.step(x0.astype(np.float64)) for t in trainers], axis=0)
     noise = server.service.engine.model - first
