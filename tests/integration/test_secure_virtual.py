@@ -79,6 +79,14 @@ def _loop(config: CoordinatorConfig, availability: Any = None,
     return loop, events
 
 
+def record_with(loop: VirtualLoop, recorders: dict[int, Any]) -> None:
+    """The desk records the phases in ``recorders`` (by number) with these functions, in
+    this loop only (a test's hook on what a member does at a phase)."""
+    secure = loop.secure
+    assert secure is not None
+    secure._RECORDERS = {**type(secure)._RECORDERS, **recorders}  # type: ignore[misc]
+
+
 def test_secure_virtual_model_equals_plain_within_the_quantization() -> None:
     """Same seed, no dropouts, every client weighing the same (equal example counts): the
     secure run's model is the plain run's, up to one quantization step a member."""
@@ -151,9 +159,7 @@ def test_clients_offline_between_phases_are_unmasked_and_the_round_completes() -
             availability.gone[4] = loop.clock.now()
         return masked(desk, request, data)
 
-    patched = dict(type(loop.secure)._RECORDERS)
-    patched.update({1: record_share, 2: record_masked})
-    loop.secure._RECORDERS = patched  # type: ignore[misc]
+    record_with(loop, {1: record_share, 2: record_masked})
     loop.run()
     assert loop.engine.finished and loop.engine.version == 1
     summed = {e["client_id"] for e in events.of_kind("update_accepted")}
@@ -186,9 +192,7 @@ def test_a_quorum_closes_the_phases_without_a_member_gone_after_advertising(
             availability.gone[5] = loop.clock.now()
         return join(desk, request)
 
-    patched = dict(type(loop.secure)._RECORDERS)
-    patched[0] = advertise
-    loop.secure._RECORDERS = patched  # type: ignore[misc]
+    record_with(loop, {0: advertise})
     loop.run()
     assert loop.engine.finished and loop.engine.version == 1
     summed = {e["client_id"] for e in events.of_kind("update_accepted")}
@@ -215,9 +219,7 @@ def test_a_group_below_threshold_is_lost_and_its_version_tried_again() -> None:
             availability.gone[index] = loop.clock.now()
         return share(desk, request)
 
-    patched = dict(type(loop.secure)._RECORDERS)
-    patched[1] = record_share
-    loop.secure._RECORDERS = patched  # type: ignore[misc]
+    record_with(loop, {1: record_share})
     loop.run()
     assert loop.secure.totals.groups_lost >= 1
     assert loop.engine.finished and loop.engine.version == 1
@@ -374,9 +376,7 @@ def test_a_sum_that_would_spend_past_the_budget_is_never_unmasked() -> None:
             availability.gone[5] = loop.clock.now()
         return share(desk, request)
 
-    patched = dict(type(loop.secure)._RECORDERS)
-    patched[1] = record_share
-    loop.secure._RECORDERS = patched  # type: ignore[misc]
+    record_with(loop, {1: record_share})
     loop.run()
     hook = loop.engine.hook_of(SecureDDPHook)
     assert hook is not None
