@@ -26,7 +26,10 @@ class TrainPlan:
     the trainer should stop early and report the work it did (``None``: no deadline); a
     trainer compares it with the same clock (``TorchTrainer(clock=...)``: pass it the
     session's ``clock.now``). ``model_version`` is the version of the global model the task
-    trains from (-1: unknown).
+    trains from (-1: unknown). ``seed`` is this task's seed for the trainer's randomness, a
+    non-negative integer: below 2**31 from a seeded client (``ClientOptions.seed``), below
+    2**63 from an unseeded one (``np.random.default_rng(plan.seed)`` and ``torch.manual_seed``
+    take it whole; the legacy ``np.random.seed`` takes 32 bits only).
     """
 
     local_steps: int = 0

@@ -156,6 +156,17 @@ class ClientOptions:
     liveness: LivenessConfig = field(default_factory=LivenessConfig)
 
 
+def plan_seed_bound(seed: int | None) -> int:
+    """The bound of a task's ``TrainPlan.seed`` for a client seeded with ``seed``.
+
+    A seeded client (an experiment) draws 31 bits, as virtual mode does, so that the same
+    seeds train alike in both. An unseeded one (a device) draws 63: DP-SGD's noise comes
+    from (trainer seed, plan seed), a trainer seed derived from a run's config is no secret,
+    and 31 unknown bits can be searched.
+    """
+    return 2**31 if seed is not None else 2**63
+
+
 class ClientSession:
     """One client taking part in a run, from ``Join`` to ``Finished``.
 
@@ -197,6 +208,7 @@ class ClientSession:
         self._sleep: Sleep = sleep or self._sleep_on_clock
         self._call = Caller(self.options.retry, self.stats, self._sleep, self._clock)
         self._rng = np.random.default_rng(self.options.seed)
+        self._plan_seeds = plan_seed_bound(self.options.seed)
         # group random-k's error feedback: what this client's summed updates kept back (in
         # memory: a restarted client starts without it, as a fresh one would)
         self._secure_residual: np.ndarray | None = None
@@ -567,7 +579,7 @@ class ClientSession:
         config = self.config
         assert config is not None
         plan = plan_for(task, config.batch_size, config.learning_rate, config.trainer_options,
-                        int(self._rng.integers(2**31)), deadline)
+                        int(self._rng.integers(self._plan_seeds)), deadline)
         result = await self._off_loop(self.trainer.train, model, plan)
         self.stats.train_seconds += float(result.metrics.get("train_seconds", 0.0))
         return result

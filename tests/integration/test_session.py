@@ -18,7 +18,15 @@ from conftest import (
 )
 
 from fedlink.aggregate.flushguard import RobustConfig
-from fedlink.client import ClientOptions, ClientSession, RetryPolicy, Transport, run_client
+from fedlink.client import (
+    ClientOptions,
+    ClientSession,
+    RetryPolicy,
+    TrainPlan,
+    TrainResult,
+    Transport,
+    run_client,
+)
 from fedlink.coordinator import CoordinatorConfig, CoordinatorServer, FlushRule, LimitsConfig
 from fedlink.messages import DataChunk, DownloadRequest
 
@@ -208,3 +216,39 @@ def test_task_closed_before_download_is_refused_not_raised(
     assert slow.calls == 0  # it never trained on a closed task
     assert (slow_session.stats.tasks, slow_session.stats.refused) == (1, 1)
     assert "closed" in slow_session.stats.refusals[0]
+
+
+class SeedRecorder(TowardTrainer):
+    """A ``TowardTrainer`` that keeps each task's ``TrainPlan.seed``."""
+
+    def __init__(self, target: np.ndarray) -> None:
+        super().__init__(target)
+        self.seeds: list[int] = []
+
+    def train(self, params: np.ndarray, plan: TrainPlan) -> TrainResult:
+        self.seeds.append(plan.seed)
+        return super().train(params, plan)
+
+
+def test_an_unseeded_client_draws_63_bit_plan_seeds_and_a_seeded_one_repeats_its_own(
+        coordinator: CoordinatorFactory) -> None:
+    # DP-SGD's noise comes from (trainer seed, plan seed): on a device (no seed) the plan's
+    # seed is the secret part, too wide to search; a seeded client keeps virtual mode's 31 bits
+    rounds = 4
+    config = CoordinatorConfig(rounds=rounds, flush=FlushRule(goal=3, deadline_s=None),
+                               limits=LIMITS)
+    trainers = [SeedRecorder(np.full(DIM, float(i), np.float32)) for i in range(3)]
+
+    async def main() -> None:
+        async with coordinator(config, X0) as server:
+            await gather_bounded(*(
+                ClientSession(target_of(server), t, options(f"dev{i}", seed=seed)).run()
+                for i, (t, seed) in enumerate(zip(trainers, (None, 5, 5), strict=True))))
+            await asyncio.wait_for(server.wait_finished(), 10)
+
+    run_async(main())
+    unseeded, seeded, again = (t.seeds for t in trainers)
+    assert len(unseeded) == len(seeded) == rounds
+    # all four below 2**31 by chance: odds of 2**-128
+    assert max(unseeded) >= 2**31 and max(unseeded) < 2**63
+    assert seeded == again and max(seeded) < 2**31
