@@ -26,7 +26,9 @@ client opened beyond its first: fedlink's own reconnects; target <= 3), ``stalls
 (those opens beyond one per client, over the clients: the same kernel counter in both arms, so
 it also counts the reconnects that gRPC makes inside a channel after the kernel or a ping-ack
 timeout killed its connection, which ``own_reconnects_per_client`` cannot see in either arm),
-``client_timeouts_<p>`` and
+``calls_cut_by_ping_timeout_<p>`` and ``calls_cut_by_kernel_<p>`` (client calls that failed
+because a ping-ack timeout or the kernel's TCP user timeout killed their connection, from the
+clients' logs: the connection changes a channel makes on its own), ``client_timeouts_<p>`` and
 ``false_client_timeouts_<p>`` (timeouts of clients whose update was accepted later; target 0).
 Overall: ``own_reconnects_per_client`` and ``false_client_timeouts`` (the worst of the
 default runs); ``models_identical_across_3_runs`` (1 when the final models of the
@@ -167,6 +169,24 @@ def reconnect_reasons(logs: list[Path]) -> dict[str, int]:
     return counts
 
 
+CUTS = {"ping timeout": "calls_cut_by_ping_timeout",
+        "Connection timed out": "calls_cut_by_kernel"}
+"""What a client's log says when a call failed with its connection killed under it, and the
+figure that counts it."""
+
+
+def cut_calls(logs: list[Path]) -> dict[str, int]:
+    """Client calls that failed because a ping-ack timeout or the kernel killed their
+    connection (``CUTS``), over the clients' logs."""
+    counts = dict.fromkeys(CUTS.values(), 0)
+    for path in logs:
+        for line in path.read_text().splitlines():
+            if "failed (attempt" in line:
+                for text, figure in CUTS.items():
+                    counts[figure] += text in line
+    return counts
+
+
 def round_seconds(events: Sequence[Mapping[str, Any]]) -> list[float]:
     """Each round's duration: from the previous flush (or the first task) to its flush."""
     start = next((e["elapsed"] for e in events if e["kind"] == "task_issued"), 0.0)
@@ -230,6 +250,7 @@ def one_run(profile: LinkProfile, rounds: int, fixed: bool, work: Path,
             "tcp_reconnects_per_client": round((after["Tcp:ActiveOpens"]
                                                 - before["Tcp:ActiveOpens"] - CLIENTS)
                                                / CLIENTS, 2),
+            **cut_calls(client_logs),
             "client_timeouts": summary["client_timeouts"],
             "false_client_timeouts": summary.get("false_client_timeouts", -1),
             "model_sha256": hashlib.sha256(model.read_bytes()).hexdigest()
@@ -260,7 +281,7 @@ def measure(profile: LinkProfile, rounds: int, work: Path, limit_s: float,
             figures[f"slowdown_vs_fixed_timeouts_{p}_min"] = min(ratios)
             figures[f"slowdown_vs_fixed_timeouts_{p}_max"] = max(ratios)
     for key in ("reconnects", "stalls", "tcp_connections", "tcp_reconnects_per_client",
-                "client_timeouts", "false_client_timeouts"):
+                *CUTS.values(), "client_timeouts", "false_client_timeouts"):
         label = "own_reconnects_per_client" if key == "reconnects" else key
         figures[f"{label}_{p}"] = max(d.get(key, -1) for d, _ in pairs)
         figures[f"{label}_fixed_{p}"] = max(f.get(key, -1) for _, f in pairs)
