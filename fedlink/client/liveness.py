@@ -48,8 +48,9 @@ notices, which on a link that taught a long ping-ack timeout is minutes.
 
 A stalled connection is not used again (``Transport``): measured under 25% random loss, one
 that had stalled and then drained moved the next transfers 3 to 4 times slower than a fresh
-one, its retransmission timeout still inflated. When a fresh connection stalls before it has
-completed a single transfer, the link rather than the connection is at fault, and the floor
+one: its sender's slow-start threshold stays low and, after deep backoff, its
+retransmission timeout long. When a fresh connection stalls before it has completed a single
+transfer, the link rather than the connection is at fault, and the floor
 doubles (``replaced``): a link that stalls faster than a connection can complete a transfer is
 given longer before the next one, so a run opens a few connections, not one per stall.
 

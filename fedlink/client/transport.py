@@ -150,9 +150,11 @@ class Transport:
 
     A stalled channel is closed at once and the transfer resumed on a fresh one: measured
     under 25% loss, a connection that had stalled and drained moved the next transfers 3 to 4
-    times slower than a fresh one (its retransmission timeout stays inflated), so a stalled
-    connection is never reused. ``channels_opened`` counts the channels, ``stalls`` the
-    transfers abandoned for making no progress.
+    times slower than a fresh one (the sender's slow-start threshold stays where its losses
+    left it, and after deep backoff its retransmission timeout stays long, where a fresh
+    connection's window can grow tenfold before its first loss), so a stalled connection is
+    never reused. ``channels_opened`` counts the channels, ``stalls`` the transfers abandoned
+    for making no progress.
     """
 
     def __init__(self, target: str, timeouts: Timeouts | None = None,
