@@ -156,11 +156,11 @@ REASONS = {"a transfer stalled": "stall", "connection lost": "connection lost"}
 """What a client's log says when it changes connections, and the short name counted."""
 
 
-def reconnect_reasons(logs: list[Path]) -> dict[str, int]:
+def reconnect_reasons(logs: Sequence[Sequence[str]]) -> dict[str, int]:
     """How often the clients moved to a new connection, and to one set aside, by reason."""
     counts: dict[str, int] = {}
-    for path in logs:
-        for line in path.read_text().splitlines():
+    for lines in logs:
+        for line in lines:
             if "new connection" not in line and "back to the connection" not in line:
                 continue
             reason = next((short for text, short in REASONS.items() if text in line), "other")
@@ -175,12 +175,12 @@ CUTS = {"ping timeout": "calls_cut_by_ping_timeout",
 figure that counts it."""
 
 
-def cut_calls(logs: list[Path]) -> dict[str, int]:
+def cut_calls(logs: Sequence[Sequence[str]]) -> dict[str, int]:
     """Client calls that failed because a ping-ack timeout or the kernel killed their
     connection (``CUTS``), over the clients' logs."""
     counts = dict.fromkeys(CUTS.values(), 0)
-    for path in logs:
-        for line in path.read_text().splitlines():
+    for lines in logs:
+        for line in lines:
             if "failed (attempt" in line:
                 for text, figure in CUTS.items():
                     counts[figure] += text in line
@@ -234,13 +234,12 @@ def one_run(profile: LinkProfile, rounds: int, fixed: bool, work: Path,
         after = kernel_counters(link)
     events = list(read_events(Path(spec["events"])))
     summary = summarize(events, {})
-    client_logs = [work / f"{name}.c{i}.log" for i in range(CLIENTS)]
+    client_logs = [(work / f"{name}.c{i}.log").read_text().splitlines()
+                   for i in range(CLIENTS)]
     print(f"{name}: rounds (s) " + " ".join(f"{s:.1f}" for s in round_seconds(events))
           + f"; connection changes {reconnect_reasons(client_logs)}", flush=True)
     stats = [json.loads(line.removeprefix("STATS "))
-             for i in range(CLIENTS)
-             for line in (work / f"{name}.c{i}.log").read_text().splitlines()
-             if line.startswith("STATS ")]
+             for lines in client_logs for line in lines if line.startswith("STATS ")]
     model = Path(spec["model"])
     return {"name": name, "completed": int(summary["rounds"] == rounds),
             "wall_s": summary["wall_seconds"],
