@@ -208,7 +208,6 @@ class ClientSession:
         self._sleep: Sleep = sleep or self._sleep_on_clock
         self._call = Caller(self.options.retry, self.stats, self._sleep, self._clock)
         self._rng = np.random.default_rng(self.options.seed)
-        self._plan_seeds = plan_seed_bound(self.options.seed)
         # group random-k's error feedback: what this client's summed updates kept back (in
         # memory: a restarted client starts without it, as a fresh one would)
         self._secure_residual: np.ndarray | None = None
@@ -579,7 +578,8 @@ class ClientSession:
         config = self.config
         assert config is not None
         plan = plan_for(task, config.batch_size, config.learning_rate, config.trainer_options,
-                        int(self._rng.integers(self._plan_seeds)), deadline)
+                        int(self._rng.integers(plan_seed_bound(self.options.seed))),
+                        deadline)
         result = await self._off_loop(self.trainer.train, model, plan)
         self.stats.train_seconds += float(result.metrics.get("train_seconds", 0.0))
         return result
