@@ -3,7 +3,8 @@
 ``TcpProxy(profile, upstream="127.0.0.1:50051")`` listens on ``listen`` (a free loopback port
 by default) and relays every accepted connection to ``upstream`` through two *pipes*, **up**
 (client -> upstream) and **down** (upstream -> client). Each pipe models one direction of a
-link as a serializer followed by a delay line, scheduled per chunk from its arrival::
+link as a serializer followed by a delay line, scheduled per chunk from its arrival; the
+serializer is the link's, shared by all its connections in the order their bytes arrive::
 
     leave    = max(arrival, serializer free) + size / bandwidth      (rate limit)
     delivery = max(leave + max(0, latency + N(0, jitter)), previous delivery)   (order kept)
@@ -151,6 +152,20 @@ class _Chunk:
     data: memoryview | None
 
 
+@dataclass
+class _Serializer:
+    """One direction of the link's bottleneck, shared by every connection over the link (a
+    client that opens two connections gets the link's bandwidth once, not twice):
+    ``free_at``, the loop time when it has sent what it was given."""
+
+    free_at: float = 0.0
+
+    def freeze(self, now: float, extra: float) -> None:
+        """A blackout: what it was sending leaves ``extra`` seconds later."""
+        if self.free_at > now:
+            self.free_at += extra
+
+
 class _Pipe:
     """One direction of one connection: schedules chunks on arrival, delivers them when due."""
 
@@ -158,6 +173,7 @@ class _Pipe:
         profile = conn.proxy.profile
         self.conn = conn
         self.direction = direction
+        self.serializer = conn.proxy.serializers[direction]
         self.loop = conn.proxy.loop
         self.bytes_per_s = None if rate_kbps is None else rate_kbps * 1000 / 8
         self.latency_s = profile.latency_ms / 1000
@@ -169,7 +185,6 @@ class _Pipe:
         self.dst: _Side
         self.queue: deque[_Chunk] = deque()
         self.buffered = 0
-        self.free_at = 0.0  # when the serializer finishes what it was given
         self.last_due = 0.0
         self.timer: asyncio.Handle | None = None
         self.done = False  # EOF delivered (or the destination is gone)
@@ -186,10 +201,19 @@ class _Pipe:
         return int(min(MAX_BUFFER, max(MIN_BUFFER, wanted)))
 
     def _stamp(self, now: float, size: int) -> float:
-        """Delivery time of ``size`` bytes arriving at ``now`` (after those before them)."""
-        start = max(now, self.free_at, self.conn.proxy.dark_until, self.conn.dark_until)
-        leave = start + (size / self.bytes_per_s if self.bytes_per_s else 0.0)
-        self.free_at = leave
+        """Delivery time of ``size`` bytes arriving at ``now`` (after those before them).
+
+        They queue for the link's serializer, behind every connection's bytes before them;
+        a connection stalled alone (``stall_connections``) sends them after its stall
+        without holding the link meanwhile, so the others pass.
+        """
+        send_s = size / self.bytes_per_s if self.bytes_per_s else 0.0
+        start = max(now, self.conn.proxy.dark_until)
+        if self.conn.dark_until > start:
+            leave = self.conn.dark_until + send_s
+        else:
+            leave = max(start, self.serializer.free_at) + send_s
+            self.serializer.free_at = leave
         delay = self.latency_s
         if self.jitter_s > 0:
             delay = max(0.0, delay + self.rng.gauss(0.0, self.jitter_s))
@@ -251,11 +275,10 @@ class _Pipe:
         self.conn.pipe_done()
 
     def freeze(self, now: float, extra: float) -> None:
-        """A blackout: everything in flight and the serializer move ``extra`` seconds later."""
+        """A stall of this connection: everything in flight moves ``extra`` seconds later
+        (a blackout moves the link's serializers too: ``TcpProxy.force_blackout``)."""
         for chunk in self.queue:
             chunk.due = max(chunk.due, now) + extra
-        if self.free_at > now:
-            self.free_at += extra
         if self.last_due > now:
             self.last_due += extra
 
@@ -478,6 +501,7 @@ class TcpProxy:
             raise ConfigError(f"spin_s: must be >= 0, got {spin_s}")
         self.spin_s = spin_s
         self.dark_until = 0.0  # the link is blacked out until this loop time
+        self.serializers = {"up": _Serializer(), "down": _Serializer()}
         self.connections: set[_Connection] = set()
         self.sides: set[_Side] = set()
         self._no_sides: asyncio.Event | None = None  # set while no socket is open (start)
@@ -597,6 +621,8 @@ class TcpProxy:
         self.dark_until = until
         self.counters.blackouts += 1
         self.counters.stalled_s += extra
+        for serializer in self.serializers.values():
+            serializer.freeze(now, extra)
         for conn in self.connections:
             conn.freeze(now, extra)
 

@@ -257,6 +257,25 @@ def test_bandwidth_paces_a_transfer_each_way() -> None:
     assert max(up, down) < 1.5 * alone  # one shared budget: 2 x alone
 
 
+def test_connections_over_one_link_share_its_bandwidth() -> None:
+    """1000 kbit/s: two connections sending 125 KB each at once take as long as 250 KB over
+    one (at least 2 s), not as long as 125 KB alone: the link, not each connection, has the
+    bandwidth (a client that stripes a download over two connections gets it once)."""
+    size = 125_000
+
+    async def two_at_once() -> float:
+        async with Peer() as peer, TcpProxy(LinkProfile(up_kbps=1000), peer.address) as proxy:
+            (started, first), (_, second) = await asyncio.gather(
+                send_all(proxy.address, size), send_all(proxy.address, size))
+            got = [await peer.connection(i) for i in range(2)]
+            first.close()
+            second.close()
+            assert [g.nbytes for g in got] == [size, size]
+            return max(g.times[-1] for g in got) - started
+
+    assert run_async(two_at_once()) >= 2.0 * 0.95  # paced: never faster than the link
+
+
 @pytest.mark.timeout(30)
 def test_throughput_is_bandwidth_bound_not_latency_bound() -> None:
     """100 ms + 8000 kbit/s: 1 MB takes about what it takes without the latency, plus 100 ms
