@@ -21,9 +21,11 @@ stalled connection on a short link) and a generous fixed 600 s coordinator liven
 Figures per profile ``<p>``: ``completed_<p>`` (1 when all rounds flushed), ``wall_s_<p>`` and
 ``wall_s_fixed_<p>`` (first task to the end, from the event log), ``slowdown_vs_fixed_timeouts_<p>``
 (the ratio; target <= 1.1), ``own_reconnects_per_client_<p>`` (the most channels any one
-client opened beyond its first: fedlink's own reconnects; target <= 3), ``stalls_<p>``,
+client opened beyond each connection's first, ``SessionStats.reconnects``: fedlink's own
+reconnects; target <= 3), ``stalls_<p>``,
 ``tcp_connections_<p>`` (TCP opens in the clients' namespace), ``tcp_reconnects_per_client_<p>``
-(those opens beyond one per client, over the clients: the same kernel counter in both arms, so
+(those opens beyond the connections each client keeps, over the clients: the same kernel
+counter in both arms, so
 it also counts the reconnects that gRPC makes inside a channel after the kernel or a ping-ack
 timeout killed its connection, which ``own_reconnects_per_client`` cannot see in either arm),
 ``calls_cut_by_ping_timeout_<p>`` and ``calls_cut_by_kernel_<p>`` (client calls that failed
@@ -243,12 +245,15 @@ def one_run(profile: LinkProfile, rounds: int, fixed: bool, work: Path,
     model = Path(spec["model"])
     return {"name": name, "completed": int(summary["rounds"] == rounds),
             "wall_s": summary["wall_seconds"],
-            "reconnects": max((s["channels_opened"] - 1 for s in stats), default=-1),
+            "reconnects": max((s["reconnects"] for s in stats), default=-1),
             "stalls": sum(s["stalls"] for s in stats),
             "tcp_connections": after["Tcp:ActiveOpens"] - before["Tcp:ActiveOpens"],
+            # beyond the connections the clients meant to keep (one each, or one per
+            # download connection once a download striped)
             "tcp_reconnects_per_client": round((after["Tcp:ActiveOpens"]
-                                                - before["Tcp:ActiveOpens"] - CLIENTS)
-                                               / CLIENTS, 2),
+                                                - before["Tcp:ActiveOpens"]
+                                                - sum(s["channels_opened"] - s["reconnects"]
+                                                      for s in stats)) / CLIENTS, 2),
             **cut_calls(client_logs),
             "client_timeouts": summary["client_timeouts"],
             "false_client_timeouts": summary.get("false_client_timeouts", -1),

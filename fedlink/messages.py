@@ -277,13 +277,14 @@ TaskReply = Task | Wait | Finished
 
 @dataclass(frozen=True)
 class DownloadRequest:
-    """Stream a task's model from ``offset``."""
+    """Stream a task's model from ``offset``, up to ``end_offset`` (0: to the end)."""
 
     client_id: str
     task_id: str
     offset: int = 0
     max_chunk_bytes: int = 0
     delta: bool = False
+    end_offset: int = 0
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,9 @@ def run_one_client(server: str, config_path: Path, index: int, name: str, token:
     options = ClientOptions(name=name or f"client-{index}", token=token, seed=seed,
                             outbox_dir=outbox, tls=tls, retry=policy,
                             liveness=config.client.liveness)
+    if config.client.download_connections is not None:
+        options = dataclasses.replace(
+            options, download_connections=config.client.download_connections)
     pipeline = config.client.pipeline()
     session = ClientSession(server, experiment.trainer(index), options, pipeline)
     try:

@@ -80,6 +80,7 @@ from fedlink.client.stats import SessionStats
 from fedlink.client.transfer import HeldModel, Transfers
 from fedlink.client.transport import Timeouts, TLSOptions, Transport
 from fedlink.clock import Clock, RealClock, sleep_on
+from fedlink.config import require
 from fedlink.errors import ConfigError, RemoteError, Unauthenticated, WrongRun
 from fedlink.messages import (
     EvaluationReport,
@@ -134,7 +135,11 @@ class ClientOptions:
     ``fedlink token issue`` (sent at ``Join`` and as ``authorization`` metadata on every call).
     ``tls``: connect over TLS with these CA / client certificate files (``None``: plaintext).
     ``liveness``: bounds of the ping-ack timeout, TCP user timeout and call deadlines that
-    follow the measured link (``fedlink.client.liveness``).
+    follow the measured link (``fedlink.client.liveness``). ``download_connections``: how many
+    connections a large download is striped over (``fedlink.client.transfer.Transfers``; the
+    ones beyond the first open with the first such download). Under heavy loss, one TCP
+    connection spends long spells in retransmission backoff; a second one, taking over what
+    the first has left, carries the bytes meanwhile. 1 turns striping off.
 
     ``seed``: the seed of the client's own randomness: its minibatch order, stochastic
     rounding and random-k, and its privacy noise (the pipeline's noise stage, DP-SGD, its
@@ -154,6 +159,11 @@ class ClientOptions:
     outbox_dir: Path | None = None
     tls: TLSOptions | None = None
     liveness: LivenessConfig = field(default_factory=LivenessConfig)
+    download_connections: int = 2
+
+    def __post_init__(self) -> None:
+        require(self.download_connections >= 1, "client.download_connections",
+                f"must be >= 1, got {self.download_connections}")
 
 
 def plan_seed_bound(seed: int | None) -> int:
@@ -221,7 +231,16 @@ class ClientSession:
     async def run(self) -> SessionStats:
         """Take part until the coordinator says the run is over (or ``max_tasks`` are done)."""
         async with Transport(self.target, self.options.timeouts, self.options.tls,
-                             self.options.token, self.options.liveness) as transport:
+                             self.options.token, self.options.liveness) as transport, \
+                contextlib.AsyncExitStack() as lanes_open:
+            lanes: list[Transport] = []
+
+            def open_lanes() -> tuple[Transport, ...]:
+                while len(lanes) < self.options.download_connections - 1:
+                    lanes.append(self._transport_for_lane(transport))
+                    lanes_open.push_async_callback(lanes[-1].close)
+                return tuple(lanes)
+
             self._transport = transport
             try:
                 try:
@@ -230,17 +249,26 @@ class ClientSession:
                     if not self._over_before(err):
                         raise
                     return self.stats
-                transfers = Transfers(transport, self._call, self.stats, config.chunk_bytes)
+                transfers = Transfers(transport, self._call, self.stats, config.chunk_bytes,
+                                      lanes=open_lanes)
                 self._courier = Courier(transport, transfers, self._call, self.stats,
                                         self.outbox, config, self._clock)
                 await self._courier.recover(self.target, self.options.name, self.client_id)
                 await self._work()
                 await self._leave("run finished")
             finally:
-                self.stats.channels_opened = transport.channels_opened
-                self.stats.stalls = transport.stalls
+                connections = (transport, *lanes)
+                self.stats.channels_opened = sum(t.channels_opened for t in connections)
+                self.stats.reconnects = self.stats.channels_opened - len(connections)
+                self.stats.stalls = sum(t.stalls for t in connections)
                 self._transport = self._courier = None
         return self.stats
+
+    def _transport_for_lane(self, first: Transport) -> Transport:
+        """One more connection to the coordinator, which carries part of large downloads;
+        it crosses the link ``first`` measures, and shares what ``first`` learns of it."""
+        return Transport(self.target, self.options.timeouts, self.options.tls,
+                         self.options.token, private=True, link=first.link)
 
     async def _work(self) -> None:
         """Drive the client's lifecycle (``fedlink.client.protocol``) over gRPC until it stops."""

@@ -34,9 +34,11 @@ class SessionStats:
     uploading and committing; ``network_reported`` how much of it commits have reported to the
     coordinator. ``finished``: the coordinator's reason when it said the run is
     over (empty until then). ``channels_opened``: the channels the client opened to the
-    coordinator (the first included; the others are its own reconnects: a dead connection that
-    came back with another ping-ack timeout, or a stalled transfer moved to a fresh one);
-    ``stalls``: transfers abandoned for making no progress. ``evaluations`` counts evaluation
+    coordinator, the first of each connection included (a second one opens with the first
+    striped download, ``ClientOptions.download_connections``); ``reconnects``: those beyond
+    each connection's first, the client's own reconnects (a dead connection that came back
+    with another ping-ack timeout, or a stalled transfer moved to a fresh one); ``stalls``:
+    transfers abandoned for making no progress. ``evaluations`` counts evaluation
     tasks whose report the coordinator accepted (they are not in ``tasks``, which counts
     training tasks).
     """
@@ -57,6 +59,7 @@ class SessionStats:
     network_seconds: float = 0.0
     network_reported: float = 0.0
     channels_opened: int = 0
+    reconnects: int = 0
     stalls: int = 0
     refusals: list[str] = field(default_factory=list)
     finished: str = ""

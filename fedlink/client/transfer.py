@@ -19,8 +19,12 @@ re-encoding the rebuilt model, which only a client with the same zlib can match.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
+import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -49,6 +53,10 @@ MIN_CHUNK_BYTES = 16 << 10
 MAX_CHUNK_BYTES = 1 << 20
 FIRST_CHUNK_BYTES = 64 << 10
 """The most an upload stream's first chunk carries (it tells the coordinator whose it is)."""
+STRIPE_MIN_BYTES = 256 << 10
+"""The smallest download striped over several connections (``Transfers``)."""
+STRIPE_MIN_STEAL_BYTES = 32 << 10
+"""The least an idle connection takes over from a busy one by halves (``steal``)."""
 MIN_SEGMENT_BYTES = 64 << 10
 START_SEGMENT_BYTES = 1 << 20
 MAX_SEGMENT_BYTES = 64 << 20
@@ -68,8 +76,8 @@ class Call(Protocol):
 class TransferLink(Protocol):
     """The calls a transfer makes (``fedlink.client.transport.Transport`` provides them)."""
 
-    def download(self, request: DownloadRequest) -> AsyncIterator[DataChunk]:
-        """Stream a payload from ``request.offset``."""
+    def download(self, request: DownloadRequest) -> AsyncGenerator[DataChunk, None]:
+        """Stream a payload from ``request.offset`` (to ``request.end_offset``, when set)."""
         ...
 
     async def upload(self, chunks: Iterator[UploadChunk]) -> UploadReply:
@@ -210,12 +218,72 @@ def rebuilt_matches(model: np.ndarray, header: TensorHeader) -> bool:
     return model_checksum(model, header.encoding) == header.checksum
 
 
+@dataclass
+class Stripe:
+    """One connection's share of a striped download: bytes ``[next, end)`` still due;
+    ``whole``: taken over whole from another connection (``StripedPayload.steal``)."""
+
+    next: int
+    end: int
+    whole: bool = False
+
+    @property
+    def left(self) -> int:
+        """Bytes of the share not received yet."""
+        return max(0, self.end - self.next)
+
+
+class StripedPayload:
+    """A payload of ``total`` bytes being downloaded in ``ways`` ranges at once: the bytes
+    received so far (``buffer``) and the ranges still due (``stripes``). ``request`` holds
+    what every range's ``DownloadRequest`` shares (client, task, delta)."""
+
+    def __init__(self, total: int, ways: int, request: DownloadRequest) -> None:
+        bounds = [total * i // ways for i in range(ways + 1)]
+        self.stripes = [Stripe(a, b) for a, b in itertools.pairwise(bounds)]
+        self.buffer = bytearray(total)
+        self.request = request
+
+    @property
+    def left(self) -> int:
+        """Bytes not received yet."""
+        return sum(s.left for s in self.stripes)
+
+    def steal(self, minimum: int = STRIPE_MIN_STEAL_BYTES) -> Stripe | None:
+        """A range for an idle connection, which the range's connection gives up (it stops
+        at the new ``end``): the upper half of the largest range left, or all of it when it
+        is too small to split (under ``2 x minimum``), so that a connection deep in TCP
+        backoff does not hold up the payload's last bytes. A range taken whole is not taken
+        whole again: two moving connections would take it from each other for ever.
+        ``None`` when nothing is left to take."""
+        largest = max((s for s in self.stripes if s.left and not s.whole),
+                      key=lambda s: s.left, default=None)
+        if largest is None:
+            return None
+        whole = largest.left < 2 * minimum
+        cut = largest.next if whole else largest.end - largest.left // 2
+        taken = Stripe(cut, largest.end, whole=whole)
+        largest.end = cut
+        self.stripes.append(taken)
+        return taken
+
+
 class Transfers:
-    """Resumable downloads and uploads over one link, retried by ``call``, counted in ``stats``."""
+    """Resumable downloads and uploads over one link, retried by ``call``, counted in ``stats``.
+
+    ``lanes``: gives more links to the same coordinator, each on a connection of its own
+    (called when a download first needs them; none: no striping). A download of at least
+    ``STRIPE_MIN_BYTES`` is striped over ``link`` and the lanes: each fetches a range, and one
+    that finishes takes over half of what another has left (``StripedPayload.steal``), so a
+    connection deep in TCP backoff holds up no more than its last range while the others
+    carry the bytes. Uploads, whose coordinator holds a contiguous prefix, use ``link`` alone.
+    """
 
     def __init__(self, link: TransferLink, call: Call, stats: SessionStats,
-                 chunk_bytes: int) -> None:
+                 chunk_bytes: int,
+                 lanes: Callable[[], tuple[TransferLink, ...]] | None = None) -> None:
         self.link = link
+        self.lanes = lanes
         self.call = call
         self.stats = stats
         self.up = ChunkSizer.for_server(chunk_bytes)
@@ -277,6 +345,9 @@ class Transfers:
 
         The length is checked here; the checksum by the caller (``unpack`` for a full model).
         """
+        lanes = self.lanes() if self.lanes and header.num_bytes >= STRIPE_MIN_BYTES else ()
+        if lanes:
+            return await self._download_striped(client_id, task_id, header, delta, lanes)
         buffer = bytearray()
         what = "delta" if delta else "model"
 
@@ -293,6 +364,74 @@ class Transfers:
             raise DataLoss(f"download of the {what} of task {task_id} ended after "
                            f"{len(buffer)} of {header.num_bytes} bytes")
         return bytes(buffer)
+
+    async def _download_striped(self, client_id: str, task_id: str, header: TensorHeader,
+                                delta: bool, lanes: tuple[TransferLink, ...]) -> bytes:
+        """The payload ``header`` describes, fetched in ranges over ``link`` and ``lanes``."""
+        links = (self.link, *lanes)
+        payload = StripedPayload(header.num_bytes, len(links),
+                                 DownloadRequest(client_id, task_id, delta=delta))
+        fetches = [asyncio.ensure_future(self._fetch_stripes(link, stripe, payload))
+                   for link, stripe in zip(links, list(payload.stripes), strict=True)]
+        try:
+            while payload.left:
+                done, _ = await asyncio.wait(fetches, return_when=asyncio.FIRST_COMPLETED)
+                for fetch in done:
+                    fetch.result()  # a connection that failed for good fails the download
+                fetches = [fetch for fetch in fetches if not fetch.done()]
+        finally:
+            for fetch in fetches:
+                fetch.cancel()  # the rest of the payload arrived over the other connections
+            await asyncio.gather(*fetches, return_exceptions=True)
+        return bytes(payload.buffer)
+
+    async def _fetch_stripes(self, link: TransferLink, stripe: Stripe,
+                             payload: StripedPayload) -> None:
+        """Fetch ``stripe`` over ``link``, then take over part of another connection's share,
+        until none has enough left to split (``steal``)."""
+        current: Stripe | None = stripe
+        while current is not None:
+            await self._fetch_stripe(link, current, payload)
+            current = payload.steal()
+
+    async def _fetch_stripe(self, link: TransferLink, stripe: Stripe,
+                            payload: StripedPayload) -> None:
+        """Fetch ``stripe`` over ``link`` under the retry policy, resuming where it broke."""
+        async def attempt() -> None:
+            if stripe.left:  # another connection may have taken the rest meanwhile
+                request = dataclasses.replace(payload.request, offset=stripe.next,
+                                              end_offset=stripe.end,
+                                              max_chunk_bytes=self.down.size)
+                await self._receive_stripe(link, request, stripe, payload.buffer)
+
+        what = "delta" if payload.request.delta else "model"
+        await self._call_while_moving(attempt, f"Download ({what} range)", lambda: stripe.next)
+
+    async def _receive_stripe(self, link: TransferLink, request: DownloadRequest,
+                              stripe: Stripe, buffer: bytearray) -> None:
+        """Receive ``stripe`` over ``link`` until it ends. Its ``end`` may move down meanwhile
+        (another connection took the rest), and a coordinator before protocol 1.1, which
+        streams to the payload's end, is read only that far."""
+        try:
+            async with contextlib.aclosing(link.download(request)) as chunks:
+                async for chunk in chunks:
+                    if chunk.offset != stripe.next or chunk.offset + len(chunk.data) > len(buffer):
+                        raise DataLoss(f"download chunk of {len(chunk.data)} bytes at offset "
+                                       f"{chunk.offset}, expected offset {stripe.next} of "
+                                       f"{len(buffer)}")
+                    piece = chunk.data[:stripe.left]
+                    buffer[stripe.next:stripe.next + len(piece)] = piece
+                    stripe.next += len(piece)
+                    self.stats.bytes_down += len(chunk.data)
+                    self.breaks.carried(len(chunk.data))
+                    if not stripe.left:
+                        break
+        except RemoteError as exc:
+            if exc.retryable:
+                self.down.failed()
+                self.breaks.broke()
+            raise
+        self.down.succeeded()
 
     async def _receive(self, request: DownloadRequest, buffer: bytearray, total: int) -> None:
         try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,14 +155,22 @@ class Transport:
     connection's window can grow tenfold before its first loss), so a stalled connection is
     never reused. ``channels_opened`` counts the channels, ``stalls`` the transfers abandoned
     for making no progress.
+
+    ``private``: every channel gets a connection of its own, never one that gRPC shares among
+    channels with the same options: a second ``Transport`` to the same coordinator that
+    carries part of each download (``fedlink.client.transfer.Transfers``) must not ride the
+    first one's connection. ``link``: the estimate of a link another ``Transport`` already
+    measures (the second one's connection crosses the same link; ``liveness`` is then
+    ``link.config``).
     """
 
     def __init__(self, target: str, timeouts: Timeouts | None = None,
                  tls: TLSOptions | None = None, token: str = "",
-                 liveness: LivenessConfig | None = None) -> None:
+                 liveness: LivenessConfig | None = None, private: bool = False,
+                 link: LinkEstimate | None = None) -> None:
         self.target = target
         self.timeouts = timeouts or Timeouts()
-        self.link = LinkEstimate(liveness)
+        self.link = link if link is not None else LinkEstimate(liveness)
         self.channels_opened = 0
         self.stalls = 0
         self._tls = tls
@@ -170,7 +178,7 @@ class Transport:
         self._retiring: set[asyncio.Task[None]] = set()
         self._dead = False  # a call on the open channel failed with its connection gone
         self._stalled = False  # a transfer on the open channel made no progress
-        self._private = False  # the open channel must not share a connection (see below)
+        self._private = private  # the open channel must not share a connection (see below)
         # round trips and goodput are network facts: measured in real time whatever clock
         # the session runs on
         self._now = RealClock().now
@@ -191,7 +199,7 @@ class Transport:
         if self._private:
             # gRPC shares a connection among channels with identical options: after a stall,
             # an option of this channel's own keeps it off the stalled connection
-            options.append(("fedlink.connection", self.channels_opened))
+            options.append(("fedlink.connection", f"{id(self)}/{self.channels_opened}"))
         if self._tls is None:
             channel = grpc.aio.insecure_channel(self.target, options=options)
         else:
@@ -321,7 +329,7 @@ class Transport:
                                                          self.unary_deadline_s))
         return reply
 
-    async def download(self, request: DownloadRequest) -> AsyncIterator[DataChunk]:
+    async def download(self, request: DownloadRequest) -> AsyncGenerator[DataChunk, None]:
         """Stream ``Download``; chunks arrive as they come (an error may cut the stream).
 
         A stream that brings no chunk for ``link.stall_s()`` is cancelled as stalled; its
@@ -348,10 +356,17 @@ class Transport:
                 yield chunk
         except grpc.aio.AioRpcError as exc:
             raise transfer_failure(self._failed(exc)) from None
+        except GeneratorExit:  # the reader has what it asked for: the range it still wants
+            self._moved(received, started)
+            raise
         finally:
             call.cancel()
             self._log_transfer("download", received, started, progress)
-        self.link.observe_transfer(received, self._now() - started)
+        self._moved(received, started)
+
+    def _moved(self, num_bytes: int, started: float) -> None:
+        """A transfer attempt moved ``num_bytes`` since ``started`` and ended well."""
+        self.link.observe_transfer(num_bytes, self._now() - started)
         self.link.succeeded()
         self._line.moved_a_transfer = True
 
@@ -395,9 +410,7 @@ class Transport:
             self._log_transfer("upload", sent, started, progress)
         if reply is None:
             raise transfer_failure(self._stall("upload", progress.idle_s()))
-        self.link.observe_transfer(sent, self._now() - started)
-        self.link.succeeded()
-        self._line.moved_a_transfer = True
+        self._moved(sent, started)
         result: UploadReply = from_proto(reply)
         return result
 

@@ -65,7 +65,8 @@ class Transfers:
     # -- down -----------------------------------------------------------------------------
 
     async def download(self, request: DownloadRequest) -> AsyncIterator[DataChunk]:
-        """Stream a task's model, or with ``request.delta`` its delta, from ``request.offset``.
+        """Stream a task's model, or with ``request.delta`` its delta, from ``request.offset``
+        up to ``request.end_offset`` (0: to the end).
 
         Every chunk sent counts as a sign of life of the client (a slow download is not a
         dead client), and into ``bytes_down`` once gRPC has taken it; the stream's end (or
@@ -79,8 +80,9 @@ class Transfers:
             raise UpdateRefused(f"task {request.task_id!r} is closed", RefusalCode.TASK_CLOSED)
         full = self.engine.payload(record.version)
         payload = self.engine.delta_payload(record) if request.delta else full
-        if request.offset > len(payload.data):
-            raise InvalidArgument(f"offset {request.offset} is past the end of the "
+        end = request.end_offset or len(payload.data)
+        if request.offset > end or end > len(payload.data):
+            raise InvalidArgument(f"range [{request.offset}, {end}) does not fit in the "
                                   f"{len(payload.data)}-byte {_what(request)}")
         chunk_bytes = min(request.max_chunk_bytes or self.limits.chunk_bytes,
                           self.limits.max_chunk_bytes)
@@ -88,7 +90,7 @@ class Transfers:
         registry = self._callers.registry
         registry.transfer_opened(request.client_id)  # an open stream is a sign of life
         try:
-            for offset, piece in iter_chunks(payload.data, chunk_bytes, request.offset):
+            for offset, piece in iter_chunks(payload.data, chunk_bytes, request.offset, end):
                 # counted as it is handed to gRPC: a cancel can end the stream before the
                 # generator resumes, after the client already has the chunk
                 sent += len(piece)

@@ -45,8 +45,8 @@ class RequestChecks:
     def download(self, request: DownloadRequest) -> None:
         """``Download``: the task id, offsets not negative."""
         self.strings(task_id=request.task_id)
-        if request.offset < 0 or request.max_chunk_bytes < 0:
-            raise InvalidArgument("offset and max_chunk_bytes must be >= 0")
+        if request.offset < 0 or request.max_chunk_bytes < 0 or request.end_offset < 0:
+            raise InvalidArgument("offset, end_offset and max_chunk_bytes must be >= 0")
 
     def commit(self, request: CommitRequest) -> None:
         """``Commit``: ids, metrics and the update's header (its counts: ``counts``)."""

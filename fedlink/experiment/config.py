@@ -169,6 +169,12 @@ class ClientSection:
     (``[client.liveness]``, ``fedlink.client.liveness.LivenessConfig``): how clients retry and
     how long they wait for a link before calling it dead.
 
+    ``download_connections``: how many connections a client stripes a large download over
+    (``fedlink.client.ClientOptions``). Unset: 2 for ``fedlink client`` (a device on a real
+    link), 1 for the clients ``fedlink simulate`` runs (over an emulated ``[network]`` a
+    client's connections share its link's bandwidth). Virtual mode, which times one transfer
+    per payload, refuses more than 1.
+
     A ``keep_local`` pattern is ``"batchnorm"`` (every BatchNorm layer's tensors), a glob over
     the full tensor names of ``model.state_dict()`` (``"1.*"``, ``"head.*"``,
     ``"*.running_*"``), or a bare word matching any dotted part that starts with it (``"bn"``:
@@ -214,6 +220,7 @@ class ClientSection:
     dp_fix_model: bool = False
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     liveness: LivenessConfig = field(default_factory=LivenessConfig)
+    download_connections: int | None = None
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any], section: str = "client") -> ClientSection:
@@ -239,6 +246,9 @@ class ClientSection:
         require(all(isinstance(p, str) and p for p in self.keep_local), "client.keep_local",
                 f"must be a list of non-empty names or patterns, got {self.keep_local!r}")
         check_device(self.device, "client.device")
+        require(self.download_connections is None or self.download_connections >= 1,
+                "client.download_connections",
+                f"must be >= 1 (1: no striping), got {self.download_connections}")
         require(not self.dp_fix_model or self.trainer == "dp_sgd", "client.dp_fix_model",
                 f"replaces layers for DP-SGD; it needs [client] trainer = 'dp_sgd', not "
                 f"{self.trainer!r}")
@@ -276,6 +286,15 @@ class ExperimentConfig:
         require(not self.evaluator or is_import_string(self.evaluator), "coordinator.evaluator",
                 f"must be 'package.module:attr', got {self.evaluator!r}")
         self._refuse_state_virtual_clients_lose()
+        self._refuse_striping_a_simulation_cannot_model()
+
+    def _refuse_striping_a_simulation_cannot_model(self) -> None:
+        """Virtual mode times one transfer per payload: more than one download connection
+        could not take effect there."""
+        if self.run.mode == "virtual" and (self.client.download_connections or 1) > 1:
+            raise ConfigError("[client] download_connections > 1 with [run] mode = 'virtual': "
+                              "virtual links time one transfer per payload, so striping "
+                              "could not take effect. Unset it, or set it to 1")
 
     def _refuse_state_virtual_clients_lose(self) -> None:
         """Virtual mode builds each task's trainer afresh (a population of 10^6 keeps no

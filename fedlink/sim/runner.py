@@ -385,7 +385,8 @@ def _session(config: ExperimentConfig, index: int, trainer: Trainer, target: str
     name = f"sim-{index}"
     options = ClientOptions(name=name, token=_token(config, name),
                             seed=config.run.seed * 1_000_003 + index,
-                            retry=config.client.retry, liveness=config.client.liveness)
+                            retry=config.client.retry, liveness=config.client.liveness,
+                            download_connections=config.client.download_connections or 1)
     pipeline = config.client.pipeline()
     return ClientSession(target, trainer, options, pipeline, executor=pool, sleep=sleep,
                          inline_training=inline)

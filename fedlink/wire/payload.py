@@ -142,10 +142,13 @@ def check_header(header: TensorHeader, expected_size: int, checksums: bool = Tru
             raise InvalidArgument(f"{name} must be '{CHECKSUM_ALGORITHM}:<hex>', got {value!r}")
 
 
-def iter_chunks(data: bytes, chunk_bytes: int, offset: int = 0) -> Iterator[tuple[int, bytes]]:
-    """``(offset, piece)`` pairs covering ``data[offset:]`` in pieces of ``chunk_bytes``."""
+def iter_chunks(data: bytes, chunk_bytes: int, offset: int = 0,
+                end: int | None = None) -> Iterator[tuple[int, bytes]]:
+    """``(offset, piece)`` pairs covering ``data[offset:end]`` in pieces of ``chunk_bytes``
+    (``end``: the end of ``data`` when ``None``)."""
     if chunk_bytes <= 0:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    stop = len(data) if end is None else min(end, len(data))
     view = memoryview(data)
-    for start in range(offset, len(data), chunk_bytes):
-        yield start, bytes(view[start:start + chunk_bytes])
+    for start in range(offset, stop, chunk_bytes):
+        yield start, bytes(view[start:min(start + chunk_bytes, stop)])

@@ -44,12 +44,14 @@ def test_a_stalled_upload_is_resumed_on_a_fresh_connection(
             # well into the upload (the download runs the other way), stall what is open
             await wait_until(lambda: proxy.counters.bytes_up > 400_000, timeout=60,
                              what="the upload under way")
-            assert proxy.stall_connections(600.0) == 1
+            # the upload's connection, and the second one that carried half the model
+            assert proxy.stall_connections(600.0) == 2
             stats = await asyncio.wait_for(running, 90)
             await asyncio.wait_for(server.wait_finished(), 10)
 
         assert stats.accepted == 1
-        assert stats.stalls >= 1 and stats.channels_opened == 1 + stats.stalls
+        assert stats.stalls >= 1 and stats.channels_opened == 2 + stats.stalls
+        assert stats.reconnects == stats.stalls  # a connection's first channel is not one
         assert proxy.counters.connections == stats.channels_opened
         assert stats.resumed_bytes > 0  # the fresh connection went on from what was held
         np.testing.assert_allclose(server.service.engine.model, np.full(DIM, 0.5))

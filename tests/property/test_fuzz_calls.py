@@ -193,7 +193,8 @@ def test_download(fuzzed: Fuzzed, data: st.DataObject) -> None:
         client_id=data.draw(ids(fuzzed.client_id)), task_id=data.draw(ids(fuzzed.task_id)),
         offset=data.draw(st.one_of(st.integers(0, 4 * DIM + 2), UINT64)),
         max_chunk_bytes=data.draw(st.one_of(st.integers(0, 64), st.integers(0, (1 << 32) - 1))),
-        delta=data.draw(st.booleans()))
+        delta=data.draw(st.booleans()),
+        end_offset=data.draw(st.one_of(st.integers(0, 4 * DIM + 2), UINT64)))
     call(fuzzed, lambda: fuzzed.stub.Download(request, timeout=DEADLINE_S))
 
 

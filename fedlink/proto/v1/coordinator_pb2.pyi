@@ -378,18 +378,20 @@ class GetTaskReply(_message.Message):
     def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., wait: _Optional[_Union[Wait, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ...) -> None: ...
 
 class DownloadRequest(_message.Message):
-    __slots__ = ("client_id", "task_id", "offset", "max_chunk_bytes", "delta")
+    __slots__ = ("client_id", "task_id", "offset", "max_chunk_bytes", "delta", "end_offset")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     task_id: str
     offset: int
     max_chunk_bytes: int
     delta: bool
-    def __init__(self, client_id: _Optional[str] = ..., task_id: _Optional[str] = ..., offset: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ..., delta: _Optional[bool] = ...) -> None: ...
+    end_offset: int
+    def __init__(self, client_id: _Optional[str] = ..., task_id: _Optional[str] = ..., offset: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ..., delta: _Optional[bool] = ..., end_offset: _Optional[int] = ...) -> None: ...
 
 class DataChunk(_message.Message):
     __slots__ = ("offset", "data")
