@@ -78,7 +78,7 @@ from fedlink.client.protocol import (
 from fedlink.client.retry import Caller, RetryPolicy, Sleep
 from fedlink.client.stats import SessionStats
 from fedlink.client.transfer import HeldModel, Transfers
-from fedlink.client.transport import Timeouts, TLSOptions, Transport
+from fedlink.client.transport import Lanes, Timeouts, TLSOptions, Transport
 from fedlink.clock import Clock, RealClock, sleep_on
 from fedlink.config import require
 from fedlink.errors import ConfigError, RemoteError, Unauthenticated, WrongRun
@@ -231,16 +231,8 @@ class ClientSession:
     async def run(self) -> SessionStats:
         """Take part until the coordinator says the run is over (or ``max_tasks`` are done)."""
         async with Transport(self.target, self.options.timeouts, self.options.tls,
-                             self.options.token, self.options.liveness) as transport, \
-                contextlib.AsyncExitStack() as lanes_open:
-            lanes: list[Transport] = []
-
-            def open_lanes() -> tuple[Transport, ...]:
-                while len(lanes) < self.options.download_connections - 1:
-                    lanes.append(self._transport_for_lane(transport))
-                    lanes_open.push_async_callback(lanes[-1].close)
-                return tuple(lanes)
-
+                             self.options.token, self.options.liveness) as transport:
+            lanes = Lanes(transport, self.options.download_connections - 1)
             self._transport = transport
             try:
                 try:
@@ -250,25 +242,23 @@ class ClientSession:
                         raise
                     return self.stats
                 transfers = Transfers(transport, self._call, self.stats, config.chunk_bytes,
-                                      lanes=open_lanes)
+                                      lanes=lanes)
                 self._courier = Courier(transport, transfers, self._call, self.stats,
                                         self.outbox, config, self._clock)
                 await self._courier.recover(self.target, self.options.name, self.client_id)
                 await self._work()
                 await self._leave("run finished")
             finally:
-                connections = (transport, *lanes)
-                self.stats.channels_opened = sum(t.channels_opened for t in connections)
-                self.stats.reconnects = self.stats.channels_opened - len(connections)
-                self.stats.stalls = sum(t.stalls for t in connections)
+                await lanes.close()
+                self._count_connections(lanes.all)
                 self._transport = self._courier = None
         return self.stats
 
-    def _transport_for_lane(self, first: Transport) -> Transport:
-        """One more connection to the coordinator, which carries part of large downloads;
-        it crosses the link ``first`` measures, and shares what ``first`` learns of it."""
-        return Transport(self.target, self.options.timeouts, self.options.tls,
-                         self.options.token, private=True, link=first.link)
+    def _count_connections(self, connections: tuple[Transport, ...]) -> None:
+        """The channels ``connections`` opened, and their stalls, into ``stats``."""
+        self.stats.channels_opened = sum(t.channels_opened for t in connections)
+        self.stats.reconnects = self.stats.channels_opened - len(connections)
+        self.stats.stalls = sum(t.stalls for t in connections)
 
     async def _work(self) -> None:
         """Drive the client's lifecycle (``fedlink.client.protocol``) over gRPC until it stops."""

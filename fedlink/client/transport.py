@@ -69,6 +69,32 @@ class Timeouts:
     long_poll_s: float = 15.0
 
 
+class Lanes:
+    """Up to ``count`` more connections beside ``first`` (``Transport.sibling``), which
+    striped downloads use (``fedlink.client.transfer.Transfers``): opened on the first call,
+    closed by ``close``. ``all`` is every connection opened, ``first`` included."""
+
+    def __init__(self, first: Transport, count: int) -> None:
+        self.first = first
+        self.count = count
+        self._opened: list[Transport] = []
+
+    def __call__(self) -> tuple[Transport, ...]:
+        while len(self._opened) < self.count:
+            self._opened.append(self.first.sibling())
+        return tuple(self._opened)
+
+    @property
+    def all(self) -> tuple[Transport, ...]:
+        """``first`` and the connections opened beside it."""
+        return (self.first, *self._opened)
+
+    async def close(self) -> None:
+        """Close the connections opened beside ``first`` (not ``first`` itself)."""
+        for lane in self._opened:
+            await lane.close()
+
+
 def translate(exc: grpc.aio.AioRpcError) -> RemoteError:
     """The fedlink error for a failed gRPC call, with the coordinator's ``RetryInfo`` delay.
 
@@ -174,6 +200,7 @@ class Transport:
         self.channels_opened = 0
         self.stalls = 0
         self._tls = tls
+        self._token = token
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._retiring: set[asyncio.Task[None]] = set()
         self._dead = False  # a call on the open channel failed with its connection gone
@@ -188,6 +215,12 @@ class Transport:
     def ping_timeout_s(self) -> float:
         """The ping-ack timeout of the channel calls go through now."""
         return self._line.ping_timeout_s
+
+    def sibling(self) -> Transport:
+        """Another connection to the same coordinator, never sharing this one's: it crosses
+        the same link, so it shares (and feeds) this one's estimate of it."""
+        return Transport(self.target, self.timeouts, self._tls, self._token, private=True,
+                         link=self.link)
 
     def _open_line(self) -> _Line:
         cfg = self.link.config
