@@ -1,8 +1,9 @@
 """Heavy loss with a big model: fedlink's own timeouts against fixed ones (packet tier).
 
-Every run is 5 clients (5 processes: devices with a connection each) and one coordinator in two
-network namespaces joined by fedlink's user-space packet link (``fedlink.netem.packet``: kernel
-TCP on both ends sees real packet loss), a sync run (every round waits for all 5) of 10 rounds
+Every run is 5 clients (5 processes: devices, each striping its model downloads over two
+connections, the SDK's default, in both arms) and one coordinator in two network namespaces
+joined by fedlink's user-space packet link (``fedlink.netem.packet``: kernel TCP on both ends
+sees real packet loss), a sync run (every round waits for all 5) of 10 rounds
 (``--quick``: 2) on a model the size of a [512, 512] MLP on 8x8 digits (301,066 float32
 parameters, 1.2 MB updates; numpy clients moving half way toward a random target of their own,
 so that the order updates are summed in shows in the model's bits).

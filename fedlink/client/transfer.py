@@ -341,36 +341,24 @@ class Transfers:
 
     async def _download(self, client_id: str, task_id: str, header: TensorHeader,
                         delta: bool) -> bytes:
-        """The payload ``header`` describes, resuming from the bytes held after a break.
+        """The payload ``header`` describes, resuming from the bytes held after a break;
+        striped over the lanes when it is large enough.
 
         The length is checked here; the checksum by the caller (``unpack`` for a full model).
         """
         lanes = self.lanes() if self.lanes and header.num_bytes >= STRIPE_MIN_BYTES else ()
-        if lanes:
-            return await self._download_striped(client_id, task_id, header, delta, lanes)
-        buffer = bytearray()
-        what = "delta" if delta else "model"
-
-        async def attempt() -> None:
-            if buffer:
-                log.info("resumed %s download of task %s at offset %d of %d", what, task_id,
-                         len(buffer), header.num_bytes)
-            request = DownloadRequest(client_id, task_id, offset=len(buffer),
-                                      max_chunk_bytes=self.down.size, delta=delta)
-            await self._receive(request, buffer, header.num_bytes)
-
-        await self._call_while_moving(attempt, f"Download ({what})", lambda: len(buffer))
-        if len(buffer) != header.num_bytes:
-            raise DataLoss(f"download of the {what} of task {task_id} ended after "
-                           f"{len(buffer)} of {header.num_bytes} bytes")
-        return bytes(buffer)
-
-    async def _download_striped(self, client_id: str, task_id: str, header: TensorHeader,
-                                delta: bool, lanes: tuple[TransferLink, ...]) -> bytes:
-        """The payload ``header`` describes, fetched in ranges over ``link`` and ``lanes``."""
-        links = (self.link, *lanes)
-        payload = StripedPayload(header.num_bytes, len(links),
+        payload = StripedPayload(header.num_bytes, 1 + len(lanes),
                                  DownloadRequest(client_id, task_id, delta=delta))
+        if lanes:
+            await self._fetch_striped(payload, (self.link, *lanes))
+        else:
+            await self._fetch_stripe(self.link, payload.stripes[0], payload)
+        return bytes(payload.buffer)
+
+    async def _fetch_striped(self, payload: StripedPayload,
+                             links: tuple[TransferLink, ...]) -> None:
+        """Fetch ``payload``'s ranges, one per link, each link going on with what the others
+        have left (``_fetch_stripes``) until all of it has arrived."""
         fetches = [asyncio.ensure_future(self._fetch_stripes(link, stripe, payload))
                    for link, stripe in zip(links, list(payload.stripes), strict=True)]
         try:
@@ -383,12 +371,11 @@ class Transfers:
             for fetch in fetches:
                 fetch.cancel()  # the rest of the payload arrived over the other connections
             await asyncio.gather(*fetches, return_exceptions=True)
-        return bytes(payload.buffer)
 
     async def _fetch_stripes(self, link: TransferLink, stripe: Stripe,
                              payload: StripedPayload) -> None:
         """Fetch ``stripe`` over ``link``, then take over part of another connection's share,
-        until none has enough left to split (``steal``)."""
+        until nothing is left to take (``StripedPayload.steal``)."""
         current: Stripe | None = stripe
         while current is not None:
             await self._fetch_stripe(link, current, payload)
@@ -397,33 +384,34 @@ class Transfers:
     async def _fetch_stripe(self, link: TransferLink, stripe: Stripe,
                             payload: StripedPayload) -> None:
         """Fetch ``stripe`` over ``link`` under the retry policy, resuming where it broke."""
-        async def attempt() -> None:
-            if stripe.left:  # another connection may have taken the rest meanwhile
-                request = dataclasses.replace(payload.request, offset=stripe.next,
-                                              end_offset=stripe.end,
-                                              max_chunk_bytes=self.down.size)
-                await self._receive_stripe(link, request, stripe, payload.buffer)
+        request = payload.request
+        what = "delta" if request.delta else "model"
+        start = stripe.next
 
-        what = "delta" if payload.request.delta else "model"
-        await self._call_while_moving(attempt, f"Download ({what} range)", lambda: stripe.next)
+        async def attempt() -> None:
+            if stripe.next > start:
+                log.info("resumed %s download of task %s at offset %d of %d", what,
+                         request.task_id, stripe.next, len(payload.buffer))
+            # another connection may have taken the rest meanwhile; an empty payload is
+            # still asked for (the answer may be that the task closed or the delta is gone)
+            if stripe.left or not payload.buffer:
+                await self._receive_stripe(link, dataclasses.replace(
+                    request, offset=stripe.next, max_chunk_bytes=self.down.size,
+                    end_offset=stripe.end if stripe.end < len(payload.buffer) else 0),
+                    stripe, payload.buffer)
+
+        await self._call_while_moving(attempt, f"Download ({what})", lambda: stripe.next)
 
     async def _receive_stripe(self, link: TransferLink, request: DownloadRequest,
                               stripe: Stripe, buffer: bytearray) -> None:
         """Receive ``stripe`` over ``link`` until it ends. Its ``end`` may move down meanwhile
         (another connection took the rest), and a coordinator before protocol 1.1, which
-        streams to the payload's end, is read only that far."""
+        streams to the payload's end, is read only that far. A stream that ends before the
+        range does is ``DataLoss``."""
         try:
             async with contextlib.aclosing(link.download(request)) as chunks:
                 async for chunk in chunks:
-                    if chunk.offset != stripe.next or chunk.offset + len(chunk.data) > len(buffer):
-                        raise DataLoss(f"download chunk of {len(chunk.data)} bytes at offset "
-                                       f"{chunk.offset}, expected offset {stripe.next} of "
-                                       f"{len(buffer)}")
-                    piece = chunk.data[:stripe.left]
-                    buffer[stripe.next:stripe.next + len(piece)] = piece
-                    stripe.next += len(piece)
-                    self.stats.bytes_down += len(chunk.data)
-                    self.breaks.carried(len(chunk.data))
+                    self._place(chunk, stripe, buffer)
                     if not stripe.left:
                         break
         except RemoteError as exc:
@@ -431,23 +419,21 @@ class Transfers:
                 self.down.failed()
                 self.breaks.broke()
             raise
+        if stripe.left:
+            raise DataLoss(f"download of task {request.task_id} ended {stripe.left} bytes "
+                           f"short of offset {stripe.end} of {len(buffer)}")
         self.down.succeeded()
 
-    async def _receive(self, request: DownloadRequest, buffer: bytearray, total: int) -> None:
-        try:
-            async for chunk in self.link.download(request):
-                if chunk.offset != len(buffer) or len(buffer) + len(chunk.data) > total:
-                    raise DataLoss(f"download chunk of {len(chunk.data)} bytes at offset "
-                                   f"{chunk.offset}, expected offset {len(buffer)} of {total}")
-                buffer.extend(chunk.data)
-                self.stats.bytes_down += len(chunk.data)
-                self.breaks.carried(len(chunk.data))
-        except RemoteError as exc:
-            if exc.retryable:
-                self.down.failed()
-                self.breaks.broke()
-            raise
-        self.down.succeeded()
+    def _place(self, chunk: DataChunk, stripe: Stripe, buffer: bytearray) -> None:
+        """Put what ``chunk`` brings of ``stripe`` into ``buffer``, counting all of it."""
+        if chunk.offset != stripe.next or chunk.offset + len(chunk.data) > len(buffer):
+            raise DataLoss(f"download chunk of {len(chunk.data)} bytes at offset "
+                           f"{chunk.offset}, expected offset {stripe.next} of {len(buffer)}")
+        piece = chunk.data[:stripe.left]
+        buffer[stripe.next:stripe.next + len(piece)] = piece
+        stripe.next += len(piece)
+        self.stats.bytes_down += len(chunk.data)
+        self.breaks.carried(len(chunk.data))
 
     # -- uploads --------------------------------------------------------------------------------
 

@@ -90,8 +90,8 @@ def test_a_striped_download_fetches_disjoint_ranges_over_each_connection() -> No
     first, second = Link(), Link()
     assert download(first, second) == PAYLOAD
     assert (first.requests[0].offset, first.requests[0].end_offset) == (0, len(PAYLOAD) // 2)
-    assert (second.requests[0].offset, second.requests[0].end_offset) == (len(PAYLOAD) // 2,
-                                                                        len(PAYLOAD))
+    # the last range runs to the payload's end: 0, as a download on one connection asks
+    assert (second.requests[0].offset, second.requests[0].end_offset) == (len(PAYLOAD) // 2, 0)
 
 
 def test_a_connection_that_stops_sending_is_overtaken_and_its_stream_closed() -> None:
@@ -117,3 +117,14 @@ def test_a_chunk_out_of_place_is_data_loss() -> None:
 
     with pytest.raises(DataLoss):
         download(Shifted(), Link())
+
+
+@pytest.mark.parametrize("ways", [1, 2])
+def test_a_stream_that_ends_before_its_range_is_data_loss(ways: int) -> None:
+    class Short(Link):
+        async def download(self, request: DownloadRequest) -> AsyncGenerator[DataChunk, None]:
+            yield DataChunk(request.offset, PAYLOAD[request.offset:request.offset + CHUNK])
+
+    links = [Short() for _ in range(ways)]
+    with pytest.raises(DataLoss, match="short of offset"):
+        download(links[0], *links[1:])
