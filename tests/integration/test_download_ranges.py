@@ -4,6 +4,7 @@ downloads over two connections (``ClientOptions.download_connections``)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import grpc
 import numpy as np
@@ -12,8 +13,10 @@ from conftest import CoordinatorFactory, TowardTrainer, gather_bounded, run_asyn
 
 from fedlink.aggregate.flushguard import RobustConfig
 from fedlink.client import ClientOptions, ClientSession, RetryPolicy, SessionStats
+from fedlink.client.liveness import LivenessConfig
 from fedlink.coordinator import CoordinatorConfig, CoordinatorServer, FlushRule, LimitsConfig
 from fedlink.errors import ConfigError
+from fedlink.messages import DataChunk, DownloadRequest
 from fedlink.proto.v1 import coordinator_pb2 as pb
 from fedlink.proto.v1 import coordinator_pb2_grpc as pb_grpc
 from fedlink.sim import ExperimentConfig
@@ -91,6 +94,51 @@ def test_clients_striping_downloads_over_two_connections_train_the_same_model(
     starts = sorted(e["offset"] for e in server.events.of_kind("download_finished")
                     if e["task_id"] in first_tasks)
     assert starts.count(0) == 2 and starts.count(total // 2) == 2
+
+
+def test_a_range_whose_connection_stops_sending_is_taken_over_by_the_other(
+        coordinator: CoordinatorFactory) -> None:
+    # the first half's stream sends one chunk, then nothing (a connection deep in TCP
+    # backoff); the stall bound is far beyond the test's timeout, so only the other
+    # connection taking over that range can finish the download in time
+    config = CoordinatorConfig(rounds=1, flush=FlushRule(goal=1, deadline_s=None),
+                               limits=LIMITS, robust=RobustConfig(enabled=False))
+    liveness = LivenessConfig(min_stall_s=120.0, min_ping_timeout_s=120.0,
+                              max_ping_timeout_s=120.0)
+    trainer = TowardTrainer(np.full(DIM, 3.0, np.float32))
+
+    async def main() -> tuple[CoordinatorServer, SessionStats]:
+        async with coordinator(config, X0) as server:
+            serve = server.service.transfers.download
+            ranges: list[DownloadRequest] = []
+
+            async def stuck_first_range(request: DownloadRequest) -> AsyncIterator[DataChunk]:
+                stuck = request.end_offset and not ranges
+                ranges.append(request)
+                async for n, chunk in _numbered(serve(request)):
+                    if stuck and n == 1:
+                        await asyncio.Event().wait()
+                    yield chunk
+
+            server.service.transfers.download = stuck_first_range  # type: ignore[method-assign]
+            stats = await ClientSession(target_of(server), trainer, ClientOptions(
+                name="c", retry=RetryPolicy(max_attempts=2), liveness=liveness)).run()
+            await asyncio.wait_for(server.wait_finished(), 10)
+            return server, stats
+
+    server, stats = run_async(main(), timeout=50)
+    np.testing.assert_allclose(server.service.engine.model, (X0 + 3.0) / 2, rtol=1e-6)
+    assert (stats.accepted, stats.stalls, stats.reconnects) == (1, 0, 0)
+    # the stuck stream ended (cancelled once the rest had come) after its one chunk
+    assert any(e["offset"] == 0 and e["bytes"] <= 2 * LIMITS.chunk_bytes
+               for e in server.events.of_kind("download_finished"))
+
+
+async def _numbered(chunks: AsyncIterator[DataChunk]) -> AsyncIterator[tuple[int, DataChunk]]:
+    n = 0
+    async for chunk in chunks:
+        yield n, chunk
+        n += 1
 
 
 def test_download_connections_below_one_are_refused() -> None:
