@@ -38,9 +38,11 @@ class SessionStats:
     striped download, ``ClientOptions.download_connections``); ``reconnects``: those beyond
     each connection's first, the client's own reconnects (a dead connection that came back
     with another ping-ack timeout, or a stalled transfer moved to a fresh one); ``stalls``:
-    transfers abandoned for making no progress. ``evaluations`` counts evaluation
-    tasks whose report the coordinator accepted (they are not in ``tasks``, which counts
-    training tasks).
+    transfers abandoned for making no progress; ``ranges_taken``: download ranges one
+    connection took over from another (``fedlink.client.transfer.StripedPayload.steal``), each
+    cutting the other's stream short (the coordinator counts what it had already sent on it).
+    ``evaluations`` counts evaluation tasks whose report the coordinator accepted (they are
+    not in ``tasks``, which counts training tasks).
     """
 
     tasks: int = 0
@@ -61,6 +63,7 @@ class SessionStats:
     channels_opened: int = 0
     reconnects: int = 0
     stalls: int = 0
+    ranges_taken: int = 0
     refusals: list[str] = field(default_factory=list)
     finished: str = ""
 

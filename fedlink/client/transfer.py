@@ -380,6 +380,7 @@ class Transfers:
         while current is not None:
             await self._fetch_stripe(link, current, payload)
             current = payload.steal()
+            self.stats.ranges_taken += current is not None
 
     async def _fetch_stripe(self, link: TransferLink, stripe: Stripe,
                             payload: StripedPayload) -> None:

@@ -80,6 +80,7 @@ class Lanes:
         self._opened: list[Transport] = []
 
     def __call__(self) -> tuple[Transport, ...]:
+        """The connections beside ``first``, opened now if they are not yet."""
         while len(self._opened) < self.count:
             self._opened.append(self.first.sibling())
         return tuple(self._opened)
@@ -230,8 +231,9 @@ class Transport:
             keepalive_time_ms=round(cfg.keepalive_time_s * 1000),
             tcp_user_timeout_ms=round(cfg.tcp_user_timeout_s * 1000))
         if self._private:
-            # gRPC shares a connection among channels with identical options: after a stall,
-            # an option of this channel's own keeps it off the stalled connection
+            # gRPC shares a connection among channels with identical options: an option of
+            # this channel's own keeps it off a stalled connection, and a sibling off the
+            # first transport's
             options.append(("fedlink.connection", f"{id(self)}/{self.channels_opened}"))
         if self._tls is None:
             channel = grpc.aio.insecure_channel(self.target, options=options)

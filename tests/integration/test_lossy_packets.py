@@ -122,9 +122,10 @@ def test_25_percent_loss_both_ways_aborts_nothing_and_counts_honestly(tmp_path: 
     assert summary["offline_seconds"] == pytest.approx(sum(s["offline_seconds"] for s in stats))
     assert summary["resumed_bytes"] == sum(s["resumed_bytes"] for s in stats)
     # the coordinator counts what it handed to gRPC, the clients what arrived: a download stream
-    # cut by the loss loses what it had in flight, which the resume sends again, so the two
+    # cut by the loss loses what it had in flight, which the resume sends again, and so does one
+    # a client cut short because its other connection took the rest of the range over; the two
     # agree but for cut downloads (exact counting of a cut: tests/integration/test_bytes_down.py)
     received = sum(s["bytes_down"] for s in stats)
     assert summary["bytes_down"] >= received
     if summary["bytes_down"] > received:
-        assert sum(s["retries"] + s["stalls"] for s in stats) > 0
+        assert sum(s["retries"] + s["stalls"] + s["ranges_taken"] for s in stats) > 0
