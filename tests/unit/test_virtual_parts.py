@@ -79,8 +79,10 @@ def test_a_freeze_made_before_the_run_is_left_as_it_was() -> None:
     gc.freeze()
     try:
         frozen = gc.get_freeze_count()
+        # a frozen object freed meanwhile (a thread an earlier test left, a temporary) leaves
+        # the count a little lower; an unfreeze would leave it at 0, a second freeze higher
         with setup_frozen():
-            assert gc.get_freeze_count() == frozen
-        assert gc.get_freeze_count() == frozen
+            assert 0 < gc.get_freeze_count() <= frozen
+        assert 0 < gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
