@@ -23,12 +23,11 @@ Figures per profile ``<p>``: ``completed_<p>`` (1 when all rounds flushed), ``wa
 ``wall_s_fixed_<p>`` (first task to the end, from the event log), ``slowdown_vs_fixed_timeouts_<p>``
 (the ratio; target <= 1.1), ``own_reconnects_per_client_<p>`` (the most channels any one
 client opened beyond each connection's first, ``SessionStats.reconnects``: fedlink's own
-reconnects; target <= 3), ``stalls_<p>``,
-``tcp_connections_<p>`` (TCP opens in the clients' namespace), ``tcp_reconnects_per_client_<p>``
-(those opens beyond the connections each client keeps, over the clients: the same kernel
-counter in both arms, so
-it also counts the reconnects that gRPC makes inside a channel after the kernel or a ping-ack
-timeout killed its connection, which ``own_reconnects_per_client`` cannot see in either arm),
+reconnects; target <= 3), ``stalls_<p>``, ``tcp_connections_<p>`` (TCP opens in the clients'
+namespace), ``tcp_reconnects_per_client_<p>`` (those opens beyond the connections each client
+keeps, over the clients: the same kernel counter in both arms, so it also counts the
+reconnects that gRPC makes inside a channel after the kernel or a ping-ack timeout killed its
+connection, which ``own_reconnects_per_client`` cannot see in either arm),
 ``calls_cut_by_ping_timeout_<p>`` and ``calls_cut_by_kernel_<p>`` (client calls that failed
 because a ping-ack timeout or the kernel's TCP user timeout killed their connection, from the
 clients' logs: the connection changes a channel makes on its own), ``client_timeouts_<p>`` and
