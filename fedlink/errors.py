@@ -180,6 +180,12 @@ class Unavailable(RemoteError):
     retryable = True
 
 
+class NoProgress(Unavailable):
+    """A transfer made no progress for the share of the stall bound it was given and was
+    cancelled on the client, its connection not marked stalled: the client goes on over
+    another open connection (``fedlink.client.transfer.Transfers.upload``)."""
+
+
 class DeadlineExceeded(RemoteError):
     """A call did not finish within its deadline; retry later."""
 

@@ -259,6 +259,7 @@ class ClientSession:
         self.stats.channels_opened = sum(t.channels_opened for t in connections)
         self.stats.reconnects = self.stats.channels_opened - len(connections)
         self.stats.stalls = sum(t.stalls for t in connections)
+        self.stats.handovers = sum(t.handovers for t in connections)
 
     async def _work(self) -> None:
         """Drive the client's lifecycle (``fedlink.client.protocol``) over gRPC until it stops."""

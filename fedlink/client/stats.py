@@ -40,7 +40,10 @@ class SessionStats:
     with another ping-ack timeout, or a stalled transfer moved to a fresh one); ``stalls``:
     transfers abandoned for making no progress; ``ranges_taken``: download ranges one
     connection took over from another (``fedlink.client.transfer.StripedPayload.steal``), each
-    cutting the other's stream short (the coordinator counts what it had already sent on it).
+    cutting the other's stream short (the coordinator counts what it had already sent on it);
+    ``handovers``: transfers that, making no progress, went on over the other open connection
+    (the two swapped connections: ``fedlink.client.transport.Transport.exchange``), with no
+    new connection.
     ``evaluations`` counts evaluation tasks whose report the coordinator accepted (they are
     not in ``tasks``, which counts training tasks).
     """
@@ -64,6 +67,7 @@ class SessionStats:
     reconnects: int = 0
     stalls: int = 0
     ranges_taken: int = 0
+    handovers: int = 0
     refusals: list[str] = field(default_factory=list)
     finished: str = ""
 

@@ -26,15 +26,17 @@ import itertools
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Protocol, Self, TypeVar
 
 import numpy as np
 
+from fedlink.client.liveness import Progress
 from fedlink.client.stats import SessionStats
+from fedlink.clock import RealClock
 from fedlink.compress import decoder_for
 from fedlink.compress.delta import apply_delta
 from fedlink.config import require
-from fedlink.errors import DataLoss, RemoteError
+from fedlink.errors import DataLoss, NoProgress, RemoteError
 from fedlink.messages import (
     DataChunk,
     DownloadRequest,
@@ -62,6 +64,10 @@ START_SEGMENT_BYTES = 1 << 20
 MAX_SEGMENT_BYTES = 64 << 20
 """Bounds of the bytes one ``Upload`` stream carries before it asks for the coordinator's
 answer (see ``Transfers._send``)."""
+HANDOVER_PATIENCE = 0.5
+"""The share of the stall bound an upload waits for progress before it goes on over another
+open connection (``Transfers.upload``): TCP backing off that long has lost several
+retransmissions in a row, and the next may be as far away again."""
 
 
 class Call(Protocol):
@@ -76,12 +82,26 @@ class Call(Protocol):
 class TransferLink(Protocol):
     """The calls a transfer makes (``fedlink.client.transport.Transport`` provides them)."""
 
-    def download(self, request: DownloadRequest) -> AsyncGenerator[DataChunk, None]:
-        """Stream a payload from ``request.offset`` (to ``request.end_offset``, when set)."""
+    def download(self, request: DownloadRequest, progress: Progress | None = None,
+                 ) -> AsyncGenerator[DataChunk, None]:
+        """Stream a payload from ``request.offset`` (to ``request.end_offset``, when set);
+        stalled once ``progress`` (shared by a striped download's streams) stops moving."""
         ...
 
-    async def upload(self, chunks: Iterator[UploadChunk]) -> UploadReply:
-        """Stream ``chunks`` of one upload; the reply says how many bytes are held."""
+    async def upload(self, chunks: Iterator[UploadChunk], patience: float = 1.0,
+                     ) -> UploadReply:
+        """Stream ``chunks`` of one upload; the reply says how many bytes are held. With
+        ``patience`` under 1, no progress for that share of the stall bound is
+        ``NoProgress`` (the connection is left for ``exchange``)."""
+        ...
+
+    @property
+    def can_take_over(self) -> bool:
+        """Whether this connection may carry a transfer that made no progress on another."""
+        ...
+
+    def exchange(self, other: Self, why: str) -> None:
+        """Swap connections with ``other`` after a transfer made no progress here."""
         ...
 
     async def upload_status(self, request: UploadStatusRequest) -> UploadReply:
@@ -358,32 +378,42 @@ class Transfers:
     async def _fetch_striped(self, payload: StripedPayload,
                              links: tuple[TransferLink, ...]) -> None:
         """Fetch ``payload``'s ranges, one per link, each link going on with what the others
-        have left (``_fetch_stripes``) until all of it has arrived."""
-        fetches = [asyncio.ensure_future(self._fetch_stripes(link, stripe, payload))
-                   for link, stripe in zip(links, list(payload.stripes), strict=True)]
+        have left (``_fetch_stripes``) until all of it has arrived.
+
+        The streams share one ``Progress``: a stream stuck in TCP backoff is not stalled (and
+        its connection not replaced) while another moves, it is overtaken. When the first
+        link was overtaken, it takes the connection of one that finished
+        (``TransferLink.exchange``), so that the calls after the download do not wait on it.
+        """
+        progress = Progress(RealClock().now)
+        fetches = {asyncio.ensure_future(self._fetch_stripes(link, stripe, payload, progress)):
+                   link for link, stripe in zip(links, list(payload.stripes), strict=True)}
+        running = set(fetches)
         try:
             while payload.left:
-                done, _ = await asyncio.wait(fetches, return_when=asyncio.FIRST_COMPLETED)
+                done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for fetch in done:
                     fetch.result()  # a connection that failed for good fails the download
-                fetches = [fetch for fetch in fetches if not fetch.done()]
         finally:
-            for fetch in fetches:
+            for fetch in running:
                 fetch.cancel()  # the rest of the payload arrived over the other connections
-            await asyncio.gather(*fetches, return_exceptions=True)
+            await asyncio.gather(*running, return_exceptions=True)
+        finished = [fetches[f] for f in fetches if f not in running]
+        if any(fetches[f] is self.link for f in running) and finished:
+            self.link.exchange(finished[0], "a striped download overtook it")
 
     async def _fetch_stripes(self, link: TransferLink, stripe: Stripe,
-                             payload: StripedPayload) -> None:
+                             payload: StripedPayload, progress: Progress) -> None:
         """Fetch ``stripe`` over ``link``, then take over part of another connection's share,
         until nothing is left to take (``StripedPayload.steal``)."""
         current: Stripe | None = stripe
         while current is not None:
-            await self._fetch_stripe(link, current, payload)
+            await self._fetch_stripe(link, current, payload, progress)
             current = payload.steal()
             self.stats.ranges_taken += current is not None
 
     async def _fetch_stripe(self, link: TransferLink, stripe: Stripe,
-                            payload: StripedPayload) -> None:
+                            payload: StripedPayload, progress: Progress | None = None) -> None:
         """Fetch ``stripe`` over ``link`` under the retry policy, resuming where it broke."""
         request = payload.request
         what = "delta" if request.delta else "model"
@@ -399,18 +429,19 @@ class Transfers:
                 await self._receive_stripe(link, dataclasses.replace(
                     request, offset=stripe.next, max_chunk_bytes=self.down.size,
                     end_offset=stripe.end if stripe.end < len(payload.buffer) else 0),
-                    stripe, payload.buffer)
+                    stripe, payload.buffer, progress)
 
         await self._call_while_moving(attempt, f"Download ({what})", lambda: stripe.next)
 
     async def _receive_stripe(self, link: TransferLink, request: DownloadRequest,
-                              stripe: Stripe, buffer: bytearray) -> None:
+                              stripe: Stripe, buffer: bytearray,
+                              progress: Progress | None) -> None:
         """Receive ``stripe`` over ``link`` until it ends. Its ``end`` may move down meanwhile
         (another connection took the rest), and a coordinator before protocol 1.1, which
         streams to the payload's end, is read only that far. A stream that ends before the
         range does is ``DataLoss``."""
         try:
-            async with contextlib.aclosing(link.download(request)) as chunks:
+            async with contextlib.aclosing(link.download(request, progress)) as chunks:
                 async for chunk in chunks:
                     self._place(chunk, stripe, buffer)
                     if not stripe.left:
@@ -443,6 +474,10 @@ class Transfers:
 
         ``resume=False`` skips the status query on the first attempt (a fresh upload id holds
         nothing); an upload delivered from the outbox after a restart resumes from the start.
+        A segment that makes no progress for ``HANDOVER_PATIENCE`` of the stall bound while
+        another connection is open and fit (``_spare``) goes on over that one at once: the
+        links swap connections (``TransferLink.exchange``) and the upload goes on from what
+        the coordinator last confirmed, with no new connection and no retry.
         """
         attempts = 0
         held = 0
@@ -453,9 +488,26 @@ class Transfers:
             if resume or attempts > 1:
                 held = await self._held(client_id, upload_id, len(data))
             while held < len(data):
-                held = await self._send(client_id, upload_id, data, held)
+                spare = self._spare(len(data))
+                try:
+                    held = await self._send(client_id, upload_id, data, held,
+                                            HANDOVER_PATIENCE if spare else 1.0)
+                except NoProgress as exc:
+                    # only a segment sent with a spare ends so; the next goes on from what
+                    # the coordinator last confirmed (it drops what it holds already) over
+                    # the spare's connection, without a status call that a connection as
+                    # stuck would keep waiting for a whole deadline
+                    assert spare is not None
+                    self.link.exchange(spare, str(exc))
 
         await self._call_while_moving(attempt, "Upload", lambda: held)
+
+    def _spare(self, size: int) -> TransferLink | None:
+        """An open connection beside ``link`` fit to take an upload of ``size`` bytes over
+        (one that makes striped downloads: ``lanes``), or ``None``."""
+        if self.lanes is None or size < STRIPE_MIN_BYTES:
+            return None
+        return next((lane for lane in self.lanes() if lane.can_take_over), None)
 
     async def _call_while_moving(self, attempt: Callable[[], Awaitable[None]], what: str,
                                  position: Callable[[], int]) -> None:
@@ -483,8 +535,10 @@ class Transfers:
             log.info("resumed upload %s at offset %d of %d", upload_id, held, total)
         return held
 
-    async def _send(self, client_id: str, upload_id: str, data: bytes, start: int) -> int:
-        """Send one segment of ``data`` from ``start`` in one stream; returns the bytes held.
+    async def _send(self, client_id: str, upload_id: str, data: bytes, start: int,
+                    patience: float = 1.0) -> int:
+        """Send one segment of ``data`` from ``start`` in one stream; returns the bytes held
+        (``patience``: see ``TransferLink.upload``).
 
         A stream carries at most ``self.segment.size`` bytes: gRPC and the kernel take a
         stream's messages into their buffers far ahead of what the coordinator has read, and a
@@ -494,7 +548,8 @@ class Transfers:
         """
         end = min(len(data), start + self.segment.size)
         try:
-            reply = await self.link.upload(self._chunks(client_id, upload_id, data, start, end))
+            reply = await self.link.upload(self._chunks(client_id, upload_id, data, start, end),
+                                           patience)
         except RemoteError as exc:
             if exc.retryable:
                 self.up.failed()

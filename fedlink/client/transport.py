@@ -27,7 +27,14 @@ from fedlink.client.liveness import (
     reopen_reason,
 )
 from fedlink.clock import RealClock
-from fedlink.errors import ConfigError, Internal, RemoteError, Unavailable, remote_error
+from fedlink.errors import (
+    ConfigError,
+    Internal,
+    NoProgress,
+    RemoteError,
+    Unavailable,
+    remote_error,
+)
 from fedlink.messages import (
     CommitReply,
     CommitRequest,
@@ -157,12 +164,16 @@ def _read(path: str, what: str) -> bytes | None:
 
 @dataclass
 class _Line:
-    """One channel to the coordinator, with the ping-ack timeout it was opened with."""
+    """One channel to the coordinator, with the ping-ack timeout it was opened with, and
+    what its calls have shown of its connection."""
 
     channel: grpc.aio.Channel
     stub: pb_grpc.CoordinatorStub
     ping_timeout_s: float
     moved_a_transfer: bool = False  # a transfer completed over it
+    dead: bool = False  # a call on it failed with its connection gone
+    stalled: bool = False  # a transfer on it made no progress for the stall bound
+    suspect: bool = False  # a transfer was handed over from it (``Transport.exchange``)
 
 
 class Transport:
@@ -181,7 +192,10 @@ class Transport:
     left it, and after deep backoff its retransmission timeout stays long, where a fresh
     connection's window can grow tenfold before its first loss), so a stalled connection is
     never reused. ``channels_opened`` counts the channels, ``stalls`` the transfers abandoned
-    for making no progress.
+    for making no progress. A transfer with another connection beside it does better:
+    ``exchange`` gives this transport that connection and the other one this transport's,
+    so the transfer goes on at once over a connection already open and the slow one is kept
+    (not reopened) where only striped downloads use it (``handovers`` counts those moves).
 
     ``private``: every channel gets a connection of its own, never one that gRPC shares among
     channels with the same options: a second ``Transport`` to the same coordinator that
@@ -200,12 +214,11 @@ class Transport:
         self.link = link if link is not None else LinkEstimate(liveness)
         self.channels_opened = 0
         self.stalls = 0
+        self.handovers = 0
         self._tls = tls
         self._token = token
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._retiring: set[asyncio.Task[None]] = set()
-        self._dead = False  # a call on the open channel failed with its connection gone
-        self._stalled = False  # a transfer on the open channel made no progress
         self._private = private  # the open channel must not share a connection (see below)
         # round trips and goodput are network facts: measured in real time whatever clock
         # the session runs on
@@ -241,22 +254,21 @@ class Transport:
             channel = grpc.aio.secure_channel(self.target, self._tls.credentials(),
                                               options=options)
         self.channels_opened += 1
-        self._dead = self._stalled = False
         return _Line(channel, pb_grpc.CoordinatorStub(channel), ping_timeout_s)
 
-    def _fit_channel(self) -> pb_grpc.CoordinatorStub:
-        """The stub to call through: the open channel unless ``reopen_reason`` says otherwise.
+    def _fit_channel(self) -> _Line:
+        """The channel to call through: the open one unless ``reopen_reason`` says otherwise.
 
         A stalled channel is closed at once (its calls are stuck on the same connection); one
         that lost its connection finishes its calls first (``transfer_s`` at most).
         """
         wanted = self.link.channel_ping_timeout_s()
-        reason = reopen_reason(self.ping_timeout_s, wanted, self._dead, self._stalled)
+        reason = reopen_reason(self.ping_timeout_s, wanted, self._line.dead, self._line.stalled)
         if reason is None:
-            return self._line.stub
+            return self._line
         log.info("%s: %s (srtt %s s); new connection", self.target, reason,
                  "?" if self.link.srtt_s is None else f"{self.link.srtt_s:.2f}")
-        old, stalled = self._line, self._stalled
+        old, stalled = self._line, self._line.stalled
         if stalled:
             self.link.stalled(fresh_one_too=not old.moved_a_transfer)
         self._private = self._private or stalled
@@ -265,7 +277,28 @@ class Transport:
             old.channel.close(grace=0 if stalled else self.timeouts.transfer_s))
         self._retiring.add(closing)
         closing.add_done_callback(self._retiring.discard)
-        return self._line.stub
+        return self._line
+
+    @property
+    def can_take_over(self) -> bool:
+        """Whether this connection may carry a transfer that made no progress on another:
+        it is not known dead or stalled, and no transfer was handed over from it since it
+        last completed one."""
+        line = self._line
+        return not (line.dead or line.stalled or line.suspect)
+
+    def exchange(self, other: Transport, why: str) -> None:
+        """Swap connections with ``other`` (a transport to the same coordinator over the same
+        link, ``sibling``) because a transfer here made no progress (``why``): this
+        transport's calls go on over ``other``'s connection at once, and the slow connection,
+        marked suspect until it completes a transfer, goes where only striped downloads use
+        it."""
+        self.handovers += 1
+        self._line.suspect = True
+        log.info("%s: %s; going on over the other open connection", self.target, why)
+        self._line, other._line = other._line, self._line
+        # a connection of this transport's own from now on, never one gRPC shares
+        self._private = other._private = True
 
     async def close(self) -> None:
         """Close the channel (and any retired one still finishing its calls)."""
@@ -279,22 +312,23 @@ class Transport:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def _failed(self, exc: grpc.aio.AioRpcError) -> RemoteError:
+    def _failed(self, exc: grpc.aio.AioRpcError, line: _Line) -> RemoteError:
         """Translate ``exc``, widening the link's timeouts if no reply came at all, and
-        marking the channel dead if its connection is gone."""
+        marking ``line`` (the call's channel) dead if its connection is gone."""
         detail = exc.details() or ""
         if is_ping_timeout(detail):
-            self.link.ping_died(self.ping_timeout_s)
+            self.link.ping_died(line.ping_timeout_s)
         elif is_no_reply(exc.code().name, detail):
             self.link.no_reply()
         if is_link_dead(exc.code().name):
-            self._dead = True
+            line.dead = True
         return translate(exc)
 
-    def _stall(self, what: str, idle_s: float) -> Unavailable:
-        """A transfer made no progress for ``idle_s``: the next call gets a fresh connection."""
+    def _stall(self, what: str, idle_s: float, line: _Line) -> Unavailable:
+        """A transfer on ``line`` made no progress for ``idle_s``: the next call gets a
+        fresh connection."""
         self.stalls += 1
-        self._stalled = True
+        line.stalled = True
         log.info("%s: %s made no progress for %.1f s; resuming on a fresh connection",
                  self.target, what, idle_s)
         return Unavailable(f"{what} stalled: no progress for {idle_s:.1f} s")
@@ -302,12 +336,13 @@ class Transport:
     async def _unary(self, name: str, request: Any, timeout: float,
                      round_trip: bool = True) -> Any:
         """Call ``name``; a ``round_trip`` call's duration teaches the link's RTT."""
-        method = getattr(self._fit_channel(), name)
+        line = self._fit_channel()
         started = self._now()
         try:
-            reply = await method(to_proto(request), timeout=timeout, metadata=self._metadata)
+            reply = await getattr(line.stub, name)(to_proto(request), timeout=timeout,
+                                                   metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
-            raise self._failed(exc) from None
+            raise self._failed(exc, line) from None
         if round_trip:
             self.link.observe_rtt(self._now() - started)
         self.link.succeeded()
@@ -364,25 +399,27 @@ class Transport:
                                                          self.unary_deadline_s))
         return reply
 
-    async def download(self, request: DownloadRequest) -> AsyncGenerator[DataChunk, None]:
+    async def download(self, request: DownloadRequest, progress: Progress | None = None,
+                       ) -> AsyncGenerator[DataChunk, None]:
         """Stream ``Download``; chunks arrive as they come (an error may cut the stream).
 
-        A stream that brings no chunk for ``link.stall_s()`` is cancelled as stalled; its
-        chunks are asked small enough to show progress well within that
-        (``LinkEstimate.progress_chunk_bytes``)."""
+        A stream is cancelled as stalled once ``progress`` has not moved for
+        ``link.stall_s()``: its own progress, or (given) that of all the streams of one
+        striped download, so that a stream stuck beside others that move is left to be
+        overtaken, not stalled. Chunks are asked small enough to show progress well within
+        that bound (``LinkEstimate.progress_chunk_bytes``)."""
         request = dataclasses.replace(request, max_chunk_bytes=self.link.progress_chunk_bytes(
             request.max_chunk_bytes))
-        call = self._fit_channel().Download(to_proto(request), timeout=self.timeouts.transfer_s,
-                                            metadata=self._metadata)
+        line = self._fit_channel()
+        call = line.stub.Download(to_proto(request), timeout=self.timeouts.transfer_s,
+                                  metadata=self._metadata)
         started, received = self._now(), 0
-        progress = Progress(self._now)
+        progress = progress or Progress(self._now)
         try:
             while True:
-                stall_s = self.link.stall_s()
-                try:
-                    message = await asyncio.wait_for(call.read(), stall_s)
-                except TimeoutError:
-                    raise transfer_failure(self._stall("download", progress.idle_s())) from None
+                message = await self._next_message(call, progress)
+                if message is None:
+                    raise transfer_failure(self._stall("download", progress.idle_s(), line))
                 if message is grpc.aio.EOF:
                     break
                 progress.moved()
@@ -390,7 +427,7 @@ class Transport:
                 received += len(chunk.data)
                 yield chunk
         except grpc.aio.AioRpcError as exc:
-            raise transfer_failure(self._failed(exc)) from None
+            raise transfer_failure(self._failed(exc, line)) from None
         except GeneratorExit:  # the reader has what it asked for: the range it still wants
             self._moved(received, started)
             raise
@@ -399,11 +436,29 @@ class Transport:
             self._log_transfer("download", received, started, progress)
         self._moved(received, started)
 
+    async def _next_message(self, call: Any, progress: Progress) -> Any | None:
+        """The stream's next message (or ``EOF``); ``None`` once ``progress`` has not moved
+        for the stall bound."""
+        reading = asyncio.ensure_future(call.read())
+        try:
+            while True:
+                stall_s = self.link.stall_s()
+                done, _ = await asyncio.wait({reading}, timeout=max(0.0, stall_s
+                                                                     - progress.idle_s()))
+                if done:
+                    return reading.result()
+                if progress.stalled(stall_s):
+                    return None
+        finally:
+            if not reading.done():
+                reading.cancel()
+
     def _moved(self, num_bytes: int, started: float) -> None:
         """A transfer attempt moved ``num_bytes`` since ``started`` and ended well."""
         self.link.observe_transfer(num_bytes, self._now() - started)
         self.link.succeeded()
         self._line.moved_a_transfer = True
+        self._line.suspect = False
 
     def _log_transfer(self, what: str, num_bytes: int, started: float,
                       progress: Progress) -> None:
@@ -412,12 +467,15 @@ class Transport:
                   "(stall bound %.1f s)", self.target, what, num_bytes, self._now() - started,
                   max(progress.longest_s, progress.idle_s()), self.link.stall_s())
 
-    async def upload(self, chunks: Iterable[UploadChunk]) -> UploadReply:
+    async def upload(self, chunks: Iterable[UploadChunk], patience: float = 1.0,
+                     ) -> UploadReply:
         """Stream ``Upload`` with ``chunks``; the reply says how many bytes are held.
 
         gRPC takes the next chunk only when flow control has room, so each one taken is
         progress; once all are taken, the reply may take as long again as the bytes in flight
-        need at the measured goodput. A stream without progress for longer is cancelled.
+        need at the measured goodput. A stream without progress for longer is cancelled:
+        as stalled, or, with ``patience`` under 1, after that share of the stall bound and
+        as ``NoProgress``, leaving the connection unmarked for the caller to ``exchange``.
         """
         sent = 0
         done_sending = False
@@ -434,17 +492,21 @@ class Transport:
             done_sending = True
 
         started = self._now()
-        call = self._fit_channel().Upload(messages(), timeout=self.timeouts.transfer_s,
-                                          metadata=self._metadata)
+        line = self._fit_channel()
+        call = line.stub.Upload(messages(), timeout=self.timeouts.transfer_s,
+                                metadata=self._metadata)
         try:
             reply = await self._watch(call, progress, lambda: self._drain_s(sent)
-                                      if done_sending else 0.0)
+                                      if done_sending else 0.0, patience)
         except grpc.aio.AioRpcError as exc:
-            raise transfer_failure(self._failed(exc)) from None
+            raise transfer_failure(self._failed(exc, line)) from None
         finally:
+            call.cancel()  # a no-op once it ended; else it must not go on beside a resume
             self._log_transfer("upload", sent, started, progress)
+        if reply is None and patience < 1.0:
+            raise NoProgress(f"upload made no progress for {progress.idle_s():.1f} s")
         if reply is None:
-            raise transfer_failure(self._stall("upload", progress.idle_s()))
+            raise transfer_failure(self._stall("upload", progress.idle_s(), line))
         self._moved(sent, started)
         result: UploadReply = from_proto(reply)
         return result
@@ -466,19 +528,19 @@ class Transport:
         goodput = self.link.goodput_bps
         return in_flight / goodput if goodput else 0.0
 
-    async def _watch(self, call: Any, progress: Progress,
-                     extra_s: Callable[[], float]) -> Any | None:
+    async def _watch(self, call: Any, progress: Progress, extra_s: Callable[[], float],
+                     patience: float) -> Any | None:
         """The reply of ``call``, or ``None`` (call cancelled) once it made no progress for
-        ``link.stall_s() + extra_s()``."""
+        ``patience x link.stall_s() + extra_s()``."""
         waiter = asyncio.ensure_future(call)
         try:
             while True:
-                allowed = self.link.stall_s() + extra_s()
+                allowed = patience * self.link.stall_s() + extra_s()
                 done, _ = await asyncio.wait({waiter}, timeout=max(0.0, allowed
                                                                      - progress.idle_s()))
                 if done:
                     return waiter.result()
-                if progress.stalled(self.link.stall_s() + extra_s()):
+                if progress.stalled(patience * self.link.stall_s() + extra_s()):
                     call.cancel()
                     return None
         finally:

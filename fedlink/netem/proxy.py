@@ -626,20 +626,22 @@ class TcpProxy:
         for conn in self.connections:
             conn.freeze(now, extra)
 
-    def stall_connections(self, seconds: float) -> int:
+    def stall_connections(self, seconds: float, only: int | None = None) -> int:
         """Stall the connections open now for ``seconds``, as a TCP connection whose segments
         keep being lost: nothing they carry is delivered either way and they stay open, while
-        connections opened from now on pass. Returns how many were stalled. Not a blackout
-        (the link-wide counters do not change)."""
+        connections opened from now on pass. ``only``: stall just the connection accepted
+        ``only``-th (0: the first), when it is open. Returns how many were stalled. Not a
+        blackout (the link-wide counters do not change)."""
         if seconds <= 0:
             raise ConfigError(f"seconds: must be > 0, got {seconds}")
         now = self.loop.time()
-        for conn in self.connections:
+        chosen = [c for c in self.connections if only is None or c.index == only]
+        for conn in chosen:
             extra = now + seconds - max(now, conn.dark_until)
             if extra > 0:
                 conn.dark_until = now + seconds
                 conn.freeze(now, extra)
-        return len(self.connections)
+        return len(chosen)
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         """Run ``coro`` as a task of the proxy (cancelled by ``stop``)."""

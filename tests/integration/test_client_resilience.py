@@ -40,6 +40,7 @@ from fedlink.client import (
     SessionStats,
     Transport,
 )
+from fedlink.client.liveness import Progress
 from fedlink.client.retry import Caller
 from fedlink.client.transfer import HeldModel, Transfers, model_checksum
 from fedlink.compress import get_codec
@@ -98,7 +99,8 @@ class Killer:
         self._commit = Transport.commit
         killer = self
 
-        async def upload(transport: Transport, chunks: Iterable[UploadChunk]) -> UploadReply:
+        async def upload(transport: Transport, chunks: Iterable[UploadChunk],
+                         patience: float = 1.0) -> UploadReply:
             return await killer.upload(transport, chunks)
 
         async def commit(transport: Transport, request: CommitRequest) -> CommitReply:
@@ -115,7 +117,8 @@ class Killer:
         self.fired.set()
         await asyncio.Event().wait()  # until the test cancels the session
 
-    async def upload(self, transport: Transport, chunks: Iterable[UploadChunk]) -> UploadReply:
+    async def upload(self, transport: Transport, chunks: Iterable[UploadChunk],
+                     patience: float = 1.0) -> UploadReply:
         stream = iter(chunks)
         first = next(stream)
         if self._strikes(first.client_id, "upload"):
@@ -317,12 +320,14 @@ class Stumbling:
         self._upload = Transport.upload
         stumbling = self
 
-        async def upload(transport: Transport, chunks: Iterable[UploadChunk]) -> UploadReply:
+        async def upload(transport: Transport, chunks: Iterable[UploadChunk],
+                         patience: float = 1.0) -> UploadReply:
             return await stumbling.upload(transport, chunks)
 
         monkeypatch.setattr(Transport, "upload", upload)
 
-    async def upload(self, transport: Transport, chunks: Iterable[UploadChunk]) -> UploadReply:
+    async def upload(self, transport: Transport, chunks: Iterable[UploadChunk],
+                     patience: float = 1.0) -> UploadReply:
         self.times.append(self.clock.now)
         if self.left:
             self.left -= 1
@@ -379,11 +384,12 @@ class FakeDownloads:
         for offset in range(request.offset, len(data), step):
             yield DataChunk(offset, data[offset:offset + step])
 
-    def download(self, request: DownloadRequest) -> AsyncIterator[DataChunk]:
+    def download(self, request: DownloadRequest,
+                 progress: Progress | None = None) -> AsyncIterator[DataChunk]:
         self.requests.append(request)
         return self._stream(request)
 
-    async def upload(self, chunks: Iterator[UploadChunk]) -> UploadReply:
+    async def upload(self, chunks: Iterator[UploadChunk], patience: float = 1.0) -> UploadReply:
         raise NotImplementedError
 
     async def upload_status(self, request: UploadStatusRequest) -> UploadReply:

@@ -96,14 +96,18 @@ def test_clients_striping_downloads_over_two_connections_train_the_same_model(
     assert starts.count(0) == 2 and starts.count(total // 2) == 2
 
 
+@pytest.mark.parametrize(("min_stall_s", "pace_s"), [(120.0, 0.0), (1.0, 0.2)],
+                         ids=["stall-bound-beyond-the-test", "other-streams-slower-than-it"])
 def test_a_range_whose_connection_stops_sending_is_taken_over_by_the_other(
-        coordinator: CoordinatorFactory) -> None:
+        coordinator: CoordinatorFactory, min_stall_s: float, pace_s: float) -> None:
     # the first half's stream sends one chunk, then nothing (a connection deep in TCP
-    # backoff); the stall bound is far beyond the test's timeout, so only the other
-    # connection taking over that range can finish the download in time
+    # backoff). With a stall bound far beyond the test's timeout, only the other connection
+    # taking over that range can finish the download in time. With a short one, the other
+    # streams send a chunk every ``pace_s`` and take five times the bound to finish: the
+    # stuck stream must not be stalled (nor its connection replaced) while they move
     config = CoordinatorConfig(rounds=1, flush=FlushRule(goal=1, deadline_s=None),
                                limits=LIMITS, robust=RobustConfig(enabled=False))
-    liveness = LivenessConfig(min_stall_s=120.0, min_ping_timeout_s=120.0,
+    liveness = LivenessConfig(min_stall_s=min_stall_s, min_ping_timeout_s=120.0,
                               max_ping_timeout_s=120.0)
     trainer = TowardTrainer(np.full(DIM, 3.0, np.float32))
 
@@ -118,6 +122,7 @@ def test_a_range_whose_connection_stops_sending_is_taken_over_by_the_other(
                 async for n, chunk in _numbered(serve(request)):
                     if stuck and n == 1:
                         await asyncio.Event().wait()
+                    await asyncio.sleep(pace_s)  # the pace of the moving streams
                     yield chunk
 
             server.service.transfers.download = stuck_first_range  # type: ignore[method-assign]
@@ -130,6 +135,9 @@ def test_a_range_whose_connection_stops_sending_is_taken_over_by_the_other(
     np.testing.assert_allclose(server.service.engine.model, (X0 + 3.0) / 2, rtol=1e-6)
     assert (stats.accepted, stats.stalls, stats.reconnects) == (1, 0, 0)
     assert stats.ranges_taken >= 1
+    # the first connection was the one overtaken: the calls after the download went on
+    # over the other one
+    assert stats.handovers == 1
     # the stuck stream ended (cancelled once the rest had come) after its one chunk
     assert any(e["offset"] == 0 and e["bytes"] <= 2 * LIMITS.chunk_bytes
                for e in server.events.of_kind("download_finished"))

@@ -152,7 +152,8 @@ class StalledFirstUpload:
         self.stalled = False
         original = Transport.upload
 
-        async def upload(transport: Transport, chunks: Iterable[UploadChunk]) -> UploadReply:
+        async def upload(transport: Transport, chunks: Iterable[UploadChunk],
+                         patience: float = 1.0) -> UploadReply:
             if not self.stalled:
                 self.stalled = True
                 await asyncio.sleep(self.seconds)  # the stall, not a backoff
@@ -428,7 +429,8 @@ class Duplicating:
         upload, commit = Transport.upload, Transport.commit
         self.commits = 0
 
-        async def replaying(transport: Transport, chunks: Iterable[UploadChunk]) -> UploadReply:
+        async def replaying(transport: Transport, chunks: Iterable[UploadChunk],
+                            patience: float = 1.0) -> UploadReply:
             sent = list(chunks)
             await upload(transport, sent)
             return await upload(transport, sent)

@@ -27,6 +27,7 @@ from fedlink.client import (
     Transport,
     run_client,
 )
+from fedlink.client.liveness import Progress
 from fedlink.coordinator import CoordinatorConfig, CoordinatorServer, FlushRule, LimitsConfig
 from fedlink.messages import DataChunk, DownloadRequest
 
@@ -175,7 +176,8 @@ def test_task_closed_before_download_is_refused_not_raised(
     delayed: list[str] = []
     original = Transport.download
 
-    async def slow_download(self: Transport, request: DownloadRequest) -> AsyncIterator[DataChunk]:
+    async def slow_download(self: Transport, request: DownloadRequest,
+                            progress: Progress | None = None) -> AsyncIterator[DataChunk]:
         server = server_box[0]
         names = {e["client_id"]: e["name"] for e in server.events.of_kind("client_joined")}
         if names.get(request.client_id) == "slow" and not delayed:
@@ -183,7 +185,7 @@ def test_task_closed_before_download_is_refused_not_raised(
             engine = server.service.engine
             while engine.version < 1:
                 await asyncio.sleep(0.01)
-        async for chunk in original(self, request):
+        async for chunk in original(self, request, progress):
             yield chunk
 
     monkeypatch.setattr(Transport, "download", slow_download)

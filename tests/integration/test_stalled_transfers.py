@@ -1,8 +1,9 @@
 """Liveness without connection churn, over real gRPC through fedlink's TCP proxy.
 
 A transfer whose connection stalls (open, but carrying nothing) is told from its progress and
-resumed on a fresh connection, however long the ping-ack timeout; a link estimate that moves
-to another ping-ack timeout opens no connection. Connections are counted at the proxy.
+resumed on a fresh connection, however long the ping-ack timeout, or at once over the other
+open connection when there is one; a link estimate that moves to another ping-ack timeout
+opens no connection. Connections are counted at the proxy.
 """
 
 from __future__ import annotations
@@ -50,10 +51,42 @@ def test_a_stalled_upload_is_resumed_on_a_fresh_connection(
             await asyncio.wait_for(server.wait_finished(), 10)
 
         assert stats.accepted == 1
+        # the upload first went on over the second connection, stalled as well
+        assert stats.handovers == 1
         assert stats.stalls >= 1 and stats.channels_opened == 2 + stats.stalls
         assert stats.reconnects == stats.stalls  # a connection's first channel is not one
         assert proxy.counters.connections == stats.channels_opened
         assert stats.resumed_bytes > 0  # the fresh connection went on from what was held
+        np.testing.assert_allclose(server.service.engine.model, np.full(DIM, 0.5))
+
+    run_async(main(), timeout=110)
+
+
+def test_an_upload_whose_connection_stalls_goes_on_over_the_other_open_one(
+        coordinator: CoordinatorFactory) -> None:
+    liveness = LivenessConfig(min_ping_timeout_s=120.0, max_ping_timeout_s=120.0,
+                              min_stall_s=1.0)
+    config = CoordinatorConfig(rounds=1, flush=FlushRule(goal=1, min_updates=1))
+
+    async def main() -> None:
+        async with coordinator(config, np.zeros(DIM, np.float32)) as server, \
+                TcpProxy(LinkProfile(up_kbps=4_000.0), target_of(server)) as proxy:
+            session = ClientSession(proxy.address, TowardTrainer(np.ones(DIM, np.float32)),
+                                    ClientOptions(name="handed-over", retry=RETRY,
+                                                  liveness=liveness))
+            running = asyncio.create_task(session.run())
+            await wait_until(lambda: proxy.counters.bytes_up > 400_000, timeout=60,
+                             what="the upload under way")
+            # the first connection carries the upload; the second one is idle beside it
+            assert proxy.stall_connections(600.0, only=0) == 1
+            stats = await asyncio.wait_for(running, 100)
+            await asyncio.wait_for(server.wait_finished(), 10)
+
+        assert stats.accepted == 1
+        assert stats.handovers == 1
+        # no stall, no new connection: the stuck one was kept, not replaced
+        assert stats.stalls == 0 and stats.reconnects == 0
+        assert proxy.counters.connections == stats.channels_opened == 2
         np.testing.assert_allclose(server.service.engine.model, np.full(DIM, 0.5))
 
     run_async(main(), timeout=110)

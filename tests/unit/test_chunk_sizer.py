@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from fedlink.client import ChunkSizer, RetryPolicy, SessionStats
+from fedlink.client.liveness import Progress
 from fedlink.client.retry import Caller
 from fedlink.client.transfer import (
     MAX_CHUNK_BYTES,
@@ -100,7 +101,7 @@ class FakeLink:
         self.attempt_sizes: list[list[int]] = []
         self.status_calls = 0
 
-    async def upload(self, chunks: Iterator[UploadChunk]) -> UploadReply:
+    async def upload(self, chunks: Iterator[UploadChunk], patience: float = 1.0) -> UploadReply:
         limit = self.breaks_after.pop(0) if self.breaks_after else None
         sizes: list[int] = []
         self.attempt_sizes.append(sizes)
@@ -116,7 +117,8 @@ class FakeLink:
         self.status_calls += 1
         return UploadReply(request.upload_id, len(self.held))
 
-    def download(self, request: DownloadRequest) -> AsyncIterator[DataChunk]:
+    def download(self, request: DownloadRequest,
+                 progress: Progress | None = None) -> AsyncIterator[DataChunk]:
         raise NotImplementedError
 
 
@@ -228,7 +230,8 @@ class BreakingDownloads(FakeLink):
         if end < len(self.model):
             raise Unavailable("connection reset")
 
-    def download(self, request: DownloadRequest) -> AsyncIterator[DataChunk]:
+    def download(self, request: DownloadRequest,
+                 progress: Progress | None = None) -> AsyncIterator[DataChunk]:
         return self._stream(request)
 
 

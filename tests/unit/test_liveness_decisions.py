@@ -160,11 +160,13 @@ def test_the_transport_takes_up_a_new_timeout_when_the_connection_died() -> None
     async def main() -> None:
         async with Transport(NOWHERE, liveness=CFG) as transport:
             # a deadline missed: no reply, the timeouts widen, but the connection may be fine
-            transport._failed(rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
+            transport._failed(rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"),
+                              transport._fit_channel())
             transport._fit_channel()
             assert transport.channels_opened == 1
             transport._failed(rpc_error(grpc.StatusCode.UNAVAILABLE,
-                                        "Stream removed (ping timeout)"))
+                                        "Stream removed (ping timeout)"),
+                              transport._fit_channel())
             transport._fit_channel()
             assert transport.channels_opened == 2
             assert transport.ping_timeout_s == 80.0  # widened twice: 45 s, rounded up
@@ -177,7 +179,7 @@ def test_the_transport_takes_up_a_new_timeout_when_the_connection_died() -> None
 def test_a_stall_moves_the_next_call_to_a_connection_of_its_own() -> None:
     async def main() -> None:
         async with Transport(NOWHERE, liveness=CFG) as transport:
-            err = transport._stall("upload", 12.0)
+            err = transport._stall("upload", 12.0, transport._fit_channel())
             assert err.retryable and "no progress for 12.0 s" in err.detail
             transport._fit_channel()
             assert transport.channels_opened == 2 and transport.stalls == 1

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from conftest import run_async
 
+from fedlink.client.liveness import Progress
 from fedlink.client.stats import SessionStats
 from fedlink.client.transfer import Stripe, StripedPayload, Transfers
 from fedlink.errors import DataLoss
@@ -58,8 +59,14 @@ class Link:
         self.honours_end = honours_end
         self.requests: list[DownloadRequest] = []
         self.closed = 0
+        self.can_take_over = True
+        self.gave_connection_to: list[Link] = []
 
-    async def download(self, request: DownloadRequest) -> AsyncGenerator[DataChunk, None]:
+    def exchange(self, other: Link, why: str) -> None:
+        self.gave_connection_to.append(other)
+
+    async def download(self, request: DownloadRequest,
+                 progress: Progress | None = None) -> AsyncGenerator[DataChunk, None]:
         self.requests.append(request)
         end = request.end_offset if self.honours_end and request.end_offset else len(PAYLOAD)
         try:
@@ -98,6 +105,8 @@ def test_a_connection_that_stops_sending_is_overtaken_and_its_stream_closed() ->
     stuck, moving = Link(hang_after=1), Link()
     assert download(stuck, moving) == PAYLOAD  # no stall bound needed: nothing waits on it
     assert len(stuck.requests) == 1 and stuck.closed == 1
+    # the first connection's calls go on over the one that moved
+    assert stuck.gave_connection_to == [moving] and not moving.gave_connection_to
     # the moving connection took the stuck one's range over, by halves and then whole
     taken = [(r.offset, r.end_offset) for r in moving.requests[1:]]
     assert taken[0] == (CHUNK + (len(PAYLOAD) // 2 - CHUNK) // 2, len(PAYLOAD) // 2)
@@ -112,7 +121,8 @@ def test_a_coordinator_that_streams_to_the_end_is_read_only_as_far_as_the_range(
 
 def test_a_chunk_out_of_place_is_data_loss() -> None:
     class Shifted(Link):
-        async def download(self, request: DownloadRequest) -> AsyncGenerator[DataChunk, None]:
+        async def download(self, request: DownloadRequest,
+                 progress: Progress | None = None) -> AsyncGenerator[DataChunk, None]:
             yield DataChunk(request.offset + 1, b"x")
 
     with pytest.raises(DataLoss):
@@ -122,7 +132,8 @@ def test_a_chunk_out_of_place_is_data_loss() -> None:
 @pytest.mark.parametrize("ways", [1, 2])
 def test_a_stream_that_ends_before_its_range_is_data_loss(ways: int) -> None:
     class Short(Link):
-        async def download(self, request: DownloadRequest) -> AsyncGenerator[DataChunk, None]:
+        async def download(self, request: DownloadRequest,
+                 progress: Progress | None = None) -> AsyncGenerator[DataChunk, None]:
             yield DataChunk(request.offset, PAYLOAD[request.offset:request.offset + CHUNK])
 
     links = [Short() for _ in range(ways)]
