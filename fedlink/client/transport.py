@@ -403,26 +403,29 @@ class Transport:
                        ) -> AsyncGenerator[DataChunk, None]:
         """Stream ``Download``; chunks arrive as they come (an error may cut the stream).
 
-        A stream is cancelled as stalled once ``progress`` has not moved for
-        ``link.stall_s()``: its own progress, or (given) that of all the streams of one
-        striped download, so that a stream stuck beside others that move is left to be
-        overtaken, not stalled. Chunks are asked small enough to show progress well within
-        that bound (``LinkEstimate.progress_chunk_bytes``)."""
+        A stream is cancelled as stalled once it has not moved for ``link.stall_s()`` since it
+        started or last moved, and nor has ``progress`` (given: that of all the streams of one
+        striped download), so that a stream stuck beside others that move is left to be
+        overtaken, not stalled, while a fresh stream gets a whole stall bound of its own.
+        Chunks are asked small enough to show progress well within that bound
+        (``LinkEstimate.progress_chunk_bytes``)."""
         request = dataclasses.replace(request, max_chunk_bytes=self.link.progress_chunk_bytes(
             request.max_chunk_bytes))
         line = self._fit_channel()
         call = line.stub.Download(to_proto(request), timeout=self.timeouts.transfer_s,
                                   metadata=self._metadata)
         started, received = self._now(), 0
-        progress = progress or Progress(self._now)
+        own = Progress(self._now)
+        streams = (own,) if progress is None else (own, progress)
         try:
             while True:
-                message = await self._next_message(call, progress)
+                message = await self._next_message(call, streams)
                 if message is None:
-                    raise transfer_failure(self._stall("download", progress.idle_s(), line))
+                    raise transfer_failure(self._stall("download", own.idle_s(), line))
                 if message is grpc.aio.EOF:
                     break
-                progress.moved()
+                for moved in streams:
+                    moved.moved()
                 chunk: DataChunk = from_proto(message)
                 received += len(chunk.data)
                 yield chunk
@@ -433,21 +436,22 @@ class Transport:
             raise
         finally:
             call.cancel()
-            self._log_transfer("download", received, started, progress)
+            self._log_transfer("download", received, started, own)
         self._moved(received, started)
 
-    async def _next_message(self, call: Any, progress: Progress) -> Any | None:
-        """The stream's next message (or ``EOF``); ``None`` once ``progress`` has not moved
-        for the stall bound."""
+    async def _next_message(self, call: Any, progress: tuple[Progress, ...]) -> Any | None:
+        """The stream's next message (or ``EOF``); ``None`` once none of ``progress`` (the
+        stream's own, since it started, and the striped download's) has moved for the stall
+        bound."""
         reading = asyncio.ensure_future(call.read())
         try:
             while True:
                 stall_s = self.link.stall_s()
-                done, _ = await asyncio.wait({reading}, timeout=max(0.0, stall_s
-                                                                     - progress.idle_s()))
+                idle_s = min(p.idle_s() for p in progress)
+                done, _ = await asyncio.wait({reading}, timeout=max(0.0, stall_s - idle_s))
                 if done:
                     return reading.result()
-                if progress.stalled(stall_s):
+                if all(p.stalled(stall_s) for p in progress):
                     return None
         finally:
             if not reading.done():

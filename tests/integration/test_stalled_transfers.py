@@ -15,10 +15,11 @@ import pytest
 from conftest import CoordinatorFactory, TowardTrainer, run_async, target_of, wait_until
 
 from fedlink.client import ClientOptions, ClientSession, RetryPolicy
-from fedlink.client.liveness import LivenessConfig
+from fedlink.client.liveness import LivenessConfig, Progress
 from fedlink.client.transport import Transport
+from fedlink.clock import RealClock
 from fedlink.coordinator import CoordinatorConfig, FlushRule
-from fedlink.messages import HeartbeatRequest, JoinRequest
+from fedlink.messages import DownloadRequest, GetTaskRequest, HeartbeatRequest, JoinRequest, Task
 from fedlink.netem.profile import LinkProfile
 from fedlink.netem.proxy import TcpProxy
 
@@ -90,6 +91,26 @@ def test_an_upload_whose_connection_stalls_goes_on_over_the_other_open_one(
         np.testing.assert_allclose(server.service.engine.model, np.full(DIM, 0.5))
 
     run_async(main(), timeout=110)
+
+
+def test_a_stream_that_joins_a_striped_download_late_gets_a_stall_bound_of_its_own(
+        coordinator: CoordinatorFactory) -> None:
+    # a stream resumed on a fresh connection after every stream of the download stalled must
+    # not be taken for stalled at once because the download as a whole has been idle
+    async def main() -> None:
+        async with coordinator(CoordinatorConfig(rounds=1), np.zeros(DIM, np.float32)) as server, \
+                Transport(target_of(server)) as transport:
+            joined = await transport.join(JoinRequest("late", instance_key="k" * 32))
+            task = await transport.get_task(GetTaskRequest(joined.client_id))
+            assert isinstance(task, Task)
+            download = Progress(RealClock().now)
+            download.last -= 10 * transport.link.stall_s()  # idle far beyond the bound
+            request = DownloadRequest(joined.client_id, task.task_id)
+            received = sum([len(c.data) async for c in transport.download(request, download)])
+            assert received == task.model.num_bytes
+            assert transport.stalls == 0
+
+    run_async(main(), timeout=60)
 
 
 def test_a_moving_estimate_opens_no_connection(coordinator: CoordinatorFactory) -> None:
