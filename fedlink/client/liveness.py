@@ -54,10 +54,14 @@ transfer, the link rather than the connection is at fault, and the floor
 doubles (``replaced``): a link that stalls faster than a connection can complete a transfer is
 given longer before the next one, so a run opens a few connections, not one per stall.
 
-A connection that a ping-ack timeout killed says that the link delays acks that long (a ping
-waits behind the data queued in the socket, and a lossy link drains it slowly): the timeout
-it asks for stays above ``widen_factor`` times the one that died (``ping_floor_s``), however
-many calls succeed afterwards, so that the next connection does not die the same way.
+A connection that a ping-ack timeout killed before the link's round trip was known, or whose
+timeout was under ``rtt_multiple`` of the shortest recent round trips, says that the link
+delays acks that long: the timeout it asks for stays above ``widen_factor`` times the one that
+died (``ping_floor_s``), however many calls succeed afterwards, so that the next connection
+does not die the same way. A timeout of many round trips that still killed a connection was a
+spell of TCP backoff under loss: it is kept, and gRPC brings the channel back
+on a fresh connection with it. Raising it would keep later connections alive through such
+spells, and a connection that lived through one is slow afterwards (above).
 
 Progress can only be as fine as the chunks: a download asks for chunks that take at most a
 quarter of ``min_stall_s`` at the goodput the link can be counted on
@@ -282,12 +286,27 @@ class LinkEstimate:
         wanted = max(self.widen * max(cfg.min_ping_timeout_s, learned), self.ping_floor_s)
         return min(max(wanted, cfg.min_ping_timeout_s), cfg.max_ping_timeout_s)
 
-    def ping_died(self, channel_ping_s: float) -> None:
-        """A connection opened with a ping-ack timeout of ``channel_ping_s`` died of it: the
-        link delays acks that long. Widens like any call without reply, and keeps every
-        later ping-ack timeout above ``widen_factor`` times it."""
+    def ping_died(self, channel_ping_s: float) -> bool:
+        """A connection opened with a ping-ack timeout of ``channel_ping_s`` died of it;
+        whether later connections get a longer one.
+
+        When the link's own delay explains it (no round trip measured yet, or
+        ``channel_ping_s`` under ``rtt_multiple`` of the shortest recent ones), the link delays
+        acks that long: widens like any call without reply, and keeps every later ping-ack
+        timeout above ``widen_factor`` times it. Otherwise the connection died in a spell of
+        TCP backoff on a short lossy link: the timeout is kept, so gRPC brings the channel
+        back on a fresh connection with the same one, and later connections are not kept
+        alive through such spells, which leave them slow."""
+        if self._loss_explains(channel_ping_s):
+            return False
         self.no_reply()
         self.ping_floor_s = max(self.ping_floor_s, self.config.widen_factor * channel_ping_s)
+        return True
+
+    def _loss_explains(self, channel_ping_s: float) -> bool:
+        """Whether a ping-ack timeout of ``channel_ping_s`` is many of the link's shortest
+        round trips (so a ping that waited longer was lost, not slow)."""
+        return bool(self._rtts) and channel_ping_s >= self.config.rtt_multiple * self.min_rtt_s()
 
     def channel_ping_timeout_s(self) -> float:
         """The ping-ack timeout a new channel is opened with: ``ping_timeout_s`` rounded up to

@@ -317,7 +317,10 @@ class Transport:
         marking ``line`` (the call's channel) dead if its connection is gone."""
         detail = exc.details() or ""
         if is_ping_timeout(detail):
-            self.link.ping_died(line.ping_timeout_s)
+            if not self.link.ping_died(line.ping_timeout_s):
+                log.info("%s: a ping-ack timeout of %.1f s (many round trips) ended a spell "
+                         "of loss; the channel reconnects with it", self.target,
+                         line.ping_timeout_s)
         elif is_no_reply(exc.code().name, detail):
             self.link.no_reply()
         if is_link_dead(exc.code().name):

@@ -129,6 +129,22 @@ def test_a_ping_timeout_that_killed_a_connection_is_not_taken_up_again() -> None
     assert reopen_reason(5.0, link.channel_ping_timeout_s(), dead=True, stalled=False)
 
 
+def test_a_ping_timeout_of_many_round_trips_that_killed_a_connection_is_kept() -> None:
+    link = LinkEstimate(CFG)
+    for rtt in (0.02, 1.5, 0.03):  # a 20 ms link; one call queued behind a lossy transfer
+        link.observe_rtt(rtt)
+    assert link.channel_ping_timeout_s() == 5.0
+    # 5 s is over a hundred of the link's round trips: the ping was lost, not slow
+    assert not link.ping_died(5.0)
+    assert link.widen == 1.0 and link.channel_ping_timeout_s() == 5.0
+    # gRPC brings the channel back with it: no channel of fedlink's own
+    assert reopen_reason(5.0, link.channel_ping_timeout_s(), dead=True, stalled=False) is None
+    # a link whose round trips explain the death still asks for longer timeouts
+    far = LinkEstimate(CFG)
+    far.observe_rtt(2.0)
+    assert far.ping_died(5.0) and far.channel_ping_timeout_s() > 5.0
+
+
 def test_a_transfer_split_for_progress_keeps_its_bytes_and_offsets() -> None:
     async def main() -> None:
         async with Transport(NOWHERE, liveness=CFG) as transport:
