@@ -314,13 +314,17 @@ class Transport:
 
     def _failed(self, exc: grpc.aio.AioRpcError, line: _Line) -> RemoteError:
         """Translate ``exc``, widening the link's timeouts if no reply came at all, and
-        marking ``line`` (the call's channel) dead if its connection is gone."""
+        marking ``line`` (the call's channel) dead if its connection is gone, unless a
+        spell of loss killed it (``LinkEstimate.ping_died``)."""
         detail = exc.details() or ""
         if is_ping_timeout(detail):
             if not self.link.ping_died(line.ping_timeout_s):
+                # not marked dead: its timeout is not at fault, and gRPC brings the channel
+                # back on a fresh connection by itself (a new channel: one more for nothing)
                 log.info("%s: a ping-ack timeout of %.1f s (many round trips) ended a spell "
                          "of loss; the channel reconnects with it", self.target,
                          line.ping_timeout_s)
+                return translate(exc)
         elif is_no_reply(exc.code().name, detail):
             self.link.no_reply()
         if is_link_dead(exc.code().name):

@@ -192,6 +192,26 @@ def test_the_transport_takes_up_a_new_timeout_when_the_connection_died() -> None
     asyncio.run(main())
 
 
+def test_a_connection_that_a_spell_of_loss_killed_keeps_its_channel() -> None:
+    async def main() -> None:
+        async with Transport(NOWHERE, liveness=CFG) as transport:
+            for _ in range(3):
+                transport.link.observe_rtt(0.02)
+            transport.link.observe_rtt(1.5)  # a call queued behind a lossy transfer
+            # pings may wait behind 2 MiB at 400 kB/s: the link asks for more than 5 s now
+            transport.link.queued_bytes = 2 << 20
+            transport.link.observe_transfer(1 << 20, 2.5)
+            assert transport.link.channel_ping_timeout_s() >= 10.0
+            transport._failed(rpc_error(grpc.StatusCode.UNAVAILABLE,
+                                        "Stream removed (ping timeout)"),
+                              transport._fit_channel())
+            transport._fit_channel()
+            # gRPC reconnects the channel itself, with the same 5 s: fedlink opens none
+            assert transport.channels_opened == 1 and transport.ping_timeout_s == 5.0
+
+    asyncio.run(main())
+
+
 def test_a_stall_moves_the_next_call_to_a_connection_of_its_own() -> None:
     async def main() -> None:
         async with Transport(NOWHERE, liveness=CFG) as transport:
