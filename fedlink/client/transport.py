@@ -439,12 +439,12 @@ class Transport:
         except grpc.aio.AioRpcError as exc:
             raise transfer_failure(self._failed(exc, line)) from None
         except GeneratorExit:  # the reader has what it asked for: the range it still wants
-            self._moved(received, started)
+            self._moved(received, started, line)
             raise
         finally:
             call.cancel()
             self._log_transfer("download", received, started, own)
-        self._moved(received, started)
+        self._moved(received, started, line)
 
     async def _next_message(self, call: Any, progress: tuple[Progress, ...]) -> Any | None:
         """The stream's next message (or ``EOF``); ``None`` once none of ``progress`` (the
@@ -464,12 +464,13 @@ class Transport:
             if not reading.done():
                 reading.cancel()
 
-    def _moved(self, num_bytes: int, started: float) -> None:
-        """A transfer attempt moved ``num_bytes`` since ``started`` and ended well."""
+    def _moved(self, num_bytes: int, started: float, line: _Line) -> None:
+        """A transfer attempt over ``line`` moved ``num_bytes`` since ``started`` and ended
+        well."""
         self.link.observe_transfer(num_bytes, self._now() - started)
         self.link.succeeded()
-        self._line.moved_a_transfer = True
-        self._line.suspect = False
+        line.moved_a_transfer = True
+        line.suspect = False
 
     def _log_transfer(self, what: str, num_bytes: int, started: float,
                       progress: Progress) -> None:
@@ -518,7 +519,7 @@ class Transport:
             raise NoProgress(f"upload made no progress for {progress.idle_s():.1f} s")
         if reply is None:
             raise transfer_failure(self._stall("upload", progress.idle_s(), line))
-        self._moved(sent, started)
+        self._moved(sent, started, line)
         result: UploadReply = from_proto(reply)
         return result
 
