@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import CoordinatorFactory, TowardTrainer, run_async, target_of, wait_until
 
-from fedlink.client import ClientOptions, ClientSession, RetryPolicy
+from fedlink.client import ClientOptions, ClientSession, RetryPolicy, SessionStats
 from fedlink.client.liveness import LivenessConfig, Progress
 from fedlink.client.transport import Transport
 from fedlink.clock import RealClock
@@ -29,68 +29,56 @@ DIM = 400_000  # a 1.6 MB update: several chunks, long enough to stall in the mi
 RETRY = RetryPolicy(initial_backoff_s=0.05, max_backoff_s=0.5, max_attempts=20)
 
 
-def test_a_stalled_upload_is_resumed_on_a_fresh_connection(
-        coordinator: CoordinatorFactory) -> None:
-    # the ping-ack check alone would take 120 s to notice: only progress can tell in time
+def upload_with_stalled_connections(coordinator: CoordinatorFactory, only: int | None,
+                                    ) -> tuple[SessionStats, int, np.ndarray]:
+    """One client's round whose connections (``only``: the first alone) stall for good well
+    into its upload; its stats, the connections the proxy saw and the model. The ping-ack
+    check alone would take 120 s to notice: only progress can tell in time."""
     liveness = LivenessConfig(min_ping_timeout_s=120.0, max_ping_timeout_s=120.0,
                               min_stall_s=1.0)
     config = CoordinatorConfig(rounds=1, flush=FlushRule(goal=1, min_updates=1))
 
-    async def main() -> None:
+    async def main() -> tuple[SessionStats, int, np.ndarray]:
         async with coordinator(config, np.zeros(DIM, np.float32)) as server, \
                 TcpProxy(LinkProfile(up_kbps=4_000.0), target_of(server)) as proxy:
             session = ClientSession(proxy.address, TowardTrainer(np.ones(DIM, np.float32)),
                                     ClientOptions(name="stalled", retry=RETRY,
                                                   liveness=liveness))
             running = asyncio.create_task(session.run())
-            # well into the upload (the download runs the other way), stall what is open
+            # well into the upload (the download runs the other way), stall what is open:
+            # the first connection carries the upload, the second carried half the model
             await wait_until(lambda: proxy.counters.bytes_up > 400_000, timeout=60,
                              what="the upload under way")
-            # the upload's connection, and the second one that carried half the model
-            assert proxy.stall_connections(600.0) == 2
+            assert proxy.stall_connections(600.0, only=only) == (2 if only is None else 1)
             stats = await asyncio.wait_for(running, 90)
             await asyncio.wait_for(server.wait_finished(), 10)
+            return stats, proxy.counters.connections, server.service.engine.model.copy()
 
-        assert stats.accepted == 1
-        # the upload first went on over the second connection, stalled as well
-        assert stats.handovers == 1
-        assert stats.stalls >= 1 and stats.channels_opened == 2 + stats.stalls
-        assert stats.reconnects == stats.stalls  # a connection's first channel is not one
-        assert proxy.counters.connections == stats.channels_opened
-        assert stats.resumed_bytes > 0  # the fresh connection went on from what was held
-        np.testing.assert_allclose(server.service.engine.model, np.full(DIM, 0.5))
+    return run_async(main(), timeout=110)
 
-    run_async(main(), timeout=110)
+
+def test_a_stalled_upload_is_resumed_on_a_fresh_connection(
+        coordinator: CoordinatorFactory) -> None:
+    stats, connections, model = upload_with_stalled_connections(coordinator, only=None)
+    assert stats.accepted == 1
+    # the upload first went on over the second connection, stalled as well
+    assert stats.handovers == 1
+    assert stats.stalls >= 1 and stats.channels_opened == 2 + stats.stalls
+    assert stats.reconnects == stats.stalls  # a connection's first channel is not one
+    assert connections == stats.channels_opened
+    assert stats.resumed_bytes > 0  # the fresh connection went on from what was held
+    np.testing.assert_allclose(model, np.full(DIM, 0.5))
 
 
 def test_an_upload_whose_connection_stalls_goes_on_over_the_other_open_one(
         coordinator: CoordinatorFactory) -> None:
-    liveness = LivenessConfig(min_ping_timeout_s=120.0, max_ping_timeout_s=120.0,
-                              min_stall_s=1.0)
-    config = CoordinatorConfig(rounds=1, flush=FlushRule(goal=1, min_updates=1))
-
-    async def main() -> None:
-        async with coordinator(config, np.zeros(DIM, np.float32)) as server, \
-                TcpProxy(LinkProfile(up_kbps=4_000.0), target_of(server)) as proxy:
-            session = ClientSession(proxy.address, TowardTrainer(np.ones(DIM, np.float32)),
-                                    ClientOptions(name="handed-over", retry=RETRY,
-                                                  liveness=liveness))
-            running = asyncio.create_task(session.run())
-            await wait_until(lambda: proxy.counters.bytes_up > 400_000, timeout=60,
-                             what="the upload under way")
-            # the first connection carries the upload; the second one is idle beside it
-            assert proxy.stall_connections(600.0, only=0) == 1
-            stats = await asyncio.wait_for(running, 100)
-            await asyncio.wait_for(server.wait_finished(), 10)
-
-        assert stats.accepted == 1
-        assert stats.handovers == 1
-        # no stall, no new connection: the stuck one was kept, not replaced
-        assert stats.stalls == 0 and stats.reconnects == 0
-        assert proxy.counters.connections == stats.channels_opened == 2
-        np.testing.assert_allclose(server.service.engine.model, np.full(DIM, 0.5))
-
-    run_async(main(), timeout=110)
+    stats, connections, model = upload_with_stalled_connections(coordinator, only=0)
+    assert stats.accepted == 1
+    assert stats.handovers == 1
+    # no stall, no new connection: the stuck one was kept, not replaced
+    assert stats.stalls == 0 and stats.reconnects == 0
+    assert connections == stats.channels_opened == 2
+    np.testing.assert_allclose(model, np.full(DIM, 0.5))
 
 
 def test_a_stream_that_joins_a_striped_download_late_gets_a_stall_bound_of_its_own(
