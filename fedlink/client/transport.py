@@ -173,7 +173,7 @@ class _Line:
     moved_a_transfer: bool = False  # a transfer completed over it
     dead: bool = False  # a call on it failed with its connection gone
     stalled: bool = False  # a transfer on it made no progress for the stall bound
-    suspect_since: float | None = None  # when a transfer was handed over from it (``exchange``)
+    suspect: bool = False  # a transfer was handed over from it (``Transport.exchange``)
 
 
 class Transport:
@@ -283,23 +283,18 @@ class Transport:
     def can_take_over(self) -> bool:
         """Whether this connection may carry a transfer that made no progress on another:
         it is not known dead or stalled, and no transfer was handed over from it since it
-        last completed one, or that was at least a stall bound ago (the spell of backoff
-        that stopped it has had as long again to end, and a transfer that finds it still
-        stuck is stalled and resumed on a fresh connection, as without it)."""
+        last completed one."""
         line = self._line
-        if line.dead or line.stalled:
-            return False
-        return (line.suspect_since is None
-                or self._now() - line.suspect_since >= self.link.stall_s())
+        return not (line.dead or line.stalled or line.suspect)
 
     def exchange(self, other: Transport, why: str) -> None:
         """Swap connections with ``other`` (a transport to the same coordinator over the same
         link, ``sibling``) because a transfer here made no progress (``why``): this
         transport's calls go on over ``other``'s connection at once, and the slow connection,
-        suspect until it completes a transfer (``can_take_over``), goes where only striped
-        downloads use it."""
+        marked suspect until it completes a transfer, goes where only striped downloads use
+        it."""
         self.handovers += 1
-        self._line.suspect_since = self._now()
+        self._line.suspect = True
         log.info("%s: %s; going on over the other open connection", self.target, why)
         self._line, other._line = other._line, self._line
         # a connection of this transport's own from now on, never one gRPC shares
@@ -481,7 +476,7 @@ class Transport:
         self.link.observe_transfer(num_bytes, self._now() - started)
         self.link.succeeded()
         line.moved_a_transfer = True
-        line.suspect_since = None
+        line.suspect = False
 
     def _log_transfer(self, what: str, num_bytes: int, started: float,
                       progress: Progress) -> None:

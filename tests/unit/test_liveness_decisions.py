@@ -212,24 +212,6 @@ def test_a_connection_that_a_spell_of_loss_killed_keeps_its_channel() -> None:
     asyncio.run(main())
 
 
-def test_a_connection_handed_over_from_takes_over_again_only_after_a_stall_bound() -> None:
-    async def main() -> None:
-        async with Transport(NOWHERE, liveness=CFG) as first:
-            second = first.sibling()
-            now = [100.0]
-            first._now = second._now = lambda: now[0]
-            assert first.can_take_over and second.can_take_over
-            first.exchange(second, "upload made no progress for 2.5 s")
-            assert first.handovers == 1 and first.channels_opened == second.channels_opened == 1
-            # the stuck connection is the second transport's now, and not fit to take over
-            assert first.can_take_over and not second.can_take_over
-            now[0] += first.link.stall_s()
-            assert second.can_take_over
-            await second.close()
-
-    asyncio.run(main())
-
-
 def test_a_stall_moves_the_next_call_to_a_connection_of_its_own() -> None:
     async def main() -> None:
         async with Transport(NOWHERE, liveness=CFG) as transport:
