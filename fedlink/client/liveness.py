@@ -218,12 +218,6 @@ class Progress:
         self.last = now
         self.events += 1
 
-    def restart(self) -> None:
-        """Count from now, as if the transfer had just started: one of several streams that
-        share this progress was resumed elsewhere, and the others wait a whole bound for it
-        to move before they are taken for stalled too."""
-        self.last = self._now()
-
     def idle_s(self) -> float:
         """Seconds since the last progress (or the start)."""
         return self._now() - self.last

@@ -413,10 +413,8 @@ class Transport:
         A stream is cancelled as stalled once it has not moved for ``link.stall_s()`` since it
         started or last moved, and nor has ``progress`` (given: that of all the streams of one
         striped download), so that a stream stuck beside others that move is left to be
-        overtaken, not stalled, while a fresh stream gets a whole stall bound of its own. When
-        all of them stall, the first to notice moves to a fresh connection and the others
-        wait a bound more (``Progress.restart``): it may carry their ranges too. Chunks are
-        asked small enough to show progress well within that bound
+        overtaken, not stalled, while a fresh stream gets a whole stall bound of its own.
+        Chunks are asked small enough to show progress well within that bound
         (``LinkEstimate.progress_chunk_bytes``)."""
         request = dataclasses.replace(request, max_chunk_bytes=self.link.progress_chunk_bytes(
             request.max_chunk_bytes))
@@ -430,10 +428,6 @@ class Transport:
             while True:
                 message = await self._next_message(call, streams)
                 if message is None:
-                    if progress is not None:
-                        # one stream at a time moves to a fresh connection: the others
-                        # stuck beside it wait for that one to move (or a bound more)
-                        progress.restart()
                     raise transfer_failure(self._stall("download", own.idle_s(), line))
                 if message is grpc.aio.EOF:
                     break
