@@ -54,14 +54,19 @@ transfer, the link rather than the connection is at fault, and the floor
 doubles (``replaced``): a link that stalls faster than a connection can complete a transfer is
 given longer before the next one, so a run opens a few connections, not one per stall.
 
-A connection that a ping-ack timeout killed before the link's round trip was known, or whose
-timeout was under ``rtt_multiple`` of the shortest recent round trips, says that the link
-delays acks that long: the timeout it asks for stays above ``widen_factor`` times the one that
-died (``ping_floor_s``), however many calls succeed afterwards, so that the next connection
-does not die the same way. A timeout of many round trips that still killed a connection was a
-spell of TCP backoff under loss: it is kept, and gRPC brings the channel back
-on a fresh connection with it. Raising it would keep later connections alive through such
-spells, and a connection that lived through one is slow afterwards (above).
+A connection that a ping-ack timeout killed although its timeout was under ``rtt_multiple`` of
+the shortest recent round trips says that the link delays acks that long: the timeout it asks
+for stays above ``widen_factor`` times the one that died (``ping_floor_s``), however many calls
+succeed afterwards, so that the next connection does not die the same way. A timeout of many
+round trips that still killed a connection was a spell of TCP backoff under loss: it is kept,
+and gRPC brings the channel back on a fresh connection with it. Raising it would keep later
+connections alive through such spells, and a connection that lived through one is slow
+afterwards (above). A death before any round trip is measured (the first ``Join`` over a
+10 s link, or over a lossy one) cannot be told apart: it raises the floor the same way, but
+only until the link's round trips are known, and it lapses once they show that the timeout
+was many of them: measured under 25% loss, a client whose first ``Join`` died kept 20 s
+timeouts for the whole run, lived through every backoff spell on the same connections and was
+the last of the round in most rounds.
 
 Progress can only be as fine as the chunks: a download asks for chunks that take at most a
 quarter of ``min_stall_s`` at the goodput the link can be counted on
@@ -242,7 +247,8 @@ class LinkEstimate:
         self._rates: deque[float] = deque(maxlen=RTT_WINDOW)  # recent transfers, bytes/s
         self.stalls = 0
         self.replaced = 0  # stalls of connections that had completed no transfer
-        self.ping_floor_s = 0.0  # above every ping-ack timeout that killed a connection
+        self.ping_floor_s = 0.0  # above every ping-ack timeout the link's delay explained
+        self._died_unmeasured_s = 0.0  # the longest one that died before any round trip
         self.widen = 1.0
 
     def observe_rtt(self, seconds: float) -> None:
@@ -283,25 +289,39 @@ class LinkEstimate:
         learned = cfg.rtt_multiple * (self.srtt_s or 0.0)
         if self.goodput_bps:
             learned += self.queued_bytes / self.goodput_bps
-        wanted = max(self.widen * max(cfg.min_ping_timeout_s, learned), self.ping_floor_s)
+        floor = max(self.ping_floor_s, self._unmeasured_floor_s())
+        wanted = max(self.widen * max(cfg.min_ping_timeout_s, learned), floor)
         return min(max(wanted, cfg.min_ping_timeout_s), cfg.max_ping_timeout_s)
 
     def ping_died(self, channel_ping_s: float) -> bool:
         """A connection opened with a ping-ack timeout of ``channel_ping_s`` died of it;
         whether later connections get a longer one.
 
-        When the link's own delay explains it (no round trip measured yet, or
-        ``channel_ping_s`` under ``rtt_multiple`` of the shortest recent ones), the link delays
-        acks that long: widens like any call without reply, and keeps every later ping-ack
-        timeout above ``widen_factor`` times it. Otherwise the connection died in a spell of
-        TCP backoff on a short lossy link: the timeout is kept, so gRPC brings the channel
-        back on a fresh connection with the same one, and later connections are not kept
-        alive through such spells, which leave them slow."""
+        When the link's own delay explains it (``channel_ping_s`` under ``rtt_multiple`` of
+        the shortest recent round trips), the link delays acks that long: widens like any call
+        without reply, and keeps every later ping-ack timeout above ``widen_factor`` times it.
+        Before any round trip is measured it may be either: it is taken for the link's delay
+        until round trips are known (``_unmeasured_floor_s``). Otherwise the connection died
+        in a spell of TCP backoff on a short lossy link: the timeout is kept, so gRPC brings
+        the channel back on a fresh connection with the same one, and later connections are
+        not kept alive through such spells, which leave them slow."""
         if self._loss_explains(channel_ping_s):
             return False
         self.no_reply()
-        self.ping_floor_s = max(self.ping_floor_s, self.config.widen_factor * channel_ping_s)
+        if self._rtts:
+            self.ping_floor_s = max(self.ping_floor_s,
+                                    self.config.widen_factor * channel_ping_s)
+        else:
+            self._died_unmeasured_s = max(self._died_unmeasured_s, channel_ping_s)
         return True
+
+    def _unmeasured_floor_s(self) -> float:
+        """The floor a death before any round trip set: ``widen_factor`` times the timeout
+        that died, until the link's round trips show that it was many of them (0 then)."""
+        died = self._died_unmeasured_s
+        if not died or self._loss_explains(died):
+            return 0.0
+        return self.config.widen_factor * died
 
     def _loss_explains(self, channel_ping_s: float) -> bool:
         """Whether a ping-ack timeout of ``channel_ping_s`` is many of the link's shortest

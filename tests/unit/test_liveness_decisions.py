@@ -145,6 +145,25 @@ def test_a_ping_timeout_of_many_round_trips_that_killed_a_connection_is_kept() -
     assert far.ping_died(5.0) and far.channel_ping_timeout_s() > 5.0
 
 
+def test_a_death_before_any_round_trip_raises_the_floor_until_round_trips_are_known() -> None:
+    short = LinkEstimate(CFG)
+    assert short.ping_died(5.0)  # the first Join died: the link may be that long
+    assert short.channel_ping_timeout_s() == 20.0
+    for rtt in (1.2, 0.03, 0.5):  # then the link shows 30 ms round trips under loss
+        short.observe_rtt(rtt)
+        short.succeeded()
+    # 5 s is over a hundred of them: that death was a spell of loss, and the floor lapses
+    assert short.channel_ping_timeout_s() == 5.0
+    assert reopen_reason(20.0, short.channel_ping_timeout_s(), dead=True, stalled=False)
+    # a link whose round trips do explain the death keeps it
+    far = LinkEstimate(CFG)
+    assert far.ping_died(5.0)
+    for _ in range(8):
+        far.observe_rtt(1.5)  # 4 x 1.5 s > 5 s: acks were slow, not lost
+        far.succeeded()
+    assert far.channel_ping_timeout_s() == 20.0  # 4 x 1.5 s alone would ask for 10 s
+
+
 def test_a_transfer_split_for_progress_keeps_its_bytes_and_offsets() -> None:
     async def main() -> None:
         async with Transport(NOWHERE, liveness=CFG) as transport:
