@@ -64,9 +64,9 @@ connections alive through such spells, and a connection that lived through one i
 afterwards (above). A death before any round trip is measured (the first ``Join`` over a
 10 s link, or over a lossy one) cannot be told apart: it raises the floor the same way, but
 only until the link's round trips are known, and it lapses once they show that the timeout
-was many of them: measured under 25% loss, a client whose first ``Join`` died kept 20 s
-timeouts for the whole run, lived through every backoff spell on the same connections and was
-the last of the round in most rounds.
+was many of them. Kept for good, such a floor leaves a client under 25% loss on connections
+that live through every backoff spell: measured, that client was the last of the round in
+most rounds.
 
 Progress can only be as fine as the chunks: a download asks for chunks that take at most a
 quarter of ``min_stall_s`` at the goodput the link can be counted on
