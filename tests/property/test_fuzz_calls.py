@@ -45,7 +45,10 @@ EXAMPLES = settings(max_examples=2000, deadline=None, derandomize=True, database
                                            HealthCheck.function_scoped_fixture])
 CONFIG = CoordinatorConfig(
     rounds=1_000_000, flush=FlushRule(goal=1, deadline_s=None, max_staleness=2),
+    # rates off, as the request rate: examples join from one address as fast as the machine
+    # runs them (over 20 a second made Join, inside an example, fail RESOURCE_EXHAUSTED)
     limits=LimitsConfig(long_poll_s=0.0, requests_per_s=0.0, max_clients=0,
+                        join_per_peer_per_s=0.0, join_global_per_s=0.0,
                         max_update_bytes=1 << 16, max_chunk_bytes=1 << 12, chunk_bytes=1 << 10,
                         max_metadata_entries=8, max_string_bytes=256))
 
