@@ -49,6 +49,9 @@ class RefusalCode(enum.Enum):
     """The task or upload is not known (``NOT_FOUND``)."""
     NOT_PERMITTED = "not_permitted"
     """The caller may not commit this (``PERMISSION_DENIED``, ``UNAUTHENTICATED``)."""
+    NEW_KEYS = "new_keys"
+    """A secure group went on without the task before its masked update (lost, or the task's
+    keys were not shared in time): the task stays open; fresh keys join the next group."""
 
 
 _BY_STATUS = {

@@ -13,10 +13,13 @@ A training task::
     Deliver --Accepted | Refused | Lost--> CheckIn
 
 A training task of a secure run (``ProtocolSettings.secure``: the run's config says so) is
-delivered in the four phases of secure aggregation instead of ``Deliver``::
+delivered through secure aggregation instead of ``Deliver``. Its first two phases (advertise
+keys, share keys) need no update, so they run beside the download and the training: the
+task's ``Download`` says so (``exchange_keys``) and the driver starts them then. The last two
+follow the encoding, the masked upload once the key exchange has ended::
 
-    ... Encode --Encoded--> Advertise --PhaseDone--> ShareKeys --PhaseDone--> MaskedUpload
-    --PhaseDone--> Unmask --Accepted | Refused | Lost--> CheckIn
+    ... Encode --Encoded--> MaskedUpload --PhaseDone--> Unmask
+    --Accepted | Refused | Lost--> CheckIn
 
 An evaluation task::
 
@@ -51,7 +54,6 @@ __all__ = [
     "TASK_FAILURES",
     "Accepted",
     "Action",
-    "Advertise",
     "CheckIn",
     "ClientProtocol",
     "Deliver",
@@ -71,7 +73,6 @@ __all__ = [
     "Refused",
     "Report",
     "Scored",
-    "ShareKeys",
     "Slept",
     "Stop",
     "Train",
@@ -196,10 +197,13 @@ class Stop:
 @dataclass(frozen=True)
 class Download:
     """Fetch ``task``'s model; ``held_version`` is what the client holds (the same version:
-    nothing to fetch; an older one: a delta may do)."""
+    nothing to fetch; an older one: a delta may do). ``exchange_keys``: a secure training
+    task, whose key exchange (advertise, share) starts now and runs beside the download and
+    the training."""
 
     task: Task
     held_version: int
+    exchange_keys: bool = False
 
     @property
     def needed(self) -> bool:
@@ -248,22 +252,9 @@ class Report:
 
 
 @dataclass(frozen=True)
-class Advertise:
-    """Secure phase 1: send this task's public keys; the group's roster comes back."""
-
-    task: Task
-
-
-@dataclass(frozen=True)
-class ShareKeys:
-    """Secure phase 2: send the encrypted shares; the neighbours' shares come back."""
-
-    task: Task
-
-
-@dataclass(frozen=True)
 class MaskedUpload:
-    """Secure phase 3: send the masked update; who delivered and who dropped come back."""
+    """Secure phase 3, once the key exchange the ``Download`` started has ended: send the
+    masked update; who delivered and who dropped come back."""
 
     task: Task
 
@@ -276,7 +267,7 @@ class Unmask:
 
 
 Action = (CheckIn | WaitFor | Stop | Download | Train | Encode | Deliver | Evaluate | Report
-          | Advertise | ShareKeys | MaskedUpload | Unmask)
+          | MaskedUpload | Unmask)
 
 
 # -- the machine ------------------------------------------------------------------------------
@@ -293,8 +284,6 @@ class Phase(enum.Enum):
     DELIVERING = "delivering"
     EVALUATING = "evaluating"
     REPORTING = "reporting"
-    ADVERTISING = "advertising"
-    SHARING = "sharing"
     MASKING = "masking"
     UNMASKING = "unmasking"
     STOPPED = "stopped"
@@ -369,7 +358,8 @@ class ClientProtocol:
             self.tasks += 1
         self.task, self.started, self.outcome = reply, event.at, None
         self.phase = Phase.DOWNLOADING
-        return Download(reply, self.held_version)
+        return Download(reply, self.held_version,
+                        exchange_keys=self.settings.secure and reply.kind is TaskKind.TRAIN)
 
     def _slept(self, event: Slept) -> Action:
         return self._check_in()
@@ -393,8 +383,8 @@ class ClientProtocol:
 
     def _encoded(self, event: Encoded) -> Action:
         if self.settings.secure:
-            self.phase = Phase.ADVERTISING
-            return Advertise(self._current())
+            self.phase = Phase.MASKING
+            return MaskedUpload(self._current())
         self.phase = Phase.DELIVERING
         return Deliver(self._current(), event.num_bytes,
                        travels_inline(event.num_bytes, self.settings.inline_bytes))
@@ -441,12 +431,9 @@ class ClientProtocol:
 
 
 _TASK_PHASES = frozenset({Phase.DOWNLOADING, Phase.TRAINING, Phase.ENCODING, Phase.DELIVERING,
-                          Phase.EVALUATING, Phase.REPORTING, Phase.ADVERTISING, Phase.SHARING,
-                          Phase.MASKING, Phase.UNMASKING})
+                          Phase.EVALUATING, Phase.REPORTING, Phase.MASKING, Phase.UNMASKING})
 
 _SECURE_NEXT: dict[Phase, tuple[Phase, Callable[[Task], Action]]] = {
-    Phase.ADVERTISING: (Phase.SHARING, ShareKeys),
-    Phase.SHARING: (Phase.MASKING, MaskedUpload),
     Phase.MASKING: (Phase.UNMASKING, Unmask),
 }
 """The secure phase that follows each one that closed, and its action."""
@@ -460,8 +447,6 @@ _HANDLERS: dict[tuple[Phase, type], Callable[[ClientProtocol, Any], Action]] = {
     (Phase.EVALUATING, Scored): ClientProtocol._scored,
     (Phase.DELIVERING, Accepted): ClientProtocol._accepted,
     (Phase.REPORTING, Accepted): ClientProtocol._accepted,
-    (Phase.ADVERTISING, PhaseDone): ClientProtocol._phase_done,
-    (Phase.SHARING, PhaseDone): ClientProtocol._phase_done,
     (Phase.MASKING, PhaseDone): ClientProtocol._phase_done,
     (Phase.UNMASKING, Accepted): ClientProtocol._accepted,
 }

@@ -1,10 +1,12 @@
 """One task's side of secure aggregation on a real client: the messages of the four phases.
 
 ``SecureDelivery`` wraps a ``fedlink.secagg.SecureClient`` and turns each phase into its
-request and each answer back into what the next phase needs. ``ClientSession`` performs the
-protocol's ``Advertise``, ``ShareKeys``, ``MaskedUpload`` and ``Unmask`` actions with it; it
-does no I/O itself. The update is clipped, quantized and masked here, on the client: what
-leaves is a vector the coordinator can read only summed with the rest of the group.
+request and each answer back into what the next phase needs. The first two phases (advertise,
+share) need no update: a delivery is made when its task starts, and they run while the client
+downloads and trains; ``trained`` then hands it the update for the last two (masked upload,
+unmask). ``ClientSession`` and the virtual loop perform the calls; it does no I/O itself. The
+update is clipped, quantized and masked here, on the client: what leaves is a vector the
+coordinator can read only summed with the rest of the group.
 """
 
 from __future__ import annotations
@@ -63,17 +65,19 @@ def skellam_config(settings: SecureSettings, size: int) -> SkellamConfig:
 
 @dataclass
 class SecureDelivery:
-    """One task's secure delivery: ``delta`` (the update after the privacy stage) masked
-    for the secure group the coordinator puts it in."""
+    """One task's secure delivery to the secure group the coordinator puts it in: its keys
+    from the start (``num_parameters``: the model's size), ``delta`` (the update after the
+    privacy stage) once ``trained``."""
 
     client_id: str
     task: Task
     settings: SecureSettings
-    delta: np.ndarray = field(repr=False)
-    num_examples: int = 0
-    steps_completed: int = 0
-    steps_planned: int = 0
-    residual: np.ndarray | None = field(default=None, repr=False)
+    num_parameters: int
+    delta: np.ndarray | None = field(default=None, init=False, repr=False)
+    num_examples: int = field(default=0, init=False)
+    steps_completed: int = field(default=0, init=False)
+    steps_planned: int = field(default=0, init=False)
+    residual: np.ndarray | None = field(default=None, init=False, repr=False)
     """Under group random-k: what earlier tasks kept back (error feedback; not modified)."""
     next_residual: np.ndarray | None = field(default=None, init=False, repr=False)
     """Under group random-k, after ``masked``: the residual once this update is in a sum."""
@@ -87,8 +91,19 @@ class SecureDelivery:
     def __post_init__(self) -> None:
         self.config = secagg_config(self.settings)
         self.client = SecureClient(0, self.config, self.task.model_version,
-                                   masked_size(self.settings.density, int(self.delta.size),
+                                   masked_size(self.settings.density, self.num_parameters,
                                                weighted=not self.ddp))
+
+    def trained(self, delta: np.ndarray, num_examples: int, steps_completed: int,
+                steps_planned: int, residual: np.ndarray | None = None) -> None:
+        """The task's update (``residual``: under group random-k, what earlier tasks kept
+        back), for the masked upload."""
+        if delta.size != self.num_parameters:
+            raise ValueError(f"an update of {delta.size} values for a model of "
+                             f"{self.num_parameters}")
+        self.delta, self.residual = delta, residual
+        self.num_examples, self.steps_completed = num_examples, steps_completed
+        self.steps_planned = steps_planned
 
     @property
     def ddp(self) -> bool:
@@ -124,8 +139,10 @@ class SecureDelivery:
         """Phase 3's request: ``[w * delta, w]`` in Z_m (``w``: the roster's staleness
         weight), masked and packed; under group random-k, only the group's kept coordinates
         of ``delta`` plus the residual."""
+        if self.delta is None:
+            raise ValueError("no update yet: masked() needs trained() first")
         indices = group_indices(self.settings.density, self.settings.randk_seed,
-                                self.client.round_id, int(self.delta.size))
+                                self.client.round_id, self.num_parameters)
         if self.ddp:
             values = self._noised(indices, rng)
         elif indices is None:
@@ -143,6 +160,7 @@ class SecureDelivery:
         and what the encoding lost of the kept values (clipping, rounding), is the
         ``next_residual``."""
         randk = SharedRandK(self.settings.density)
+        assert self.delta is not None  # masked() checked
         kept, residual = randk.keep(self.delta, self.residual, indices)
         encoded = encode_weighted(kept, self._weight, self.config, rng)
         sent = decode_sum(encoded.values[:-1], 1, self.config) / self._weight
@@ -155,6 +173,7 @@ class SecureDelivery:
         weighted, in integer units, plus this client's share of Skellam noise. Under group
         random-k the residual keeps the unsent coordinates and what clipping cut, never the
         rounding or the noise (feeding noise back would take it out again)."""
+        assert self.delta is not None  # masked() checked
         values = np.asarray(self.delta, np.float64)
         if indices is not None:
             randk = SharedRandK(self.settings.density)

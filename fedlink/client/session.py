@@ -47,7 +47,6 @@ from fedlink.client.pipeline import UpdatePipeline
 from fedlink.client.protocol import (
     Accepted,
     Action,
-    Advertise,
     CheckIn,
     ClientProtocol,
     Deliver,
@@ -64,7 +63,6 @@ from fedlink.client.protocol import (
     Refused,
     Report,
     Scored,
-    ShareKeys,
     Slept,
     Stop,
     Train,
@@ -81,7 +79,7 @@ from fedlink.client.transfer import HeldModel, Transfers
 from fedlink.client.transport import Lanes, Timeouts, TLSOptions, Transport
 from fedlink.clock import Clock, RealClock, sleep_on
 from fedlink.config import require
-from fedlink.errors import ConfigError, RemoteError, Unauthenticated, WrongRun
+from fedlink.errors import ConfigError, RemoteError, Unauthenticated, UpdateRefused, WrongRun
 from fedlink.messages import (
     EvaluationReport,
     GetTaskRequest,
@@ -95,6 +93,7 @@ from fedlink.messages import (
     TaskReply,
 )
 from fedlink.params.base import ParamSpec
+from fedlink.refusals import RefusalCode
 from fedlink.wire import unpack
 
 if TYPE_CHECKING:
@@ -116,6 +115,8 @@ class _TaskWork:
     result: TrainResult | None = None
     update: PendingUpdate | None = None
     report: EvaluationReport | None = None
+    keys: asyncio.Task[SecureDelivery] | None = None
+    """A secure training task's key exchange, started with its download."""
     secure: SecureDelivery | None = None
 
     def trained_from(self) -> np.ndarray:
@@ -328,6 +329,11 @@ class ClientSession:
             beating.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beating
+            if work.keys is not None and not work.keys.done():  # the task ended before
+                work.keys.cancel()
+            if work.keys is not None:
+                with contextlib.suppress(asyncio.CancelledError, RemoteError):
+                    await work.keys  # its outcome is the task's, already heard
         return action
 
     # -- the task's actions (each performs one, tells the protocol what came of it) ----------
@@ -335,6 +341,8 @@ class ClientSession:
     async def _download(self, action: Download, work: _TaskWork,
                         protocol: ClientProtocol) -> Action:
         task = action.task
+        if action.exchange_keys:  # secure phases 1 and 2 need no update: they go on meanwhile
+            work.keys = asyncio.create_task(self._exchange_keys(task, work))
         with self._network_clock():
             work.model = await self.courier.transfers.fetch_model(self.client_id, task,
                                                                   self._held)
@@ -352,7 +360,7 @@ class ClientSession:
         work.update = self._pending_update(action.task, work.result, work.trained_from(),
                                            action.time_left_s)
         if self._secure_settings() is not None:  # masked in its group, never kept or sent plain
-            work.secure = self._secure_delivery(action.task, work.update)
+            self._secure_delta(work.update)  # refused now, before any masking, if it cannot be
             return protocol.heard(Encoded(work.update.payload.header.num_bytes))
         await self.courier.keep(work.update)
         if self.pipeline.saves_state:  # the error-feedback residual, to disk
@@ -388,24 +396,40 @@ class ClientSession:
 
     # -- secure aggregation's phases (``fedlink.client.secure``) --------------------------
 
-    async def _advertise(self, action: Advertise, work: _TaskWork,
-                         protocol: ClientProtocol) -> Action:
-        secure = work.secure
-        assert secure is not None
-        secure.roster(await self._secure_call("Advertise", secure.advertise()))
-        return protocol.heard(PhaseDone())
+    async def _exchange_keys(self, task: Task, work: _TaskWork) -> SecureDelivery:
+        """Secure phases 1 and 2 of ``task``, beside its download and training: its keys
+        advertised, the roster heard, its secrets shared. A group that goes on without the
+        task before its masked update (``NEW_KEYS``: lost, or the shares came too late) is
+        followed by fresh keys for the next group while the client trains; once it has
+        trained, that refusal is the task's, as any other: the client checks in again and
+        exchanges keys while it trains again, instead of idling until a group forms."""
+        while True:
+            secure = self._secure_delivery(task)
+            try:
+                await self._advertise(secure)
+                await self._share_keys(secure)
+            except UpdateRefused as err:
+                if err.reason is not RefusalCode.NEW_KEYS or work.update is not None:
+                    raise
+                log.info("%s: %s; fresh keys for the next group", self.client_id, err.detail)
+                continue
+            return secure
 
-    async def _share_keys(self, action: ShareKeys, work: _TaskWork,
-                          protocol: ClientProtocol) -> Action:
-        secure = work.secure
-        assert secure is not None
-        secure.shared(await self._secure_call("Share", secure.share()))
-        return protocol.heard(PhaseDone())
+    async def _advertise(self, secure: SecureDelivery) -> None:
+        # not network time: it overlaps the download and the training
+        secure.roster(await self._secure_call("Advertise", secure.advertise(), timed=False))
+
+    async def _share_keys(self, secure: SecureDelivery) -> None:
+        secure.shared(await self._secure_call("Share", secure.share(), timed=False))
 
     async def _masked_upload(self, action: MaskedUpload, work: _TaskWork,
                              protocol: ClientProtocol) -> Action:
-        secure = work.secure
-        assert secure is not None and self.config is not None
+        assert work.keys is not None and work.update is not None and self.config is not None
+        with self._network_clock():  # what is left of the key exchange holds the upload up
+            secure = work.secure = await work.keys  # its refusal is the task's
+        update = work.update
+        secure.trained(self._secure_delta(update), update.num_examples, update.steps_completed,
+                       update.steps_planned, residual=self._secure_residual)
         request = secure.masked(self._rng)
         if not travels_inline(len(request.values), self.config.inline_bytes):
             # a large masked update rides the resumable upload; the call then names it
@@ -430,10 +454,10 @@ class ClientSession:
         self.stats.accepted += 1
         return protocol.heard(Accepted())
 
-    async def _secure_call(self, name: str, request: object) -> Any:
+    async def _secure_call(self, name: str, request: object, timed: bool = True) -> Any:
         settings = self._secure_settings()
         assert settings is not None
-        with self._network_clock():
+        with self._network_clock() if timed else contextlib.nullcontext():
             return await self._call(
                 lambda: self.transport.secure(name, request, 2 * settings.phase_s),
                 f"Secure{name}")
@@ -441,26 +465,28 @@ class ClientSession:
     def _secure_settings(self) -> SecureSettings | None:
         return None if self.config is None else self.config.secure
 
-    def _secure_delivery(self, task: Task, update: PendingUpdate) -> SecureDelivery:
-        """The task's secure delivery, from the update the pipeline made (privacy applied);
-        an uplink codec other than ``fp32`` is refused: masks destroy what it would save."""
+    def _secure_delivery(self, task: Task) -> SecureDelivery:
+        """A secure delivery for ``task``, with fresh keys (its update comes once trained)."""
         from fedlink.client.secure import SecureDelivery  # needs the secagg extra
 
         settings = self._secure_settings()
         assert settings is not None and self.config is not None
+        return SecureDelivery(self.client_id, task, settings, self.config.num_parameters)
+
+    def _secure_delta(self, update: PendingUpdate) -> np.ndarray:
+        """The update the pipeline made (privacy applied), as a vector to mask; an uplink
+        codec other than ``fp32`` is refused: masks destroy what it would save."""
+        assert self.config is not None
         header = update.payload.header
         if header.encoding != "fp32":
             raise ConfigError(f"client compression {header.encoding!r} cannot be used in a "
                               f"secure run (masked updates are integers in Z_m): use 'fp32'")
-        delta = unpack(header, update.payload.data, self.config.num_parameters)
-        return SecureDelivery(self.client_id, task, settings, delta, update.num_examples,
-                              update.steps_completed, update.steps_planned,
-                              residual=self._secure_residual)
+        return unpack(header, update.payload.data, self.config.num_parameters)
 
     _STEPS: ClassVar[Mapping[type, str]] = {
         Download: "_download", Train: "_train_step", Encode: "_encode", Deliver: "_deliver",
-        Evaluate: "_evaluate", Report: "_report", Advertise: "_advertise",
-        ShareKeys: "_share_keys", MaskedUpload: "_masked_upload", Unmask: "_unmask"}
+        Evaluate: "_evaluate", Report: "_report", MaskedUpload: "_masked_upload",
+        Unmask: "_unmask"}
     """The method that performs each action (by name: a subclass may perform one its way)."""
 
     def _scored(self, task: Task, scores: Mapping[str, float]) -> EvaluationReport | None:

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from fedlink.client import ClientOptions, ClientSession, TrainPlan, TrainResult
-from fedlink.client.protocol import Action, Advertise, ClientProtocol, MaskedUpload
+from fedlink.client.protocol import Action, ClientProtocol, MaskedUpload
+from fedlink.client.secure import SecureDelivery
 from fedlink.coordinator.secure import ADVERTISE, SecureDesk
 
 PEER_PREFIX = "conformance-peer-"
@@ -96,14 +97,14 @@ class PeerSession(ClientSession):
         self._gate = gate
         self._vanishes = vanishes
 
-    async def _advertise(self, action: Advertise, work: Any,
-                         protocol: ClientProtocol) -> Action:
+    async def _advertise(self, secure: SecureDelivery) -> None:
         await self._gate.wait()
-        return await super()._advertise(action, work, protocol)
+        await super()._advertise(secure)
 
     async def _masked_upload(self, action: MaskedUpload, work: Any,
                              protocol: ClientProtocol) -> Action:
         if self._vanishes:
+            await work.keys  # it vanishes once its keys are shared, with its update unsent
             raise PeerVanished(self.options.name)
         return await super()._masked_upload(action, work, protocol)
 

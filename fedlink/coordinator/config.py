@@ -589,7 +589,8 @@ MESSAGE_OVERHEAD_BYTES = 64 << 10
 class SecureConfig:
     """``[coordinator.secure]``: secure aggregation (SecAgg / SecAgg+, docs/secure-aggregation.md).
 
-    ``enabled``: the next ``flush.goal`` clients to finish training form a secure group (stale
+    ``enabled``: the next ``flush.goal`` clients to start a training task form a secure group,
+    exchanging keys while they train (stale
     members discounted by the staleness weight; the flush rule's ``max_staleness`` and
     ``min_updates`` bind a group as a flush); the coordinator learns only the group's sum.
     Clients clip every coordinate of their update to ``[-clip, clip]`` and send it as
@@ -598,18 +599,21 @@ class SecureConfig:
     graph (0: every other member). ``threshold``: the fraction of a client's neighbours whose
     shares rebuild its secrets, and the fraction of the group that must deliver a masked update
     for the sum to count. ``phase_s``: each phase's deadline (advertise keys, share keys,
-    masked update, unmask), counted from the phase's opening; a client that misses it is out
-    of the group. A ``flush.deadline_s`` below ``4 x phase_s`` is refused: the phases come
-    after training, inside the round's deadline. ``quorum``: the fraction of the group whose
-    keys close the share phase, and of those that shared whose masked updates close the masked
-    phase, without waiting for the deadline (1: every one of them; never fewer than the masked
-    phase needs to go on). A member that answers after its phase closed is out, as one that
-    missed the deadline: on a fleet where a member in a blackout holds each phase up to
-    ``phase_s``, a quorum below 1 trades its work for the others' time. ``density`` below 1:
-    group random-k, the compression that survives masking. Every member of a group sends the same
-    ``ceil(density * n)`` coordinates of its update (drawn from the run's ``seed`` and the
-    group's number, public values) and keeps the rest as a residual that joins its next update
-    (error feedback), so its masked update is about ``density`` times as large.
+    masked update, unmask), counted from the phase's opening (the masked phase's from its
+    first update: its members may still be training); a client that misses it is out of the
+    group. A ``flush.deadline_s`` below ``4 x phase_s`` is refused: the phases run inside the
+    round's deadline, two beside training and two after it. ``quorum``: the fraction of the
+    group whose keys close the share phase, and of those that shared whose masked updates
+    close the masked phase, without waiting for the deadline (1: every one of them; never
+    fewer than the masked phase needs to go on). A member that answers after its phase closed
+    is out, as one that missed the deadline (one whose keys came late tries the next group
+    with fresh keys): on a fleet where a member in a blackout holds each phase up to
+    ``phase_s``, a quorum below 1 trades a late member's work for the others' time.
+    ``density`` below 1: group random-k, the compression that survives masking. Every member
+    of a group sends the same ``ceil(density * n)`` coordinates of its update (drawn from the
+    run's ``seed`` and the group's number, public values) and keeps the rest as a residual
+    that joins its next update (error feedback), so its masked update is about ``density``
+    times as large.
 
     Distributed DP, ``noise_multiplier`` above 0 (``fedlink.privacy.secure_ddp``): each member
     clips its (staleness-weighted) update to L2 norm ``clip_norm``, counts it in units of
@@ -870,9 +874,9 @@ class CoordinatorConfig:
         deadline = self.flush.deadline_s
         require(deadline is None or deadline >= 4 * self.secure.phase_s,
                 "coordinator.flush.deadline_s",
-                f"{deadline} s leaves no room for the four secure phases after training: at "
-                f"least 4 x coordinator.secure.phase_s ({4 * self.secure.phase_s} s), or lower "
-                f"phase_s")
+                f"{deadline} s leaves no room for the four secure phases (two beside training, "
+                f"two after it): at least 4 x coordinator.secure.phase_s "
+                f"({4 * self.secure.phase_s} s), or lower phase_s")
         try:
             self.secagg()
         except ConfigError as exc:

@@ -1,46 +1,50 @@
 """Secure groups: the coordinator's side of secure aggregation over gRPC (``[coordinator.secure]``).
 
-A secure group is the next ``flush.goal`` clients to finish training, whatever version each
-trained on (``fedlink.secagg.SecureSum`` holds its state): as in a plain elastic flush, an
-update up to ``flush.max_staleness`` versions old still counts, discounted by the run's
-staleness weight, which the coordinator names to each member when the roster closes (the
-member sums ``[w * update, w]``; staleness is counted against the version the group will
-flush onto, the current one plus the groups ahead of it). Groups overlap: while one goes
-through its later phases the next one forms, so a straggler's work joins the next group
-instead of waiting for a version of its own. The four ``Secure*`` calls are long-polls: a
-client's message is recorded, and the call answers once its phase closes for the whole group,
-when every member still in it has answered or the phase's deadline (``secure.phase_s`` after
-the phase opened) has passed:
+A secure group is the next ``flush.goal`` clients to start a training task, whatever version
+each trains on (``fedlink.secagg.SecureSum`` holds its state): a client advertises its keys as
+its task starts and exchanges them while it downloads and trains, so that only the masked
+upload and the unmasking follow its training. As in a plain elastic flush, an update up to
+``flush.max_staleness`` versions old still counts, discounted by the run's staleness weight,
+which the coordinator names to each member when the roster closes (the member sums
+``[w * update, w]``; staleness is counted against the version the group will flush onto, the
+current one plus the groups ahead of it). Groups overlap: while one goes through its later
+phases the next one forms. The four ``Secure*`` calls are long-polls: a client's message is
+recorded, and the call answers once its phase closes for the whole group, when every member
+still in it has answered or the phase's deadline has passed:
 
-1. advertise keys: closes at ``flush.goal`` members or the deadline; the roster is final.
-   The flush rule binds a group as a flush: a member that would be staler than
-   ``flush.max_staleness`` is left out (``TOO_STALE``), and a roster of fewer than
+1. advertise keys: closes at ``flush.goal`` members or ``secure.phase_s`` after the first; the
+   roster is final. The flush rule binds a group as a flush: a member that would be staler
+   than ``flush.max_staleness`` is left out (``TOO_STALE``), and a roster of fewer than
    ``flush.min_updates`` is lost;
-2. share keys: closes when every member shared (``secure.quorum`` of them, below 1) or at the
-   deadline; a member that did not share is out, and the others mask only with those that did;
-3. masked update: closes when every sharer delivered (``secure.quorum`` of them) or at the
-   deadline; the group goes on only if at least ``threshold`` of it and ``flush.min_updates``
-   delivered (and at least two: a sum of one is an update). A quorum closes either phase only
-   with at least that many answers, and only when those members' unmask answers alone would
-   rebuild every secret (``SecureSum.rebuildable``);
+2. share keys: closes when every member shared (``secure.quorum`` of them, below 1) or
+   ``phase_s`` after it opened; a member that did not share is out, and the others mask only
+   with those that did. Its update was never sent, so its task stays open: it is refused
+   ``NEW_KEYS`` and advertises fresh keys for the next group while it trains;
+3. masked update: its members may still be training, so it waits for the first masked update
+   as long as a plain flush waits for updates (``flush.deadline_s``, else
+   ``limits.max_task_s``), then closes when every sharer delivered (``secure.quorum`` of them)
+   or ``phase_s`` after that first one; the group goes on only if at least ``threshold`` of it
+   and ``flush.min_updates`` delivered (and at least two: a sum of one is an update). A
+   quorum closes either phase only with at least that many answers, and only when those
+   members' unmask answers alone would rebuild every secret (``SecureSum.rebuildable``);
 4. unmask: closes once the answers hold enough shares to rebuild every secret the sum needs
-   (a slow member's update is in the sum whatever it answers), or at the deadline; the sum
-   is unmasked (the pairwise masks of dropped clients removed from their neighbours'
-   shares) and flushed as the next version (``RoundEngine.submit_sum``); groups flush in
-   the order they finish.
+   (a slow member's update is in the sum whatever it answers), or ``phase_s`` after it
+   opened; the sum is unmasked (the pairwise masks of dropped clients removed from their
+   neighbours' shares) and flushed as the next version (``RoundEngine.submit_sum``); groups
+   flush in the order they finish.
 
 A masked update larger than ``inline_bytes`` arrives as a resumable upload (``Upload``,
 ``UploadStatus``) that ``SecureMasked`` names; it is taken and settled like a committed one.
 
 A group that cannot go on (too few members, deliveries or shares) is lost: every waiting call
-and every later one of its members is refused with the reason; their tasks stay open, so each
-client checks in again, trains its task again and joins a later group with fresh keys. A
-member left out (too stale, it did not share, or its masked update came late) has its task
+and every later one of its members is refused with the reason, ``NEW_KEYS`` when it was lost
+before its masked phase (its members exchange fresh keys in a later group) and
+``TASK_CLOSED`` after (their tasks stay open: each client checks in again and trains its task
+again). A member left out too stale or because its masked update came late has its task
 closed, with an ``update_refused`` event: its client waits for the next version. The
-coordinator keeps only
-the running sum of masked vectors; no individual update is held, logged or written, in memory
-or in ``state_dir``. A coordinator restarted mid-group loses the group (its members' calls are
-refused; they check in again).
+coordinator keeps only the running sum of masked vectors; no individual update is held,
+logged or written, in memory or in ``state_dir``. A coordinator restarted mid-group loses the
+group (its members' calls are refused; they check in again).
 """
 
 from __future__ import annotations
@@ -155,6 +159,8 @@ class SecureGroup:
     too_stale: dict[str, _Member] = field(default_factory=dict)
     phase: int = ADVERTISE
     lost: str = ""
+    lost_at: int = DONE
+    """The phase the group was lost at (``DONE``: it was not)."""
     flushed_version: int = 0
     closed: list[asyncio.Event] = field(default_factory=lambda: [asyncio.Event()
                                                                  for _ in range(4)])
@@ -165,6 +171,18 @@ class SecureGroup:
     answers: dict[int, UnmaskShares] = field(default_factory=dict)
     request: SecureMaskedReply | None = None
     timer: Cancellable | None = None
+
+    def lost_refusal(self) -> UpdateRefused:
+        """The refusal of a member's call once the group is lost: ``NEW_KEYS`` when it was
+        lost before its masked phase (its members' updates were never sent: they advertise
+        fresh keys in a later group), ``TASK_CLOSED`` after (each member checks in again)."""
+        reason = RefusalCode.NEW_KEYS if self.lost_at < MASKED else RefusalCode.TASK_CLOSED
+        return UpdateRefused(f"secure group {self.number} was lost: {self.lost}", reason)
+
+    def rekeyed(self, member: _Member) -> bool:
+        """Whether ``member`` was left out of the group before its masked phase because it
+        did not share its keys in time (it advertises fresh keys for a later group)."""
+        return self.phase > SHARE and member.index not in self.sharers
 
     def member(self, client_id: str, task_id: str) -> _Member:
         """The caller's membership (refused when it is not in the group with this task)."""
@@ -227,7 +245,9 @@ class SecureDesk:
             left_out = joined.too_stale.get(request.client_id)
             if left_out is not None and left_out.task_id == request.task_id:
                 return joined, left_out
-            return joined, joined.member(request.client_id, request.task_id)
+            member = joined.member(request.client_id, request.task_id)
+            if not joined.rekeyed(member):
+                return joined, member
         if len(request.cipher_public) != KEY_BYTES or len(request.mask_public) != KEY_BYTES:
             raise InvalidArgument(f"public keys are {KEY_BYTES} bytes each")
         group, base_version = self._forming_group(request.client_id, request.task_id)
@@ -279,6 +299,10 @@ class SecureDesk:
                     task_id: str) -> SecureShareReply:
         """Phase 2's answer, once sharing closed (refused to a member that did not share, and
         to a retry that comes once the group is done: its shares are no longer held)."""
+        if group.rekeyed(member):  # its update is not sent yet: it joins a later group
+            raise UpdateRefused(f"this task's keys were not shared before secure group "
+                                f"{group.number}'s sharing closed: advertise fresh keys",
+                                RefusalCode.NEW_KEYS)
         if group.phase == DONE:
             done = UpdateRefused(f"secure group {group.number} is done (version "
                                  f"{group.flushed_version}); its shares are no longer held",
@@ -286,10 +310,6 @@ class SecureDesk:
             if member.index not in group.delivered:
                 self._left_out(client_id, task_id, member, done)
             raise done
-        if member.index not in group.sharers:
-            raise self._left_out(client_id, task_id, member, UpdateRefused(
-                "this client did not share its keys before the phase closed",
-                RefusalCode.TASK_CLOSED))
         return SecureShareReply(tuple(SecureShare(s.sender, s.receiver, s.ciphertext)
                                       for s in group.sum.shares_for(member.index)))
 
@@ -345,6 +365,8 @@ class SecureDesk:
             raise InvalidArgument(str(err)) from None
         del values  # masked, but kept no longer than the addition needs
         member.bytes_up += 4 + len(data)
+        if not group.delivered:  # the first member trained: the others get phase_s more
+            self._arm(group)
         group.delivered.add(member.index)
         if self._phase_full(group, group.delivered, len(group.sharers)):
             self._close(group, MASKED)
@@ -416,16 +438,25 @@ class SecureDesk:
         """Until ``phase`` closes; refused when the group was lost meanwhile."""
         await group.closed[phase].wait()
         if group.lost:
-            raise UpdateRefused(f"secure group {group.number} was lost: {group.lost}",
-                                RefusalCode.TASK_CLOSED)
+            raise group.lost_refusal()
 
-    def _arm(self, group: SecureGroup) -> None:
-        """The deadline of the group's current phase, ``phase_s`` from now."""
+    def _arm(self, group: SecureGroup, seconds: float | None = None) -> None:
+        """The deadline of the group's current phase, ``seconds`` from now (default:
+        ``phase_s``; ``math.inf``: none)."""
         if group.timer is not None:
             group.timer.cancel()
-        phase = group.phase
-        group.timer = self._clock.call_at(self._clock.now() + self.config.secure.phase_s,
-                                          lambda: self._close(group, phase))
+            group.timer = None
+        seconds = self.config.secure.phase_s if seconds is None else seconds
+        if math.isfinite(seconds):
+            phase = group.phase
+            group.timer = self._clock.call_at(self._clock.now() + seconds,
+                                              lambda: self._close(group, phase))
+
+    def _training_allowance(self) -> float:
+        """How long the masked phase waits for its first update: the members shared their keys
+        while they trained, and may train for as long as a plain flush waits for updates
+        (``flush.deadline_s``; else ``limits.max_task_s``; ``math.inf`` when both are off)."""
+        return self.config.flush.deadline_s or self.config.limits.max_task_s or math.inf
 
     def _close(self, group: SecureGroup, phase: int) -> None:
         """Close ``phase`` (at most once) and open the next, or lose the group."""
@@ -442,7 +473,9 @@ class SecureDesk:
             return
         group.closed[phase].set()
         group.phase = phase + 1
-        if group.phase != DONE:
+        if group.phase == MASKED:  # its members may still be training
+            self._arm(group, self._training_allowance())
+        elif group.phase != DONE:
             self._arm(group)
         else:
             self._retire(group)
@@ -573,7 +606,7 @@ class SecureDesk:
             self.engine.events.emit(SecureGroupLost.build(
                 group=group.number, phase=PHASE_NAMES[phase], reason=reason,
                 members=len(group.members), model_version=self.engine.version))
-        group.lost, group.phase = reason, DONE
+        group.lost, group.lost_at, group.phase = reason, phase, DONE
         group.sum = SecureSum(group.config, group.number, 1, 0)
         if self._forming is group:
             self._forming = None

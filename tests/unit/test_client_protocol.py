@@ -8,7 +8,6 @@ import pytest
 
 from fedlink.client.protocol import (
     Accepted,
-    Advertise,
     CheckIn,
     ClientProtocol,
     Deliver,
@@ -26,7 +25,6 @@ from fedlink.client.protocol import (
     Refused,
     Report,
     Scored,
-    ShareKeys,
     Slept,
     Stop,
     Train,
@@ -190,25 +188,26 @@ def test_a_plan_carries_the_tasks_work_and_the_runs_settings() -> None:
         42, 9.0, 7, {"mu": "0.01"})
 
 
-def test_a_secure_task_delivers_through_the_four_phases() -> None:
+def test_a_secure_task_exchanges_keys_with_its_download_and_masks_once_encoded() -> None:
     protocol = ClientProtocol(ProtocolSettings(secure=True))
     protocol.start()
     task = _task()
-    protocol.heard(Offered(task))
+    # the key exchange needs no update: it starts with the download, beside the training
+    assert protocol.heard(Offered(task)) == Download(task, -1, exchange_keys=True)
     protocol.heard(ModelReceived(3))
     protocol.heard(Trained())
-    assert protocol.heard(Encoded(100)) == Advertise(task)
-    assert protocol.heard(PhaseDone()) == ShareKeys(task)
-    assert protocol.heard(PhaseDone()) == MaskedUpload(task)
+    assert protocol.heard(Encoded(100)) == MaskedUpload(task)
     assert protocol.heard(PhaseDone()) == Unmask(task)
     with pytest.raises(ProtocolError):  # the last phase ends with the answer, not another
         protocol.heard(PhaseDone())
     assert protocol.heard(Accepted()) == CheckIn(3)
-    # a client dropped from its group in any phase checks in again
+    # a client dropped from its group (or refused in its key exchange) checks in again
     protocol.heard(Offered(_task("t2")))
     protocol.heard(ModelReceived(3))
     protocol.heard(Trained())
     protocol.heard(Encoded(100))
-    protocol.heard(PhaseDone())
     assert protocol.heard(Refused("group lost")) == CheckIn(3)
     assert protocol.outcome == Refused("group lost")
+    # an evaluation task of a secure run has no update, so no keys
+    evaluation = _task("e1-v3", kind=TaskKind.EVALUATE)
+    assert protocol.heard(Offered(evaluation)) == Download(evaluation, 3)

@@ -29,6 +29,7 @@ class RefusalReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REFUSAL_REASON_TOO_LARGE: _ClassVar[RefusalReason]
     REFUSAL_REASON_UNKNOWN_TASK: _ClassVar[RefusalReason]
     REFUSAL_REASON_NOT_PERMITTED: _ClassVar[RefusalReason]
+    REFUSAL_REASON_NEW_KEYS: _ClassVar[RefusalReason]
 TASK_KIND_TRAIN: TaskKind
 TASK_KIND_EVALUATE: TaskKind
 REFUSAL_REASON_UNSPECIFIED: RefusalReason
@@ -46,6 +47,7 @@ REFUSAL_REASON_CORRUPT_UPDATE: RefusalReason
 REFUSAL_REASON_TOO_LARGE: RefusalReason
 REFUSAL_REASON_UNKNOWN_TASK: RefusalReason
 REFUSAL_REASON_NOT_PERMITTED: RefusalReason
+REFUSAL_REASON_NEW_KEYS: RefusalReason
 
 class TensorHeader(_message.Message):
     __slots__ = ("encoding", "shape", "dtype", "num_bytes", "checksum", "codec_params", "values_checksum")

@@ -51,12 +51,12 @@ from fedlink.client.base import planned_steps
 from fedlink.client.pipeline import UpdatePipeline
 from fedlink.client.protocol import (
     Accepted,
-    Advertise,
     ClientProtocol,
     Deliver,
     Download,
     Encoded,
     Lost,
+    MaskedUpload,
     ModelReceived,
     Offered,
     ProtocolSettings,
@@ -310,6 +310,9 @@ class VirtualLoop:
             self._charge(busy, network_s=seconds)
         done = finish(self.availability, index, now, seconds)
         self.clock.call_at(done, lambda: self._downloaded(busy))
+        if action.exchange_keys:  # secure phases 1 and 2, beside the download and training
+            assert self.secure is not None
+            self.secure.begin(busy)
         return True
 
     def _download(self, busy: _Busy, profile: Any, action: Download) -> Any:
@@ -386,8 +389,8 @@ class VirtualLoop:
                        verify=False)  # packed just now: no wire to check
         examples = bounded_examples(upload.num_examples, work.num_examples,
                                     self.config.limits.max_examples_per_update)
-        if self.secure is not None:  # masked in the forming group (Advertise, ...)
-            assert isinstance(action, Advertise)
+        if self.secure is not None:  # masked in its group, once its keys are exchanged
+            assert isinstance(action, MaskedUpload)
             self.secure.start(busy, delta, examples, completed, work.steps, rng=upload.rng)
             return
         assert isinstance(action, Deliver)
@@ -487,6 +490,8 @@ class VirtualLoop:
         return self._busy.get(int(client_id.rsplit("-", 1)[1]))
 
     def _lost(self, busy: _Busy, reason: str) -> None:
+        if self.secure is not None:
+            self.secure.forget(busy)
         busy.protocol.heard(Lost(reason))
         self._done(busy)
 

@@ -10,7 +10,11 @@ clipping, quantization and masks), driven through the same ``ClientProtocol`` st
 this module only carries each message over the client's link and back.
 
 Each phase costs a client one round trip: its request's bytes up plus the link's round-trip
-time, then, once the phase closes for the whole group, the answer's bytes down. Message sizes
+time, then, once the phase closes for the whole group, the answer's bytes down. As on a real
+client, the first two (advertise, share) start with the task (``Download.exchange_keys``) and
+run beside the download and the training; the masked update goes once the client trained and
+its keys are shared, and a group that goes on without its keys before then (``NEW_KEYS``) is
+followed by fresh keys for the next one. Message sizes
 are the protobuf messages' own (``to_proto(...).ByteSize()``), so the masked update weighs
 ``modulus_bits`` a value, as on the wire. Work pauses while a client is offline
 (``fedlink.sim.virtual.availability``): a client offline past a phase's deadline is out of the
@@ -29,11 +33,8 @@ import numpy as np
 
 from fedlink.client.protocol import (
     Accepted,
-    Lost,
-    MaskedUpload,
     PhaseDone,
     Refused,
-    ShareKeys,
     Unmask,
     outcome_of,
 )
@@ -85,15 +86,26 @@ class SecurePhaseTotals:
         return out
 
 
+_UNHEARD = object()
+"""A delivery's outcome when the run ended before it was heard (``VirtualLoop.ended``'s
+``None``)."""
+
+
 @dataclass
 class _Member:
-    """One selected client's secure delivery in progress."""
+    """One selected client's secure delivery in progress: its key exchange from the start of
+    its task, its update once ``trained``."""
 
     busy: _Busy
     delivery: SecureDelivery
-    rng: np.random.Generator
+    rng: np.random.Generator | None = None
     group: SecureGroup | None = None
     member: Any = None  # the desk's record of it in ``group``
+    keys_done: bool = False
+    trained: bool = False
+    outcome: Any = None
+    """How the delivery ended while its client was still training (told once trained)."""
+    over: bool = False
 
 
 class VirtualSecure:
@@ -109,20 +121,38 @@ class VirtualSecure:
         self.desk.on_phase = self._phase_closed
         self.totals = SecurePhaseTotals()
         self._waiting: dict[tuple[int, int], list[_Member]] = {}
+        self._delivering: dict[int, _Member] = {}  # by client index
 
     @staticmethod
     async def _no_upload(client_id: str, upload_id: str, size: int) -> bytes:
         raise AssertionError("virtual masked updates travel inline")  # never named here
 
+    def begin(self, busy: _Busy) -> None:
+        """``busy``'s task started (``Download.exchange_keys``): its key exchange goes on
+        beside the download and the training, in the group now forming."""
+        delivery = SecureDelivery(self.loop.client_id(busy.index), busy.task, self.settings,
+                                  self.loop.engine.num_parameters)
+        state = self._delivering[busy.index] = _Member(busy, delivery)
+        self._send(state, ADVERTISE, delivery.advertise())
+
     def start(self, busy: _Busy, delta: np.ndarray, num_examples: int, steps_completed: int,
               steps_planned: int, rng: np.random.Generator) -> None:
-        """Deliver ``busy``'s update (the pipeline's output) through the group now forming."""
-        state = _Member(busy, SecureDelivery(self.loop.client_id(busy.index), busy.task,
-                                             self.settings, delta, num_examples,
-                                             steps_completed, steps_planned,
-                                             residual=self.loop.residuals.take(busy.index)),
-                        rng)
-        self._send(state, ADVERTISE, state.delivery.advertise())
+        """``busy`` trained: its update (the pipeline's output) is masked once its key
+        exchange has ended (at once when it has)."""
+        state = self._delivering[busy.index]
+        state.delivery.trained(delta, num_examples, steps_completed, steps_planned,
+                               residual=self.loop.residuals.take(busy.index))
+        state.rng, state.trained = rng, True
+        if state.outcome is not None:  # refused while it trained
+            self._end(state, None if state.outcome is _UNHEARD else state.outcome)
+        elif state.keys_done:
+            self._mask(state)
+
+    def forget(self, busy: _Busy) -> None:
+        """``busy``'s task ended before it trained (lost): its key exchange is dropped."""
+        state = self._delivering.pop(busy.index, None)
+        if state is not None and state.busy is busy:
+            state.over = True
 
     # -- one phase: the request up, the answer down -----------------------------------------
 
@@ -138,8 +168,10 @@ class VirtualSecure:
     def _arrived(self, state: _Member, phase: int, request: Any) -> None:
         """The request reached the coordinator: recorded, then answered when its phase
         closes (at once when it already has)."""
+        if state.over:
+            return
         if self.loop.engine.finished:  # after the end: refused unheard
-            self._end(state)
+            self._end(state, _UNHEARD)
             return
         try:
             state.group, state.member = self._RECORDERS[phase](self.desk, request)
@@ -164,10 +196,12 @@ class VirtualSecure:
     def _answer(self, state: _Member, phase: int) -> None:
         group, busy = state.group, state.busy
         assert group is not None
+        if state.over:
+            return
         client_id, task_id = self.loop.client_id(busy.index), busy.task.task_id
         try:
             if group.lost:
-                raise_lost(group)
+                raise group.lost_refusal()
             reply = self._REPLIES[phase](self.desk, group, state.member, client_id, task_id)
         except RemoteError as err:
             self._refused(state, err)
@@ -179,39 +213,66 @@ class VirtualSecure:
                                 lambda: self._heard(state, phase, reply))
 
     def _heard(self, state: _Member, phase: int, reply: Any) -> None:
-        """The answer reached the client: the protocol's next phase (or the task's end)."""
-        delivery, busy = state.delivery, state.busy
-        if phase == UNMASK:
-            self._end(state, Accepted())
+        """The answer reached the client: the next phase (or the task's end)."""
+        delivery = state.delivery
+        if state.over:
             return
         if phase == ADVERTISE:
             delivery.roster(reply)
+            self._send(state, SHARE, delivery.share())
         elif phase == SHARE:
             delivery.shared(reply)
-        else:
+            state.keys_done = True
+            if state.trained:
+                self._mask(state)
+        elif phase == MASKED:
             delivery.heard(reply)
-        action = busy.protocol.heard(PhaseDone())  # the protocol says what comes next
-        request: Any
-        if isinstance(action, ShareKeys):
-            request = delivery.share()
-        elif isinstance(action, MaskedUpload):
-            request = delivery.masked(state.rng)
-        else:
+            action = state.busy.protocol.heard(PhaseDone())  # the protocol says what follows
             assert isinstance(action, Unmask)
-            request = delivery.unmask()
-        self._send(state, phase + 1, request)
+            self._send(state, UNMASK, delivery.unmask())
+        else:
+            self._end(state, Accepted())
+
+    def _mask(self, state: _Member) -> None:
+        """Phase 3, once the client trained and its key exchange ended."""
+        assert state.rng is not None
+        self._send(state, MASKED, state.delivery.masked(state.rng))
 
     def _refused(self, state: _Member, err: RemoteError) -> None:
+        """A call refused: during the key exchange, a group that went on without the task
+        (``NEW_KEYS``) is followed by fresh keys in the next one, as the real client does;
+        any other refusal ends the delivery."""
+        if (not state.keys_done and not state.trained and isinstance(err, UpdateRefused)
+                and err.reason is RefusalCode.NEW_KEYS):
+            state.over = True
+            fresh = SecureDelivery(state.delivery.client_id, state.busy.task, self.settings,
+                                   self.loop.engine.num_parameters)
+            retry = self._delivering[state.busy.index] = _Member(
+                state.busy, fresh, state.rng, trained=state.trained)
+            if state.trained:
+                assert state.delivery.delta is not None
+                fresh.trained(state.delivery.delta, state.delivery.num_examples,
+                              state.delivery.steps_completed, state.delivery.steps_planned,
+                              residual=state.delivery.residual)
+            self._send(retry, ADVERTISE, fresh.advertise())
+            return
         self._end(state, outcome_of(err) or Refused(err.detail))
 
-    def _end(self, state: _Member, outcome: Accepted | Refused | Lost | None = None) -> None:
-        """The delivery ended: the client keeps its new group random-k residual if its update
-        is in a sum, else the one it started with."""
+    def _end(self, state: _Member, outcome: Any) -> None:
+        """The delivery ended (``_UNHEARD``: after the run's end), told to the loop once the
+        client trained; the client keeps its new group random-k residual if its update is in
+        a sum, else the one it started with."""
+        if not state.trained:  # it trains on: the loop hears of it when training ends
+            state.outcome = outcome
+            return
+        state.over = True
+        if self._delivering.get(state.busy.index) is state:
+            del self._delivering[state.busy.index]
         delivery = state.delivery
         summed = isinstance(outcome, Accepted) and delivery.next_residual is not None
         self.loop.residuals.put(state.busy.index,
                                 delivery.next_residual if summed else delivery.residual)
-        self.loop.ended(state.busy, outcome)
+        self.loop.ended(state.busy, None if outcome is _UNHEARD else outcome)
 
     # -- the link ---------------------------------------------------------------------------
 
@@ -249,8 +310,3 @@ class VirtualSecure:
     }
 
 
-
-def raise_lost(group: SecureGroup) -> None:
-    """Refuse a member of a lost group, as the gRPC calls do."""
-    raise UpdateRefused(f"secure group {group.number} was lost: {group.lost}",
-                        RefusalCode.TASK_CLOSED)
