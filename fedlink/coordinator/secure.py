@@ -40,8 +40,9 @@ A group that cannot go on (too few members, deliveries or shares) is lost: every
 and every later one of its members is refused with the reason, ``NEW_KEYS`` when it was lost
 before its masked phase (its members exchange fresh keys in a later group) and
 ``TASK_CLOSED`` after (their tasks stay open: each client checks in again and trains its task
-again). A member left out too stale or because its masked update came late has its task
-closed, with an ``update_refused`` event: its client waits for the next version. The
+again). When a group's flush ends the run, every group still going is lost the same way,
+refused ``RUN_OVER``. A member left out too stale or because its masked update came late has
+its task closed, with an ``update_refused`` event: its client waits for the next version. The
 coordinator keeps only the running sum of masked vectors; no individual update is held,
 logged or written, in memory or in ``state_dir``. A coordinator restarted mid-group loses the
 group (its members' calls are refused; they check in again).
@@ -161,6 +162,8 @@ class SecureGroup:
     lost: str = ""
     lost_at: int = DONE
     """The phase the group was lost at (``DONE``: it was not)."""
+    run_over: bool = False
+    """Lost because the run ended."""
     flushed_version: int = 0
     closed: list[asyncio.Event] = field(default_factory=lambda: [asyncio.Event()
                                                                  for _ in range(4)])
@@ -177,6 +180,8 @@ class SecureGroup:
         lost before its masked phase (its members' updates were never sent: they advertise
         fresh keys in a later group), ``TASK_CLOSED`` after (each member checks in again)."""
         reason = RefusalCode.NEW_KEYS if self.lost_at < MASKED else RefusalCode.TASK_CLOSED
+        if self.run_over:
+            reason = RefusalCode.RUN_OVER
         return UpdateRefused(f"secure group {self.number} was lost: {self.lost}", reason)
 
     def rekeyed(self, member: _Member) -> bool:
@@ -568,6 +573,8 @@ class SecureDesk:
                 self._settled(task.client_id, task.task_id)
             self._on_flush(outcome)
         group.sum = SecureSum(group.config, group.number, 1, 0)  # drop the masked total
+        if self.engine.finished:  # that was the last version: no other group will flush
+            self._end_run(group)
         group.answers = {}
         group.flushed_version = outcome.version
         log.info("secure group %d: %d of %d members summed, version %d made",
@@ -596,6 +603,15 @@ class SecureDesk:
     _CLOSERS: dict[int, Callable[[SecureDesk, SecureGroup], None]] = {
         ADVERTISE: _close_advertise, SHARE: _close_share, MASKED: _close_masked,
         UNMASK: _close_unmask}
+
+    def _end_run(self, last: SecureGroup) -> None:
+        """The run ended with ``last``'s flush: every other group still going is lost, its
+        members' waiting calls refused ``RUN_OVER`` (a forming group would wait for its
+        roster for ever)."""
+        for group in list(self._groups.values()):
+            if group is not last and group.phase != DONE:
+                group.run_over = True
+                self._lose(group, f"the run is over: {self.engine.finished_reason}")
 
     def _lose(self, group: SecureGroup, reason: str) -> None:
         """The group cannot go on: every waiting call is refused with ``reason``, and the

@@ -10,6 +10,8 @@ import json
 import re
 import signal
 import sys
+import threading
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ from fedlink.client.secure import SecureDelivery
 from fedlink.config import load_toml
 from fedlink.coordinator import CoordinatorConfig, FlushRule, LimitsConfig
 from fedlink.coordinator.config import SecureConfig
-from fedlink.coordinator.secure import MASKED, UNMASK, SecureGroup
+from fedlink.coordinator.secure import ADVERTISE, MASKED, SHARE, UNMASK, SecureGroup
 from fedlink.coordinator.server import CoordinatorServer
 from fedlink.coordinator.service import CoordinatorService
 from fedlink.errors import ConfigError, UpdateRefused
@@ -448,6 +450,126 @@ def test_a_group_with_too_few_deliveries_is_lost_and_its_members_refused(
     assert "1 of 3 members delivered" in stats.refusals[0]
     assert server.service.engine.version == 0
     assert server.events.of_kind("flush") == []
+
+
+def until(condition: Any, timeout: float = 30.0) -> None:
+    """Wait, in a trainer's thread, until the coordinator's state meets ``condition``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the coordinator never got there"
+        threading.Event().wait(0.01)
+
+
+def test_members_exchange_keys_while_they_train_and_the_masked_phase_waits_for_them(
+        tmp_path: Path) -> None:
+    """A client advertises and shares its keys as its task starts: each trainer here finishes
+    only once its group's sharing has closed, and a further ``phase_s`` after that, so no key
+    could have been sent after training, and the masked phase, open all that time, waits for
+    the first update (``flush.deadline_s`` unset: ``limits.max_task_s``) instead of losing
+    the group at ``phase_s``."""
+    config = dataclasses.replace(secure_config(tmp_path / "state"),
+                                 flush=FlushRule(goal=3, min_updates=2, deadline_s=None))
+    server = CoordinatorServer(config, X0, EventLog(None), address="127.0.0.1:0")
+    closed: dict[int, float] = {}
+
+    def after_sharing(call: int) -> None:
+        until(lambda: SHARE in closed)
+        until(lambda: time.monotonic() - closed[SHARE] > PHASE_S)
+
+    trainers = [TowardTrainer(np.full(DIM, 0.5, np.float32), before_train=after_sharing)
+                for _ in range(3)]
+
+    async def main() -> list[Any]:
+        async with server:
+            desk = server.service.secure_calls.desk
+            assert desk is not None
+            desk.on_phase = lambda group, phase: closed.setdefault(phase, time.monotonic())
+            sessions = [ClientSession(target_of(server), trainer,
+                                      ClientOptions(name=f"c{i}", retry=FAST_RETRY))
+                        for i, trainer in enumerate(trainers)]
+            return await asyncio.wait_for(asyncio.gather(*(s.run() for s in sessions)), 60)
+
+    stats = run_async(main(), timeout=80)
+    assert all(s.accepted == 1 and s.refused == 0 for s in stats), stats
+    [flush] = server.events.of_kind("flush")
+    assert flush.num_updates == 3 and server.events.of_kind("secure_group_lost") == []
+    np.testing.assert_allclose(server.service.engine.model, 0.25, atol=1e-4)
+
+
+class SharesWhen(ClientSession):
+    """A client whose ``n``-th ``SecureShare`` (from 0) waits until ``conditions[n]()``."""
+
+    def __init__(self, *args: Any, conditions: dict[int, Any], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.conditions = conditions
+        self.shares = 0
+
+    async def _share_keys(self, secure: SecureDelivery) -> None:
+        condition = self.conditions.get(self.shares, lambda: True)
+        self.shares += 1
+        while not condition():  # evidence from the in-process coordinator, polled
+            await asyncio.sleep(0.01)
+        await super()._share_keys(secure)
+
+
+def test_a_member_whose_keys_came_late_joins_the_next_group_with_fresh_keys(
+        tmp_path: Path) -> None:
+    """``quorum = 0.75``: a group of 4 closes its sharing without c3, which is still
+    training. c3's late ``SecureShare`` is refused ``NEW_KEYS``, not its task: it advertises
+    fresh keys into the next group while it trains, and its update, one version stale, is in
+    that group's sum; no ``update_refused`` event, no training lost. (In the second group the
+    others share only after c3, so that the quorum leaves out one of them, not c3.)"""
+    config = dataclasses.replace(
+        secure_config(tmp_path / "state"), rounds=2,
+        flush=FlushRule(goal=4, min_updates=2, deadline_s=None, max_staleness=2),
+        secure=SecureConfig(enabled=True, phase_s=600.0, quorum=0.75))
+    server = CoordinatorServer(config, X0, EventLog(None), address="127.0.0.1:0")
+    shared: set[int] = set()  # groups whose sharing closed
+    rejoined = threading.Event()
+
+    def until_rejoined(call: int) -> None:
+        if call == 0:  # c3's first task trains only once its fresh keys are in group 2
+            until(rejoined.is_set)
+
+    trainers = [TowardTrainer(np.full(DIM, 0.5, np.float32)) for _ in range(3)]
+    trainers.append(TowardTrainer(np.full(DIM, 0.5, np.float32), before_train=until_rejoined))
+
+    async def main() -> tuple[list[Any], str]:
+        async with server:
+            desk = server.service.secure_calls.desk
+            assert desk is not None
+
+            def phase_closed(group: SecureGroup, phase: int) -> None:
+                if phase == SHARE:
+                    shared.add(group.number)
+                if group.number == 2 and phase == ADVERTISE:
+                    rejoined.set()  # group 2's roster is full: c3's fresh keys are in it
+
+            def late_shared_in_group_2() -> bool:
+                group = desk.group
+                member = None if group is None else group.members.get(late.client_id)
+                return (group is not None and group.number == 2 and member is not None
+                        and member.index in group.sum.sharers)
+
+            desk.on_phase = phase_closed
+            late = SharesWhen(target_of(server), trainers[3],
+                              ClientOptions(name="c3", retry=FAST_RETRY),
+                              conditions={0: lambda: 1 in shared})
+            sessions = [SharesWhen(target_of(server), trainers[i],
+                                   ClientOptions(name=f"c{i}", retry=FAST_RETRY),
+                                   conditions={1: late_shared_in_group_2})
+                        for i in range(3)] + [late]
+            done = await asyncio.wait_for(asyncio.gather(*(s.run() for s in sessions)), 60)
+            return done, late.client_id
+
+    stats, late_id = run_async(main(), timeout=80)
+    assert stats[3].accepted == 1 and stats[3].refused == 0, stats[3]
+    first, second = server.events.of_kind("flush")
+    assert (first.num_updates, second.num_updates) == (3, 3)
+    assert server.events.of_kind("update_refused") == []
+    [late_update] = [e for e in server.events.of_kind("update_accepted")
+                     if e.client_id == late_id]
+    assert (late_update.base_version, late_update.staleness) == (0, 1)
 
 
 def test_a_retried_advertise_gets_the_same_answer_and_a_late_client_joins_the_next_group(

@@ -184,7 +184,7 @@ class VirtualSecure:
             self._waiting.setdefault((id(state.group), phase), []).append(state)
 
     def _phase_closed(self, group: SecureGroup, phase: int) -> None:
-        if group.lost:
+        if group.lost and not group.run_over:  # one the run's end cut short did not fail
             self.totals.groups_lost += 1
         for state in self._waiting.pop((id(group), phase), []):
             self._answer(state, phase)
