@@ -616,7 +616,9 @@ class SecureDesk:
     def _lose(self, group: SecureGroup, reason: str) -> None:
         """The group cannot go on: every waiting call is refused with ``reason``, and the
         loss is a ``secure_group_lost`` event."""
-        log.warning("secure group %d lost: %s", group.number, reason)
+        # a group the run's end cut short did not fail
+        log.log(logging.INFO if group.run_over else logging.WARNING,
+                "secure group %d lost: %s", group.number, reason)
         phase = group.phase
         if not self.engine.finished:  # once the run is over its log may be closing
             self.engine.events.emit(SecureGroupLost.build(
