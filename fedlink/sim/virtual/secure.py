@@ -14,7 +14,8 @@ time, then, once the phase closes for the whole group, the answer's bytes down. 
 client, the first two (advertise, share) start with the task (``Download.exchange_keys``) and
 run beside the download and the training; the masked update goes once the client trained and
 its keys are shared, and a group that goes on without its keys before then (``NEW_KEYS``) is
-followed by fresh keys for the next one. Message sizes
+followed by fresh keys for the next one while it trains (once it has trained, the refusal
+ends the task: it checks in again). Message sizes
 are the protobuf messages' own (``to_proto(...).ByteSize()``), so the masked update weighs
 ``modulus_bits`` a value, as on the wire. Work pauses while a client is offline
 (``fedlink.sim.virtual.availability``): a client offline past a phase's deadline is out of the
@@ -239,9 +240,9 @@ class VirtualSecure:
         self._send(state, MASKED, state.delivery.masked(state.rng))
 
     def _refused(self, state: _Member, err: RemoteError) -> None:
-        """A call refused: during the key exchange, a group that went on without the task
+        """A call refused: while the client trains, a group that went on without the task
         (``NEW_KEYS``) is followed by fresh keys in the next one, as the real client does;
-        any other refusal ends the delivery."""
+        any other refusal, or one heard once it trained, ends the delivery."""
         if (not state.keys_done and not state.trained and isinstance(err, UpdateRefused)
                 and err.reason is RefusalCode.NEW_KEYS):
             state.over = True
