@@ -360,7 +360,7 @@ class ClientSession:
         work.update = self._pending_update(action.task, work.result, work.trained_from(),
                                            action.time_left_s)
         if self._secure_settings() is not None:  # masked in its group, never kept or sent plain
-            self._secure_delta(work.update)  # refused now, before any masking, if it cannot be
+            _check_secure_codec(work.update)  # refused now, not after the key exchange
             return protocol.heard(Encoded(work.update.payload.header.num_bytes))
         await self.courier.keep(work.update)
         if self.pipeline.saves_state:  # the error-feedback residual, to disk
@@ -474,14 +474,10 @@ class ClientSession:
         return SecureDelivery(self.client_id, task, settings, self.config.num_parameters)
 
     def _secure_delta(self, update: PendingUpdate) -> np.ndarray:
-        """The update the pipeline made (privacy applied), as a vector to mask; an uplink
-        codec other than ``fp32`` is refused: masks destroy what it would save."""
+        """The update the pipeline made (privacy applied), as a vector to mask."""
         assert self.config is not None
-        header = update.payload.header
-        if header.encoding != "fp32":
-            raise ConfigError(f"client compression {header.encoding!r} cannot be used in a "
-                              f"secure run (masked updates are integers in Z_m): use 'fp32'")
-        return unpack(header, update.payload.data, self.config.num_parameters)
+        _check_secure_codec(update)
+        return unpack(update.payload.header, update.payload.data, self.config.num_parameters)
 
     _STEPS: ClassVar[Mapping[type, str]] = {
         Download: "_download", Train: "_train_step", Encode: "_encode", Deliver: "_deliver",
@@ -647,6 +643,15 @@ class ClientSession:
             await sleep_on(self._timer, self.config.heartbeat_interval_s)
             with contextlib.suppress(RemoteError):
                 await self.transport.heartbeat(HeartbeatRequest(self.client_id, task.task_id))
+
+
+def _check_secure_codec(update: PendingUpdate) -> None:
+    """Refuse an uplink codec other than ``fp32`` in a secure run: masks destroy what it
+    would save."""
+    encoding = update.payload.header.encoding
+    if encoding != "fp32":
+        raise ConfigError(f"client compression {encoding!r} cannot be used in a secure run "
+                          f"(masked updates are integers in Z_m): use 'fp32'")
 
 
 def run_client(target: str, trainer: Trainer, options: ClientOptions | None = None,

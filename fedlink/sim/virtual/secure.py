@@ -243,19 +243,10 @@ class VirtualSecure:
         """A call refused: while the client trains, a group that went on without the task
         (``NEW_KEYS``) is followed by fresh keys in the next one, as the real client does;
         any other refusal, or one heard once it trained, ends the delivery."""
-        if (not state.keys_done and not state.trained and isinstance(err, UpdateRefused)
+        if (not state.trained and isinstance(err, UpdateRefused)
                 and err.reason is RefusalCode.NEW_KEYS):
             state.over = True
-            fresh = SecureDelivery(state.delivery.client_id, state.busy.task, self.settings,
-                                   self.loop.engine.num_parameters)
-            retry = self._delivering[state.busy.index] = _Member(
-                state.busy, fresh, state.rng, trained=state.trained)
-            if state.trained:
-                assert state.delivery.delta is not None
-                fresh.trained(state.delivery.delta, state.delivery.num_examples,
-                              state.delivery.steps_completed, state.delivery.steps_planned,
-                              residual=state.delivery.residual)
-            self._send(retry, ADVERTISE, fresh.advertise())
+            self.begin(state.busy)
             return
         self._end(state, outcome_of(err) or Refused(err.detail))
 
