@@ -210,7 +210,7 @@ def fleet_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetRun]:
     try:
         launcher = spawner([sys.executable, str(REPO / "clients/fleet/launch.py"),
                             "--config", str(config), "--with-coordinator",
-                            "--output-dir", str(tmp_path / "runs"), "--grace", "3",
+                            "--output-dir", str(tmp_path / "runs"), "--grace", "30",
                             "--timeout", "60", "--tail", "3"])
         code = launcher.finish(timeout_s=240)
         yield FleetRun(code, launcher.output, tmp_path / "runs" / "small-mlp")

@@ -117,7 +117,9 @@ def test_a_range_whose_connection_stops_sending_is_taken_over_by_the_other(
             ranges: list[DownloadRequest] = []
 
             async def stuck_first_range(request: DownloadRequest) -> AsyncIterator[DataChunk]:
-                stuck = request.end_offset and not ranges
+                # the first half's range (the first connection's), whichever arrives first
+                stuck = request.end_offset and request.offset == 0 and not any(
+                    r.end_offset and r.offset == 0 for r in ranges)
                 ranges.append(request)
                 async for n, chunk in _numbered(serve(request)):
                     if stuck and n == 1:
