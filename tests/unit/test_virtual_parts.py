@@ -12,7 +12,7 @@ from fedlink.clock import ManualClock
 from fedlink.netem import PRESETS, LinkProfile
 from fedlink.sim.virtual.availability import Diurnal, TraceAvailability, finish
 from fedlink.sim.virtual.loop import setup_frozen
-from fedlink.sim.virtual.timing import DOWN, UP, transfer_time
+from fedlink.sim.virtual.timing import DOWN, UP, check_in_time, leg_time, transfer_time
 
 
 def test_manual_clock_runs_events_in_time_order_ties_in_schedule_order() -> None:
@@ -49,6 +49,26 @@ def test_transfer_time_follows_latency_and_bandwidth() -> None:
     down = transfer_time(link, 100_000, DOWN, None)
     assert math.isclose(up.seconds, 0.2 + 1.0)
     assert math.isclose(down.seconds, 0.2 + 0.1)
+
+
+def test_a_call_s_two_legs_cost_what_a_transfer_does() -> None:
+    # a request reaches the coordinator after one one-way latency and its bytes, as does the
+    # answer the client: a call the coordinator holds (a secure phase) costs that plus the wait
+    link = LinkProfile(latency_ms=100.0, up_kbps=800.0, down_kbps=8000.0)
+    up = leg_time(link, 100_000, UP, None)
+    assert math.isclose(up.seconds, 0.1 + 1.0)
+    assert math.isclose(up.seconds + leg_time(link, 0, DOWN, None).seconds,
+                        transfer_time(link, 100_000, UP, None).seconds)
+
+
+def test_a_check_in_carries_a_model_that_fits_inline_and_downloads_a_larger_one() -> None:
+    link = LinkProfile(latency_ms=100.0, up_kbps=800.0, down_kbps=8000.0)
+    task_s, inline = check_in_time(link, 10_000, 64 << 10, None)  # inside the answer
+    assert math.isclose(task_s, inline.seconds) and math.isclose(inline.seconds, 0.2 + 0.01)
+    task_s, fetched = check_in_time(link, 100_000, 64 << 10, None)  # a download of its own
+    assert math.isclose(task_s, 0.2) and math.isclose(fetched.seconds, 0.2 + 0.2 + 0.1)
+    task_s, held = check_in_time(link, 0, 64 << 10, None)  # it holds the model: nothing sent
+    assert math.isclose(task_s, 0.2) and math.isclose(held.seconds, 0.2)
 
 
 def test_resets_cost_resent_bytes_and_round_trips() -> None:

@@ -54,7 +54,7 @@ from fedlink.messages import Task, TaskKind
 from fedlink.metrics import EventLog, kinds
 from fedlink.sim.virtual.availability import Availability, finish
 from fedlink.sim.virtual.population import Population
-from fedlink.sim.virtual.timing import DOWN, round_trip_s, transfer_time
+from fedlink.sim.virtual.timing import check_in_time, round_trip_s
 from fedlink.wire import unpack
 
 _STREAM = 0xE7A1  # this module's generator stream, apart from selection and timing
@@ -97,6 +97,7 @@ class VirtualEvaluations:
         self._seed = config.seed
         self._batch = config.training.batch_size
         self._max_examples = config.limits.max_examples_per_update
+        self._inline_limit = config.limits.inline_limit
         self.world = world
         self._timing = None if world.deterministic else np.random.default_rng(
             [self._seed & (2**63 - 1), _STREAM])
@@ -132,24 +133,19 @@ class VirtualEvaluations:
         world.events.emit(kinds.EvaluationIssued.build(client_id=f"sim-{index}",
                                                        task_id=task_id, model_version=version))
         profile = world.population.profile(index)
-        check_in, report = (round_trip_s(profile, self._timing) if profile is not None else 0.0
-                            for _ in range(2))
+        report = round_trip_s(profile, self._timing) if profile is not None else 0.0
         task = Task(task_id, version, 0, 0, 0.0, header, kind=TaskKind.EVALUATE)
         protocol = ClientProtocol(held_version=world.held(index))
         protocol.start()
         download = protocol.heard(Offered(task, world.clock.now()))
         assert isinstance(download, Download)
-        if not download.needed:  # it holds the model: sent nothing, as a real client
-            world.count_network(index, check_in + report, None)
-            down_s = 0.0
-            self._sent[task_id] = 0
-        else:
-            self._sent[task_id] = header.num_bytes
-            down = transfer_time(profile, header.num_bytes, DOWN, self._timing)
+        # a client that holds the model is sent nothing, as a real client
+        self._sent[task_id] = header.num_bytes if download.needed else 0
+        if download.needed:
             world.count_download(index, version, header.num_bytes)
-            world.count_network(index, check_in + down.seconds + report, down)
-            down_s = down.seconds
-        done = finish(world.availability, index, world.clock.now(), check_in + down_s)
+        _, down = check_in_time(profile, self._sent[task_id], self._inline_limit, self._timing)
+        world.count_network(index, down.seconds + report, down if download.needed else None)
+        done = finish(world.availability, index, world.clock.now(), down.seconds)
         world.clock.call_at(done, lambda: self._score(index, protocol, report))
         return task_id
 

@@ -94,7 +94,7 @@ from fedlink.sim.virtual.backends import (
 from fedlink.sim.virtual.evaluations import VirtualEvaluations, VirtualWorld
 from fedlink.sim.virtual.population import Population
 from fedlink.sim.virtual.residuals import ResidualStore
-from fedlink.sim.virtual.timing import DOWN, UP, round_trip_s, transfer_time
+from fedlink.sim.virtual.timing import UP, check_in_time, round_trip_s, transfer_time
 from fedlink.wire import unpack
 
 Evaluate = Callable[[np.ndarray], Mapping[str, float]]
@@ -300,33 +300,32 @@ class VirtualLoop:
         busy = _Busy(index, action.task, now, protocol, seen=now)
         self._busy[index] = busy
         self._charge(busy, tasks=1)
-        profile = self.population.profile(index)
-        rtt = round_trip_s(profile, self.timing) if profile is not None else 0.0
-        down = self._download(busy, profile, action)
-        seconds = rtt + (down.seconds if down is not None else 0.0)
-        if down is not None:
-            self.count_network(busy, seconds, down)
-        else:
-            self._charge(busy, network_s=seconds)
-        done = finish(self.availability, index, now, seconds)
-        self.clock.call_at(done, lambda: self._downloaded(busy))
+        task_s, down = check_in_time(self.population.profile(index), self._download(busy, action),
+                                     self.config.limits.inline_limit, self.timing)
+        self.count_network(busy, down.seconds, down)
         if action.exchange_keys:  # secure phases 1 and 2, beside the download and training
             assert self.secure is not None
-            self.secure.begin(busy)
+            secure = self.secure
+            # as a real client, once it has the task (before _downloaded, at the same time)
+            self.clock.call_at(finish(self.availability, index, now, task_s),
+                               lambda: secure.begin(busy) if self._busy.get(index) is busy
+                               else None)
+        done = finish(self.availability, index, now, down.seconds)
+        self.clock.call_at(done, lambda: self._downloaded(busy))
         return True
 
-    def _download(self, busy: _Busy, profile: Any, action: Download) -> Any:
-        """Count the task's model download's bytes; its transfer (time, resends), or None
-        when the client holds the task's version (it has just evaluated it) and, as a real
-        client that says so in ``GetTask``, is sent nothing."""
+    def _download(self, busy: _Busy, action: Download) -> int:
+        """Count the task's model download's bytes; returns them (0 when the client holds the
+        task's version, having just evaluated it, and as a real client that says so in
+        ``GetTask`` is sent nothing)."""
         if not action.needed:
-            return None
+            return 0
         self._held[busy.index] = version = action.task.model_version
         header = self.engine.payload(version).header
         self._round_down.sent(MODEL, header.num_bytes)
         self.totals.bytes_down += header.num_bytes
         busy.bytes_down = header.num_bytes
-        return transfer_time(profile, header.num_bytes, DOWN, self.timing)
+        return header.num_bytes
 
     # -- a client's task -------------------------------------------------------------------
 

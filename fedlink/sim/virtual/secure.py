@@ -9,15 +9,18 @@ clipping, quantization and masks), driven through the same ``ClientProtocol`` st
 (``Advertise``, ``ShareKeys``, ``MaskedUpload``, ``Unmask``). Nothing is written again here:
 this module only carries each message over the client's link and back.
 
-Each phase costs a client one round trip: its request's bytes up plus the link's round-trip
-time, then, once the phase closes for the whole group, the answer's bytes down. As on a real
-client, the first two (advertise, share) start with the task (``Download.exchange_keys``) and
-run beside the download and the training; the masked update goes once the client trained and
-its keys are shared, and a group that goes on without its keys before then (``NEW_KEYS``) is
-followed by fresh keys for the next one while it trains (once it has trained, the refusal
-ends the task: it checks in again). Message sizes
-are the protobuf messages' own (``to_proto(...).ByteSize()``), so the masked update weighs
-``modulus_bits`` a value, as on the wire. Work pauses while a client is offline
+Each phase is one call, timed as a gRPC call is: the request reaches the coordinator after
+the link's one-way latency and its bytes up (``leg_time``); once the phase closes for the
+whole group, the answer reaches the client after the one-way latency and its bytes down. A
+masked update too large to travel inline goes first as a resumable upload (a transfer of its
+own, round trip included), as the real client sends it. As on a real client, the first two
+phases (advertise, share) start once the client has its task (``Download.exchange_keys``)
+and run beside the download and the training; the masked update goes once the client trained
+and its keys are shared, and a group that goes on without its keys before then (``NEW_KEYS``)
+is followed by fresh keys for the next one while it trains (once it has trained, the refusal
+ends the task: it checks in again). Message sizes are the protobuf messages' own
+(``to_proto(...).ByteSize()``), so the masked update weighs ``modulus_bits`` a value, as on
+the wire. Work pauses while a client is offline
 (``fedlink.sim.virtual.availability``): a client offline past a phase's deadline is out of the
 group (unmasked from its neighbours' shares), exactly as a real client that missed it.
 ``SecurePhaseTotals`` counts the round trips and bytes of each phase for the run's summary.
@@ -25,6 +28,7 @@ group (unmasked from its neighbours' shares), exactly as a real client that miss
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -38,6 +42,7 @@ from fedlink.client.protocol import (
     Refused,
     Unmask,
     outcome_of,
+    travels_inline,
 )
 from fedlink.client.secure import SecureDelivery
 from fedlink.coordinator.secure import (
@@ -54,7 +59,7 @@ from fedlink.errors import RemoteError, UpdateRefused
 from fedlink.messages import SecureUnmaskReply
 from fedlink.refusals import RefusalCode
 from fedlink.sim.virtual.availability import finish
-from fedlink.sim.virtual.timing import DOWN, UP, round_trip_s, transfer_time
+from fedlink.sim.virtual.timing import DOWN, UP, leg_time, transfer_time
 from fedlink.wire.convert import to_proto
 
 if TYPE_CHECKING:
@@ -162,7 +167,7 @@ class VirtualSecure:
         size = to_proto(request).ByteSize()
         self.totals.round_trips[name] += 1
         self.totals.bytes_up[name] += size
-        seconds = self._carry(state.busy, size, UP, round_trip=True)
+        seconds = self._request_s(state.busy, request, size)
         self.loop.clock.call_at(self._when(state.busy, seconds),
                                 lambda: self._arrived(state, phase, request))
 
@@ -209,7 +214,7 @@ class VirtualSecure:
             return
         size = to_proto(reply).ByteSize()
         self.totals.bytes_down[PHASE_NAMES[phase]] += size
-        seconds = self._carry(busy, size, DOWN, round_trip=False)
+        seconds = self._carry(busy, size, DOWN)
         self.loop.clock.call_at(self._when(busy, seconds),
                                 lambda: self._heard(state, phase, reply))
 
@@ -268,17 +273,27 @@ class VirtualSecure:
 
     # -- the link ---------------------------------------------------------------------------
 
-    def _carry(self, busy: _Busy, size: int, direction: str, round_trip: bool) -> float:
-        """Model seconds to move ``size`` bytes over ``busy``'s link (plus a round trip for a
-        request), charged to the task as network time."""
+    def _request_s(self, busy: _Busy, request: Any, size: int) -> float:
+        """Model seconds until ``request`` (``size`` bytes) reaches the coordinator: one leg of
+        its call, after a resumable upload of its values when they are a masked update too
+        large to travel inline (the real client's rule, ``travels_inline``)."""
+        values = getattr(request, "values", b"")
+        if not values or travels_inline(len(values), self.loop.config.limits.inline_limit):
+            return self._carry(busy, size, UP)
+        upload_id = f"{self.loop.client_id(busy.index)}-{busy.task.task_id}-masked-{0:012x}"
+        named = to_proto(dataclasses.replace(request, values=b"", upload_id=upload_id))
+        return (self._carry(busy, len(values), UP, transfer=True)
+                + self._carry(busy, named.ByteSize(), UP))
+
+    def _carry(self, busy: _Busy, size: int, direction: str, transfer: bool = False) -> float:
+        """Model seconds to move ``size`` bytes over ``busy``'s link, one leg of a call (a
+        whole transfer, round trip included, with ``transfer``), charged to the task as
+        network time."""
         loop = self.loop
         profile = loop.population.profile(busy.index)
-        transfer = transfer_time(profile, size, direction, loop.timing)
-        seconds = transfer.seconds
-        if round_trip and profile is not None:
-            seconds += round_trip_s(profile, loop.timing)
-        loop.count_network(busy, seconds, transfer)
-        return seconds
+        moved = (transfer_time if transfer else leg_time)(profile, size, direction, loop.timing)
+        loop.count_network(busy, moved.seconds, moved)
+        return moved.seconds
 
     def _when(self, busy: _Busy, seconds: float) -> float:
         return finish(self.loop.availability, busy.index, self.loop.clock.now(), seconds)
