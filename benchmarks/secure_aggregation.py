@@ -62,6 +62,16 @@ the first seed's secure run's phase figures (``secure_<phase>_round_trips`` / ``
 ``_bytes_down``). In both secure runs a client exchanges its keys while it downloads and
 trains, as every fedlink client does.
 
+**Virtual timing against gRPC.** The time-to-accuracy pairs run on the virtual clock, so
+the benchmark checks that clock against real gRPC on an emulated link: 4 clients on a link of
+``FIDELITY_ONE_WAY_MS`` (200 ms each way, no jitter), 4 rounds of one group each, plain (8-bit
+qsgd) and secure (fp32, quorum 1), each run over gRPC (the netem proxy on loopback, wall
+time) and in virtual mode (deterministic timing, no training cost). ``fidelity_<plain|secure>
+_round_s_<grpc|virtual>`` are the median seconds between consecutive versions,
+``fidelity_secure_over_plain_<grpc|virtual>`` their ratios, and
+``fidelity_virtual_over_grpc`` the virtual ratio over the gRPC one (1: the virtual clock
+charges secure rounds what gRPC does, relative to plain ones).
+
 ``load_1min`` is the machine's load average when the run ended.
 
 ``--quick`` trains 10 rounds with one noise draw: too few for error feedback to catch up or
@@ -73,6 +83,7 @@ Run: ``python benchmarks/secure_aggregation.py [--quick] [--json FILE]``
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import math
 import os
@@ -464,11 +475,66 @@ def secure_time_to_accuracy(seeds: tuple[int, ...]) -> dict[str, Any]:
     return figures
 
 
+FIDELITY_ONE_WAY_MS = 200.0
+"""The fidelity check's link: 200 ms each way, no jitter, so that round trips dominate."""
+
+
+def _fidelity_table(mode: str, secure: bool) -> dict[str, Any]:
+    """4 clients, each round every one of them (one secure group), the demo's model and
+    codecs, on the fidelity link; deterministic timing in virtual mode."""
+    table: dict[str, Any] = {
+        "run": {"name": f"fidelity-{mode}", "seed": 3, "mode": mode},
+        "data": {"dataset": "digits", "clients": 4},
+        "model": {"name": "mlp", "options": {"hidden": [64, 64]}},
+        "client": ({"compression": "fp32"} if secure else
+                   {"compression": "qsgd", "compression_options": {"bits": 8}}),
+        "coordinator": {"rounds": 4, "flush": {"goal": 4, "min_updates": 4, "deadline_s": 30.0},
+                        "training": {"local_steps": 2, "batch_size": 16}},
+        "network": {"profile": {"base": "4g", "latency_ms": FIDELITY_ONE_WAY_MS,
+                                "jitter_ms": 0}},
+        "virtual": {"deterministic": True, "step_cost_s": 0.0}}
+    if secure:
+        table["coordinator"] |= {"secure": {"enabled": True, "phase_s": 5.0, "quorum": 1.0},
+                                 "robust": {"enabled": False}, "norm_bound_adaptive": False}
+    return table
+
+
+def _round_seconds(mode: str, secure: bool, workdir: Path) -> float:
+    """The median time between consecutive versions (wall seconds over gRPC, model seconds
+    in virtual mode)."""
+    from fedlink.sim import run_simulation
+
+    result = run_simulation(ExperimentConfig.from_dict(_fidelity_table(mode, secure)),
+                            workdir, progress=False)
+    with open(result.run_dir / "events.jsonl", encoding="utf-8") as f:
+        flushes = [e for e in map(json.loads, f) if e.get("kind") == "flush"]
+    times = [e["model_seconds"] if mode == "virtual" else e["t"] for e in flushes]
+    return statistics.median(b - a for a, b in itertools.pairwise(times))
+
+
+def virtual_fidelity() -> dict[str, Any]:
+    """A plain and a secure round, over real gRPC on emulated links and in virtual mode (see
+    the docstring): how well the virtual clock times what the time-to-accuracy pairs measure."""
+    figures: dict[str, Any] = {"fidelity_one_way_ms": FIDELITY_ONE_WAY_MS}
+    with tempfile.TemporaryDirectory() as workdir:
+        for name, secure in (("plain", False), ("secure", True)):
+            for mode in ("grpc", "virtual"):
+                figures[f"fidelity_{name}_round_s_{mode}"] = _round_seconds(
+                    mode, secure, Path(workdir))
+    ratios = {mode: figures[f"fidelity_secure_round_s_{mode}"]
+              / figures[f"fidelity_plain_round_s_{mode}"] for mode in ("grpc", "virtual")}
+    figures["fidelity_secure_over_plain_grpc"] = ratios["grpc"]
+    figures["fidelity_secure_over_plain_virtual"] = ratios["virtual"]
+    figures["fidelity_virtual_over_grpc"] = ratios["virtual"] / ratios["grpc"]
+    return figures
+
+
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0])
     figures = secure_round(30 if args.quick else 100)
     figures.update(training(QUICK_ROUNDS, 1) if args.quick else training(ROUNDS, DP_REPEATS))
     figures.update(secure_time_to_accuracy(QUICK_TTA_SEEDS if args.quick else TTA_SEEDS))
+    figures.update(virtual_fidelity())
     figures["load_1min"] = os.getloadavg()[0]
     report(figures, args.json)
 
