@@ -62,6 +62,15 @@ the first seed's secure run's phase figures (``secure_<phase>_round_trips`` / ``
 ``_bytes_down``). In both secure runs a client exchanges its keys while it downloads and
 trains, as every fedlink client does.
 
+**Time to accuracy over real gRPC.** The same pairs run over real gRPC sessions on the
+fleet's emulated links (``fedlink simulate``'s default mode, as ``make demo`` runs it), for the
+seeds ``GRPC_TTA_SEEDS`` (3; ``--quick``: the first), wall seconds from the first task:
+``secure_time_to_accuracy_ratio_grpc`` (median, with ``_min`` and ``_max``) and the medians
+``secure_tta_grpc_<plain|secure>_seconds``. There the clients train on this machine's CPU in
+milliseconds, where the virtual clock charges each local step ``[virtual] step_cost_s`` (0.05 s
+at speed 1, a device's pace): a version's time is then almost all network, which the key
+exchange can no longer hide behind training, and the ratio is far higher than in virtual mode.
+
 **Virtual timing against gRPC.** The time-to-accuracy pairs run on the virtual clock, so
 the benchmark checks that clock against real gRPC on an emulated link: 4 clients on a link of
 ``FIDELITY_ONE_WAY_MS`` (200 ms each way, no jitter), 4 rounds of one group each, plain (8-bit
@@ -475,6 +484,45 @@ def secure_time_to_accuracy(seeds: tuple[int, ...]) -> dict[str, Any]:
     return figures
 
 
+GRPC_TTA_SEEDS = (0, 1, 2)
+"""The seeds of the paired time-to-accuracy runs over real gRPC (``--quick``: the first)."""
+
+
+def _grpc_time_to_target(table: dict[str, Any], workdir: Path) -> float:
+    """Wall seconds from the first task to the first version at the run's target accuracy,
+    the run over real gRPC on the fleet's emulated links (infinity when none reaches it)."""
+    from fedlink.metrics.summary import first_task_elapsed
+    from fedlink.sim import run_simulation
+
+    table = {**table, "run": {**table["run"], "mode": "grpc"}}
+    config = ExperimentConfig.from_dict(table)
+    result = run_simulation(config, workdir, progress=False)
+    with open(result.run_dir / "events.jsonl", encoding="utf-8") as f:
+        events = [json.loads(line) for line in f]
+    start = first_task_elapsed(events)
+    return next((float(e["elapsed"]) - start for e in events if e.get("kind") == "flush"
+                 and (e.get("accuracy") or 0.0) >= config.run.target_accuracy), math.inf)
+
+
+def secure_time_to_accuracy_grpc(seeds: tuple[int, ...]) -> dict[str, Any]:
+    """The time-to-accuracy pairs over real gRPC (see the docstring)."""
+    pairs = []
+    with tempfile.TemporaryDirectory() as workdir:
+        for seed in seeds:
+            plain, secure = _tta_tables(seed, DEMO_QUORUM)
+            pairs.append((_grpc_time_to_target(plain, Path(workdir)),
+                          _grpc_time_to_target(secure, Path(workdir))))
+    ratios = [s / p for p, s in pairs]
+    figures: dict[str, Any] = {
+        "secure_time_to_accuracy_ratio_grpc": statistics.median(ratios),
+        "secure_time_to_accuracy_ratio_grpc_min": min(ratios),
+        "secure_time_to_accuracy_ratio_grpc_max": max(ratios),
+        "secure_tta_grpc_seeds": len(seeds),
+        "secure_tta_grpc_plain_seconds": statistics.median(p for p, _ in pairs),
+        "secure_tta_grpc_secure_seconds": statistics.median(s for _, s in pairs)}
+    return figures
+
+
 FIDELITY_ONE_WAY_MS = 200.0
 """The fidelity check's link: 200 ms each way, no jitter, so that round trips dominate."""
 
@@ -534,6 +582,8 @@ def main() -> None:
     figures = secure_round(30 if args.quick else 100)
     figures.update(training(QUICK_ROUNDS, 1) if args.quick else training(ROUNDS, DP_REPEATS))
     figures.update(secure_time_to_accuracy(QUICK_TTA_SEEDS if args.quick else TTA_SEEDS))
+    figures.update(secure_time_to_accuracy_grpc(GRPC_TTA_SEEDS[:1] if args.quick
+                                                else GRPC_TTA_SEEDS))
     figures.update(virtual_fidelity())
     figures["load_1min"] = os.getloadavg()[0]
     report(figures, args.json)
