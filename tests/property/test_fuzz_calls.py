@@ -40,6 +40,8 @@ pytestmark = pytest.mark.timeout(240)
 
 DIM = 16
 DEADLINE_S = 5.0
+STOP_CAP_S = 60.0
+"""The most the module's coordinator may take to stop."""
 EXAMPLES = settings(max_examples=2000, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow,
                                            HealthCheck.function_scoped_fixture])
@@ -96,7 +98,9 @@ def fuzzed() -> Iterator[Fuzzed]:
         yield Fuzzed(server, stub, client_id, reply.task.task_id, reply.task.model_version)
     finally:
         channel.close()
-        asyncio.run_coroutine_threadsafe(server.stop(0.5), loop).result(10)
+        # a cap, not a wait: at load 10 the stop (calls cancelled after 0.5 s, the service
+        # closed) once took over 10 s on the starved loop thread
+        asyncio.run_coroutine_threadsafe(server.stop(0.5), loop).result(STOP_CAP_S)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
         loop.close()
