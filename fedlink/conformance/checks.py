@@ -269,14 +269,40 @@ def _verify_model(record: RunRecord) -> tuple[bool, str]:
                  and not c.fields["delta"] and c.fields["offset"] == 0)
     used = next((i for i, c in enumerate(calls) if i > first
                  and c.name in ("Commit", "ReportEvaluation")), None)
-    again = [c for c in calls[first + 1:used] if c.name == "Download"]
-    passed = used is None or bool(again)
     if used is None:
-        seen = "the task was dropped (no result sent for it)"
+        passed, seen = _dropped_corrupt_model(record, task_id, calls[first].at)
     else:
+        again = [c for c in calls[first + 1:used] if c.name == "Download"]
+        passed = bool(again)
         seen = (f"{len(again)} download(s) again before its {calls[used].name}"
                 + ("" if again else ": the corrupted model was used"))
     return passed, f"first model download of task {task_id} corrupted; {seen}"
+
+
+def _dropped_corrupt_model(record: RunRecord, task_id: str, corrupted_at: float
+                           ) -> tuple[bool, str]:
+    """A task dropped after its model came corrupted proves nothing by itself (a client drops
+    a task for other reasons too): the client must not keep that model either, so the next
+    task on the same version that it answers must come with the model again (downloaded or
+    inline), not from what the client held."""
+    offered = record.log.of("GetTask")
+    version = next(c.fields["model_version"] for c in offered
+                   if c.fields.get("task_id") == task_id)
+    for later in record.log.after(corrupted_at):
+        other = later.fields.get("task_id")
+        if later.name != "GetTask" or other == task_id \
+                or later.fields.get("model_version") != version:
+            continue
+        calls = [c for c in record.log.calls if c.fields.get("task_id") == other]
+        result = next((c for c in calls if c.name in ("Commit", "ReportEvaluation")), None)
+        if result is None:
+            continue
+        fetched = later.fields.get("model_inline") or any(
+            c.name == "Download" and c.at < result.at for c in calls)
+        return bool(fetched), (f"the task was dropped, and task {other} of the same version "
+                               + ("had the model again" if fetched else
+                                  "used the model the client held: the corrupted one"))
+    return True, "the task was dropped (no result sent for it), and no later one used its model"
 
 
 @check("metrics")
