@@ -168,6 +168,8 @@ class SecureGroup:
     closed: list[asyncio.Event] = field(default_factory=lambda: [asyncio.Event()
                                                                  for _ in range(4)])
     roster: tuple[SecureMember, ...] = ()
+    graph: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """Each member's neighbours (by index): whose keys its roster carries."""
     adverts: list[AdvertiseKeys] = field(default_factory=list)
     sharers: frozenset[int] = frozenset()
     delivered: set[int] = field(default_factory=set)
@@ -277,8 +279,17 @@ class SecureDesk:
                 f"this task's update would be {member.staleness} versions stale when secure "
                 f"group {group.number} flushes (max_staleness "
                 f"{self.config.flush.max_staleness})", RefusalCode.TOO_STALE))
-        return SecureAdvertiseReply(member.index, group.number, group.number, group.roster,
-                                    member.weight)
+        return SecureAdvertiseReply(member.index, group.number, group.number,
+                                    self._roster_for(group, member), member.weight)
+
+    @staticmethod
+    def _roster_for(group: SecureGroup, member: _Member) -> tuple[SecureMember, ...]:
+        """The roster one member is sent: every member's index (from which it computes the
+        group's graph), keys only for itself and its neighbours, the only ones it uses, so
+        that the answer grows with the neighbours (SecAgg+: ``O(log n)``), not the group."""
+        own = {member.index, *group.graph.get(member.index, ())}
+        return tuple(m if m.index in own else SecureMember(m.index, b"", b"")
+                     for m in group.roster)
 
     async def share(self, request: SecureShareRequest) -> SecureShareReply:
         """Phase 2: hand in the encrypted shares; answered with those sent to the caller."""
@@ -506,6 +517,7 @@ class SecureDesk:
                               f"neighbour cannot share its secrets (at least 2 needed)")
         group.roster = tuple(SecureMember(a.client, a.cipher_public, a.mask_public)
                              for a in roster)
+        group.graph = graph
         group.adverts = []
 
     def _weigh(self, group: SecureGroup) -> None:

@@ -30,6 +30,9 @@ import numpy as np
 
 from fedlink.errors import ConfigError, FedlinkError
 
+KEY_BYTES = 32
+"""Bytes of an X25519 key, public or private."""
+
 
 class SecAggError(FedlinkError):
     """A secure round cannot go on (a message out of place, a share that does not decrypt)."""
@@ -146,6 +149,10 @@ class AdvertiseKeys:
     def wire_bytes(self) -> int:
         """Its size on the wire (ids are 4 bytes)."""
         return 4 + len(self.cipher_public) + len(self.mask_public)
+
+    def keyed(self) -> bool:
+        """Whether it carries both keys (a roster names non-neighbours by index alone)."""
+        return len(self.cipher_public) == KEY_BYTES and len(self.mask_public) == KEY_BYTES
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,8 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from fedlink.secagg.base import SecAggError
+from fedlink.secagg.base import KEY_BYTES, SecAggError
 from fedlink.secagg.shamir import PRIME, RandomBelow
-
-KEY_BYTES = 32
 
 
 def share_nonce(sender: int, receiver: int) -> bytes:

@@ -94,6 +94,9 @@ class SecureClient:
             raise SecAggError(f"client {self.client} is not in the round's roster")
         self._neighbours = neighbours(self._roster, self.config.neighbours,
                                       graph_seed)[self.client]
+        keyless = [j for j in self._neighbours if not self._roster[j].keyed()]
+        if keyless:
+            raise SecAggError(f"the roster has no keys for neighbour(s) {keyless}")
         points = [_point(j) for j in self._neighbours]
         needed = self.config.shares_needed(len(points))
         seed_shares = shamir.split(self._seed, points, needed, self.random_below)

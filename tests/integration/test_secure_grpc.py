@@ -29,7 +29,14 @@ from fedlink.client.secure import SecureDelivery
 from fedlink.config import load_toml
 from fedlink.coordinator import CoordinatorConfig, FlushRule, LimitsConfig
 from fedlink.coordinator.config import SecureConfig
-from fedlink.coordinator.secure import ADVERTISE, MASKED, SHARE, UNMASK, SecureGroup
+from fedlink.coordinator.secure import (
+    ADVERTISE,
+    MASKED,
+    SHARE,
+    UNMASK,
+    SecureDesk,
+    SecureGroup,
+)
 from fedlink.coordinator.server import CoordinatorServer
 from fedlink.coordinator.service import CoordinatorService
 from fedlink.errors import ConfigError, UpdateRefused
@@ -44,6 +51,7 @@ from fedlink.messages import (
 from fedlink.metrics import EventLog
 from fedlink.refusals import RefusalCode
 from fedlink.secagg import decode_sum, encode_weighted
+from fedlink.secagg.graph import neighbours
 from fedlink.secagg.sparse import group_indices
 
 pytestmark = pytest.mark.timeout(90)
@@ -246,6 +254,55 @@ def test_secure_round_survives_dropouts_and_keeps_updates_private(
     expected = X0 + np.mean([deltas[i] for i in (0, 2, 3, 4)], axis=0)
     assert np.allclose(engine.model, expected, atol=4 * step)
     assert not np.allclose(engine.model, X0 + np.mean(deltas, axis=0), atol=1e-3)
+
+
+def test_secagg_plus_over_grpc_sends_each_member_only_its_neighbours_keys(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sparse graph (SecAgg+, 4 neighbours in a group of 7): each member's roster names
+    every member but carries keys for itself and its neighbours alone, so it grows with the
+    neighbours, not the group; a member that dies after sharing keys is unmasked from its
+    neighbours' shares and the sum of the others is exact."""
+    clients = 7
+    rng = np.random.default_rng(11)
+    trainers = [TowardTrainer(rng.uniform(-0.8, 0.8, DIM).astype(np.float32), examples=10)
+                for _ in range(clients)]
+    deltas = [trainer.step(X0.astype(np.float64)) for trainer in trainers]
+    config = dataclasses.replace(
+        secure_config(tmp_path / "state"),
+        flush=FlushRule(goal=clients, min_updates=2, deadline_s=None),
+        secure=SecureConfig(enabled=True, phase_s=PHASE_S, neighbours=4))
+    server = CoordinatorServer(config, X0, EventLog(None), address="127.0.0.1:0")
+    rosters: dict[int, tuple[Any, ...]] = {}
+    answer = SecureDesk.advertise_reply
+
+    def recorded(desk: SecureDesk, group: SecureGroup, *args: Any) -> Any:
+        reply = answer(desk, group, *args)
+        rosters[reply.index] = reply.members
+        return reply
+
+    monkeypatch.setattr(SecureDesk, "advertise_reply", recorded)
+
+    async def main() -> list[Any]:
+        async with server:
+            sessions = [(DiesBefore if i == 2 else ClientSession)(
+                target_of(server), trainers[i], ClientOptions(name=f"c{i}", retry=FAST_RETRY),
+                **({"before": MaskedUpload} if i == 2 else {})) for i in range(clients)]
+            return await asyncio.wait_for(asyncio.gather(*(s.run() for s in sessions),
+                                                         return_exceptions=True), 60)
+
+    results = run_async(main(), timeout=80)
+    assert [type(r).__name__ for r in results].count("Killed") == 1
+    graph = neighbours(range(clients), 4, 1)  # the first group's graph seed is its number
+    assert sorted(rosters) == list(range(clients))
+    for index, members in rosters.items():
+        assert [m.index for m in members] == list(range(clients))
+        keyed = {m.index for m in members if m.cipher_public and m.mask_public}
+        assert keyed == {index, *graph[index]}, index
+    engine = server.service.engine
+    assert engine.version == 1
+    delivered = [d for i, d in enumerate(deltas) if i != 2]
+    step = config.secagg().step
+    np.testing.assert_allclose(engine.model, X0 + np.mean(delivered, axis=0), atol=4 * step)
 
 
 def test_group_random_k_sends_the_kept_coordinates_and_feeds_back_the_rest(

@@ -24,6 +24,7 @@ from fedlink.secagg import (
     shamir,
     weighted_mean,
 )
+from fedlink.secagg.base import AdvertiseKeys
 from fedlink.secagg.graph import neighbours
 
 
@@ -181,6 +182,19 @@ def test_a_client_never_reveals_both_secrets_of_one_client() -> None:
     clients[0].unmask(UnmaskRequest(frozenset({0, 1}), frozenset({2})))
     with pytest.raises(SecAggError, match="already answered"):
         clients[0].unmask(UnmaskRequest(frozenset({0, 2}), frozenset({1})))
+
+
+def test_a_roster_needs_keys_only_for_the_neighbours_and_refuses_one_without_them() -> None:
+    config = SecAggConfig(max_clients=6, neighbours=2)
+    clients = [SecureClient(i, config, 1, 4) for i in range(6)]
+    roster = SecureSum(config, 1, 4, graph_seed=1).collect_keys(c.advertise() for c in clients)
+    mine = {0, *neighbours(range(6), 2, 1)[0]}
+    bare = [a if a.client in mine else AdvertiseKeys(a.client, b"", b"") for a in roster]
+    assert len(clients[0].share_keys(bare, 1)) == 2  # one share per neighbour, as in full
+    missing = next(iter(mine - {0}))
+    without = [AdvertiseKeys(a.client, b"", b"") if a.client == missing else a for a in roster]
+    with pytest.raises(SecAggError, match=f"no keys for neighbour.*{missing}"):
+        SecureClient(0, config, 1, 4).share_keys(without, 1)
 
 
 def test_shares_are_handed_out_only_after_phase_two_closes() -> None:
