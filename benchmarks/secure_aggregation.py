@@ -87,6 +87,19 @@ _round_s_<grpc|virtual>`` are the median seconds between consecutive versions,
 ``fidelity_virtual_over_grpc`` the virtual ratio over the gRPC one (1: the virtual clock
 charges secure rounds what gRPC does, relative to plain ones).
 
+**Secure groups at scale.** What a secure version costs at cohort 100 and 1,000 (``COHORTS``;
+``--quick``: 100), in virtual mode: ``examples/population_1m.toml`` (synthetic clients
+training a softmax regression at a device's pace, the mixed poor fleet) with ten times the
+cohort in clients, always online, 3 versions of ``cohort`` updates each, plain as it is and
+secure in groups of the cohort over SecAgg+ (``COHORT_NEIGHBOURS``, 16 neighbours), fp32 before
+encoding, ``quorum`` ``COHORT_QUORUM`` (0.95). Per cohort ``n``:
+``cohort<n>_<plain|secure>_seconds_per_version`` (model seconds) and their ratio
+``cohort<n>_secure_over_plain_seconds``, with ``_wait_all`` the same at quorum 1;
+``cohort<n>_roster_bytes_per_member`` (the advertise answer), and a delivering member's bytes
+over all phases, ``cohort<n>_secure_bytes_up_per_member`` and ``_bytes_down_per_member``,
+against ``cohort<n>_plain_bytes_up_per_update``; ``cohort<n>_secure_groups_lost``; and
+``cohort<n>_secure_wall_s``, the secure run's wall seconds on this machine.
+
 ``load_1min`` is the machine's load average when the run ended.
 
 ``--quick`` trains 10 rounds with one noise draw: too few for error feedback to catch up or
@@ -623,6 +636,86 @@ def virtual_fidelity() -> dict[str, Any]:
     return figures
 
 
+COHORTS = (100, 1000)
+"""The secure group sizes of the cohort figures (``--quick``: the first)."""
+
+COHORT_NEIGHBOURS = 16
+"""SecAgg+'s neighbours per member in the cohort runs (about 2 log2 n at n = 1,000)."""
+
+COHORT_QUORUM = 0.95
+"""The cohort runs' ``quorum``: in a group of 1,000 on the poor fleet some member is nearly
+always in an outage, which holds every phase of a group that waits for all (the
+``_wait_all`` figures, quorum 1)."""
+
+POPULATION = Path(__file__).resolve().parents[1] / "examples" / "population_1m.toml"
+
+
+def _cohort_table(cohort: int, quorum: float | None) -> dict[str, Any]:
+    """``examples/population_1m.toml`` (synthetic clients, the mixed poor fleet) with
+    ``10 * cohort`` clients always online and 3 versions of ``cohort`` updates; with a
+    ``quorum``, secure groups of ``cohort`` over SecAgg+ (``COHORT_NEIGHBOURS``), fp32 before
+    encoding."""
+    table = load_toml(POPULATION)
+    table["run"] = {**table["run"], "name": f"cohort{cohort}"}
+    table["virtual"] = {**table["virtual"], "population": 10 * cohort, "availability": "always"}
+    table["coordinator"] = {**table["coordinator"], "rounds": 3,
+                            "flush": {**table["coordinator"]["flush"], "goal": cohort,
+                                      "min_updates": cohort // 2}}
+    if quorum is not None:
+        table["client"] = {"compression": "fp32"}
+        table["coordinator"] |= {"robust": {"enabled": False}, "norm_bound_adaptive": False,
+                                 "secure": {"enabled": True, "neighbours": COHORT_NEIGHBOURS,
+                                            "phase_s": 60.0, "quorum": quorum}}
+    return table
+
+
+def _cohort_run(cohort: int, quorum: float | None, workdir: Path) -> dict[str, Any]:
+    """One virtual run's summary, with its wall seconds (``wall``) and model seconds per
+    version (``per_version``)."""
+    config = ExperimentConfig.from_dict(_cohort_table(cohort, quorum))
+    started = time.perf_counter()
+    summary = run_virtual(config, workdir, progress=False, report=False).summary
+    return {**summary, "wall": time.perf_counter() - started,
+            "per_version": summary["model_seconds"] / summary["final_model_version"]}
+
+
+def _cohort_figures(n: int, plain: dict[str, Any], secure: dict[str, Any],
+                    waiting: dict[str, Any]) -> dict[str, Any]:
+    """The figures of cohort ``n`` from its plain, secure and secure wait-all runs."""
+    members = secure["secure_masked_round_trips"]
+    return {
+        f"cohort{n}_plain_seconds_per_version": plain["per_version"],
+        f"cohort{n}_secure_seconds_per_version": secure["per_version"],
+        f"cohort{n}_secure_over_plain_seconds": secure["per_version"] / plain["per_version"],
+        f"cohort{n}_secure_over_plain_seconds_wait_all": waiting["per_version"]
+        / plain["per_version"],
+        f"cohort{n}_roster_bytes_per_member": secure["secure_advertise_bytes_down"]
+        / secure["secure_advertise_round_trips"],
+        f"cohort{n}_secure_bytes_up_per_member": sum(
+            secure[f"secure_{p}_bytes_up"] for p in PHASES) / members,
+        f"cohort{n}_secure_bytes_down_per_member": sum(
+            secure[f"secure_{p}_bytes_down"] for p in PHASES) / members,
+        f"cohort{n}_plain_bytes_up_per_update": plain["bytes_up"] / plain["updates_accepted"],
+        f"cohort{n}_secure_groups_lost": secure["secure_groups_lost"],
+        f"cohort{n}_secure_wall_s": secure["wall"]}
+
+
+def secure_cohorts(cohorts: tuple[int, ...]) -> dict[str, Any]:
+    """Secure groups of 100 and 1,000 in virtual mode against plain flushes of as many updates
+    (see the docstring): what a secure version costs at scale, in model time and bytes."""
+    figures: dict[str, Any] = {"cohort_neighbours": COHORT_NEIGHBOURS,
+                               "cohort_quorum": COHORT_QUORUM}
+    with tempfile.TemporaryDirectory() as workdir:
+        for n in cohorts:
+            figures |= _cohort_figures(n, _cohort_run(n, None, Path(workdir)),
+                                       _cohort_run(n, COHORT_QUORUM, Path(workdir)),
+                                       _cohort_run(n, 1.0, Path(workdir)))
+    return figures
+
+
+PHASES = ("advertise", "share", "masked", "unmask")
+
+
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0])
     figures = secure_round(30 if args.quick else 100)
@@ -631,6 +724,7 @@ def main() -> None:
     figures.update(secure_time_to_accuracy_grpc(GRPC_TTA_SEEDS[:1] if args.quick
                                                 else GRPC_TTA_SEEDS))
     figures.update(virtual_fidelity())
+    figures.update(secure_cohorts(COHORTS[:1] if args.quick else COHORTS))
     figures["load_1min"] = os.getloadavg()[0]
     report(figures, args.json)
 
