@@ -392,8 +392,11 @@ class Transfers:
         try:
             while payload.left:
                 done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                for fetch in done:
-                    fetch.result()  # a connection that failed for good fails the download
+                # a connection that failed for good fails the download; every failure that
+                # came in the same turn is taken, so none is left unretrieved
+                failures = [error for error in (f.exception() for f in done) if error]
+                if failures:
+                    raise failures[0]
         finally:
             for fetch in running:
                 fetch.cancel()  # the rest of the payload arrived over the other connections

@@ -4,6 +4,8 @@ connections, an idle connection taking over from a busy one."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
@@ -129,13 +131,27 @@ def test_a_chunk_out_of_place_is_data_loss() -> None:
         download(Shifted(), Link())
 
 
+class Short(Link):
+    """A link whose every stream ends after its first chunk."""
+
+    async def download(self, request: DownloadRequest,
+                       progress: Progress | None = None) -> AsyncGenerator[DataChunk, None]:
+        yield DataChunk(request.offset, PAYLOAD[request.offset:request.offset + CHUNK])
+
+
 @pytest.mark.parametrize("ways", [1, 2])
 def test_a_stream_that_ends_before_its_range_is_data_loss(ways: int) -> None:
-    class Short(Link):
-        async def download(self, request: DownloadRequest,
-                 progress: Progress | None = None) -> AsyncGenerator[DataChunk, None]:
-            yield DataChunk(request.offset, PAYLOAD[request.offset:request.offset + CHUNK])
-
     links = [Short() for _ in range(ways)]
     with pytest.raises(DataLoss, match="short of offset"):
         download(links[0], *links[1:])
+
+
+def test_connections_failing_together_leave_no_failure_unheard(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Both stripes fail in the same turn: the download fails with one of them, and the other's
+    failure is taken too, not left to be reported as an exception nobody retrieved."""
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        with pytest.raises(DataLoss, match="short of offset"):
+            download(Short(), Short())
+        gc.collect()  # an unretrieved task exception is reported when the task is collected
+    assert not [r.getMessage() for r in caplog.records if "never retrieved" in r.getMessage()]
