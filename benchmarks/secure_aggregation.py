@@ -90,7 +90,8 @@ charges secure rounds what gRPC does, relative to plain ones).
 **Secure groups at scale.** What a secure version costs at cohort 100 and 1,000 (``COHORTS``;
 ``--quick``: 100), in virtual mode: ``examples/population_1m.toml`` (synthetic clients
 training a softmax regression at a device's pace, the mixed poor fleet) with ten times the
-cohort in clients, always online, 3 versions of ``cohort`` updates each, plain as it is and
+cohort in clients, always online, 6 versions of ``cohort`` updates each (``COHORT_VERSIONS``),
+plain as it is and
 secure in groups of the cohort over SecAgg+ (``COHORT_NEIGHBOURS``, 16 neighbours), fp32 before
 encoding, ``quorum`` ``COHORT_QUORUM`` (0.95). Per cohort ``n``:
 ``cohort<n>_<plain|secure>_seconds_per_version`` (model seconds) and their ratio
@@ -647,18 +648,22 @@ COHORT_QUORUM = 0.95
 always in an outage, which holds every phase of a group that waits for all (the
 ``_wait_all`` figures, quorum 1)."""
 
+COHORT_VERSIONS = 6
+"""Versions per cohort run: a member in an outage holds a group that waits for all for up to
+``phase_s``, so a few versions more keep one outage from deciding the ``_wait_all`` figure."""
+
 POPULATION = Path(__file__).resolve().parents[1] / "examples" / "population_1m.toml"
 
 
 def _cohort_table(cohort: int, quorum: float | None) -> dict[str, Any]:
     """``examples/population_1m.toml`` (synthetic clients, the mixed poor fleet) with
-    ``10 * cohort`` clients always online and 3 versions of ``cohort`` updates; with a
-    ``quorum``, secure groups of ``cohort`` over SecAgg+ (``COHORT_NEIGHBOURS``), fp32 before
-    encoding."""
+    ``10 * cohort`` clients always online and ``COHORT_VERSIONS`` versions of ``cohort``
+    updates; with a ``quorum``, secure groups of ``cohort`` over SecAgg+
+    (``COHORT_NEIGHBOURS``), fp32 before encoding."""
     table = load_toml(POPULATION)
     table["run"] = {**table["run"], "name": f"cohort{cohort}"}
     table["virtual"] = {**table["virtual"], "population": 10 * cohort, "availability": "always"}
-    table["coordinator"] = {**table["coordinator"], "rounds": 3,
+    table["coordinator"] = {**table["coordinator"], "rounds": COHORT_VERSIONS,
                             "flush": {**table["coordinator"]["flush"], "goal": cohort,
                                       "min_updates": cohort // 2}}
     if quorum is not None:

@@ -287,9 +287,14 @@ class SecureDesk:
         """The roster one member is sent: every member's index (from which it computes the
         group's graph), keys only for itself and its neighbours, the only ones it uses, so
         that the answer grows with the neighbours (SecAgg+: ``O(log n)``), not the group."""
-        own = {member.index, *group.graph.get(member.index, ())}
+        own = SecureDesk._own(group, member)
         return tuple(m if m.index in own else SecureMember(m.index, b"", b"")
                      for m in group.roster)
+
+    @staticmethod
+    def _own(group: SecureGroup, member: _Member) -> set[int]:
+        """The member and its neighbours: the only members whose keys and fate it needs."""
+        return {member.index, *group.graph.get(member.index, ())}
 
     async def share(self, request: SecureShareRequest) -> SecureShareReply:
         """Phase 2: hand in the encrypted shares; answered with those sent to the caller."""
@@ -365,13 +370,17 @@ class SecureDesk:
 
     def masked_reply(self, group: SecureGroup, member: _Member, client_id: str,
                      task_id: str) -> SecureMaskedReply:
-        """Phase 3's answer, once it closed (refused to a member whose update came late)."""
-        assert group.request is not None
-        if member.index not in group.request.survivors:
+        """Phase 3's answer, once it closed (refused to a member whose update came late): who
+        of the member and its neighbours delivered and who dropped, all it answers for."""
+        request = group.request
+        assert request is not None
+        if member.index not in request.survivors:
             raise self._left_out(client_id, task_id, member, UpdateRefused(
                 "this client's masked update came after the phase closed",
                 RefusalCode.TASK_CLOSED))
-        return group.request
+        own = self._own(group, member)
+        return SecureMaskedReply(tuple(i for i in request.survivors if i in own),
+                                 tuple(i for i in request.dropped if i in own))
 
     def _add_masked(self, group: SecureGroup, member: _Member, data: bytes) -> None:
         try:

@@ -259,9 +259,10 @@ def test_secure_round_survives_dropouts_and_keeps_updates_private(
 def test_secagg_plus_over_grpc_sends_each_member_only_its_neighbours_keys(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A sparse graph (SecAgg+, 4 neighbours in a group of 7): each member's roster names
-    every member but carries keys for itself and its neighbours alone, so it grows with the
-    neighbours, not the group; a member that dies after sharing keys is unmasked from its
-    neighbours' shares and the sum of the others is exact."""
+    every member but carries keys for itself and its neighbours alone, and the masked phase's
+    answer names the fate of those alone, so both grow with the neighbours, not the group; a
+    member that dies after sharing keys is unmasked from its neighbours' shares and the sum of
+    the others is exact."""
     clients = 7
     rng = np.random.default_rng(11)
     trainers = [TowardTrainer(rng.uniform(-0.8, 0.8, DIM).astype(np.float32), examples=10)
@@ -273,14 +274,21 @@ def test_secagg_plus_over_grpc_sends_each_member_only_its_neighbours_keys(
         secure=SecureConfig(enabled=True, phase_s=PHASE_S, neighbours=4))
     server = CoordinatorServer(config, X0, EventLog(None), address="127.0.0.1:0")
     rosters: dict[int, tuple[Any, ...]] = {}
-    answer = SecureDesk.advertise_reply
+    fates: dict[int, Any] = {}
+    answer, masked_answer = SecureDesk.advertise_reply, SecureDesk.masked_reply
 
     def recorded(desk: SecureDesk, group: SecureGroup, *args: Any) -> Any:
         reply = answer(desk, group, *args)
         rosters[reply.index] = reply.members
         return reply
 
+    def recorded_fate(desk: SecureDesk, group: SecureGroup, member: Any, *args: Any) -> Any:
+        reply = masked_answer(desk, group, member, *args)
+        fates[member.index] = reply
+        return reply
+
     monkeypatch.setattr(SecureDesk, "advertise_reply", recorded)
+    monkeypatch.setattr(SecureDesk, "masked_reply", recorded_fate)
 
     async def main() -> list[Any]:
         async with server:
@@ -298,6 +306,12 @@ def test_secagg_plus_over_grpc_sends_each_member_only_its_neighbours_keys(
         assert [m.index for m in members] == list(range(clients))
         keyed = {m.index for m in members if m.cipher_public and m.mask_public}
         assert keyed == {index, *graph[index]}, index
+    # after the masked phase each member hears the fate of itself and its neighbours alone
+    dead = set(range(clients)) - set(fates)  # the dying client's index (by joining order)
+    assert len(dead) == 1
+    for index, fate in fates.items():
+        own = {index, *graph[index]}
+        assert set(fate.survivors) == own - dead and set(fate.dropped) == own & dead, index
     engine = server.service.engine
     assert engine.version == 1
     delivered = [d for i, d in enumerate(deltas) if i != 2]
