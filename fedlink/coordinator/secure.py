@@ -169,7 +169,7 @@ class SecureGroup:
                                                                  for _ in range(4)])
     roster: tuple[SecureMember, ...] = ()
     graph: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    """Each member's neighbours (by index): whose keys its roster carries."""
+    """Each member's neighbours (by index): whose keys and fate it is told."""
     adverts: list[AdvertiseKeys] = field(default_factory=list)
     sharers: frozenset[int] = frozenset()
     delivered: set[int] = field(default_factory=set)
