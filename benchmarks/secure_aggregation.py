@@ -91,9 +91,8 @@ charges secure rounds what gRPC does, relative to plain ones).
 ``--quick``: 100), in virtual mode: ``examples/population_1m.toml`` (synthetic clients
 training a softmax regression at a device's pace, the mixed poor fleet) with ten times the
 cohort in clients, always online, 6 versions of ``cohort`` updates each (``COHORT_VERSIONS``),
-plain as it is and
-secure in groups of the cohort over SecAgg+ (``COHORT_NEIGHBOURS``, 16 neighbours), fp32 before
-encoding, ``quorum`` ``COHORT_QUORUM`` (0.95). Per cohort ``n``:
+plain as it is and secure in groups of the cohort over SecAgg+ (``COHORT_NEIGHBOURS``, 16
+neighbours), fp32 before encoding, ``quorum`` ``COHORT_QUORUM`` (0.95). Per cohort ``n``:
 ``cohort<n>_<plain|secure>_seconds_per_version`` (model seconds) and their ratio
 ``cohort<n>_secure_over_plain_seconds``, with ``_wait_all`` the same at quorum 1;
 ``cohort<n>_roster_bytes_per_member`` (the advertise answer), and a delivering member's bytes
@@ -130,9 +129,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import parse_args, report
 
-from fedlink.client.feedback import ErrorFeedback
-from fedlink.compress import get_codec
+from fedlink.client.pipeline import UpdatePipeline
 from fedlink.config import load_toml
+from fedlink.coordinator.secure import PHASE_NAMES
 from fedlink.experiment.config import ExperimentConfig
 from fedlink.privacy.accounting import epsilon
 from fedlink.privacy.clipping import clip_to_norm
@@ -337,29 +336,27 @@ class CompressedMean:
 
 @dataclass
 class PlainCodecMean:
-    """The float mean of the clients' deltas, each sent in the plain codec ``codec`` at
-    ``density`` with error feedback, as a plain client's pipeline sends a biased codec's
-    update: the compressed plain uplink that group random-k is measured against."""
+    """The float mean of the clients' deltas, each sent through a plain client's own update
+    pipeline in the codec ``codec`` at ``density`` (with error feedback, on for a biased
+    codec): the compressed plain uplink that group random-k is measured against."""
 
     codec: str
     density: float
     bytes_up: list[float] = field(default_factory=list)
-    feedback: dict[int, ErrorFeedback] = field(default_factory=dict)
+    pipelines: dict[int, UpdatePipeline] = field(default_factory=dict)
 
     def __call__(self, deltas: list[np.ndarray], r: int) -> np.ndarray:
-        """One round: each client encodes its delta plus its residual and keeps what the
-        encoding lost; the mean of what the coordinator decodes."""
-        codec = get_codec(self.codec, density=self.density)
+        """One round: each client's pipeline encodes its delta (keeping what the encoding
+        lost); the mean of what the coordinator decodes."""
         rng = np.random.default_rng([SEED, r])
         decoded, sizes = [], []
         for i, delta in enumerate(deltas):
-            feedback = self.feedback.setdefault(i, ErrorFeedback())
-            accumulated = feedback.accumulate(delta.astype(np.float32))
-            encoded = codec.encode(accumulated, rng)
-            sent = codec.decode(encoded.data, encoded.params, accumulated.size)
-            feedback.record(accumulated, sent)
-            decoded.append(sent.astype(np.float64))
-            sizes.append(len(encoded.data))
+            pipeline = self.pipelines.setdefault(i, UpdatePipeline.from_names(
+                compression=self.codec, compression_options={"density": self.density}))
+            payload = pipeline.compress(delta.astype(np.float32), rng, checksums=False)
+            decoded.append(pipeline.codec.decode(payload.data, payload.header.codec_params,
+                                                 delta.size).astype(np.float64))
+            sizes.append(len(payload.data))
         self.bytes_up.append(statistics.median(sizes))
         return np.mean(decoded, axis=0)
 
@@ -473,20 +470,28 @@ QUICK_TTA_SEEDS = TTA_SEEDS[:5]
 """``--quick``'s seeds."""
 
 
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    """A run's event log, as records."""
+    with open(run_dir / "events.jsonl", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def _first_at_target(events: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
+    """The first flush whose version reached ``target`` accuracy (``None``: none did)."""
+    return next((e for e in events if e.get("kind") == "flush"
+                 and (e.get("accuracy") or 0.0) >= target), None)
+
+
 def _time_to_target(table: dict[str, Any],
                     workdir: Path) -> tuple[float, int, dict[str, Any]]:
     """Model seconds from the start to the first version at the run's target accuracy
     (infinity when none reaches it), that version's number (0: none) and the run's summary."""
     config = ExperimentConfig.from_dict(table)
     result = run_virtual(config, workdir, progress=False, report=False)
-    target = config.run.target_accuracy
-    with open(result.run_dir / "events.jsonl", encoding="utf-8") as f:
-        for line in f:
-            event = json.loads(line)
-            if event.get("kind") == "flush" and (event.get("accuracy") or 0.0) >= target:
-                return float(event["model_seconds"]), int(event["model_version"]), \
-                    result.summary
-    return math.inf, 0, result.summary
+    hit = _first_at_target(_events(result.run_dir), config.run.target_accuracy)
+    if hit is None:
+        return math.inf, 0, result.summary
+    return float(hit["model_seconds"]), int(hit["model_version"]), result.summary
 
 
 DEMO_QUORUM = 0.75
@@ -557,11 +562,9 @@ def _grpc_time_to_target(table: dict[str, Any], workdir: Path) -> float:
     table = {**table, "run": {**table["run"], "mode": "grpc"}}
     config = ExperimentConfig.from_dict(table)
     result = run_simulation(config, workdir, progress=False)
-    with open(result.run_dir / "events.jsonl", encoding="utf-8") as f:
-        events = [json.loads(line) for line in f]
-    start = first_task_elapsed(events)
-    return next((float(e["elapsed"]) - start for e in events if e.get("kind") == "flush"
-                 and (e.get("accuracy") or 0.0) >= config.run.target_accuracy), math.inf)
+    events = _events(result.run_dir)
+    hit = _first_at_target(events, config.run.target_accuracy)
+    return math.inf if hit is None else float(hit["elapsed"]) - first_task_elapsed(events)
 
 
 def secure_time_to_accuracy_grpc(seeds: tuple[int, ...]) -> dict[str, Any]:
@@ -614,8 +617,7 @@ def _round_seconds(mode: str, secure: bool, workdir: Path) -> float:
 
     result = run_simulation(ExperimentConfig.from_dict(_fidelity_table(mode, secure)),
                             workdir, progress=False)
-    with open(result.run_dir / "events.jsonl", encoding="utf-8") as f:
-        flushes = [e for e in map(json.loads, f) if e.get("kind") == "flush"]
+    flushes = [e for e in _events(result.run_dir) if e.get("kind") == "flush"]
     times = [e["model_seconds"] if mode == "virtual" else e["t"] for e in flushes]
     return statistics.median(b - a for a, b in itertools.pairwise(times))
 
@@ -697,9 +699,9 @@ def _cohort_figures(n: int, plain: dict[str, Any], secure: dict[str, Any],
         f"cohort{n}_roster_bytes_per_member": secure["secure_advertise_bytes_down"]
         / secure["secure_advertise_round_trips"],
         f"cohort{n}_secure_bytes_up_per_member": sum(
-            secure[f"secure_{p}_bytes_up"] for p in PHASES) / members,
+            secure[f"secure_{p}_bytes_up"] for p in PHASE_NAMES.values()) / members,
         f"cohort{n}_secure_bytes_down_per_member": sum(
-            secure[f"secure_{p}_bytes_down"] for p in PHASES) / members,
+            secure[f"secure_{p}_bytes_down"] for p in PHASE_NAMES.values()) / members,
         f"cohort{n}_plain_bytes_up_per_update": plain["bytes_up"] / plain["updates_accepted"],
         f"cohort{n}_secure_groups_lost": secure["secure_groups_lost"],
         f"cohort{n}_secure_wall_s": secure["wall"]}
@@ -717,8 +719,6 @@ def secure_cohorts(cohorts: tuple[int, ...]) -> dict[str, Any]:
                                        _cohort_run(n, 1.0, Path(workdir)))
     return figures
 
-
-PHASES = ("advertise", "share", "masked", "unmask")
 
 
 def main() -> None:
