@@ -285,8 +285,7 @@ def _dropped_corrupt_model(record: RunRecord, task_id: str, corrupted_at: float
     a task for other reasons too): the client must not keep that model either, so the next
     task on the same version that it answers must come with the model again (downloaded or
     inline), not from what the client held."""
-    offered = record.log.of("GetTask")
-    version = next(c.fields["model_version"] for c in offered
+    version = next(c.fields["model_version"] for c in record.log.of("GetTask")
                    if c.fields.get("task_id") == task_id)
     for later in record.log.after(corrupted_at):
         other = later.fields.get("task_id")

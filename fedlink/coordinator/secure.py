@@ -93,8 +93,7 @@ from fedlink.secagg import (
     UnmaskShares,
     weighted_mean,
 )
-from fedlink.secagg.crypto import KEY_BYTES
-from fedlink.secagg.graph import neighbours
+from fedlink.secagg.base import KEY_BYTES
 from fedlink.secagg.packing import packed_size, unpack
 from fedlink.secagg.sparse import group_indices, masked_size, scatter
 
@@ -518,8 +517,7 @@ class SecureDesk:
         roster = group.sum.collect_keys(a for a in group.adverts if a.client in kept)
         # a member shares its secrets among its neighbours, at least 2 of them (Shamir): a
         # roster too small for that is lost here, not by its members' failing to share
-        graph = neighbours([a.client for a in roster], group.config.neighbours,
-                           group.number)
+        graph = group.sum.graph  # kept on the group: its sum is dropped once it flushes
         few = min(len(n) for n in graph.values())
         if few < 2:
             raise SecAggError(f"{len(roster)} members advertised keys: a member with {few} "

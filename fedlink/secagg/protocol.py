@@ -178,6 +178,11 @@ class SecureSum:
         """The clients whose shares phase 2 has taken so far."""
         return frozenset(self._sharers)
 
+    @property
+    def graph(self) -> dict[int, tuple[int, ...]]:
+        """Each client's neighbours, once phase 1 closed (empty before)."""
+        return dict(self._graph)
+
     def collect_keys(self, adverts: Iterable[AdvertiseKeys]) -> list[AdvertiseKeys]:
         """Phase 1: the roster every client of phase 2 gets (clients in id order)."""
         for advert in adverts:
