@@ -593,7 +593,8 @@ class SecureConfig:
     exchanging keys while they train (stale
     members discounted by the staleness weight; the flush rule's ``max_staleness`` and
     ``min_updates`` bind a group as a flush); the coordinator learns only the group's sum.
-    Clients clip every coordinate of their update to ``[-clip, clip]`` and send it as
+    Clients clip every coordinate of their update to ``[-clip, clip]`` (``clip`` at least 1:
+    the update's weight, up to 1, travels as one more value) and send it as
     integers in Z_m, ``m = 2**modulus_bits``, ``quantization_bits`` per value (unset: the
     most the modulus allows for a group of ``flush.goal``). ``neighbours``: SecAgg+'s sparse
     graph (0: every other member). ``threshold``: the fraction of a client's neighbours whose
@@ -647,6 +648,7 @@ class SecureConfig:
                 f"must be >= 0 (0: no distributed DP), got {self.noise_multiplier}")
         if self.noise_multiplier == 0:
             self._refuse_unused_ddp()
+            self._refuse_small_clip()
         require(math.isfinite(self.phase_s) and self.phase_s > 0, "coordinator.secure.phase_s",
                 f"must be > 0 seconds, got {self.phase_s}")
         require(math.isfinite(self.quorum) and 0 < self.quorum <= 1,
@@ -654,6 +656,14 @@ class SecureConfig:
                 f"{self.quorum}")
         require(math.isfinite(self.density) and 0 < self.density <= 1,
                 "coordinator.secure.density", f"must be in (0, 1], got {self.density}")
+
+    def _refuse_small_clip(self) -> None:
+        """A member's weight (up to 1) travels as the last value of its masked update, clipped
+        like the others: below 1 it would be cut, and every flush scaled by ``1 / clip``."""
+        require(math.isfinite(self.clip) and self.clip >= 1, "coordinator.secure.clip",
+                f"must be at least 1, got {self.clip}: a member's weight (up to 1) travels as "
+                f"the last value of its masked update, clipped like the others (for a finer "
+                f"step, raise modulus_bits)")
 
     def _refuse_unused_ddp(self) -> None:
         """Distributed-DP settings without its noise would be recorded and never applied."""

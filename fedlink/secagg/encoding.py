@@ -10,7 +10,9 @@ the step); the error of a sum of ``count`` values has standard deviation at most
 ``step * sqrt(count) / 2``.
 
 A weighted mean travels as ``[w * update, w]`` with ``w`` in ``[0, 1]``: the sum's last
-coordinate is the total weight, and ``weighted_mean`` divides by it.
+coordinate is the total weight, and ``weighted_mean`` divides by it. ``w`` is clipped like every
+other value, so a weighted sum needs ``clip`` at least 1 (``encode_weighted`` refuses a weight
+beyond it).
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ def encode_weighted(update: np.ndarray, weight: float, config: SecAggConfig,
     """``[weight * update, weight]`` encoded (``weight`` in ``[0, 1]``)."""
     if not 0.0 <= weight <= 1.0:
         raise SecAggError(f"a secure update's weight is a fraction in [0, 1], got {weight}")
+    if weight > config.clip:  # it would be clipped, and every mean scaled by 1 / clip
+        raise SecAggError(f"a weight of {weight} does not fit the ring's range [-{config.clip}, "
+                          f"{config.clip}]: a weighted sum needs clip >= 1")
     return encode(np.append(np.asarray(update, np.float64) * weight, weight), config, rng)
 
 

@@ -444,6 +444,16 @@ def test_secure_settings_that_need_individual_updates_are_refused() -> None:
             CoordinatorConfig(**{**plain, **change})
 
 
+def test_a_clip_below_one_is_refused_because_the_weight_rides_in_the_masked_update() -> None:
+    # [w * update, w] is clipped as a whole: with clip 0.5 a weight of 1 would arrive as 0.5
+    # and every flush would be twice the members' mean
+    SecureConfig(enabled=True, clip=1.0)
+    SecureConfig(enabled=True, clip=4.0)
+    for clip in (0.5, 0.1, float("nan")):
+        with pytest.raises(ConfigError, match=r"coordinator\.secure\.clip.*at least 1"):
+            SecureConfig(enabled=True, clip=clip)
+
+
 def test_a_group_random_k_density_is_refused_out_of_range_or_without_secure_groups() -> None:
     plain = {"robust": RobustConfig(enabled=False), "norm_bound_adaptive": False}
     CoordinatorConfig(**plain, secure=SecureConfig(enabled=True, density=0.1))

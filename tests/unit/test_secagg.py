@@ -20,6 +20,7 @@ from fedlink.secagg import (
     crypto,
     decode_sum,
     encode,
+    encode_weighted,
     run_round,
     shamir,
     weighted_mean,
@@ -104,6 +105,18 @@ def test_encoding_is_unbiased_and_the_sum_decodes_exactly() -> None:
     total = sum(encode(values, config, rng).values for _ in range(10))
     decoded = decode_sum(total, 10, config)
     assert np.allclose(decoded, 10 * np.clip(values, -1, 1), atol=10 * config.step)
+
+
+def test_a_weighted_update_decodes_to_its_mean_and_a_weight_beyond_the_clip_is_refused() -> None:
+    config = SecAggConfig(max_clients=10)
+    rng = np.random.default_rng(1)
+    updates, weights = [np.full(4, 0.02), np.full(4, 0.06)], [1.0, 0.5]
+    total = sum(encode_weighted(u, w, config, rng).values for u, w in zip(updates, weights))
+    mean, weight = weighted_mean(total, 2, config)
+    assert np.allclose(mean, (0.02 + 0.5 * 0.06) / 1.5, atol=4 * config.step)
+    assert abs(weight - 1.5) < 2 * config.step
+    with pytest.raises(SecAggError, match="clip >= 1"):
+        encode_weighted(updates[0], 1.0, SecAggConfig(max_clients=10, clip=0.5), rng)
 
 
 def test_config_refuses_a_modulus_that_cannot_hold_the_sum() -> None:
