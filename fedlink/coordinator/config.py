@@ -887,6 +887,11 @@ class CoordinatorConfig:
                 f"{deadline} s leaves no room for the four secure phases (two beside training, "
                 f"two after it): at least 4 x coordinator.secure.phase_s "
                 f"({4 * self.secure.phase_s} s), or lower phase_s")
+        require(bool(deadline or self.limits.max_task_s), "coordinator.flush.deadline_s",
+                "a secure group's masked phase waits for its first update at most "
+                "flush.deadline_s (else limits.max_task_s): with both off, a group whose "
+                "members all died after sharing would never end, and every later group would "
+                "count it as ahead of it; set either")
         try:
             self.secagg()
         except ConfigError as exc:

@@ -143,6 +143,8 @@ class _Member:
     num_examples: int = 0
     steps_completed: int = 0
     steps_planned: int = 0
+    refused: UpdateRefused | None = None
+    """Why the member was left out of the roster (too stale), whatever became of the group."""
 
 
 @dataclass
@@ -273,11 +275,8 @@ class SecureDesk:
                         task_id: str) -> SecureAdvertiseReply:
         """Phase 1's answer, once the roster is final: the roster and the member's weight
         (refused to a member that grew staler than ``flush.max_staleness`` meanwhile)."""
-        if group.too_stale.get(client_id) is member:
-            raise self._left_out(client_id, task_id, member, UpdateRefused(
-                f"this task's update would be {member.staleness} versions stale when secure "
-                f"group {group.number} flushes (max_staleness "
-                f"{self.config.flush.max_staleness})", RefusalCode.TOO_STALE))
+        if member.refused is not None:
+            raise member.refused
         return SecureAdvertiseReply(member.index, group.number, group.number,
                                     self._roster_for(group, member), member.weight)
 
@@ -461,8 +460,18 @@ class SecureDesk:
                     member: _Member) -> None:
         """Until ``phase`` closes; refused when the group was lost meanwhile."""
         await group.closed[phase].wait()
-        if group.lost:
-            raise group.lost_refusal()
+        refusal = self.refusal(group, member)
+        if refusal is not None:
+            raise refusal
+
+    @staticmethod
+    def refusal(group: SecureGroup, member: _Member) -> UpdateRefused | None:
+        """Why ``member``'s call is refused once its phase closed (``None``: it is answered):
+        left out of the roster as too stale, even if the group was lost after, else the
+        group's loss."""
+        if member.refused is not None:
+            return member.refused
+        return group.lost_refusal() if group.lost else None
 
     def _arm(self, group: SecureGroup, seconds: float | None = None) -> None:
         """The deadline of the group's current phase, ``seconds`` from now (default:
@@ -539,6 +548,10 @@ class SecureDesk:
             member.staleness = max(0, onto - member.base_version)
             if member.staleness > self.config.flush.max_staleness:
                 group.too_stale[client_id] = group.members.pop(client_id)
+                member.refused = self._left_out(client_id, member.task_id, member, UpdateRefused(
+                    f"this task's update would be {member.staleness} versions stale when "
+                    f"secure group {group.number} flushes (max_staleness "
+                    f"{self.config.flush.max_staleness})", RefusalCode.TOO_STALE))
                 continue
             member.weight = self.engine.staleness_weight(member.staleness)
             if not 0.0 < member.weight <= 1.0:  # a sum carries weights in (0, 1] only

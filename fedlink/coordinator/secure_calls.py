@@ -9,8 +9,8 @@ only when secure aggregation is on: it needs the ``secagg`` extra (``cryptograph
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fedlink.clock import Clock
 from fedlink.coordinator.admission import CallerCheck
@@ -37,6 +37,8 @@ from fedlink.refusals import RefusalCode
 
 if TYPE_CHECKING:
     from fedlink.coordinator.secure import SecureDesk
+
+T = TypeVar("T")
 
 
 class SecureCalls:
@@ -69,22 +71,31 @@ class SecureCalls:
 
     async def advertise(self, request: SecureAdvertiseRequest) -> SecureAdvertiseReply:
         """Secure phase 1 (``SecureDesk.advertise``)."""
-        return await self._desk_for(request.client_id).advertise(request)
+        return await self._durable_refusal(self._desk_for(request.client_id).advertise(request))
 
     async def share(self, request: SecureShareRequest) -> SecureShareReply:
         """Secure phase 2 (``SecureDesk.share``)."""
-        return await self._desk_for(request.client_id).share(request)
+        return await self._durable_refusal(self._desk_for(request.client_id).share(request))
 
     async def masked(self, request: SecureMaskedRequest) -> SecureMaskedReply:
         """Secure phase 3 (``SecureDesk.masked``)."""
-        return await self._desk_for(request.client_id).masked(request)
+        return await self._durable_refusal(self._desk_for(request.client_id).masked(request))
 
     async def unmask(self, request: SecureUnmaskRequest) -> SecureUnmaskReply:
         """Secure phase 4 (``SecureDesk.unmask``); the group's flush is durable before it
         answers."""
-        reply = await self._desk_for(request.client_id).unmask(request)
+        reply = await self._durable_refusal(self._desk_for(request.client_id).unmask(request))
         await self._state.sync()
         return reply
+
+    async def _durable_refusal(self, call: Awaitable[T]) -> T:
+        """``call``'s answer; a refusal only once what it changed (a task it closed, and the
+        ``update_refused`` event) is durable, as a refused ``Commit`` is."""
+        try:
+            return await call
+        except UpdateRefused:
+            await self._state.sync()
+            raise
 
     def _desk_for(self, client_id: str) -> SecureDesk:
         self._callers.admit(client_id)

@@ -439,7 +439,10 @@ def test_secure_settings_that_need_individual_updates_are_refused() -> None:
                         (dict(flush=FlushRule(continuous=True, deadline_s=None)), "continuous"),
                         (dict(drop_partial=True), "drop_partial"),
                         (dict(flush=FlushRule(deadline_s=30.0)), "flush.deadline_s"),
-                        (dict(flush=FlushRule(goal=2, deadline_s=None)), "flush.goal")):
+                        (dict(flush=FlushRule(goal=2, deadline_s=None)), "flush.goal"),
+                        # the masked phase would wait for ever for a group that died
+                        (dict(flush=FlushRule(deadline_s=None),
+                              limits=LimitsConfig(max_task_s=0)), "flush.deadline_s")):
         with pytest.raises(ConfigError, match=re.escape(key)):
             CoordinatorConfig(**{**plain, **change})
 

@@ -206,8 +206,9 @@ class VirtualSecure:
             return
         client_id, task_id = self.loop.client_id(busy.index), busy.task.task_id
         try:
-            if group.lost:
-                raise group.lost_refusal()
+            refusal = self.desk.refusal(group, state.member)
+            if refusal is not None:
+                raise refusal
             reply = self._REPLIES[phase](self.desk, group, state.member, client_id, task_id)
         except RemoteError as err:
             self._refused(state, err)
