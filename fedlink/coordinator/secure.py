@@ -31,7 +31,9 @@ still in it has answered or the phase's deadline has passed:
    (a slow member's update is in the sum whatever it answers), or ``phase_s`` after it
    opened; the sum is unmasked (the pairwise masks of dropped clients removed from their
    neighbours' shares) and flushed as the next version (``RoundEngine.submit_sum``); groups
-   flush in the order they finish.
+   flush in the order they formed: one whose unmasking could close waits for the groups
+   ahead of it, whose versions its members' staleness counted (one of them lost: its
+   members are recorded with the staleness they had when folded, below the one weighed).
 
 A masked update larger than ``inline_bytes`` arrives as a resumable upload (``Upload``,
 ``UploadStatus``) that ``SecureMasked`` names; it is taken and settled like a committed one.
@@ -166,6 +168,8 @@ class SecureGroup:
     run_over: bool = False
     """Lost because the run ended."""
     flushed_version: int = 0
+    ready: bool = False
+    """Its unmasking could close, but a group ahead of it has not flushed yet."""
     closed: list[asyncio.Event] = field(default_factory=lambda: [asyncio.Event()
                                                                  for _ in range(4)])
     roster: tuple[SecureMember, ...] = ()
@@ -492,8 +496,13 @@ class SecureDesk:
         return self.config.flush.deadline_s or self.config.limits.max_task_s or math.inf
 
     def _close(self, group: SecureGroup, phase: int) -> None:
-        """Close ``phase`` (at most once) and open the next, or lose the group."""
+        """Close ``phase`` (at most once) and open the next, or lose the group. A group's
+        unmasking closes (and its sum flushes) only after every group ahead of it is done:
+        its members' staleness was counted onto the versions those groups make."""
         if group.phase != phase:
+            return
+        if phase == UNMASK and self._ahead(group):
+            group.ready = True  # _flush_next closes it once the groups ahead are done
             return
         try:
             self._CLOSERS[phase](self, group)
@@ -514,6 +523,20 @@ class SecureDesk:
             self._retire(group)
         if self.on_phase is not None:
             self.on_phase(group, phase)
+        if group.phase == DONE:
+            self._flush_next()
+
+    def _ahead(self, group: SecureGroup) -> bool:
+        """Whether a group formed before ``group`` is still going."""
+        return any(g.number < group.number and g.phase < DONE for g in self._groups.values())
+
+    def _flush_next(self) -> None:
+        """The oldest group still going flushes now if its unmasking was ready to close."""
+        if self.engine.finished:  # _end_run loses every group still going
+            return
+        oldest = next((g for g in self._groups.values() if g.phase < DONE), None)
+        if oldest is not None and oldest.phase == UNMASK and oldest.ready:
+            self._close(oldest, UNMASK)
 
     def _close_advertise(self, group: SecureGroup) -> None:
         self._forming = None  # whoever comes next starts the next group
@@ -596,8 +619,9 @@ class SecureDesk:
         total, count = group.sum.finish(group.answers.values())
         mean, weight = self._mean(group, total, count, survivors)
         mean = self._full(group, mean)
+        # staleness as folded: below the one weighed when a group counted ahead was lost
         tasks = [SummedTask(c, m.task_id, m.num_examples, m.steps_completed, m.steps_planned,
-                            m.bytes_up, m.staleness, m.weight)
+                            m.bytes_up, self.engine.version - m.base_version, m.weight)
                  for c, m in group.members.items() if m.index in survivors]
         with self._durably():  # the new version and its events, journalled together
             outcome = self.engine.submit_sum(tasks, mean.astype(np.float32), weight)
@@ -665,6 +689,7 @@ class SecureDesk:
             event.set()
         if self.on_phase is not None:
             self.on_phase(group, phase)
+        self._flush_next()
 
     def _retire(self, group: SecureGroup) -> None:
         """``group`` is done: its timer stops, and the oldest finished groups beyond

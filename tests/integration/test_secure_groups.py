@@ -119,3 +119,48 @@ def test_members_left_out_too_stale_are_told_so_even_when_that_loses_their_group
             service.close()
 
     run_async(main(), timeout=20)
+
+
+def test_a_group_ready_first_flushes_after_the_group_ahead_of_it(tmp_path: Path) -> None:
+    """Group 2 forms while group 1 still trains, so its members' staleness counts group 1's
+    version as ahead of theirs (one version stale, weight 1/2 under ``polynomial``, a = 1).
+    Group 2 unmasks first; its sum waits for group 1's, so every member is folded exactly as
+    stale as it was weighed, and never beyond ``max_staleness`` (before, group 2 flushed first
+    as version 1 recorded a version stale, and group 1 then counted as fresh)."""
+    config = dataclasses.replace(group_config(tmp_path / "state", over_selection=2.0,
+                                              max_staleness=1),
+                                 staleness_weight="polynomial",
+                                 staleness_weight_options={"a": 1.0})
+
+    async def main() -> None:
+        events = EventLog(None)
+        service = CoordinatorService(config, np.zeros(DIM, np.float32), events)
+        driver = Driver(service)
+        try:
+            first = await driver.clients(["a0", "a1", "a2"])
+            await driver.advertise(first)
+            await driver.share(first)  # group 1 trains on
+            second = await driver.clients(["b0", "b1", "b2"])
+            await driver.advertise(second)
+            await driver.share(second)
+            await driver.masked(second, [0.3, 0.3, 0.3])
+            unmasked = asyncio.ensure_future(driver.unmask(second))
+            for _ in range(20):  # its answers are in: it would flush now if it went first
+                await asyncio.sleep(0)
+            assert not unmasked.done() and service.engine.version == 0
+            await driver.masked(first, [0.1, 0.1, 0.1])
+            assert not any(isinstance(r, BaseException) for r in await driver.unmask(first))
+            assert [r.flushed_version for r in await unmasked] == [2, 2, 2]
+            by_client = {e.client_id: e for e in events.of_kind("update_accepted")}
+            for member in first:
+                assert (by_client[member.client_id].staleness,
+                        by_client[member.client_id].weight) == (0, 1.0)
+            for member in second:
+                assert (by_client[member.client_id].staleness,
+                        by_client[member.client_id].weight) == (1, 0.5)
+            # version 1 is group 1's mean, version 2 adds group 2's
+            assert np.allclose(service.engine.model, 0.1 + 0.3, atol=1e-3)
+        finally:
+            service.close()
+
+    run_async(main(), timeout=20)
