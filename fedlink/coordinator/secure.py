@@ -162,6 +162,7 @@ class SecureGroup:
     members: dict[str, _Member] = field(default_factory=dict)
     too_stale: dict[str, _Member] = field(default_factory=dict)
     phase: int = ADVERTISE
+    next_index: int = 0
     lost: str = ""
     lost_at: int = DONE
     """The phase the group was lost at (``DONE``: it was not)."""
@@ -190,6 +191,31 @@ class SecureGroup:
         if self.run_over:
             reason = RefusalCode.RUN_OVER
         return UpdateRefused(f"secure group {self.number} was lost: {self.lost}", reason)
+
+    def advertised(self, member: _Member, request: SecureAdvertiseRequest) -> bool:
+        """Whether ``request`` brings the keys ``member`` advertised (a retry)."""
+        keys = (request.cipher_public, request.mask_public)
+        if self.phase == ADVERTISE:
+            return any(a.client == member.index and (a.cipher_public, a.mask_public) == keys
+                       for a in self.adverts)
+        return any(m.index == member.index and (m.cipher_public, m.mask_public) == keys
+                   for m in self.roster)
+
+    def keep_keys(self, member: _Member, request: SecureAdvertiseRequest) -> bool:
+        """Whether ``member`` stays in the group with ``request``'s keys: they are the keys it
+        advertised (a retry), or new ones while the roster is open, which replace them."""
+        if self.advertised(member, request):
+            return True
+        if self.phase != ADVERTISE:
+            return False
+        self.drop_advert(member.index)
+        self.adverts.append(AdvertiseKeys(member.index, request.cipher_public,
+                                          request.mask_public))
+        return True
+
+    def drop_advert(self, index: int) -> None:
+        """Forget the keys member ``index`` advertised (the roster is not closed yet)."""
+        self.adverts = [a for a in self.adverts if a.client != index]
 
     def rekeyed(self, member: _Member) -> bool:
         """Whether ``member`` was left out of the group before its masked phase because it
@@ -246,24 +272,39 @@ class SecureDesk:
 
     async def advertise(self, request: SecureAdvertiseRequest) -> SecureAdvertiseReply:
         """Phase 1: join the group of the task's version; answered with the final roster."""
+        summed = self._summed_under_other_keys(request)
+        if summed is not None:  # answered once that sum is flushed (or lost), not in a loop
+            await summed.closed[UNMASK].wait()
         group, member = self.join(request)
         await self._wait(group, ADVERTISE, request.task_id, member)
         return self.advertise_reply(group, member, request.client_id, request.task_id)
 
     def join(self, request: SecureAdvertiseRequest) -> tuple[SecureGroup, _Member]:
-        """Phase 1's message: the caller joins the group now forming."""
+        """Phase 1's message: the caller joins the group now forming. The same keys again are
+        a retry, answered the same way; new keys for a task already in a group are a client
+        that lost its secrets (a restart): they replace the old ones while the roster is open,
+        after that the client is a dropout there and joins the group now forming, unless its
+        masked update is in that group's sum already (refused ``TASK_CLOSED``)."""
+        if len(request.cipher_public) != KEY_BYTES or len(request.mask_public) != KEY_BYTES:
+            raise InvalidArgument(f"public keys are {KEY_BYTES} bytes each")
         joined = self._of_task.get(request.task_id)
-        if joined is not None and not joined.lost:  # a retry: answered the same way
+        if joined is not None and not joined.lost:
             left_out = joined.too_stale.get(request.client_id)
             if left_out is not None and left_out.task_id == request.task_id:
                 return joined, left_out
             member = joined.member(request.client_id, request.task_id)
-            if not joined.rekeyed(member):
+            if not joined.rekeyed(member) and joined.keep_keys(member, request):
                 return joined, member
-        if len(request.cipher_public) != KEY_BYTES or len(request.mask_public) != KEY_BYTES:
-            raise InvalidArgument(f"public keys are {KEY_BYTES} bytes each")
+            if member.index in joined.delivered:
+                raise UpdateRefused(f"this task's masked update is in secure group "
+                                    f"{joined.number}'s sum already", RefusalCode.TASK_CLOSED)
         group, base_version = self._forming_group(request.client_id, request.task_id)
-        member = _Member(len(group.members), request.task_id, base_version)
+        earlier = group.members.pop(request.client_id, None)
+        if earlier is not None:  # the client's earlier task closed while it waited here
+            group.drop_advert(earlier.index)
+            self._of_task.pop(earlier.task_id, None)
+        member = _Member(group.next_index, request.task_id, base_version)
+        group.next_index += 1
         group.members[request.client_id] = member
         self._of_task[request.task_id] = group
         group.adverts.append(AdvertiseKeys(member.index, request.cipher_public,
@@ -421,6 +462,16 @@ class SecureDesk:
         return group, member
 
     # -- the group's phases ---------------------------------------------------------------
+
+    def _summed_under_other_keys(self, request: SecureAdvertiseRequest) -> SecureGroup | None:
+        """The group whose sum holds the masked update of ``request``'s task when ``request``
+        brings other keys than the member advertised there (its client restarted)."""
+        group = self._of_task.get(request.task_id)
+        member = None if group is None else group.members.get(request.client_id)
+        if (group is None or member is None or member.task_id != request.task_id
+                or group.lost or member.index not in group.delivered):
+            return None
+        return None if group.advertised(member, request) else group
 
     def _forming_group(self, client_id: str, task_id: str) -> tuple[SecureGroup, int]:
         """The group now taking members (a new one when none is) and the version the

@@ -18,6 +18,7 @@ pytest.importorskip("cryptography")
 
 from fedlink.aggregate import RobustConfig
 from fedlink.client.secure import SecureDelivery
+from fedlink.clock import ManualClock
 from fedlink.coordinator import CoordinatorConfig, FlushRule, LimitsConfig
 from fedlink.coordinator.config import SecureConfig
 from fedlink.coordinator.service import CoordinatorService
@@ -29,14 +30,15 @@ from fedlink.refusals import RefusalCode
 DIM = 8
 
 
-def group_config(state_dir: Path, **flush: Any) -> CoordinatorConfig:
+def group_config(state_dir: Path, quorum: float = 1.0, **flush: Any) -> CoordinatorConfig:
     """Groups of 3 (at least 2 deliver), phases that never time out on their own."""
     rule = {"goal": 3, "min_updates": 2, "deadline_s": None, "max_staleness": 0, **flush}
     return CoordinatorConfig(
         rounds=10, flush=FlushRule(**rule),
         limits=LimitsConfig(long_poll_s=1.0, retry_after_s=0.05),
         robust=RobustConfig(enabled=False), norm_bound_adaptive=False,
-        secure=SecureConfig(enabled=True, phase_s=600.0), state_dir=str(state_dir))
+        secure=SecureConfig(enabled=True, phase_s=600.0, quorum=quorum),
+        state_dir=str(state_dir))
 
 
 class Driver:
@@ -51,13 +53,17 @@ class Driver:
         out = []
         for name in names:
             joined = await self.service.join(JoinRequest(name, num_examples=10))
-            task = await self.service.get_task(GetTaskRequest(joined.client_id, -1))
-            assert isinstance(task, Task), task
-            settings = self.calls.settings()
-            assert settings is not None
-            out.append(SecureDelivery(joined.client_id, task, settings,
-                                      self.service.engine.num_parameters))
+            out.append(await self.task_of(joined.client_id))
         return out
+
+    async def task_of(self, client_id: str) -> SecureDelivery:
+        """A delivery, with fresh keys, for the task ``client_id`` is handed now (its open
+        task again when it has one: what a restarted client process gets)."""
+        task = await self.service.get_task(GetTaskRequest(client_id, -1))
+        assert isinstance(task, Task), task
+        settings = self.calls.settings()
+        assert settings is not None
+        return SecureDelivery(client_id, task, settings, self.service.engine.num_parameters)
 
     async def advertise(self, members: Sequence[SecureDelivery]) -> list[Any]:
         replies = await asyncio.gather(*(self.calls.advertise(d.advertise()) for d in members),
@@ -160,6 +166,151 @@ def test_a_group_ready_first_flushes_after_the_group_ahead_of_it(tmp_path: Path)
                         by_client[member.client_id].weight) == (1, 0.5)
             # version 1 is group 1's mean, version 2 adds group 2's
             assert np.allclose(service.engine.model, 0.1 + 0.3, atol=1e-3)
+        finally:
+            service.close()
+
+    run_async(main(), timeout=20)
+
+
+async def until_waiting() -> None:
+    """Let every call made so far reach the point where it waits for its phase."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+def test_a_client_that_restarts_while_its_group_forms_is_in_the_roster_with_its_new_keys(
+        tmp_path: Path) -> None:
+    """c0 advertises, its process restarts (same client, same open task, fresh keys) and it
+    advertises again before the roster closes: the new keys replace the old ones, so its
+    neighbours mask against keys it holds (before, the roster kept the old keys: the shares
+    meant for c0 did not decrypt, and its neighbours' sessions ended on the error)."""
+    async def main() -> None:
+        service = CoordinatorService(group_config(tmp_path / "state"),
+                                     np.zeros(DIM, np.float32), EventLog(None))
+        driver = Driver(service)
+        try:
+            old, c1, c2 = await driver.clients(["c0", "c1", "c2"])
+            first = asyncio.ensure_future(driver.calls.advertise(old.advertise()))
+            await until_waiting()
+            first.cancel()  # the process died with its call
+            new = await driver.task_of(old.client_id)
+            assert new.task.task_id == old.task.task_id
+            members = [new, c1, c2]
+            await driver.advertise(members)
+            await driver.share(members)  # every share decrypts
+            await driver.masked(members, [0.1, 0.2, 0.3])
+            assert [r.flushed_version for r in await driver.unmask(members)] == [1, 1, 1]
+            assert np.allclose(service.engine.model, 0.2, atol=1e-3)
+        finally:
+            service.close()
+
+    run_async(main(), timeout=20)
+
+
+def test_a_client_that_restarts_after_sharing_is_a_dropout_there_and_joins_the_next_group(
+        tmp_path: Path) -> None:
+    """c0 shared its keys in group 1, then restarted: its fresh keys are not the roster's, so
+    it is a dropout in group 1 (unmasked from its neighbours' shares) and joins group 2, where
+    its update counts once."""
+    config = group_config(tmp_path / "state", goal=4, over_selection=2.0, max_staleness=1)
+    clock = ManualClock()
+
+    async def main() -> None:
+        service = CoordinatorService(config, np.zeros(DIM, np.float32), EventLog(None),
+                                     clock=clock)
+        driver = Driver(service)
+        try:
+            first = await driver.clients(["c0", "c1", "c2", "c3"])
+            await driver.advertise(first)
+            await driver.share(first)
+            restarted = await driver.task_of(first[0].client_id)
+            rejoined = asyncio.ensure_future(driver.advertise([restarted]))
+            await until_waiting()
+            assert not rejoined.done()  # waiting for group 2's roster, not group 1's
+            second = [restarted, *await driver.clients(["c4", "c5", "c6"])]
+            await driver.advertise(second[1:])
+            [roster] = await rejoined
+            assert roster.round_id == 2
+            await driver.share(second)
+            masked = asyncio.ensure_future(driver.masked(first[1:], [0.2, 0.4, 0.6]))
+            await until_waiting()
+            clock.advance(config.secure.phase_s)  # c0's masked update never comes to group 1
+            await masked
+            assert [r.flushed_version for r in await driver.unmask(first[1:])] == [1, 1, 1]
+            assert np.allclose(service.engine.model, 0.4, atol=1e-3)
+            await driver.masked(second, [0.2, 0.2, 0.2, 0.2])
+            assert [r.flushed_version for r in await driver.unmask(second)] == [2] * 4
+            assert np.allclose(service.engine.model, 0.6, atol=1e-3)
+        finally:
+            service.close()
+
+    run_async(main(), timeout=20)
+
+
+def test_a_client_that_restarts_after_its_masked_update_is_refused_once_its_sum_flushed(
+        tmp_path: Path) -> None:
+    """c0's masked update is in group 1's sum when it restarts and advertises fresh keys for
+    the same task: it is answered once that sum is flushed, refused ``TASK_CLOSED`` (its
+    update counts once), and the next task it is handed is a new one."""
+    async def main() -> None:
+        service = CoordinatorService(group_config(tmp_path / "state", goal=4),
+                                     np.zeros(DIM, np.float32), EventLog(None))
+        driver = Driver(service)
+        try:
+            members = await driver.clients(["c0", "c1", "c2", "c3"])
+            await driver.advertise(members)
+            await driver.share(members)
+            await driver.masked(members, [0.1, 0.2, 0.3, 0.2])
+            restarted = await driver.task_of(members[0].client_id)
+            again = asyncio.ensure_future(driver.calls.advertise(restarted.advertise()))
+            await until_waiting()
+            assert not again.done()
+            await driver.unmask(members[1:])  # c0's answer is not needed: its seed is shared
+            with pytest.raises(UpdateRefused, match="in secure group 1's sum") as refused:
+                await again
+            assert refused.value.reason is RefusalCode.TASK_CLOSED
+            assert service.engine.version == 1
+            assert np.allclose(service.engine.model, 0.2, atol=1e-3)
+        finally:
+            service.close()
+
+    run_async(main(), timeout=20)
+
+
+def test_a_client_that_joins_the_forming_group_with_a_second_task_replaces_its_first(
+        tmp_path: Path) -> None:
+    """``late`` waits in the forming group with a task of version 0 while two groups ahead
+    flush, so that task is too stale to be open; its restarted process is handed a new task
+    and advertises it into the same forming group. The new task takes the place of the old
+    one (before, the two entries shared an index and the whole group was lost)."""
+    config = group_config(tmp_path / "state", over_selection=4.0, max_staleness=1)
+
+    async def main() -> None:
+        events = EventLog(None)
+        service = CoordinatorService(config, np.zeros(DIM, np.float32), events)
+        driver = Driver(service)
+        try:
+            ahead = [await driver.clients([f"{g}{i}" for i in range(3)]) for g in "ab"]
+            for group in ahead:
+                await driver.advertise(group)
+                await driver.share(group)
+            [late] = await driver.clients(["late"])
+            waiting = asyncio.ensure_future(driver.calls.advertise(late.advertise()))
+            await until_waiting()
+            for group in ahead:
+                await driver.masked(group, [0.1, 0.1, 0.1])
+                await driver.unmask(group)
+            assert service.engine.version == 2
+            waiting.cancel()
+            restarted = await driver.task_of(late.client_id)
+            assert restarted.task.task_id != late.task.task_id
+            last = [restarted, *await driver.clients(["c0", "c1"])]
+            rosters = await driver.advertise(last)
+            assert sorted(r.index for r in rosters) == [1, 2, 3]  # index 0: the closed task
+            await driver.share(last)
+            await driver.masked(last, [0.3, 0.3, 0.3])
+            assert [r.flushed_version for r in await driver.unmask(last)] == [3, 3, 3]
+            assert events.of_kind("secure_group_lost") == []
         finally:
             service.close()
 
