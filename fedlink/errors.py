@@ -73,6 +73,10 @@ def excerpt(value: str, limit: int = 32) -> str:
     return repr(value) if len(value) <= limit else f"{value[:limit]!r}..."
 
 
+class SecAggError(FedlinkError):
+    """A secure round cannot go on (a message out of place, a share that does not decrypt)."""
+
+
 class RemoteError(FedlinkError):
     """An error that crosses the wire as a gRPC status code plus a human-readable detail."""
 

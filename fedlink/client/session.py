@@ -79,7 +79,14 @@ from fedlink.client.transfer import HeldModel, Transfers
 from fedlink.client.transport import Lanes, Timeouts, TLSOptions, Transport
 from fedlink.clock import Clock, RealClock, sleep_on
 from fedlink.config import require
-from fedlink.errors import ConfigError, RemoteError, Unauthenticated, UpdateRefused, WrongRun
+from fedlink.errors import (
+    ConfigError,
+    RemoteError,
+    SecAggError,
+    Unauthenticated,
+    UpdateRefused,
+    WrongRun,
+)
 from fedlink.messages import (
     EvaluationReport,
     GetTaskRequest,
@@ -325,6 +332,8 @@ class ClientSession:
                     # well as before the commit: either way the coordinator refuses, and the
                     # client moves on
                     action = protocol.heard(self._lost(task.task_id, err))
+                except SecAggError as err:
+                    action = protocol.heard(self._left_group(task.task_id, err))
         finally:
             beating.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -332,7 +341,7 @@ class ClientSession:
             if work.keys is not None and not work.keys.done():  # the task ended before
                 work.keys.cancel()
             if work.keys is not None:
-                with contextlib.suppress(asyncio.CancelledError, RemoteError):
+                with contextlib.suppress(asyncio.CancelledError, RemoteError, SecAggError):
                     await work.keys  # its outcome is the task's, already heard
         return action
 
@@ -499,6 +508,14 @@ class ClientSession:
                      task.task_id)
             return None
         return report
+
+    def _left_group(self, task_id: str, err: SecAggError) -> Lost:
+        """A roster or share this client cannot use (a neighbour's share that does not
+        decrypt): it leaves the group, which unmasks around it as around any dropout, and
+        checks in again (fresh keys for a later group) instead of ending the session."""
+        self.stats.failed += 1
+        log.warning("%s: task %s left its secure group: %s", self.client_id, task_id, err)
+        return Lost(f"secure aggregation: {err}")
 
     def _lost(self, task_id: str, err: RemoteError) -> Refused | Lost:
         """Count a task lost to ``err`` (re-raised when it must stop the session)."""

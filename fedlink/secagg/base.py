@@ -28,14 +28,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedlink.errors import ConfigError, FedlinkError
+from fedlink.errors import ConfigError, SecAggError
 
 KEY_BYTES = 32
 """Bytes of an X25519 key, public or private."""
-
-
-class SecAggError(FedlinkError):
-    """A secure round cannot go on (a message out of place, a share that does not decrypt)."""
 
 
 class SecAggAborted(SecAggError):

@@ -796,6 +796,50 @@ def test_a_quorum_closes_the_share_and_masked_phases_without_the_straggler(
         assert privacy["mode"] == "user_distributed" and privacy["sums_short_of_shares"] == 1
 
 
+class GarblesItsFirstShares(ClientSession):
+    """A client whose first shares arrive garbled (a buggy or hostile neighbour): zeroed
+    ciphertexts of the right size, which the coordinator cannot tell from good ones."""
+
+    garbled = False
+
+    async def _share_keys(self, secure: SecureDelivery) -> None:
+        request = secure.share()
+        if not self.garbled:
+            self.garbled = True
+            request = dataclasses.replace(request, shares=tuple(
+                dataclasses.replace(s, ciphertext=bytes(len(s.ciphertext)))
+                for s in request.shares))
+        secure.shared(await self._secure_call("Share", request, timed=False))
+
+
+def test_members_handed_a_share_that_does_not_decrypt_leave_the_group_and_go_on(
+        tmp_path: Path) -> None:
+    """c3's shares of its first task are garbled. Its neighbours cannot decrypt them: each
+    leaves that group (counted as a failed task) and checks in again for a later one, instead
+    of ending its session on the error, and the run makes its version from the later group."""
+    config = dataclasses.replace(secure_config(tmp_path / "state"),
+                                 flush=FlushRule(goal=4, min_updates=2, deadline_s=None))
+    server = CoordinatorServer(config, X0, EventLog(None), address="127.0.0.1:0")
+    trainers = [TowardTrainer(np.full(DIM, 0.5, np.float32)) for _ in range(4)]
+
+    async def main() -> list[Any]:
+        async with server:
+            sessions = [ClientSession(target_of(server), trainers[i],
+                                      ClientOptions(name=f"c{i}", retry=FAST_RETRY))
+                        for i in range(3)]
+            sessions.append(GarblesItsFirstShares(target_of(server), trainers[3],
+                                                  ClientOptions(name="c3", retry=FAST_RETRY)))
+            return await asyncio.wait_for(asyncio.gather(*(s.run() for s in sessions)), 60)
+
+    stats = run_async(main(), timeout=80)
+    assert all(s.finished == "completed 1 rounds" for s in stats), stats
+    for honest in stats[:3]:
+        assert (honest.failed, honest.accepted) == (1, 1), honest
+    [flush] = server.events.of_kind("flush")  # c3 makes it only if it rejoins in time
+    assert flush.num_updates >= 3
+    assert server.events.of_kind("secure_group_lost")[0].group == 1
+
+
 def test_the_secure_example_config_loads() -> None:
     path = Path(__file__).resolve().parents[2] / "examples" / "digits_secure.toml"
     config = ExperimentConfig.from_dict(load_toml(path))
