@@ -68,7 +68,7 @@ from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.engine import FlushOutcome, RoundEngine
 from fedlink.coordinator.outcomes import update_refused
 from fedlink.coordinator.records import SummedTask
-from fedlink.errors import InvalidArgument, UpdateRefused
+from fedlink.errors import ConfigError, InvalidArgument, UpdateRefused
 from fedlink.messages import (
     SecureAdvertiseReply,
     SecureAdvertiseRequest,
@@ -83,6 +83,7 @@ from fedlink.messages import (
     SecureUnmaskRequest,
 )
 from fedlink.metrics.kinds import SecureGroupLost
+from fedlink.params.base import BUFFER, COUNTER, FROZEN, ParamSpec
 from fedlink.privacy.secure_ddp import SecureDDPHook
 from fedlink.refusals import RefusalCode
 from fedlink.secagg import (
@@ -132,6 +133,28 @@ def _ddp_settings(config: CoordinatorConfig) -> dict[str, Any]:
     return {"ddp_noise_multiplier": secure.noise_multiplier, "ddp_clip_norm": secure.clip_norm,
             "ddp_granularity_bits": secure.granularity_bits,
             "ddp_noise_shares": config.flush.goal}
+
+
+def _refuse_state_beside_weights(config: CoordinatorConfig, spec: ParamSpec | None) -> None:
+    """A secure sum clips every value of an update to ``[-clip, clip]`` (under distributed DP:
+    to an L2 norm, and noises it), and the coordinator, seeing only the sum, cannot give a
+    model's running statistics and counters the plain mean they get in a plain flush
+    (``fedlink.aggregate.kinds``): a model with such state is refused, as are frozen weights
+    under distributed DP (the noise would move them)."""
+    if spec is None:
+        return
+    kinds = (BUFFER, COUNTER, FROZEN) if config.secure.ddp else (BUFFER, COUNTER)
+    names = spec.names_of(*kinds)
+    if names:
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        raise ConfigError(
+            f"coordinator.secure.enabled: the model holds state that secure sums would "
+            f"corrupt ({shown}: running statistics, counters"
+            f"{', frozen weights' if config.secure.ddp else ''}): every value of a secure "
+            f"update is clipped{' and noised' if config.secure.ddp else ''}, and the "
+            f"coordinator cannot average that state apart from the sum; use a model without "
+            f"it (GroupNorm or LayerNorm instead of BatchNorm), or run without secure "
+            f"aggregation")
 
 
 @dataclass
@@ -247,6 +270,7 @@ class SecureDesk:
         self._durably = durably
         self._take_upload = take_upload
         self.engine = engine
+        _refuse_state_beside_weights(config, engine.spec)
         self._clock = clock
         self._on_flush = on_flush
         self._secagg = config.secagg()

@@ -49,6 +49,7 @@ from fedlink.messages import (
     Task,
 )
 from fedlink.metrics import EventLog
+from fedlink.params.base import BUFFER, COUNTER, FROZEN, TRAINABLE, ParamSpec
 from fedlink.refusals import RefusalCode
 from fedlink.secagg import decode_sum, encode_weighted
 from fedlink.secagg.graph import neighbours
@@ -455,6 +456,32 @@ def test_a_clip_below_one_is_refused_because_the_weight_rides_in_the_masked_upda
     for clip in (0.5, 0.1, float("nan")):
         with pytest.raises(ConfigError, match=r"coordinator\.secure\.clip.*at least 1"):
             SecureConfig(enabled=True, clip=clip)
+
+
+def test_a_model_with_running_statistics_or_counters_is_refused_in_a_secure_run(
+        tmp_path: Path) -> None:
+    """BatchNorm's statistics and counters get the plain mean in a plain flush; a secure sum
+    would clip them (and, under distributed DP, noise them: negative variances), so such a
+    model is refused at start, as are frozen weights under distributed DP."""
+    def spec(*kinds: str) -> ParamSpec:
+        names = tuple(f"p{i}" for i in range(len(kinds)))
+        dtypes = tuple("int64" if k == COUNTER else "float32" for k in kinds)
+        return ParamSpec(names, tuple((DIM // len(kinds),) for _ in kinds), dtypes, kinds)
+
+    def service(ddp: bool, *kinds: str) -> CoordinatorService:
+        state = tmp_path / f"state-{ddp}-{'-'.join(kinds)}"
+        secure = SecureConfig(enabled=True, phase_s=PHASE_S, noise_multiplier=float(ddp))
+        config = dataclasses.replace(secure_config(state), secure=secure)
+        return CoordinatorService(config, X0, EventLog(None), spec=spec(*kinds))
+
+    for ddp, kinds in ((False, (TRAINABLE, TRAINABLE)), (False, (TRAINABLE, FROZEN)),
+                       (True, (TRAINABLE, TRAINABLE))):
+        service(ddp, *kinds).close()
+    for ddp, kinds, name in ((False, (TRAINABLE, BUFFER), "p1"),
+                             (False, (TRAINABLE, COUNTER), "p1"),
+                             (True, (FROZEN, TRAINABLE), "p0")):
+        with pytest.raises(ConfigError, match=rf"corrupt \({name}: .*GroupNorm"):
+            service(ddp, *kinds)
 
 
 def test_a_group_random_k_density_is_refused_out_of_range_or_without_secure_groups() -> None:
