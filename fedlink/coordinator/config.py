@@ -855,6 +855,12 @@ class CoordinatorConfig:
             require(not self.secure.ddp, "coordinator.secure.noise_multiplier",
                     "distributed DP is added inside secure groups: set "
                     "coordinator.secure.enabled = true, or use the dp_fedavg hook")
+            defaults = SecureConfig.__dataclass_fields__
+            for key in ("modulus_bits", "quantization_bits", "clip", "neighbours", "threshold",
+                        "phase_s"):  # recorded, and applied to nothing
+                require(getattr(self.secure, key) == defaults[key].default,
+                        f"coordinator.secure.{key}", "applies to secure groups only: set "
+                        "coordinator.secure.enabled = true, or remove it")
             return
         if self.secure.ddp:
             require(self.secure.quantization_bits is None and self.secure.clip == 1.0,
@@ -881,6 +887,9 @@ class CoordinatorConfig:
         require(self.flush.goal >= 3, "coordinator.flush.goal",
                 f"a secure group needs at least 3 members (each shares its secrets among at "
                 f"least 2 others), got goal = {self.flush.goal}")
+        require(self.secure.neighbours < self.flush.goal, "coordinator.secure.neighbours",
+                f"{self.secure.neighbours} neighbours in a group of at most flush.goal = "
+                f"{self.flush.goal} members: at most goal - 1 (0: every other member)")
         deadline = self.flush.deadline_s
         require(deadline is None or deadline >= 4 * self.secure.phase_s,
                 "coordinator.flush.deadline_s",

@@ -441,6 +441,9 @@ def test_secure_settings_that_need_individual_updates_are_refused() -> None:
                         (dict(drop_partial=True), "drop_partial"),
                         (dict(flush=FlushRule(deadline_s=30.0)), "flush.deadline_s"),
                         (dict(flush=FlushRule(goal=2, deadline_s=None)), "flush.goal"),
+                        (dict(flush=FlushRule(goal=6, deadline_s=None),
+                              secure=SecureConfig(enabled=True, neighbours=6)),
+                         "secure.neighbours"),
                         # the masked phase would wait for ever for a group that died
                         (dict(flush=FlushRule(deadline_s=None),
                               limits=LimitsConfig(max_task_s=0)), "flush.deadline_s")):
@@ -492,6 +495,15 @@ def test_a_group_random_k_density_is_refused_out_of_range_or_without_secure_grou
             SecureConfig(enabled=True, density=density)
     with pytest.raises(ConfigError, match=re.escape("set coordinator.secure.enabled = true")):
         CoordinatorConfig(**plain, secure=SecureConfig(density=0.1))
+
+
+def test_secure_group_settings_without_secure_groups_are_refused() -> None:
+    plain = {"robust": RobustConfig(enabled=False), "norm_bound_adaptive": False}
+    for key, value in (("modulus_bits", 32), ("quantization_bits", 12), ("clip", 2.0),
+                       ("neighbours", 3), ("threshold", 0.6), ("phase_s", 5.0)):
+        CoordinatorConfig(**plain, secure=SecureConfig(enabled=True, **{key: value}))
+        with pytest.raises(ConfigError, match=rf"coordinator\.secure\.{key}.*enabled = true"):
+            CoordinatorConfig(**plain, secure=SecureConfig(**{key: value}))
 
 
 def test_a_quorum_is_refused_out_of_range_or_without_secure_groups() -> None:
