@@ -330,6 +330,7 @@ class ExperimentConfig:
         coordinator.setdefault("run_name", values["run"].name)
         coordinator.setdefault("seed", values["run"].seed)
         goal = FlushRule.from_table(coordinator.get("flush", {}), "coordinator.flush").goal
+        _refuse_client_privacy_with_secure(coordinator, values["client"])
         if "hooks" in coordinator:
             coordinator["hooks"] = privacy_setup.with_sampling_defaults(
                 list(coordinator["hooks"]), values["data"].clients, goal)
@@ -369,6 +370,26 @@ class ExperimentConfig:
         if self.data.loader:  # the data that ran is the loader's, not the default dataset
             plain["data"]["dataset"] = self.data.loader
         return plain
+
+
+def _refuse_client_privacy_with_secure(coordinator: Mapping[str, Any],
+                                       client: ClientSection) -> None:
+    """A client privacy stage (``privacy``) or DP-SGD trainer reports to a coordinator hook
+    that reads each update, which a secure coordinator never sees: said here, by its own
+    name, before the hook it implies is refused as a flush hook."""
+    secure = coordinator.get("secure", {})
+    if not (isinstance(secure, Mapping) and secure.get("enabled")):
+        return
+    if client.privacy != "none":
+        key, value = "privacy", client.privacy
+    elif client.trainer == "dp_sgd":
+        key, value = "trainer", client.trainer
+    else:
+        return
+    raise ConfigError(f"client.{key}: {value!r} cannot be used with coordinator.secure.enabled "
+                      f"(its coordinator hook accounts for each update, which a secure "
+                      f"coordinator never sees); for differential privacy in a secure run, set "
+                      f"[coordinator.secure] noise_multiplier (distributed DP)")
 
 
 def _check_secure_uplink(coordinator: CoordinatorConfig, client: ClientSection) -> None:

@@ -548,6 +548,18 @@ def test_secure_run_refuses_an_uplink_codec() -> None:
         ExperimentConfig.from_dict(table)
 
 
+def test_secure_run_refuses_client_privacy_naming_it_and_distributed_dp() -> None:
+    """A client privacy stage or DP-SGD reports to a coordinator hook that reads each update:
+    refused by the client setting's own name (not as a flush hook the user never listed)."""
+    secure = {"robust": {"enabled": False}, "norm_bound_adaptive": False,
+              "secure": {"enabled": True}}
+    for client, key in (({"privacy": "dp_fedavg"}, "privacy"),
+                        ({"trainer": "dp_sgd"}, "trainer")):
+        table = {"run": {"name": "s"}, "coordinator": secure, "client": client}
+        with pytest.raises(ConfigError, match=rf"client\.{key}: .*noise_multiplier"):
+            ExperimentConfig.from_dict(table)
+
+
 def test_a_group_with_too_few_deliveries_is_lost_and_its_members_refused(
         tmp_path: Path) -> None:
     config = dataclasses.replace(secure_config(tmp_path / "state"),
