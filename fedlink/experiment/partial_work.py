@@ -43,7 +43,9 @@ _STREAM = 0x5EED_57A6  # tells this module's seed streams apart from others of t
 class PartialWorkSection:
     """``[partial_work]``: the share of tasks done only in part (0: none), and its seed.
 
-    ``seed < 0`` (the default) means the run's seed.
+    ``seed < 0`` (the default) means the run's seed. It wraps the clients' real trainers, so
+    it applies to ``[run] mode = "grpc"`` runs; a virtual run refuses it (its clock charges
+    every step of a task; the fleet's ``speed`` makes stragglers there).
     """
 
     fraction: float = 0.0

@@ -72,6 +72,7 @@ from fedlink.coordinator.commits import bounded_examples
 from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.downloads import EVALUATION, MODEL
 from fedlink.coordinator.engine import FlushOutcome, RoundEngine
+from fedlink.coordinator.lifecycle import target_accuracy
 from fedlink.coordinator.outcomes import (
     RoundBytesDown,
     central_metrics,
@@ -109,6 +110,8 @@ class LoopOptions:
     deterministic: bool = False
     seed: int = 0
     max_model_s: float = math.inf
+    target_accuracy: float = 0.0
+    """End the run on the first flush whose central accuracy reaches it (0: off)."""
 
 
 @dataclass
@@ -238,9 +241,13 @@ class VirtualLoop:
             while not self.engine.finished and self.clock.run_next():
                 if self.clock.now() > self.options.max_model_s:
                     self.engine.finish(f"model time limit {self.options.max_model_s} s reached")
+            if not self.engine.finished:  # no event left: no client can take a task
+                self.engine.finish("nothing left to simulate: no client can take a task")
             # the training tasks still out end unheard (a real client's commit is refused)
             while self._evaluations.pending and self.clock.run_next():
                 pass
+        self.events.emit(kinds.RunFinished.build(reason=self.engine.finished_reason,
+                                                 model_version=self.engine.version))
         self.totals.wall_s = time.perf_counter() - started
         self.totals.model_s = self.clock.now()
         self.totals.clients = int(np.count_nonzero(self._checked_in))
@@ -530,6 +537,10 @@ class VirtualLoop:
         self.events.emit(kinds.Flush.build(
             **flush_fields(outcome, self._round_down.take(), metrics),
             model_seconds=self.clock.now()))
+        reached = (target_accuracy(self.options.target_accuracy)(metrics)
+                   if self.options.target_accuracy > 0 else "")
+        if reached and not self.engine.finished:  # the run ends on exactly this flush
+            self.engine.finish(reached)
         if self._on_flush is not None:
             self._on_flush(outcome, wall)
         self._evaluations.published(outcome.version)

@@ -76,6 +76,10 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
 
     started = time.perf_counter()
     check_backend(config)
+    if config.partial_work.enabled:  # it wraps real trainers; the virtual clock times steps
+        raise ConfigError("partial_work.fraction: applies to [run] mode = 'grpc' runs only; in "
+                          "virtual mode every task's steps are charged in full (the fleet's "
+                          "[network] speed makes stragglers there): remove [partial_work]")
     _check_plugs(config, plugs)
     population, initial, evaluate, experiment = _build(config, plugs)
     run_dir = private_dir(Path(output_dir or config.run.output_dir) / config.run.name)
@@ -139,7 +143,8 @@ def loop_options(config: ExperimentConfig) -> LoopOptions:
     section = config.virtual
     return LoopOptions(step_cost_s=section.step_cost_s, poll_s=section.poll_s,
                        deterministic=section.deterministic, seed=config.run.seed,
-                       max_model_s=section.max_model_s or math.inf)
+                       max_model_s=section.max_model_s or math.inf,
+                       target_accuracy=config.run.target_accuracy)
 
 
 def _check_plugs(config: ExperimentConfig, plugs: Plugs | None) -> None:
