@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import OrderedDict
 import logging
 import math
 from collections.abc import Awaitable, Callable, Set
@@ -110,6 +111,12 @@ PHASE_NAMES = {ADVERTISE: "advertise", SHARE: "share", MASKED: "masked", UNMASK:
 
 KEEP_DONE = 4
 """Finished groups kept to answer a member's retried last call (its answer was lost)."""
+
+KEEP_SUMMED = 100_000
+"""Summed tasks remembered (by id, with the version their sum made) after their group is
+forgotten, to answer a member's unmask that comes later still (one offline since its masked
+upload): its update is in the model, and under group random-k its client keeps its residual
+only once told so. About 100 bytes each."""
 
 
 def secure_settings(config: CoordinatorConfig) -> SecureSettings | None:
@@ -281,6 +288,8 @@ class SecureDesk:
         self._forming: SecureGroup | None = None
         self._groups: dict[int, SecureGroup] = {}  # by number, oldest first
         self._of_task: dict[str, SecureGroup] = {}
+        self._summed: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        """Task id -> (client id, version made) of summed updates (``KEEP_SUMMED``)."""
         self.on_phase: Callable[[SecureGroup, int], None] | None = None
         """Told each phase that closes (``group.lost``: the group was lost at it)."""
 
@@ -465,9 +474,22 @@ class SecureDesk:
 
     async def unmask(self, request: SecureUnmaskRequest) -> SecureUnmaskReply:
         """Phase 4: hand in the shares; answered once the sum is unmasked and flushed."""
+        summed = self.summed_reply(request)
+        if summed is not None:
+            return summed
         group, member = self.record_unmask(request)
         await self._wait(group, UNMASK, request.task_id, member)
         return SecureUnmaskReply(group.flushed_version)
+
+    def summed_reply(self, request: SecureUnmaskRequest) -> SecureUnmaskReply | None:
+        """The answer to an unmask whose task's update is in a flushed sum whose group is
+        forgotten (``None``: any other unmask, answered by its group)."""
+        if request.task_id in self._of_task:
+            return None
+        summed = self._summed.get(request.task_id)
+        if summed is None or summed[0] != request.client_id:
+            return None
+        return SecureUnmaskReply(summed[1])
 
     def record_unmask(self, request: SecureUnmaskRequest) -> tuple[SecureGroup, _Member]:
         """Phase 4's message: the caller's shares of the survivors' seeds and the dropped
@@ -708,6 +730,10 @@ class SecureDesk:
             self._end_run(group)
         group.answers = {}
         group.flushed_version = outcome.version
+        for task in tasks:
+            self._summed[task.task_id] = (task.client_id, outcome.version)
+        while len(self._summed) > KEEP_SUMMED:
+            self._summed.popitem(last=False)
         log.info("secure group %d: %d of %d members summed, version %d made",
                  group.number, count, len(group.members), outcome.version)
 

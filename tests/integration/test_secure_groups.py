@@ -21,6 +21,7 @@ from fedlink.client.secure import SecureDelivery
 from fedlink.clock import ManualClock
 from fedlink.coordinator import CoordinatorConfig, FlushRule, LimitsConfig
 from fedlink.coordinator.config import SecureConfig
+from fedlink.coordinator.secure import KEEP_DONE
 from fedlink.coordinator.service import CoordinatorService
 from fedlink.errors import UpdateRefused
 from fedlink.messages import GetTaskRequest, JoinRequest, Task
@@ -311,6 +312,38 @@ def test_a_client_that_joins_the_forming_group_with_a_second_task_replaces_its_f
             await driver.masked(last, [0.3, 0.3, 0.3])
             assert [r.flushed_version for r in await driver.unmask(last)] == [3, 3, 3]
             assert events.of_kind("secure_group_lost") == []
+        finally:
+            service.close()
+
+    run_async(main(), timeout=20)
+
+
+def test_an_unmask_that_comes_after_its_group_is_forgotten_is_answered_as_summed(
+        tmp_path: Path) -> None:
+    """c0 delivered its masked update, then went quiet: its group unmasked it from its
+    neighbours' shares and flushed. Its unmask comes only after more groups finished than the
+    coordinator keeps (``KEEP_DONE``); it is answered with the version its sum made, not
+    refused: under group random-k its client keeps the new residual only when told so."""
+    config = group_config(tmp_path / "state", goal=4)
+
+    async def main() -> None:
+        service = CoordinatorService(config, np.zeros(DIM, np.float32), EventLog(None))
+        driver = Driver(service)
+        try:
+            first = await driver.clients(["c0", "c1", "c2", "c3"])
+            await driver.advertise(first)
+            await driver.share(first)
+            await driver.masked(first, [0.1] * 4)
+            await driver.unmask(first[1:])
+            for n in range(KEEP_DONE):
+                later = await driver.clients([f"g{n}-{i}" for i in range(4)])
+                await driver.advertise(later)
+                await driver.share(later)
+                await driver.masked(later, [0.1] * 4)
+                await driver.unmask(later)
+            assert service.engine.version == KEEP_DONE + 1
+            reply = await driver.calls.unmask(first[0].unmask())
+            assert reply.flushed_version == 1
         finally:
             service.close()
 
