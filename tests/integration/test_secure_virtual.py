@@ -156,6 +156,21 @@ def test_each_secure_phase_costs_a_call_s_round_trip_as_over_grpc(
     assert flush["model_seconds"] == pytest.approx(flush_at)
 
 
+def test_a_member_s_network_time_leaves_out_the_key_exchange_beside_its_training() -> None:
+    """As a gRPC client counts it: the check-in (the model inside its answer), the masked
+    upload and the unmasking, three round trips; the advertise and share calls run beside the
+    training and are not network time (they were charged on top of it)."""
+    one_way_s = 0.1
+    link = LinkProfile(name="far", latency_ms=1000.0 * one_way_s)  # no bandwidth limit
+    loop, events = _loop(_config(True), fleet=Fleet.single(link))
+    totals = loop.run()
+    assert len(events.of_kind("update_accepted")) == CLIENTS
+    # each member: check-in and masked round trips, the unmask request, and its answer unless
+    # the run ended on that flush before it was sent (the key exchange: 4 more legs each)
+    assert CLIENTS * 5 * one_way_s <= totals.network_s <= CLIENTS * 6 * one_way_s + 1e-9
+    assert totals.compute_s == pytest.approx(CLIENTS * 4 * 0.25)
+
+
 def test_clients_offline_between_phases_are_unmasked_and_the_round_completes() -> None:
     """One client vanishes after sharing its keys, one after delivering its masked update:
     the group goes on with the rest (each secret rebuilt from at least half of its holder's

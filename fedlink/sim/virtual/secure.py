@@ -167,7 +167,7 @@ class VirtualSecure:
         size = to_proto(request).ByteSize()
         self.totals.round_trips[name] += 1
         self.totals.bytes_up[name] += size
-        seconds = self._request_s(state.busy, request, size)
+        seconds = self._request_s(state.busy, request, size, timed=phase >= MASKED)
         self.loop.clock.call_at(self._when(state.busy, seconds),
                                 lambda: self._arrived(state, phase, request))
 
@@ -224,7 +224,7 @@ class VirtualSecure:
         busy = state.busy
         size = to_proto(reply).ByteSize()
         self.totals.bytes_down[PHASE_NAMES[phase]] += size
-        seconds = self._carry(busy, size, DOWN)
+        seconds = self._carry(busy, size, DOWN, timed=phase >= MASKED)
         self.loop.clock.call_at(self._when(busy, seconds),
                                 lambda: self._heard(state, phase, reply))
 
@@ -283,26 +283,28 @@ class VirtualSecure:
 
     # -- the link ---------------------------------------------------------------------------
 
-    def _request_s(self, busy: _Busy, request: Any, size: int) -> float:
+    def _request_s(self, busy: _Busy, request: Any, size: int, timed: bool) -> float:
         """Model seconds until ``request`` (``size`` bytes) reaches the coordinator: one leg of
         its call, after a resumable upload of its values when they are a masked update too
         large to travel inline (the real client's rule, ``travels_inline``)."""
         values = getattr(request, "values", b"")
         if not values or travels_inline(len(values), self.loop.config.limits.inline_limit):
-            return self._carry(busy, size, UP)
+            return self._carry(busy, size, UP, timed=timed)
         upload_id = f"{self.loop.client_id(busy.index)}-{busy.task.task_id}-masked-{0:012x}"
         named = to_proto(dataclasses.replace(request, values=b"", upload_id=upload_id))
-        return (self._carry(busy, len(values), UP, transfer=True)
-                + self._carry(busy, named.ByteSize(), UP))
+        return (self._carry(busy, len(values), UP, transfer=True, timed=timed)
+                + self._carry(busy, named.ByteSize(), UP, timed=timed))
 
-    def _carry(self, busy: _Busy, size: int, direction: str, transfer: bool = False) -> float:
+    def _carry(self, busy: _Busy, size: int, direction: str, transfer: bool = False,
+               timed: bool = True) -> float:
         """Model seconds to move ``size`` bytes over ``busy``'s link, one leg of a call (a
         whole transfer, round trip included, with ``transfer``), charged to the task as
-        network time."""
+        network time when ``timed`` (the key exchange, beside the download and the training,
+        is not: as on a real client)."""
         loop = self.loop
         profile = loop.population.profile(busy.index)
         moved = (transfer_time if transfer else leg_time)(profile, size, direction, loop.timing)
-        loop.count_network(busy, moved.seconds, moved)
+        loop.count_network(busy, moved.seconds, moved, timed)
         return moved.seconds
 
     def _when(self, busy: _Busy, seconds: float) -> float:
