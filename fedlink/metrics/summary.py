@@ -82,6 +82,9 @@
                          flush hook's report: ``epsilon``, ``delta``, ``noise_multiplier``,
                          ``sample_rate``, ``steps``, ``accountant``, ``clip_norm``, ``mode``,
                          ...); None for a run without differential privacy or without flushes
+``secure_groups_lost``   number of ``secure_group_lost`` events: secure groups lost before
+                         their flush (one the run's end cut short is not); None for a run
+                         without secure aggregation
 ``accuracy_by_time``     only for a run with model time (virtual clock: its flushes carry
                          ``model_seconds``): per flush, ``model_version``, ``accuracy``,
                          ``model_seconds`` and ``simulation_seconds`` (wall time), see
@@ -134,6 +137,8 @@ def summarize(events: list[Event], config: Mapping[str, Any]) -> dict[str, Any]:
     summary.update(_resilience_figures(events))
     summary.update(comm_figures(of_kind(events, UPDATE_ACCEPTED)))
     summary["privacy"] = _privacy_record(flushes)
+    summary["secure_groups_lost"] = (len(of_kind(events, "secure_group_lost"))
+                                     if _secure(config) else None)
     failed = [str(e["evaluation_error"]) for e in flushes if e.get("evaluation_error")]
     summary["evaluation_errors"] = len(failed)
     summary["evaluation_error"] = failed[-1] if failed else None
@@ -142,6 +147,13 @@ def summarize(events: list[Event], config: Mapping[str, Any]) -> dict[str, Any]:
     summary["startup_seconds"] = max(0.0, first_task_elapsed(events) - start_elapsed(events))
     summary["config"] = to_jsonable(config)
     return summary
+
+
+def _secure(config: Mapping[str, Any]) -> bool:
+    """Whether the recorded config ran secure aggregation (``[coordinator.secure]``)."""
+    coordinator = config.get("coordinator")
+    secure = coordinator.get("secure") if isinstance(coordinator, Mapping) else None
+    return isinstance(secure, Mapping) and bool(secure.get("enabled"))
 
 
 def write_summary(path: Path, summary: Mapping[str, Any]) -> None:

@@ -13,6 +13,7 @@ from fedlink.coordinator.client_metrics import MAX_EXTRA_METRICS, event_fields
 from fedlink.coordinator.engine import ReceivedUpdate
 from fedlink.messages import Task
 from fedlink.metrics import EventLog, summarize, write_report
+from fedlink.metrics.kinds import SecureGroupLost
 
 
 def test_known_keys_become_fields_and_bad_values_are_dropped() -> None:
@@ -84,3 +85,14 @@ def test_report_shows_non_zero_resilience_figures_only(tmp_path: Path) -> None:
     assert "| Clients that gave up (retry budget spent) | 2 |" in dropped
     plain = write_report(tmp_path / "b", [], summarize([], {})).read_text()
     assert "delta" not in plain and "resumed" not in plain and "offline" not in plain
+
+
+def test_a_secure_run_s_summary_counts_its_lost_groups() -> None:
+    events = EventLog(None)
+    for group in (1, 3):
+        events.emit(SecureGroupLost.build(group=group, phase="masked", reason="too few",
+                                          members=4, model_version=0))
+    secure = {"coordinator": {"secure": {"enabled": True}}}
+    assert summarize(events.events, secure)["secure_groups_lost"] == 2
+    assert summarize([], secure)["secure_groups_lost"] == 0
+    assert summarize(events.events, {})["secure_groups_lost"] is None  # not a secure run
