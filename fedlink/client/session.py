@@ -439,7 +439,9 @@ class ClientSession:
         update = work.update
         secure.trained(self._secure_delta(update), update.num_examples, update.steps_completed,
                        update.steps_planned, residual=self._secure_residual)
-        request = secure.masked(self._rng)
+        # its own stream (spawning leaves the client's as it was): the rounding and noise
+        # draws do not move the next training plans off those of the same plain run
+        request = secure.masked(self._rng.spawn(1)[0])
         if not travels_inline(len(request.values), self.config.inline_bytes):
             # a large masked update rides the resumable upload; the call then names it
             upload_id = f"{self.client_id}-{action.task.task_id}-masked-{uuid.uuid4().hex[:12]}"

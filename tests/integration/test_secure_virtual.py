@@ -89,18 +89,21 @@ def record_with(loop: VirtualLoop, recorders: dict[int, Any]) -> None:
 
 def test_secure_virtual_model_equals_plain_within_the_quantization() -> None:
     """Same seed, no dropouts, every client weighing the same (equal example counts): the
-    secure run's model is the plain run's, up to one quantization step a member."""
-    plain, _ = _loop(_config(False))
+    secure run's model is the plain run's, up to the quantization steps, round after round
+    (the rounding draws from its own stream, so later training plans stay the same)."""
+    rounds = 3
+    plain, _ = _loop(_config(False, rounds=rounds))
     plain.run()
-    secure, events = _loop(_config(True))
+    secure, events = _loop(_config(True, rounds=rounds))
     secure.run()
-    assert secure.engine.finished and secure.engine.version == plain.engine.version == 1
+    assert secure.engine.finished and secure.engine.version == plain.engine.version == rounds
     step = 2 * _config(True).secagg().clip / 2 ** _config(True).secagg().bits
     moved = np.abs(plain.engine.model).max()
-    assert moved > 100 * step  # the round changed the model: the comparison means something
-    np.testing.assert_allclose(secure.engine.model, plain.engine.model, rtol=0, atol=2 * step)
+    assert moved > 100 * step  # the rounds changed the model: the comparison means something
+    np.testing.assert_allclose(secure.engine.model, plain.engine.model, rtol=0,
+                               atol=4 * rounds * step)
     accepted = events.of_kind("update_accepted")
-    assert len(accepted) == CLIENTS
+    assert len(accepted) == rounds * CLIENTS
 
 
 def test_group_random_k_moves_the_kept_coordinates_and_keeps_the_rest_as_residuals() -> None:

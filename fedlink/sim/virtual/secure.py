@@ -252,7 +252,8 @@ class VirtualSecure:
     def _mask(self, state: _Member) -> None:
         """Phase 3, once the client trained and its key exchange ended."""
         assert state.rng is not None
-        self._send(state, MASKED, state.delivery.masked(state.rng))
+        # its own stream, as on a real client: the client's next training plans stay put
+        self._send(state, MASKED, state.delivery.masked(state.rng.spawn(1)[0]))
 
     def _refused(self, state: _Member, err: RemoteError) -> None:
         """A call refused: while the client trains, a group that went on without the task
