@@ -32,8 +32,9 @@ still in it has answered or the phase's deadline has passed:
    opened; the sum is unmasked (the pairwise masks of dropped clients removed from their
    neighbours' shares) and flushed as the next version (``RoundEngine.submit_sum``); groups
    flush in the order they formed: one whose unmasking could close waits for the groups
-   ahead of it, whose versions its members' staleness counted (one of them lost: its
-   members are recorded with the staleness they had when folded, below the one weighed).
+   ahead of it, whose versions its members' staleness counted, up to its deadline (then it
+   flushes first; a group it overtook is lost when that leaves a member staler than
+   ``max_staleness``). Members are recorded with the staleness they had when folded.
 
 A masked update larger than ``inline_bytes`` arrives as a resumable upload (``Upload``,
 ``UploadStatus``) that ``SecureMasked`` names; it is taken and settled like a committed one.
@@ -201,6 +202,8 @@ class SecureGroup:
     flushed_version: int = 0
     ready: bool = False
     """Its unmasking could close, but a group ahead of it has not flushed yet."""
+    unmask_due: bool = False
+    """Its unmasking's deadline passed: it flushes without waiting for the groups ahead."""
     closed: list[asyncio.Event] = field(default_factory=lambda: [asyncio.Event()
                                                                  for _ in range(4)])
     roster: tuple[SecureMember, ...] = ()
@@ -584,7 +587,13 @@ class SecureDesk:
         if math.isfinite(seconds):
             phase = group.phase
             group.timer = self._clock.call_at(self._clock.now() + seconds,
-                                              lambda: self._close(group, phase))
+                                              lambda: self._deadline(group, phase))
+
+    def _deadline(self, group: SecureGroup, phase: int) -> None:
+        """``phase``'s deadline passed: it closes with what it has."""
+        if phase == UNMASK and group.phase == UNMASK:
+            group.unmask_due = True
+        self._close(group, phase)
 
     def _training_allowance(self) -> float:
         """How long the masked phase waits for its first update: the members shared their keys
@@ -594,11 +603,12 @@ class SecureDesk:
 
     def _close(self, group: SecureGroup, phase: int) -> None:
         """Close ``phase`` (at most once) and open the next, or lose the group. A group's
-        unmasking closes (and its sum flushes) only after every group ahead of it is done:
-        its members' staleness was counted onto the versions those groups make."""
+        unmasking closes (and its sum flushes) once every group ahead of it is done, whose
+        versions its members' staleness counted, or at its deadline (``phase_s``), so that a
+        group stuck ahead holds it up no longer than that."""
         if group.phase != phase:
             return
-        if phase == UNMASK and self._ahead(group):
+        if phase == UNMASK and not group.unmask_due and self._ahead(group):
             group.ready = True  # _flush_next closes it once the groups ahead are done
             return
         try:
@@ -711,6 +721,7 @@ class SecureDesk:
 
     def _close_unmask(self, group: SecureGroup) -> None:
         survivors = set(group.delivered)
+        self._refuse_overtaken(group, survivors)
         if self._ddp is not None and not self._ddp.admits(len(survivors)):
             raise SecAggError(self._ddp.refuse(len(survivors)))  # never unmasked
         total, count = group.sum.finish(group.answers.values())
@@ -736,6 +747,17 @@ class SecureDesk:
             self._summed.popitem(last=False)
         log.info("secure group %d: %d of %d members summed, version %d made",
                  group.number, count, len(group.members), outcome.version)
+
+    def _refuse_overtaken(self, group: SecureGroup, survivors: set[int]) -> None:
+        """Groups formed after ``group`` flushed first (it was stuck past their deadlines):
+        its sum is lost, never unmasked, if that leaves a member staler than the flush rule's
+        ``max_staleness``, as a plain flush refuses such an update."""
+        worst = max((self.engine.version - m.base_version for m in group.members.values()
+                     if m.index in survivors), default=0)
+        limit = self.config.flush.max_staleness
+        if worst > limit:
+            raise SecAggError(f"groups formed after it flushed first: its updates would be "
+                              f"folded up to {worst} versions stale (max_staleness {limit})")
 
     def _mean(self, group: SecureGroup, total: np.ndarray, count: int,
               survivors: set[int]) -> tuple[np.ndarray, float]:

@@ -348,3 +348,47 @@ def test_an_unmask_that_comes_after_its_group_is_forgotten_is_answered_as_summed
             service.close()
 
     run_async(main(), timeout=20)
+
+
+def test_a_group_stuck_ahead_holds_the_next_up_only_until_its_unmask_deadline(
+        tmp_path: Path) -> None:
+    """Group 1's members shared their keys and then went quiet (still training, as far as the
+    coordinator knows). Group 2 is ready to flush: it waits for group 1 only until its own
+    unmasking's deadline, then flushes first, its members recorded as stale as they were
+    when folded. Group 3 does the same. When group 1's updates finally come they would be two
+    versions stale, beyond ``max_staleness = 1``: its sum is lost, never unmasked."""
+    config = group_config(tmp_path / "state", over_selection=3.0, max_staleness=1)
+    clock = ManualClock()
+
+    async def main() -> None:
+        events = EventLog(None)
+        service = CoordinatorService(config, np.zeros(DIM, np.float32), events, clock=clock)
+        driver = Driver(service)
+        try:
+            stuck = await driver.clients(["a0", "a1", "a2"])
+            await driver.advertise(stuck)
+            await driver.share(stuck)
+            for number, names in ((2, ["b0", "b1", "b2"]), (3, ["c0", "c1", "c2"])):
+                group = await driver.clients(names)
+                await driver.advertise(group)
+                await driver.share(group)
+                await driver.masked(group, [0.3, 0.3, 0.3])
+                unmasked = asyncio.ensure_future(driver.unmask(group))
+                await until_waiting()
+                assert not unmasked.done()  # it waits for group 1 ...
+                clock.advance(config.secure.phase_s)  # ... until its deadline
+                assert [r.flushed_version for r in await unmasked] == [number - 1] * 3
+            assert service.engine.version == 2
+            staleness = {e.client_id: e.staleness for e in events.of_kind("update_accepted")}
+            assert sorted(staleness.values()) == [0, 0, 0, 0, 0, 0]  # folded as fresh as made
+            await driver.masked(stuck, [0.1, 0.1, 0.1])
+            for reply in await driver.unmask(stuck):
+                assert isinstance(reply, UpdateRefused), reply
+            [lost] = events.of_kind("secure_group_lost")
+            assert (lost.group, lost.phase) == (1, "unmask")
+            assert "2 versions stale" in lost.reason
+            assert service.engine.version == 2
+        finally:
+            service.close()
+
+    run_async(main(), timeout=20)
