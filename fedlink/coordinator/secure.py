@@ -55,9 +55,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections import OrderedDict
 import logging
 import math
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Set
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field

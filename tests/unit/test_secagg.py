@@ -111,7 +111,8 @@ def test_a_weighted_update_decodes_to_its_mean_and_a_weight_beyond_the_clip_is_r
     config = SecAggConfig(max_clients=10)
     rng = np.random.default_rng(1)
     updates, weights = [np.full(4, 0.02), np.full(4, 0.06)], [1.0, 0.5]
-    total = sum(encode_weighted(u, w, config, rng).values for u, w in zip(updates, weights))
+    total = sum(encode_weighted(u, w, config, rng).values
+                for u, w in zip(updates, weights, strict=True))
     mean, weight = weighted_mean(total, 2, config)
     assert np.allclose(mean, (0.02 + 0.5 * 0.06) / 1.5, atol=4 * config.step)
     assert abs(weight - 1.5) < 2 * config.step
