@@ -5,8 +5,9 @@ in, the moment a race on a real link would decide)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,11 @@ class Driver:
                 member.roster(reply)
         return replies
 
+    async def exchange_keys(self, members: Sequence[SecureDelivery]) -> None:
+        """Phases 1 and 2: the members advertise their keys, then share their secrets."""
+        await self.advertise(members)
+        await self.share(members)
+
     async def share(self, members: Sequence[SecureDelivery]) -> None:
         replies = await asyncio.gather(*(self.calls.share(d.share()) for d in members))
         for member, reply in zip(members, replies, strict=True):
@@ -103,13 +109,9 @@ def test_members_left_out_too_stale_are_told_so_even_when_that_loses_their_group
     config = group_config(tmp_path / "state", over_selection=2.0)
 
     async def main() -> None:
-        events = EventLog(None)
-        service = CoordinatorService(config, np.zeros(DIM, np.float32), events)
-        driver = Driver(service)
-        try:
+        async with serving(config) as (service, driver, events):
             first = await driver.clients(["a0", "a1", "a2"])
-            await driver.advertise(first)
-            await driver.share(first)  # group 1 waits for its masked updates
+            await driver.exchange_keys(first)  # group 1 waits for its masked updates
             late = await driver.clients(["b0", "b1", "b2"])
             replies = await driver.advertise(late)
             for reply in replies:
@@ -122,8 +124,6 @@ def test_members_left_out_too_stale_are_told_so_even_when_that_loses_their_group
                 assert not record.state.deliverable
             [lost] = events.of_kind("secure_group_lost")
             assert lost.group == 2
-        finally:
-            service.close()
 
     run_async(main(), timeout=20)
 
@@ -140,16 +140,11 @@ def test_a_group_ready_first_flushes_after_the_group_ahead_of_it(tmp_path: Path)
                                  staleness_weight_options={"a": 1.0})
 
     async def main() -> None:
-        events = EventLog(None)
-        service = CoordinatorService(config, np.zeros(DIM, np.float32), events)
-        driver = Driver(service)
-        try:
+        async with serving(config) as (service, driver, events):
             first = await driver.clients(["a0", "a1", "a2"])
-            await driver.advertise(first)
-            await driver.share(first)  # group 1 trains on
+            await driver.exchange_keys(first)  # group 1 trains on
             second = await driver.clients(["b0", "b1", "b2"])
-            await driver.advertise(second)
-            await driver.share(second)
+            await driver.exchange_keys(second)
             await driver.masked(second, [0.3, 0.3, 0.3])
             unmasked = asyncio.ensure_future(driver.unmask(second))
             for _ in range(20):  # its answers are in: it would flush now if it went first
@@ -167,10 +162,21 @@ def test_a_group_ready_first_flushes_after_the_group_ahead_of_it(tmp_path: Path)
                         by_client[member.client_id].weight) == (1, 0.5)
             # version 1 is group 1's mean, version 2 adds group 2's
             assert np.allclose(service.engine.model, 0.1 + 0.3, atol=1e-3)
-        finally:
-            service.close()
 
     run_async(main(), timeout=20)
+
+
+@contextlib.asynccontextmanager
+async def serving(config: CoordinatorConfig, clock: ManualClock | None = None
+                  ) -> AsyncIterator[tuple[CoordinatorService, Driver, EventLog]]:
+    """A coordinator on ``config`` (a zero model; ``clock``: the real one when ``None``), a
+    driver for its clients and its event log; closed on the way out."""
+    events = EventLog(None)
+    service = CoordinatorService(config, np.zeros(DIM, np.float32), events, clock=clock)
+    try:
+        yield service, Driver(service), events
+    finally:
+        service.close()
 
 
 async def until_waiting() -> None:
@@ -186,10 +192,7 @@ def test_a_client_that_restarts_while_its_group_forms_is_in_the_roster_with_its_
     neighbours mask against keys it holds (before, the roster kept the old keys: the shares
     meant for c0 did not decrypt, and its neighbours' sessions ended on the error)."""
     async def main() -> None:
-        service = CoordinatorService(group_config(tmp_path / "state"),
-                                     np.zeros(DIM, np.float32), EventLog(None))
-        driver = Driver(service)
-        try:
+        async with serving(group_config(tmp_path / "state")) as (service, driver, _):
             old, c1, c2 = await driver.clients(["c0", "c1", "c2"])
             first = asyncio.ensure_future(driver.calls.advertise(old.advertise()))
             await until_waiting()
@@ -197,13 +200,10 @@ def test_a_client_that_restarts_while_its_group_forms_is_in_the_roster_with_its_
             new = await driver.task_of(old.client_id)
             assert new.task.task_id == old.task.task_id
             members = [new, c1, c2]
-            await driver.advertise(members)
-            await driver.share(members)  # every share decrypts
+            await driver.exchange_keys(members)  # every share decrypts
             await driver.masked(members, [0.1, 0.2, 0.3])
             assert [r.flushed_version for r in await driver.unmask(members)] == [1, 1, 1]
             assert np.allclose(service.engine.model, 0.2, atol=1e-3)
-        finally:
-            service.close()
 
     run_async(main(), timeout=20)
 
@@ -217,13 +217,9 @@ def test_a_client_that_restarts_after_sharing_is_a_dropout_there_and_joins_the_n
     clock = ManualClock()
 
     async def main() -> None:
-        service = CoordinatorService(config, np.zeros(DIM, np.float32), EventLog(None),
-                                     clock=clock)
-        driver = Driver(service)
-        try:
+        async with serving(config, clock) as (service, driver, _):
             first = await driver.clients(["c0", "c1", "c2", "c3"])
-            await driver.advertise(first)
-            await driver.share(first)
+            await driver.exchange_keys(first)
             restarted = await driver.task_of(first[0].client_id)
             rejoined = asyncio.ensure_future(driver.advertise([restarted]))
             await until_waiting()
@@ -242,8 +238,6 @@ def test_a_client_that_restarts_after_sharing_is_a_dropout_there_and_joins_the_n
             await driver.masked(second, [0.2, 0.2, 0.2, 0.2])
             assert [r.flushed_version for r in await driver.unmask(second)] == [2] * 4
             assert np.allclose(service.engine.model, 0.6, atol=1e-3)
-        finally:
-            service.close()
 
     run_async(main(), timeout=20)
 
@@ -254,13 +248,9 @@ def test_a_client_that_restarts_after_its_masked_update_is_refused_once_its_sum_
     the same task: it is answered once that sum is flushed, refused ``TASK_CLOSED`` (its
     update counts once), and the next task it is handed is a new one."""
     async def main() -> None:
-        service = CoordinatorService(group_config(tmp_path / "state", goal=4),
-                                     np.zeros(DIM, np.float32), EventLog(None))
-        driver = Driver(service)
-        try:
+        async with serving(group_config(tmp_path / "state", goal=4)) as (service, driver, _):
             members = await driver.clients(["c0", "c1", "c2", "c3"])
-            await driver.advertise(members)
-            await driver.share(members)
+            await driver.exchange_keys(members)
             await driver.masked(members, [0.1, 0.2, 0.3, 0.2])
             restarted = await driver.task_of(members[0].client_id)
             again = asyncio.ensure_future(driver.calls.advertise(restarted.advertise()))
@@ -272,8 +262,6 @@ def test_a_client_that_restarts_after_its_masked_update_is_refused_once_its_sum_
             assert refused.value.reason is RefusalCode.TASK_CLOSED
             assert service.engine.version == 1
             assert np.allclose(service.engine.model, 0.2, atol=1e-3)
-        finally:
-            service.close()
 
     run_async(main(), timeout=20)
 
@@ -287,14 +275,10 @@ def test_a_client_that_joins_the_forming_group_with_a_second_task_replaces_its_f
     config = group_config(tmp_path / "state", over_selection=4.0, max_staleness=1)
 
     async def main() -> None:
-        events = EventLog(None)
-        service = CoordinatorService(config, np.zeros(DIM, np.float32), events)
-        driver = Driver(service)
-        try:
+        async with serving(config) as (service, driver, events):
             ahead = [await driver.clients([f"{g}{i}" for i in range(3)]) for g in "ab"]
             for group in ahead:
-                await driver.advertise(group)
-                await driver.share(group)
+                await driver.exchange_keys(group)
             [late] = await driver.clients(["late"])
             waiting = asyncio.ensure_future(driver.calls.advertise(late.advertise()))
             await until_waiting()
@@ -312,8 +296,6 @@ def test_a_client_that_joins_the_forming_group_with_a_second_task_replaces_its_f
             await driver.masked(last, [0.3, 0.3, 0.3])
             assert [r.flushed_version for r in await driver.unmask(last)] == [3, 3, 3]
             assert events.of_kind("secure_group_lost") == []
-        finally:
-            service.close()
 
     run_async(main(), timeout=20)
 
@@ -327,25 +309,19 @@ def test_an_unmask_that_comes_after_its_group_is_forgotten_is_answered_as_summed
     config = group_config(tmp_path / "state", goal=4)
 
     async def main() -> None:
-        service = CoordinatorService(config, np.zeros(DIM, np.float32), EventLog(None))
-        driver = Driver(service)
-        try:
+        async with serving(config) as (service, driver, _):
             first = await driver.clients(["c0", "c1", "c2", "c3"])
-            await driver.advertise(first)
-            await driver.share(first)
+            await driver.exchange_keys(first)
             await driver.masked(first, [0.1] * 4)
             await driver.unmask(first[1:])
             for n in range(KEEP_DONE):
                 later = await driver.clients([f"g{n}-{i}" for i in range(4)])
-                await driver.advertise(later)
-                await driver.share(later)
+                await driver.exchange_keys(later)
                 await driver.masked(later, [0.1] * 4)
                 await driver.unmask(later)
             assert service.engine.version == KEEP_DONE + 1
             reply = await driver.calls.unmask(first[0].unmask())
             assert reply.flushed_version == 1
-        finally:
-            service.close()
 
     run_async(main(), timeout=20)
 
@@ -361,17 +337,12 @@ def test_a_group_stuck_ahead_holds_the_next_up_only_until_its_unmask_deadline(
     clock = ManualClock()
 
     async def main() -> None:
-        events = EventLog(None)
-        service = CoordinatorService(config, np.zeros(DIM, np.float32), events, clock=clock)
-        driver = Driver(service)
-        try:
+        async with serving(config, clock) as (service, driver, events):
             stuck = await driver.clients(["a0", "a1", "a2"])
-            await driver.advertise(stuck)
-            await driver.share(stuck)
+            await driver.exchange_keys(stuck)
             for number, names in ((2, ["b0", "b1", "b2"]), (3, ["c0", "c1", "c2"])):
                 group = await driver.clients(names)
-                await driver.advertise(group)
-                await driver.share(group)
+                await driver.exchange_keys(group)
                 await driver.masked(group, [0.3, 0.3, 0.3])
                 unmasked = asyncio.ensure_future(driver.unmask(group))
                 await until_waiting()
@@ -388,7 +359,5 @@ def test_a_group_stuck_ahead_holds_the_next_up_only_until_its_unmask_deadline(
             assert (lost.group, lost.phase) == (1, "unmask")
             assert "2 versions stale" in lost.reason
             assert service.engine.version == 2
-        finally:
-            service.close()
 
     run_async(main(), timeout=20)
