@@ -617,6 +617,8 @@ class SecureDesk:
             self._lose(group, str(err))
             return
         except Exception as err:  # never leave members waiting on a phase that cannot close
+            if group.flushed_version:  # reporting a flush failed: the run's error, as in plain
+                raise
             log.exception("secure group %d failed closing phase %d", group.number, phase)
             self._lose(group, f"internal error closing phase {phase}: {type(err).__name__}")
             return
@@ -735,16 +737,17 @@ class SecureDesk:
             outcome = self.engine.submit_sum(tasks, mean.astype(np.float32), weight)
             for task in tasks:
                 self._settled(task.client_id, task.task_id)
-            self._on_flush(outcome)
-        group.sum = SecureSum(group.config, group.number, 1, 0)  # drop the masked total
-        if self.engine.finished:  # that was the last version: no other group will flush
-            self._end_run(group)
-        group.answers = {}
+        # the sum is in the model from here on: whatever fails next must not lose the group
         group.flushed_version = outcome.version
+        group.sum = SecureSum(group.config, group.number, 1, 0)  # drop the masked total
+        group.answers = {}
         for task in tasks:
             self._summed[task.task_id] = (task.client_id, outcome.version)
         while len(self._summed) > KEEP_SUMMED:
             self._summed.popitem(last=False)
+        self._on_flush(outcome)  # may end the run (a target accuracy reached)
+        if self.engine.finished:  # that was the last version: no other group will flush
+            self._end_run(group)
         log.info("secure group %d: %d of %d members summed, version %d made",
                  group.number, count, len(group.members), outcome.version)
 

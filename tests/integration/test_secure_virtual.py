@@ -421,3 +421,29 @@ def test_a_sum_that_would_spend_past_the_budget_is_never_unmasked() -> None:
     assert hook.epsilon == pytest.approx(one_sum) and hook.epsilon <= config.secure.max_epsilon
     assert "privacy budget exhausted" in loop.engine.finished_reason
     assert len(events.of_kind("flush")) == 1
+
+
+@pytest.mark.parametrize("secure", [False, True], ids=["plain", "secure"])
+def test_a_failure_reporting_a_flush_stops_the_run_and_never_loses_the_summed_group(
+        secure: bool) -> None:
+    """A flush reporter that raises (a full disk under a user's ``on_flush``) is the run's
+    error, in a secure run as in a plain one: the group's sum is already in the model, so it
+    must not be recorded as lost nor its members told so (they would send it again)."""
+    clock = ManualClock()
+    events = EventLog(None, clock=clock.now)
+    reported: list[int] = []
+
+    def fails_once(outcome: Any, wall: float) -> None:
+        reported.append(outcome.version)
+        if len(reported) == 1:
+            raise OSError("no space left on device")
+
+    loop = VirtualLoop(_config(secure, rounds=2), np.zeros(SPEC.num_parameters, np.float32),
+                       SyntheticPopulation(SPEC, CLIENTS, Links(None, CLIENTS)),
+                       UpdatePipeline, events, clock,
+                       LoopOptions(step_cost_s=0.25, seed=0, deterministic=True),
+                       on_flush=fails_once)
+    with pytest.raises(OSError, match="no space left"):
+        loop.run()
+    assert reported == [1] and loop.engine.version == 1
+    assert not events.of_kind("secure_group_lost")
