@@ -70,7 +70,8 @@ from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.engine import FlushOutcome, RoundEngine
 from fedlink.coordinator.outcomes import update_refused
 from fedlink.coordinator.records import SummedTask
-from fedlink.errors import ConfigError, InvalidArgument, UpdateRefused
+from fedlink.coordinator.tasks import TaskState
+from fedlink.errors import ConfigError, InvalidArgument, NotFound, PermissionDenied, UpdateRefused
 from fedlink.messages import (
     SecureAdvertiseReply,
     SecureAdvertiseRequest,
@@ -486,13 +487,26 @@ class SecureDesk:
 
     def summed_reply(self, request: SecureUnmaskRequest) -> SecureUnmaskReply | None:
         """The answer to an unmask whose task's update is in a flushed sum whose group is
-        forgotten (``None``: any other unmask, answered by its group)."""
+        forgotten (``None``: any other unmask, answered by its group). Told its update was
+        lost, a member under group random-k would send those coordinates again."""
         if request.task_id in self._of_task:
             return None
         summed = self._summed.get(request.task_id)
-        if summed is None or summed[0] != request.client_id:
-            return None
-        return SecureUnmaskReply(summed[1])
+        if summed is not None:
+            return SecureUnmaskReply(summed[1]) if summed[0] == request.client_id else None
+        if self._delivered(request.client_id, request.task_id):
+            # summed before a restart, which forgot by which version: the current one has it
+            return SecureUnmaskReply(self.engine.version)
+        return None
+
+    def _delivered(self, client_id: str, task_id: str) -> bool:
+        """Whether the engine holds ``task_id`` of ``client_id`` as delivered: in a secure run
+        only a flushed sum delivers a task, durably with its version."""
+        try:
+            record = self.engine.task(client_id, task_id)
+        except (UpdateRefused, NotFound, PermissionDenied):
+            return False
+        return record.state is TaskState.DELIVERED
 
     def record_unmask(self, request: SecureUnmaskRequest) -> tuple[SecureGroup, _Member]:
         """Phase 4's message: the caller's shares of the survivors' seeds and the dropped

@@ -326,6 +326,34 @@ def test_an_unmask_that_comes_after_its_group_is_forgotten_is_answered_as_summed
     run_async(main(), timeout=20)
 
 
+def test_an_unmask_that_comes_after_a_coordinator_restart_is_answered_as_summed(
+        tmp_path: Path) -> None:
+    """Group 1 flushed without c0's unmask answer, then the coordinator restarted on its state
+    directory, forgetting its groups. c0's late unmask is answered (its task was delivered
+    with the flush, durably), not refused as in no group: told its update was lost, a client
+    under group random-k would keep the sent coordinates as residual and send them again."""
+    config = group_config(tmp_path / "state", goal=4)
+
+    async def main() -> None:
+        async with serving(config) as (service, driver, _):
+            members = await driver.clients(["c0", "c1", "c2", "c3"])
+            await driver.exchange_keys(members)
+            await driver.masked(members, [0.1, 0.2, 0.3, 0.2])
+            await driver.unmask(members[1:])
+            assert service.engine.version == 1
+        async with serving(config) as (restarted, driver, _):
+            assert restarted.engine.version == 1
+            late = members[0].unmask()
+            reply = await driver.calls.unmask(late)
+            assert reply.flushed_version == 1
+            stranger = dataclasses.replace(late, client_id=members[1].client_id)
+            with pytest.raises(UpdateRefused) as refused:  # another client's task: no answer
+                await driver.calls.unmask(stranger)
+            assert refused.value.reason is RefusalCode.TASK_CLOSED
+
+    run_async(main(), timeout=20)
+
+
 def test_a_group_stuck_ahead_holds_the_next_up_only_until_its_unmask_deadline(
         tmp_path: Path) -> None:
     """Group 1's members shared their keys and then went quiet (still training, as far as the
