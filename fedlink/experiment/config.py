@@ -42,6 +42,7 @@ from fedlink.client import RetryPolicy, UpdatePipeline
 from fedlink.client.density import DensityPolicy
 from fedlink.client.device import DEFAULT_DEVICE, check_device
 from fedlink.client.liveness import LivenessConfig
+from fedlink.compress import Sparsifier
 from fedlink.config import check_fields, from_table, load_toml, require
 from fedlink.coordinator import CoordinatorConfig, FlushRule
 from fedlink.data.federated import check_options, check_partition_options
@@ -161,9 +162,11 @@ class ClientSection:
     """The client update pipeline: privacy stage and compression codec, by registry name.
 
     ``compression_options`` go to the codec (``density`` for ``topk``/``randk``, ``bits`` and
-    ``norm`` for ``qsgd``, ...); ``error_feedback`` is on for biased codecs unless set;
+    ``norm`` for ``qsgd``, ...); ``error_feedback`` is on for biased codecs unless set (and
+    refused with a lossless codec, which leaves no error to feed back);
     ``density_bounds = [min, max]`` turns on bandwidth-aware density (``fedlink.client.density``)
-    with that safety margin.
+    with that safety margin, for a sparsifying codec (``topk``, ``randk``; refused with
+    another).
 
     ``retry`` (``[client.retry]``, ``fedlink.client.RetryPolicy``) and ``liveness``
     (``[client.liveness]``, ``fedlink.client.liveness.LivenessConfig``): how clients retry and
@@ -252,7 +255,14 @@ class ClientSection:
         require(not self.dp_fix_model or self.trainer == "dp_sgd", "client.dp_fix_model",
                 f"replaces layers for DP-SGD; it needs [client] trainer = 'dp_sgd', not "
                 f"{self.trainer!r}")
-        self.pipeline()  # unknown codec names and bad options fail at load time
+        codec = self.pipeline().codec  # unknown codec names and bad options fail at load time
+        require(not (self.error_feedback and codec.lossless), "client.error_feedback",
+                f"{self.compression!r} is lossless: no error is left to feed back. Unset it, "
+                f"or pick a lossy codec")
+        require(self.density_bounds is None or isinstance(codec, Sparsifier),
+                "client.density_bounds",
+                f"chooses the density of a sparsifying codec (topk, randk), which "
+                f"{self.compression!r} is not. Unset it, or pick one")
 
     def pipeline(self) -> UpdatePipeline:
         """A fresh update pipeline for one client (each client keeps its own residual)."""

@@ -68,12 +68,13 @@ class GoesOffline:
 
 
 def _loop(config: CoordinatorConfig, availability: Any = None,
-          fleet: Fleet | None = None) -> tuple[VirtualLoop, EventLog]:
+          fleet: Fleet | None = None,
+          pipeline: Any = UpdatePipeline) -> tuple[VirtualLoop, EventLog]:
     clock = ManualClock()
     events = EventLog(None, clock=clock.now)
     population = SyntheticPopulation(SPEC, CLIENTS, Links(fleet, CLIENTS))
     loop = VirtualLoop(config, np.zeros(SPEC.num_parameters, np.float32), population,
-                       UpdatePipeline, events, clock,
+                       pipeline, events, clock,
                        LoopOptions(step_cost_s=0.25, seed=0, deterministic=True),
                        availability=availability)
     return loop, events
@@ -140,6 +141,20 @@ def test_group_random_k_moves_the_kept_coordinates_and_keeps_the_rest_as_residua
         assert first_group is None and residual is not None, index
         assert np.abs(residual[kept]).max() <= step  # sent: only what the encoding lost
         assert np.abs(residual[outside]).max() > 100 * step  # held back for a later group
+
+
+def test_a_pipeline_with_error_feedback_leaves_the_group_random_k_residuals_alone() -> None:
+    """A client pipeline with its own error feedback (a residual of zeros under fp32) must
+    not overwrite the residual group random-k keeps back: the model is the same as without
+    it (before, virtual mode dropped every coordinate a group did not send)."""
+    models = []
+    for feedback in (None, True):
+        loop, _ = _loop(_config(True, rounds=3, density=0.25),
+                        pipeline=lambda f=feedback: UpdatePipeline(error_feedback=f))
+        loop.run()
+        assert loop.engine.version == 3
+        models.append(loop.engine.model)
+    np.testing.assert_array_equal(models[1], models[0])
 
 
 @pytest.mark.parametrize(("one_way_s", "flush_at"), [

@@ -95,7 +95,8 @@ def test_valid_values_still_load() -> None:
     config = ExperimentConfig.from_dict({
         "run": {"seed": 3, "target_accuracy": 1},
         "data": {"clients": 4, "partition": "dirichlet", "options": {"alpha": 1, "min_samples": 2}},
-        "client": {"density_bounds": [0.01, 0.1], "keep_local": ["batchnorm"]},
+        "client": {"compression": "topk", "density_bounds": [0.01, 0.1],
+                   "keep_local": ["batchnorm"]},
         "coordinator": {"flush": {"goal": 2, "deadline_s": 30}},
     })
     assert config.data.options == {"alpha": 1, "min_samples": 2}

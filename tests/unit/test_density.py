@@ -11,6 +11,7 @@ from fedlink.client import UpdatePipeline
 from fedlink.client.density import DensityPolicy, GoodputMeter
 from fedlink.compress import Sparsifier, get_codec
 from fedlink.errors import ConfigError
+from fedlink.experiment.config import ExperimentConfig
 
 N = 10_000
 
@@ -105,3 +106,12 @@ def test_sim_config_builds_the_compression_pipeline() -> None:
                                                "compression_options": {"bits": 8}}})
     with pytest.raises(ConfigError):
         ExperimentConfig.from_dict({"client": {"density_bounds": [0.5, 0.1]}})
+
+
+@pytest.mark.parametrize("codec", ["fp32", "fp16", "qsgd"])
+def test_density_bounds_without_a_sparsifying_codec_are_refused(codec: str) -> None:
+    """Only top-k and random-k have a density to choose: with any other codec the bounds
+    could not take effect."""
+    with pytest.raises(ConfigError, match=r"^client\.density_bounds: .*sparsifying"):
+        ExperimentConfig.from_dict({"client": {"compression": codec,
+                                               "density_bounds": [0.01, 0.1]}})

@@ -106,3 +106,15 @@ def test_memory_only_pipeline_saves_nothing(tmp_path: Path) -> None:
     sent_of(p, np.ones(10, np.float32), np.random.default_rng(0))
     p.save_state()
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("codec", ["fp32", "fp32-zlib"])
+def test_error_feedback_with_a_lossless_codec_is_refused(codec: str) -> None:
+    """Nothing is lost to feed back: the setting could not take effect (and in a virtual
+    secure run its residual of zeros once replaced group random-k's)."""
+    from fedlink.errors import ConfigError
+    from fedlink.experiment.config import ExperimentConfig
+
+    with pytest.raises(ConfigError, match=r"^client\.error_feedback: .* is lossless"):
+        ExperimentConfig.from_dict({"client": {"compression": codec, "error_feedback": True}})
+    ExperimentConfig.from_dict({"client": {"compression": codec, "error_feedback": False}})

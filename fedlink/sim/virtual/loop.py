@@ -383,7 +383,8 @@ class VirtualLoop:
         task, index = busy.task, busy.index
         upload = work.result.result()
         self._rngs[index] = upload.rng  # as the job left it (a worker's copy comes back)
-        self.residuals.put(index, upload.residual)
+        if self.secure is None:  # a secure run's residuals are its group random-k's
+            self.residuals.put(index, upload.residual)
         if upload.trainer_state is not None:
             self._trainer_states[index] = upload.trainer_state
         completed = upload.steps_completed if work.fits == work.steps else work.fits
