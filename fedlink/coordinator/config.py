@@ -230,6 +230,10 @@ LIVENESS_MAX_MULTIPLE = 10
 SPOOL_UPDATES = 256
 """Default ``max_spool_bytes``: room for this many largest-possible updates at once."""
 
+MAX_WEIGHTS_CHECKED = 10_000
+"""The start-up check of the staleness weights stops at this staleness (``max_staleness`` can
+be any integer)."""
+
 
 @dataclass(frozen=True)
 class LimitsConfig:
@@ -788,6 +792,7 @@ class CoordinatorConfig:
                 registry.create(getattr(self, name), **dict(options))
             except ConfigError as exc:
                 raise ConfigError(f"coordinator.{name}: {exc}") from exc
+        self._check_staleness_weights()
         require(math.isfinite(self.norm_bound) and self.norm_bound >= 0, "coordinator.norm_bound",
                 f"must be >= 0 (0: no bound), got {self.norm_bound}")
         require(math.isfinite(self.norm_bound_multiple) and self.norm_bound_multiple >= 1,
@@ -841,6 +846,21 @@ class CoordinatorConfig:
         plain = self.plain_mean
         self.robust.resolved_trim(self.aggregator, plain, sparse_uplink=False)
         self.robust.resolved_drop(plain)
+
+    def _check_staleness_weights(self) -> None:
+        """The staleness weight of every staleness a flush accepts (0 to ``max_staleness``):
+        positive and finite, as the mean divides by their sum, and at most 1 in a secure run,
+        whose masked updates carry the weight in ``[0, 1]`` (else every group would be lost
+        when it formed, for as long as the run lasts)."""
+        weigh = STALENESS_WEIGHTS.create(self.staleness_weight,
+                                         **dict(self.staleness_weight_options))
+        most = 1.0 if self.secure.enabled else math.inf
+        for staleness in range(min(self.flush.max_staleness, MAX_WEIGHTS_CHECKED) + 1):
+            weight = float(weigh(staleness))
+            require(math.isfinite(weight) and 0 < weight <= most, "coordinator.staleness_weight",
+                    f"{self.staleness_weight!r} weighs an update {staleness} versions stale "
+                    f"{weight:g}; it must be > 0" + (" and <= 1 in a secure run (the weight "
+                    "rides in the masked update)" if self.secure.enabled else ""))
 
     def _check_secure(self) -> None:
         """Settings that need each individual update cannot work with secure aggregation:

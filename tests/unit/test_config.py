@@ -163,3 +163,41 @@ def test_example_server_config_loads() -> None:
 def test_deadline_zero_means_no_deadline() -> None:
     rule = CoordinatorConfig.from_dict({"flush": {"deadline_s": 0}}).flush
     assert rule.deadline_s is None
+
+
+WEIGHTS_MODULE = '''
+class Boost:
+    """FedAsync-style, scaled: fresh updates count double."""
+    def __call__(self, tau):
+        return 2.0 / (1 + tau)
+
+class Cutoff:
+    """1 fresh, 1/2 a version behind, 0 beyond."""
+    def __call__(self, tau):
+        return {0: 1.0, 1: 0.5}.get(tau, 0.0)
+'''
+
+
+@pytest.mark.parametrize(("weight", "secure", "refused"), [
+    ("Boost", False, False),  # a plain mean divides by the total: any positive scale works
+    ("Boost", True, True),  # a secure sum carries weights in (0, 1]: every group was lost
+    ("Cutoff", False, True),  # a weight of 0 stopped a plain run at its first such update
+    ("Cutoff", True, True),
+])
+def test_a_staleness_weight_a_flush_cannot_use_is_refused_at_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, weight: str, secure: bool,
+        refused: bool) -> None:
+    """Weights are checked for every staleness the flush accepts (``max_staleness`` 3), so a
+    run never fails, or loses every secure group, on the first update that staleness."""
+    (tmp_path / "user_weights.py").write_text(WEIGHTS_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    table: dict[str, Any] = {"staleness_weight": f"user_weights:{weight}",
+                             "flush": {"max_staleness": 3, "goal": 4, "deadline_s": 30}}
+    if secure:
+        table |= {"secure": {"enabled": True}, "robust": {"enabled": False},
+                  "norm_bound_adaptive": False}
+    if not refused:
+        CoordinatorConfig.from_dict(table)
+        return
+    with pytest.raises(ConfigError, match=r"^coordinator\.staleness_weight: 'user_weights:"):
+        CoordinatorConfig.from_dict(table)
