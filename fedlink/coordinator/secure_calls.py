@@ -9,17 +9,20 @@ only when secure aggregation is on: it needs the ``secagg`` extra (``cryptograph
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fedlink.clock import Clock
 from fedlink.coordinator.admission import CallerCheck
+from fedlink.coordinator.commits import bounded_examples
 from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.engine import RoundEngine
 from fedlink.coordinator.journal import Journal
 from fedlink.coordinator.state import StateStore
 from fedlink.coordinator.transfers import Transfers
 from fedlink.coordinator.uploads import UploadStore
+from fedlink.coordinator.validation import check_counts
 from fedlink.errors import InvalidArgument, UpdateRefused, UploadIncomplete
 from fedlink.messages import (
     CommitReply,
@@ -78,8 +81,15 @@ class SecureCalls:
         return await self._durable_refusal(self._desk_for(request.client_id).share(request))
 
     async def masked(self, request: SecureMaskedRequest) -> SecureMaskedReply:
-        """Secure phase 3 (``SecureDesk.masked``)."""
-        return await self._durable_refusal(self._desk_for(request.client_id).masked(request))
+        """Secure phase 3 (``SecureDesk.masked``), its counts checked and bounded as a
+        ``Commit``'s: they weigh nothing in the sum (the coordinator names each member's
+        weight), but they are the record of the update."""
+        desk = self._desk_for(request.client_id)
+        check_counts(request)
+        request = dataclasses.replace(request, num_examples=bounded_examples(
+            request.num_examples, self._callers.registry.declared_examples(request.client_id),
+            self._config.limits.max_examples_per_update))
+        return await self._durable_refusal(desk.masked(request))
 
     async def unmask(self, request: SecureUnmaskRequest) -> SecureUnmaskReply:
         """Secure phase 4 (``SecureDesk.unmask``); the group's flush is durable before it

@@ -21,6 +21,7 @@ from fedlink.messages import (
     HeartbeatRequest,
     JoinRequest,
     LeaveRequest,
+    SecureMaskedRequest,
     TensorHeader,
 )
 
@@ -110,8 +111,8 @@ class RequestChecks:
                 self.strings(**{f"{name}[{key[:32]!r}]": value})
 
 
-def check_counts(request: CommitRequest) -> None:
-    """A commit's example and step counts are coherent."""
+def check_counts(request: CommitRequest | SecureMaskedRequest) -> None:
+    """An update's example and step counts are coherent (a ``Commit``'s or a masked one's)."""
     if request.num_examples < 1:
         raise InvalidArgument(f"num_examples must be >= 1, got {request.num_examples}")
     if request.steps_completed < 0 or request.steps_planned < 0:

@@ -24,7 +24,7 @@ from fedlink.coordinator import CoordinatorConfig, FlushRule, LimitsConfig
 from fedlink.coordinator.config import SecureConfig
 from fedlink.coordinator.secure import KEEP_DONE
 from fedlink.coordinator.service import CoordinatorService
-from fedlink.errors import UpdateRefused
+from fedlink.errors import InvalidArgument, UpdateRefused
 from fedlink.messages import GetTaskRequest, JoinRequest, Task
 from fedlink.metrics import EventLog
 from fedlink.refusals import RefusalCode
@@ -350,6 +350,37 @@ def test_an_unmask_that_comes_after_a_coordinator_restart_is_answered_as_summed(
             with pytest.raises(UpdateRefused) as refused:  # another client's task: no answer
                 await driver.calls.unmask(stranger)
             assert refused.value.reason is RefusalCode.TASK_CLOSED
+
+    run_async(main(), timeout=20)
+
+
+def test_masked_updates_counts_are_checked_and_bounded_as_a_commit_s(tmp_path: Path) -> None:
+    """The example and step counts a masked update claims are its record
+    (``update_accepted``): incoherent ones are refused (``INVALID_ARGUMENT``, the member may
+    send it again with its true counts), and an example count is bounded by what the client
+    declared at ``Join``, as a plain ``Commit``'s is (before, 10**15 was recorded)."""
+    async def main() -> None:
+        async with serving(group_config(tmp_path / "state")) as (_, driver, events):
+            members = await driver.clients(["c0", "c1", "c2"])
+            await driver.exchange_keys(members)
+            rng = np.random.default_rng(0)
+            requests = []
+            for member in members:
+                member.trained(np.full(DIM, 0.1, np.float32), 10, 1, 1)
+                requests.append(member.masked(rng))
+            boasts = dataclasses.replace(requests[0], num_examples=10**15)
+            with pytest.raises(InvalidArgument, match="steps_completed 7 exceeds"):
+                await driver.calls.masked(dataclasses.replace(requests[1], steps_completed=7))
+            with pytest.raises(InvalidArgument, match="num_examples must be >= 1"):
+                await driver.calls.masked(dataclasses.replace(requests[1], num_examples=-3))
+            replies = await asyncio.gather(*(driver.calls.masked(r)
+                                             for r in (boasts, *requests[1:])))
+            for member, reply in zip(members, replies, strict=True):
+                member.heard(reply)
+            assert [r.flushed_version for r in await driver.unmask(members)] == [1, 1, 1]
+            recorded = {e.client_id: (e.num_examples, e.steps_completed)
+                        for e in events.of_kind("update_accepted")}
+            assert recorded == {m.client_id: (10, 1) for m in members}
 
     run_async(main(), timeout=20)
 
