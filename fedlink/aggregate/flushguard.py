@@ -46,7 +46,7 @@ import math
 import struct
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -62,6 +62,10 @@ DEFAULT_TRIM = 0.2
 """The coordinate-wise trim the default ``mean`` aggregator gets under the guard."""
 
 CLIPPED, DOWNWEIGHTED, DROPPED = "clipped", "downweighted", "dropped"
+
+GUARD_ONLY = ("weight_cap", "drop_min_updates", "warmup", "window", "max_buffer_mb")
+"""``RobustConfig`` keys that only the guard reads (``trim`` and ``drop_opposed`` may be set
+off without it)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,8 @@ class RobustConfig:
     over the last ``window`` norms kept too.
     ``max_buffer_mb``: the most memory the buffered updates of one flush may take
     (``flush.goal x 4 x model size``); a larger configuration is refused at start.
+    With ``enabled = false`` the guard's own keys (``GUARD_ONLY``) are refused unless left at
+    their defaults (``weight_cap = 0``, no cap, is accepted): they would apply to nothing.
     """
 
     enabled: bool = True
@@ -106,6 +112,13 @@ class RobustConfig:
         check(1 <= self.warmup <= self.window, "warmup",
               f"need 1 <= warmup <= window, got {self.warmup} and {self.window}")
         check(self.max_buffer_mb > 0, "max_buffer_mb", f"must be > 0, got {self.max_buffer_mb}")
+        if not self.enabled:  # set to anything but off, they would be recorded, not applied
+            defaults = {f.name: f.default for f in fields(self)}
+            for key in GUARD_ONLY:
+                value = getattr(self, key)
+                check(value == defaults[key] or (key == "weight_cap" and value == 0), key,
+                      "applies under the flush guard: it needs coordinator.robust.enabled = "
+                      "true, or remove it")
 
     def resolved_trim(self, aggregator: str, plain_mean: bool, sparse_uplink: bool) -> float:
         """The trim in force: ``ConfigError`` naming the keys when a set one cannot apply."""

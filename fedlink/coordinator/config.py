@@ -715,7 +715,8 @@ class CoordinatorConfig:
     update to that L2 norm; with ``norm_bound = 0`` (the default) and ``norm_bound_adaptive``
     (on by default) every update is clipped to ``norm_bound_multiple`` times the lower-median
     norm of the flush's updates (of the recent ones too in a small flush; with the guard off,
-    of the recent updates in arrival order: ``fedlink.aggregate.adaptive``). Every new model
+    of the recent updates in arrival order: ``fedlink.aggregate.adaptive``); set without the
+    adaptive bound, ``norm_bound_multiple`` is refused. Every new model
     version is checked finite first (``fedlink.aggregate.guard``).
 
     ``drop_partial``: refuse every update that reports less work than planned
@@ -797,6 +798,11 @@ class CoordinatorConfig:
                 f"must be >= 0 (0: no bound), got {self.norm_bound}")
         require(math.isfinite(self.norm_bound_multiple) and self.norm_bound_multiple >= 1,
                 "coordinator.norm_bound_multiple", f"must be >= 1, got {self.norm_bound_multiple}")
+        require(self.norm_bound_multiple == type(self).norm_bound_multiple
+                or (self.norm_bound_adaptive and self.norm_bound == 0),
+                "coordinator.norm_bound_multiple",
+                "scales the adaptive norm bound: it needs norm_bound_adaptive = true and "
+                "norm_bound = 0 (a fixed bound replaces it), or remove it")
         self._check_robust()
         self._check_secure()
         try:

@@ -105,8 +105,30 @@ def test_the_guard_buffers_one_flush_and_refuses_more_than_its_budget(
     with pytest.raises(ConfigError, match=r"max_buffer_mb.*robust.enabled = false"):
         RoundEngine(config, np.zeros(10_000, np.float32), EventLog(None), clock=fake_clock)
     streaming = CoordinatorConfig(flush=FlushRule(goal=100, deadline_s=None),
-                                  robust=RobustConfig(enabled=False, max_buffer_mb=1.0))
+                                  robust=RobustConfig(enabled=False))
     RoundEngine(streaming, np.zeros(10_000, np.float32), EventLog(None), clock=fake_clock)
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("weight_cap", 3.0), ("drop_min_updates", 7), ("warmup", 3), ("window", 16),
+    ("max_buffer_mb", 1.0)])
+def test_guard_settings_without_the_guard_are_refused(key: str, value: float) -> None:
+    """Streaming aggregation (``enabled = false``) has no weight cap, drops, statistics window
+    or buffer: such a setting would be recorded and applied to nothing."""
+    with pytest.raises(ConfigError, match=rf"^coordinator\.robust\.{key}: applies under"):
+        RobustConfig(enabled=False, **{key: value})  # type: ignore[arg-type]
+    RobustConfig(enabled=True, **{key: value})  # type: ignore[arg-type]
+    RobustConfig(enabled=False, weight_cap=0.0)  # "no cap" is what streaming does
+
+
+@pytest.mark.parametrize("table", [
+    {"norm_bound_adaptive": False, "norm_bound_multiple": 3.0},
+    {"norm_bound": 1.0, "norm_bound_multiple": 3.0}])
+def test_a_norm_bound_multiple_without_the_adaptive_bound_is_refused(
+        table: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError, match=r"^coordinator\.norm_bound_multiple: scales"):
+        CoordinatorConfig.from_dict(table)
+    CoordinatorConfig.from_dict({"norm_bound_multiple": 3.0})
 
 
 # -- differential privacy ---------------------------------------------------------------------
