@@ -597,6 +597,9 @@ class SecureConfig:
     exchanging keys while they train (stale
     members discounted by the staleness weight; the flush rule's ``max_staleness`` and
     ``min_updates`` bind a group as a flush); the coordinator learns only the group's sum.
+    Every member weighs the same but for its staleness weight: the example count and the
+    work a client reports are its record, not its weight (a weight the coordinator cannot
+    check would decide the sum).
     Clients clip every coordinate of their update to ``[-clip, clip]`` (``clip`` at least 1:
     the update's weight, up to 1, travels as one more value) and send it as
     integers in Z_m, ``m = 2**modulus_bits``, ``quantization_bits`` per value (unset: the

@@ -297,6 +297,18 @@ class ExperimentConfig:
                 f"must be 'package.module:attr', got {self.evaluator!r}")
         self._refuse_state_virtual_clients_lose()
         self._refuse_striping_a_simulation_cannot_model()
+        self._refuse_partial_work_of_a_single_step()
+
+    def _refuse_partial_work_of_a_single_step(self) -> None:
+        """A straggler does ``w`` of the task's ``E`` epochs (or steps), ``w`` in ``1..E``:
+        with ``E = 1`` every task is done in full, and ``[partial_work]`` would change nothing."""
+        training = self.coordinator.training
+        full, unit = ((training.local_steps, "local_steps") if training.local_steps > 0
+                      else (training.local_epochs, "local_epochs"))
+        if self.partial_work.enabled and full == 1:
+            raise ConfigError(f"partial_work.fraction: a task of one step of work "
+                              f"(coordinator.training.{unit} = 1) cannot be done in part. "
+                              f"Raise {unit}, or remove [partial_work]")
 
     def _refuse_striping_a_simulation_cannot_model(self) -> None:
         """Virtual mode times one transfer per payload: more than one download connection

@@ -45,7 +45,10 @@ class PartialWorkSection:
 
     ``seed < 0`` (the default) means the run's seed. It wraps the clients' real trainers, so
     it applies to ``[run] mode = "grpc"`` runs; a virtual run refuses it (its clock charges
-    every step of a task; the fleet's ``speed`` makes stragglers there).
+    every step of a task; the fleet's ``speed`` makes stragglers there), as does a task of a
+    single epoch or step, which cannot be done in part. In a secure run
+    (``[coordinator.secure]``) a partial update weighs as much as a full one: the coordinator
+    sees only its group's sum, and the work a member reports is its record.
     """
 
     fraction: float = 0.0

@@ -131,3 +131,13 @@ def test_evaluator_scores_training_data_when_asked() -> None:
                                         "model": {"name": "logreg"}})
     assert set(Experiment.build(plain).evaluator()(experiment.initial_vector())) == {
         "accuracy", "loss"}
+
+
+@pytest.mark.parametrize("training", [{"local_epochs": 1}, {"local_steps": 1}])
+def test_partial_work_on_a_task_of_one_step_is_refused(training: dict[str, int]) -> None:
+    """``w`` is drawn in ``1..E``: with ``E = 1`` no task is ever done in part."""
+    table = {"partial_work": {"fraction": 0.5}, "coordinator": {"training": training}}
+    with pytest.raises(ConfigError, match=r"^partial_work\.fraction: a task of one step"):
+        ExperimentConfig.from_dict(table)
+    ExperimentConfig.from_dict({**table, "coordinator": {"training": {
+        key: 2 for key in training}}})
