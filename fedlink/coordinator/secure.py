@@ -296,6 +296,13 @@ class SecureDesk:
         """Task id -> (client id, version made) of summed updates (``KEEP_SUMMED``)."""
         self.on_phase: Callable[[SecureGroup, int], None] | None = None
         """Told each phase that closes (``group.lost``: the group was lost at it)."""
+        self.on_numbered: Callable[[int], None] | None = None
+        """Told the next group's number each time a group is numbered (to journal it)."""
+
+    def restore(self, next_number: int) -> None:
+        """Number groups from ``next_number`` on (a restarted coordinator's groups follow its
+        previous process's: random-k draws and events never see a number twice)."""
+        self._numbers = itertools.count(next_number)
 
     @property
     def group(self) -> SecureGroup | None:
@@ -545,6 +552,8 @@ class SecureDesk:
         group = self._forming
         if group is None:
             number = next(self._numbers)
+            if self.on_numbered is not None:
+                self.on_numbered(number + 1)
             assert self._settings is not None
             # [update, weight]: the update's kept coordinates under group random-k
             size = masked_size(self._settings.density, self.engine.num_parameters,

@@ -63,6 +63,7 @@ class SecureCalls:
 
             self.desk = SecureDesk(config, engine, clock, made, journal.durably,
                                    self._take_masked_upload, self._downloads_used)
+            self.desk.on_numbered = state.save_secure_group
 
     def settings(self) -> SecureSettings | None:
         """What ``RunConfig.secure`` tells clients (``None`` when secure aggregation is off)."""
@@ -73,8 +74,11 @@ class SecureCalls:
         return secure_settings(self._config)
 
     async def advertise(self, request: SecureAdvertiseRequest) -> SecureAdvertiseReply:
-        """Secure phase 1 (``SecureDesk.advertise``)."""
-        return await self._durable_refusal(self._desk_for(request.client_id).advertise(request))
+        """Secure phase 1 (``SecureDesk.advertise``); the group's number is durable before
+        it answers (a restarted coordinator never numbers another group the same)."""
+        reply = await self._durable_refusal(self._desk_for(request.client_id).advertise(request))
+        await self._state.sync()
+        return reply
 
     async def share(self, request: SecureShareRequest) -> SecureShareReply:
         """Secure phase 2 (``SecureDesk.share``)."""

@@ -164,6 +164,8 @@ class CoordinatorService:
         # the final version's evaluation tasks lived in the process that ended the run
         self.evaluations.final_evaluations = not self.engine.finished
         self.uploads.restore(saved.settled)
+        if self.secure is not None:
+            self.secure.restore(saved.next_secure_group)
         self.restored_version = self.engine.version
         models = {c.version: c.model for c in saved.checkpoints}
         for record in saved.unreported:

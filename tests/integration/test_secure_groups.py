@@ -326,7 +326,7 @@ def test_an_unmask_that_comes_after_its_group_is_forgotten_is_answered_as_summed
     run_async(main(), timeout=20)
 
 
-def test_an_unmask_that_comes_after_a_coordinator_restart_is_answered_as_summed(
+def test_after_a_coordinator_restart_a_late_unmask_is_answered_and_groups_number_on(
         tmp_path: Path) -> None:
     """Group 1 flushed without c0's unmask answer, then the coordinator restarted on its state
     directory, forgetting its groups. c0's late unmask is answered (its task was delivered
@@ -350,6 +350,11 @@ def test_an_unmask_that_comes_after_a_coordinator_restart_is_answered_as_summed(
             with pytest.raises(UpdateRefused) as refused:  # another client's task: no answer
                 await driver.calls.unmask(stranger)
             assert refused.value.reason is RefusalCode.TASK_CLOSED
+            # the groups of the restarted process follow the first's: group random-k draws
+            # new coordinates, and events never name two groups alike
+            after = await driver.clients(["d0", "d1", "d2", "d3"])
+            rosters = await driver.advertise(after)
+            assert [r.round_id for r in rosters] == [2] * 4
 
     run_async(main(), timeout=20)
 

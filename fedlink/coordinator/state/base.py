@@ -95,6 +95,8 @@ class SavedState:
     unreported: list[FlushRecord]
     finished_reason: str = ""
     unwritten_events: list[dict[str, Any]] = field(default_factory=list)
+    next_secure_group: int = 1
+    """The number the next secure group takes (groups are never numbered twice in a run)."""
 
     @property
     def current(self) -> Checkpoint:
@@ -122,6 +124,9 @@ class StateStore(ABC):
 
     def sync_now(self) -> None:  # noqa: B027 (nothing to do for this store)
         """``sync`` outside the event loop (start-up and shutdown)."""
+
+    def save_secure_group(self, next_number: int) -> None:  # noqa: B027 (kept in memory)
+        """A secure group was numbered; ``next_number`` is the next group's."""
 
     @abstractmethod
     def save_client(self, record: ClientRecord) -> None:

@@ -244,6 +244,10 @@ class SqliteStore(StateStore):
                   record.delta_base)
         self._set_meta("next_task", next_task)
 
+    def save_secure_group(self, next_number: int) -> None:
+        """Remember the next secure group's number."""
+        self._set_meta("next_secure_group", next_number)
+
     def forget_tasks(self, task_ids: list[str]) -> None:
         """Delete the tasks' rows."""
         rows = [(t,) for t in task_ids]
@@ -350,7 +354,8 @@ class SqliteStore(StateStore):
             next_task=int(self._meta("next_task", 1)), pending=self._load_pending(),
             settled=self._load_settled(), unreported=self._load_unreported(),
             finished_reason=str(self._meta("finished_reason", "")),
-            unwritten_events=self._load_outbox())
+            unwritten_events=self._load_outbox(),
+            next_secure_group=int(self._meta("next_secure_group", 1)))
 
     def _load_checkpoints(self, version: int) -> list[Checkpoint]:
         """Kept checkpoints up to ``version``; later ones (a flush never committed) go."""
