@@ -111,6 +111,12 @@ ADVERTISE, SHARE, MASKED, UNMASK, DONE = range(5)
 PHASE_NAMES = {ADVERTISE: "advertise", SHARE: "share", MASKED: "masked", UNMASK: "unmask"}
 """The phases by name (events, the virtual summary's ``secure_<name>_*``)."""
 
+class FlushReportFailed(RuntimeError):
+    """Reporting a secure group's flush failed after its sum entered the model: the run's
+    error (as a plain flush's reporter raising is), never a lost group nor a member's refusal
+    (its members' updates are in the model)."""
+
+
 KEEP_DONE = 4
 """Finished groups kept to answer a member's retried last call (its answer was lost)."""
 
@@ -424,6 +430,10 @@ class SecureDesk:
     async def masked(self, request: SecureMaskedRequest) -> SecureMaskedReply:
         """Phase 3: add the masked update (inline, or the resumable upload it names) to the
         running sum; answered with who delivered."""
+        if self._summed_version(request.client_id, request.task_id) is not None:
+            # a retry whose first answer was lost, the sum flushed and forgotten since: the
+            # member has no one to unmask, and its unmask is answered as summed
+            return SecureMaskedReply((), ())
         group, member = self._member(request.client_id, request.task_id)
         if group.phase == MASKED and member.index not in group.delivered:
             data = request.values
@@ -496,14 +506,21 @@ class SecureDesk:
         """The answer to an unmask whose task's update is in a flushed sum whose group is
         forgotten (``None``: any other unmask, answered by its group). Told its update was
         lost, a member under group random-k would send those coordinates again."""
-        if request.task_id in self._of_task:
+        version = self._summed_version(request.client_id, request.task_id)
+        return None if version is None else SecureUnmaskReply(version)
+
+    def _summed_version(self, client_id: str, task_id: str) -> int | None:
+        """The version made by the flushed sum that holds the update of ``task_id`` (of
+        ``client_id``) once its group is forgotten; ``None`` when no such sum does, or while
+        the group is held (it answers)."""
+        if task_id in self._of_task:
             return None
-        summed = self._summed.get(request.task_id)
+        summed = self._summed.get(task_id)
         if summed is not None:
-            return SecureUnmaskReply(summed[1]) if summed[0] == request.client_id else None
-        if self._delivered(request.client_id, request.task_id):
+            return summed[1] if summed[0] == client_id else None
+        if self._delivered(client_id, task_id):
             # summed before a restart, which forgot by which version: the current one has it
-            return SecureUnmaskReply(self.engine.version)
+            return self.engine.version
         return None
 
     def _delivered(self, client_id: str, task_id: str) -> bool:
@@ -636,14 +653,16 @@ class SecureDesk:
             return
         try:
             self._CLOSERS[phase](self, group)
-        except (SecAggError, UpdateRefused, InvalidArgument) as err:
-            self._lose(group, str(err))
-            return
         except Exception as err:  # never leave members waiting on a phase that cannot close
             if group.flushed_version:  # reporting a flush failed: the run's error, as in plain
-                raise
-            log.exception("secure group %d failed closing phase %d", group.number, phase)
-            self._lose(group, f"internal error closing phase {phase}: {type(err).__name__}")
+                raise FlushReportFailed(f"secure group {group.number}'s sum made version "
+                                        f"{group.flushed_version}; reporting it failed: "
+                                        f"{err}") from err
+            if isinstance(err, (SecAggError, UpdateRefused, InvalidArgument)):
+                self._lose(group, str(err))
+            else:
+                log.exception("secure group %d failed closing phase %d", group.number, phase)
+                self._lose(group, f"internal error closing phase {phase}: {type(err).__name__}")
             return
         group.closed[phase].set()
         group.phase = phase + 1

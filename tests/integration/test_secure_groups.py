@@ -326,6 +326,44 @@ def test_an_unmask_that_comes_after_its_group_is_forgotten_is_answered_as_summed
     run_async(main(), timeout=20)
 
 
+def test_a_masked_update_retried_after_its_group_is_forgotten_is_answered_as_summed(
+        tmp_path: Path) -> None:
+    """c0's masked update went into group 1's sum, but the answer was lost on the way; its
+    retry comes after the group flushed without its unmask and was forgotten (``KEEP_DONE``
+    later groups). It is answered with no one to unmask, and the unmask that follows with the
+    version its sum made: the client counts its update accepted and keeps the residual it
+    held back (refused, as before, it sent its summed residual again and dropped the rest)."""
+    config = group_config(tmp_path / "state", goal=4)
+
+    async def main() -> None:
+        async with serving(config) as (_, driver, events):
+            first = await driver.clients(["c0", "c1", "c2", "c3"])
+            await driver.exchange_keys(first)
+            rng = np.random.default_rng(0)
+            for member in first:
+                member.trained(np.full(DIM, 0.1, np.float32), 10, 1, 1)
+            requests = [member.masked(rng) for member in first]
+            replies = await asyncio.gather(*(driver.calls.masked(r) for r in requests))
+            for member, reply in zip(first[1:], replies[1:], strict=True):
+                member.heard(reply)  # c0's answer is lost
+            await driver.unmask(first[1:])
+            for n in range(KEEP_DONE):
+                later = await driver.clients([f"g{n}-{i}" for i in range(4)])
+                await driver.exchange_keys(later)
+                await driver.masked(later, [0.1] * 4)
+                await driver.unmask(later)
+            retried = await driver.calls.masked(requests[0])
+            assert (retried.survivors, retried.dropped) == ((), ())
+            first[0].heard(retried)
+            late = first[0].unmask()
+            assert (late.seed_shares, late.key_shares) == ((), ())  # reveals nothing
+            assert (await driver.calls.unmask(late)).flushed_version == 1
+            accepted = [e.task_id for e in events.of_kind("update_accepted")]
+            assert accepted.count(first[0].task.task_id) == 1
+
+    run_async(main(), timeout=20)
+
+
 def test_after_a_coordinator_restart_a_late_unmask_is_answered_and_groups_number_on(
         tmp_path: Path) -> None:
     """Group 1 flushed without c0's unmask answer, then the coordinator restarted on its state

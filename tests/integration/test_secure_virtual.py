@@ -18,7 +18,8 @@ pytest.importorskip("cryptography")
 from fedlink.client.pipeline import UpdatePipeline
 from fedlink.clock import ManualClock
 from fedlink.coordinator.config import CoordinatorConfig
-from fedlink.coordinator.secure import SecureDesk
+from fedlink.coordinator.secure import FlushReportFailed, SecureDesk
+from fedlink.errors import InvalidArgument
 from fedlink.experiment.config import ExperimentConfig
 from fedlink.metrics import EventLog
 from fedlink.netem import Fleet, LinkProfile
@@ -438,9 +439,10 @@ def test_a_sum_that_would_spend_past_the_budget_is_never_unmasked() -> None:
     assert len(events.of_kind("flush")) == 1
 
 
+@pytest.mark.parametrize("error", [OSError, InvalidArgument])
 @pytest.mark.parametrize("secure", [False, True], ids=["plain", "secure"])
 def test_a_failure_reporting_a_flush_stops_the_run_and_never_loses_the_summed_group(
-        secure: bool) -> None:
+        secure: bool, error: type[Exception]) -> None:
     """A flush reporter that raises (a full disk under a user's ``on_flush``) is the run's
     error, in a secure run as in a plain one: the group's sum is already in the model, so it
     must not be recorded as lost nor its members told so (they would send it again)."""
@@ -451,14 +453,15 @@ def test_a_failure_reporting_a_flush_stops_the_run_and_never_loses_the_summed_gr
     def fails_once(outcome: Any, wall: float) -> None:
         reported.append(outcome.version)
         if len(reported) == 1:
-            raise OSError("no space left on device")
+            raise error("no space left on device")
 
     loop = VirtualLoop(_config(secure, rounds=2), np.zeros(SPEC.num_parameters, np.float32),
                        SyntheticPopulation(SPEC, CLIENTS, Links(None, CLIENTS)),
                        UpdatePipeline, events, clock,
                        LoopOptions(step_cost_s=0.25, seed=0, deterministic=True),
                        on_flush=fails_once)
-    with pytest.raises(OSError, match="no space left"):
+    with pytest.raises(FlushReportFailed if secure else error, match="no space left") as raised:
         loop.run()
+    assert isinstance(raised.value.__cause__ if secure else raised.value, error)
     assert reported == [1] and loop.engine.version == 1
     assert not events.of_kind("secure_group_lost")
