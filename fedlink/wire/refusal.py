@@ -18,7 +18,7 @@ from fedlink.messages import CommitReply
 from fedlink.proto.v1 import coordinator_pb2 as pb
 from fedlink.refusals import RefusalCode
 from fedlink.wire.convert import from_proto, to_proto
-from fedlink.wire.status import status_detail
+from fedlink.wire.status import rich_status, status_detail
 
 
 def refusal_reply(err: RemoteError) -> CommitReply:
@@ -35,6 +35,13 @@ def refusal_details(err: RemoteError, call: str) -> list[Message]:
     if call != "Commit" and not isinstance(err, UpdateRefused):
         return []
     return [to_proto(refusal_reply(err))]
+
+
+def refusal_bytes(err: RemoteError, call: str) -> int:
+    """The bytes a refused ``call`` answers with: its status text and the rich status its
+    trailers carry (what virtual mode moves down the link, as it does a reply)."""
+    status = rich_status(err.code, err.detail, refusal_details(err, call), err.retry_after_s)
+    return len(err.detail.encode()) + sum(len(value) for _, value in status.trailing_metadata)
 
 
 def refusal_from_call(call: Any) -> RefusalCode | None:

@@ -220,6 +220,42 @@ def test_clients_offline_between_phases_are_unmasked_and_the_round_completes() -
     assert totals.round_trips["masked"] == 5  # 5 never sent one
     assert totals.round_trips["unmask"] == 4  # 4 never answered
 
+def test_a_refusal_reaches_its_member_a_one_way_trip_after_the_group_is_lost() -> None:
+    """Links of 1 s each way; four of six members go offline once they shared, so the group
+    is lost at its masked phase and the two that delivered are refused. Each hears it one
+    way later, as over gRPC, where a refusal is an answer like any other (it was heard at
+    the instant of the loss, and the member checked in again a trip early)."""
+    fleet = Fleet(mix={"slow": 1.0},
+                  profiles={"slow": LinkProfile(name="slow", latency_ms=1000.0)})
+    availability = GoesOffline(back=200.0)
+    loop, _ = _loop(_config(True), availability, fleet)
+    assert loop.secure is not None
+    share = SecureDesk.record_share
+
+    def record_share(desk: SecureDesk, request: Any) -> Any:
+        index = int(request.client_id.rsplit("-", 1)[1])
+        if index >= 2:
+            availability.gone.setdefault(index, loop.clock.now())
+        return share(desk, request)
+
+    record_with(loop, {1: record_share})
+    desk, lost_at, heard = loop.secure.desk, [], []
+    lose, ended = desk._lose, loop.ended
+
+    def losing(group: Any, reason: str) -> None:
+        lost_at.append(loop.clock.now())
+        lose(group, reason)
+
+    def hearing(busy: Any, outcome: Any = None) -> None:
+        heard.append((type(outcome).__name__, loop.clock.now()))
+        ended(busy, outcome)
+
+    desk._lose = losing  # type: ignore[method-assign]
+    loop.ended = hearing  # type: ignore[method-assign]
+    loop.run()
+    assert lost_at and heard[:2] == [("Refused", lost_at[0] + 1.0)] * 2
+
+
 
 @pytest.mark.parametrize("quorum", [1.0, 0.75])
 def test_a_quorum_closes_the_phases_without_a_member_gone_after_advertising(

@@ -61,6 +61,7 @@ from fedlink.refusals import RefusalCode
 from fedlink.sim.virtual.availability import finish
 from fedlink.sim.virtual.timing import DOWN, UP, leg_time, transfer_time
 from fedlink.wire.convert import to_proto
+from fedlink.wire.refusal import refusal_bytes
 
 if TYPE_CHECKING:
     from fedlink.sim.virtual.loop import VirtualLoop, _Busy
@@ -186,7 +187,7 @@ class VirtualSecure:
         try:
             state.group, state.member = self._RECORDERS[phase](self.desk, request)
         except RemoteError as err:
-            self._refused(state, err)
+            self._refused(state, phase, err)
             return
         if state.group.phase > phase or state.group.lost:
             self._answer(state, phase)
@@ -215,7 +216,7 @@ class VirtualSecure:
                 raise refusal
             reply = self._REPLIES[phase](self.desk, group, state.member, client_id, task_id)
         except RemoteError as err:
-            self._refused(state, err)
+            self._refused(state, phase, err)
             return
         self._reply(state, phase, reply)
 
@@ -255,10 +256,21 @@ class VirtualSecure:
         # its own stream, as on a real client: the client's next training plans stay put
         self._send(state, MASKED, state.delivery.masked(state.rng.spawn(1)[0]))
 
-    def _refused(self, state: _Member, err: RemoteError) -> None:
-        """A call refused: while the client trains, a group that went on without the task
-        (``NEW_KEYS``) is followed by fresh keys in the next one, as the real client does;
-        any other refusal, or one heard once it trained, ends the delivery."""
+    def _refused(self, state: _Member, phase: int, err: RemoteError) -> None:
+        """A call refused: the refusal travels down to the client as an answer does."""
+        busy = state.busy
+        size = refusal_bytes(err, f"Secure{PHASE_NAMES[phase].capitalize()}")
+        self.totals.bytes_down[PHASE_NAMES[phase]] += size
+        seconds = self._carry(busy, size, DOWN, timed=phase >= MASKED)
+        self.loop.clock.call_at(self._when(busy, seconds),
+                                lambda: self._heard_refusal(state, err))
+
+    def _heard_refusal(self, state: _Member, err: RemoteError) -> None:
+        """The refusal reached the client: while it trains, a group that went on without the
+        task (``NEW_KEYS``) is followed by fresh keys in the next one, as the real client
+        does; any other refusal, or one heard once it trained, ends the delivery."""
+        if state.over:
+            return
         if (not state.trained and isinstance(err, UpdateRefused)
                 and err.reason is RefusalCode.NEW_KEYS):
             state.over = True
