@@ -111,6 +111,7 @@ ADVERTISE, SHARE, MASKED, UNMASK, DONE = range(5)
 PHASE_NAMES = {ADVERTISE: "advertise", SHARE: "share", MASKED: "masked", UNMASK: "unmask"}
 """The phases by name (events, the virtual summary's ``secure_<name>_*``)."""
 
+
 class FlushReportFailed(RuntimeError):
     """Reporting a secure group's flush failed after its sum entered the model: the run's
     error (as a plain flush's reporter raising is), never a lost group nor a member's refusal
