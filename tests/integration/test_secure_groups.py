@@ -98,6 +98,14 @@ class Driver:
         return await asyncio.gather(*(self.calls.unmask(d.unmask()) for d in members),
                                     return_exceptions=True)
 
+    async def more_groups(self, count: int, size: int = 4) -> None:
+        """``count`` more groups of ``size`` new clients, each flushed with every member."""
+        for n in range(count):
+            group = await self.clients([f"g{n}-{i}" for i in range(size)])
+            await self.exchange_keys(group)
+            await self.masked(group, [0.1] * size)
+            await self.unmask(group)
+
 
 def test_members_left_out_too_stale_are_told_so_even_when_that_loses_their_group(
         tmp_path: Path) -> None:
@@ -314,11 +322,7 @@ def test_an_unmask_that_comes_after_its_group_is_forgotten_is_answered_as_summed
             await driver.exchange_keys(first)
             await driver.masked(first, [0.1] * 4)
             await driver.unmask(first[1:])
-            for n in range(KEEP_DONE):
-                later = await driver.clients([f"g{n}-{i}" for i in range(4)])
-                await driver.exchange_keys(later)
-                await driver.masked(later, [0.1] * 4)
-                await driver.unmask(later)
+            await driver.more_groups(KEEP_DONE)
             assert service.engine.version == KEEP_DONE + 1
             reply = await driver.calls.unmask(first[0].unmask())
             assert reply.flushed_version == 1
@@ -347,11 +351,7 @@ def test_a_masked_update_retried_after_its_group_is_forgotten_is_answered_as_sum
             for member, reply in zip(first[1:], replies[1:], strict=True):
                 member.heard(reply)  # c0's answer is lost
             await driver.unmask(first[1:])
-            for n in range(KEEP_DONE):
-                later = await driver.clients([f"g{n}-{i}" for i in range(4)])
-                await driver.exchange_keys(later)
-                await driver.masked(later, [0.1] * 4)
-                await driver.unmask(later)
+            await driver.more_groups(KEEP_DONE)
             retried = await driver.calls.masked(requests[0])
             assert (retried.survivors, retried.dropped) == ((), ())
             first[0].heard(retried)
