@@ -765,6 +765,10 @@ class SecureDesk:
                                           tuple(sorted(request.dropped)))
 
     def _close_unmask(self, group: SecureGroup) -> None:
+        if self.engine.finished:  # ended meanwhile (a stop): no sum is learnt that no flush uses
+            group.run_over = True
+            raise UpdateRefused(f"the run is over: {self.engine.finished_reason}",
+                                RefusalCode.RUN_OVER)
         survivors = set(group.delivered)
         self._refuse_overtaken(group, survivors)
         if self._ddp is not None and not self._ddp.admits(len(survivors)):

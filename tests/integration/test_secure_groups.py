@@ -27,6 +27,7 @@ from fedlink.coordinator.service import CoordinatorService
 from fedlink.errors import InvalidArgument, UpdateRefused
 from fedlink.messages import GetTaskRequest, JoinRequest, Task
 from fedlink.metrics import EventLog
+from fedlink.privacy.secure_ddp import SecureDDPHook
 from fedlink.refusals import RefusalCode
 
 DIM = 8
@@ -424,6 +425,36 @@ def test_masked_updates_counts_are_checked_and_bounded_as_a_commit_s(tmp_path: P
             recorded = {e.client_id: (e.num_examples, e.steps_completed)
                         for e in events.of_kind("update_accepted")}
             assert recorded == {m.client_id: (10, 1) for m in members}
+
+    run_async(main(), timeout=20)
+
+
+def test_a_group_whose_run_stops_before_it_unmasks_is_never_unmasked(tmp_path: Path) -> None:
+    """The operator stops the run while group 2 waits for its unmask answers: no sum is
+    unmasked once the run is over, and its members are told ``RUN_OVER``. Under distributed
+    DP the sum was learnt and accounted in memory only (no flush took it), so a coordinator
+    restarted on the state directory went on below the epsilon spent."""
+    config = group_config(tmp_path / "state")
+    config = dataclasses.replace(config, secure=dataclasses.replace(
+        config.secure, noise_multiplier=1.0, clip_norm=1.0))
+
+    async def main() -> None:
+        async with serving(config) as (service, driver, _):
+            first = await driver.clients(["a0", "a1", "a2"])
+            await driver.exchange_keys(first)
+            await driver.masked(first, [0.1] * 3)
+            await driver.unmask(first)
+            hook = service.engine.hook_of(SecureDDPHook)
+            assert hook is not None and hook.privacy_record()["steps"] == 1
+            accounted = hook.privacy_record()
+            second = await driver.clients(["b0", "b1", "b2"])
+            await driver.exchange_keys(second)
+            await driver.masked(second, [0.1] * 3)
+            service.lifecycle.end("stopped by signal", durable=False)
+            for reply in await driver.unmask(second):
+                assert isinstance(reply, UpdateRefused), reply
+                assert reply.reason is RefusalCode.RUN_OVER
+            assert hook.privacy_record() == accounted and service.engine.version == 1
 
     run_async(main(), timeout=20)
 
