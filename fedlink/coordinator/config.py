@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -787,21 +787,23 @@ class CoordinatorConfig:
         require(not (self.join_token and self.auth.enabled), "coordinator.join_token",
                 "per-client tokens ([coordinator.auth]) replace the shared join_token: "
                 "set one or the other")
+        built: dict[str, Any] = {}
         for name, registry, options in (
             ("server_optimizer", SERVER_OPTIMIZERS, self.server_optimizer_options),
             ("staleness_weight", STALENESS_WEIGHTS, self.staleness_weight_options),
             ("aggregator", ACCUMULATORS, self.aggregator_options),
         ):
             try:
-                registry.create(getattr(self, name), **dict(options))
+                built[name] = registry.create(getattr(self, name), **dict(options))
             except ConfigError as exc:
                 raise ConfigError(f"coordinator.{name}: {exc}") from exc
-        self._check_staleness_weights()
+        self._check_staleness_weights(built["staleness_weight"])
         require(math.isfinite(self.norm_bound) and self.norm_bound >= 0, "coordinator.norm_bound",
                 f"must be >= 0 (0: no bound), got {self.norm_bound}")
         require(math.isfinite(self.norm_bound_multiple) and self.norm_bound_multiple >= 1,
                 "coordinator.norm_bound_multiple", f"must be >= 1, got {self.norm_bound_multiple}")
-        require(self.norm_bound_multiple == type(self).norm_bound_multiple
+        default_multiple = CoordinatorConfig.__dataclass_fields__["norm_bound_multiple"].default
+        require(self.norm_bound_multiple == default_multiple
                 or (self.norm_bound_adaptive and self.norm_bound == 0),
                 "coordinator.norm_bound_multiple",
                 "scales the adaptive norm bound: it needs norm_bound_adaptive = true and "
@@ -856,13 +858,11 @@ class CoordinatorConfig:
         self.robust.resolved_trim(self.aggregator, plain, sparse_uplink=False)
         self.robust.resolved_drop(plain)
 
-    def _check_staleness_weights(self) -> None:
+    def _check_staleness_weights(self, weigh: Callable[[int], float]) -> None:
         """The staleness weight of every staleness a flush accepts (0 to ``max_staleness``):
         positive and finite, as the mean divides by their sum, and at most 1 in a secure run,
         whose masked updates carry the weight in ``[0, 1]`` (else every group would be lost
         when it formed, for as long as the run lasts)."""
-        weigh = STALENESS_WEIGHTS.create(self.staleness_weight,
-                                         **dict(self.staleness_weight_options))
         most = 1.0 if self.secure.enabled else math.inf
         for staleness in range(min(self.flush.max_staleness, MAX_WEIGHTS_CHECKED) + 1):
             weight = float(weigh(staleness))
