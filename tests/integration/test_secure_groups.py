@@ -402,7 +402,8 @@ def test_masked_updates_counts_are_checked_and_bounded_as_a_commit_s(tmp_path: P
     """The example and step counts a masked update claims are its record
     (``update_accepted``): incoherent ones are refused (``INVALID_ARGUMENT``, the member may
     send it again with its true counts), and an example count is bounded by what the client
-    declared at ``Join``, as a plain ``Commit``'s is (before, 10**15 was recorded)."""
+    declared at ``Join``, as a plain ``Commit``'s is (before, any claim was recorded, up to
+    the most an int64 holds)."""
     async def main() -> None:
         async with serving(group_config(tmp_path / "state")) as (_, driver, events):
             members = await driver.clients(["c0", "c1", "c2"])
@@ -412,7 +413,7 @@ def test_masked_updates_counts_are_checked_and_bounded_as_a_commit_s(tmp_path: P
             for member in members:
                 member.trained(np.full(DIM, 0.1, np.float32), 10, 1, 1)
                 requests.append(member.masked(rng))
-            boasts = dataclasses.replace(requests[0], num_examples=10**15)
+            boasts = dataclasses.replace(requests[0], num_examples=2**63 - 1)  # int64's most
             with pytest.raises(InvalidArgument, match="steps_completed 7 exceeds"):
                 await driver.calls.masked(dataclasses.replace(requests[1], steps_completed=7))
             with pytest.raises(InvalidArgument, match="num_examples must be >= 1"):
