@@ -628,9 +628,10 @@ class SecureConfig:
     ``clip_norm / 2**granularity_bits`` and adds its share of Skellam noise, so that a group of
     ``flush.goal`` carries noise of standard deviation ``noise_multiplier * clip_norm`` on its
     sum; no member sends, and the coordinator never sees, a less noisy value. Epsilon at
-    ``delta`` is accounted for every sum unmasked, with the noise it carries; ``max_epsilon``
-    (0: no budget) is never exceeded: a sum that would is not unmasked, and the run ends once
-    the next would. ``clip`` and ``quantization_bits`` do not apply then (refused).
+    ``delta`` is accounted for every sum the coordinator asks its members to unmask, with the
+    noise it carries (durably, before any member answers); ``max_epsilon`` (0: no budget) is
+    never exceeded: a sum that would is never asked for, and the run ends once the next
+    would. ``clip`` and ``quantization_bits`` do not apply then (refused).
     """
 
     enabled: bool = False

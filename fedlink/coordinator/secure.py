@@ -305,11 +305,18 @@ class SecureDesk:
         """Told each phase that closes (``group.lost``: the group was lost at it)."""
         self.on_numbered: Callable[[int], None] | None = None
         """Told the next group's number each time a group is numbered (to journal it)."""
+        self.on_accounted: Callable[[dict[str, Any]], None] | None = None
+        """Told distributed DP's accounting (its ``state_dict``) each time it changes (to
+        journal it ahead of the unmasking it accounts)."""
 
-    def restore(self, next_number: int) -> None:
+    def restore(self, next_number: int, accounting: dict[str, Any] | None = None) -> None:
         """Number groups from ``next_number`` on (a restarted coordinator's groups follow its
-        previous process's: random-k draws and events never see a number twice)."""
+        previous process's: random-k draws and events never see a number twice), and take
+        distributed DP's ``accounting`` as journalled (``None``: the checkpoint's stands):
+        every sum the previous process asked its members to unmask stays spent."""
         self._numbers = itertools.count(next_number)
+        if accounting is not None and self._ddp is not None:
+            self._ddp.load_state_dict(accounting)
 
     @property
     def group(self) -> SecureGroup | None:
@@ -760,19 +767,44 @@ class SecureDesk:
         if len(group.delivered) < needed:
             raise SecAggError(f"{len(group.delivered)} of {len(group.members)} members "
                               f"delivered a masked update; {needed} needed")
+        self._refuse_if_over(group)
+        self._account(group)
         request = group.sum.unmask_request()
         group.request = SecureMaskedReply(tuple(sorted(request.survivors)),
                                           tuple(sorted(request.dropped)))
 
-    def _close_unmask(self, group: SecureGroup) -> None:
-        if self.engine.finished:  # ended meanwhile (a stop): no sum is learnt that no flush uses
+    def _refuse_if_over(self, group: SecureGroup) -> None:
+        """The run ended meanwhile (a stop): no sum is learnt, or asked for, that no flush
+        uses; the group's members hear ``RUN_OVER``."""
+        if self.engine.finished:
             group.run_over = True
             raise UpdateRefused(f"the run is over: {self.engine.finished_reason}",
                                 RefusalCode.RUN_OVER)
+
+    def _account(self, group: SecureGroup) -> None:
+        """Under distributed DP, account a group's sum before its members are asked to
+        unmask it: their answers would let the coordinator compute it, whatever it does next.
+        A sum past the budget is never asked for. The accounting is journalled, so it is
+        durable before any member hears whom to unmask (the masked phase's answers wait for
+        the store)."""
+        if self._ddp is None:
+            return
+        shares = len(group.delivered)
+        if not self._ddp.admits(shares):
+            reason = self._ddp.refuse(shares)
+            self._journal_accounting(self._ddp)
+            raise SecAggError(reason)  # never asked for, never unmasked
+        self._ddp.account(shares)
+        self._journal_accounting(self._ddp)
+
+    def _journal_accounting(self, ddp: SecureDDPHook) -> None:
+        if self.on_accounted is not None:
+            self.on_accounted(ddp.state_dict())
+
+    def _close_unmask(self, group: SecureGroup) -> None:
+        self._refuse_if_over(group)
         survivors = set(group.delivered)
         self._refuse_overtaken(group, survivors)
-        if self._ddp is not None and not self._ddp.admits(len(survivors)):
-            raise SecAggError(self._ddp.refuse(len(survivors)))  # never unmasked
         total, count = group.sum.finish(group.answers.values())
         mean, weight = self._mean(group, total, count, survivors)
         mean = self._full(group, mean)
@@ -812,11 +844,10 @@ class SecureDesk:
     def _mean(self, group: SecureGroup, total: np.ndarray, count: int,
               survivors: set[int]) -> tuple[np.ndarray, float]:
         """The weighted mean of the survivors' kept coordinates and its weight, from the
-        unmasked sum. Under distributed DP the sum is accounted here, as it is learnt, and
-        its weight is that of the members, which the coordinator named (the sum has none)."""
+        unmasked sum. Under distributed DP (accounted when its unmasking was asked for) its
+        weight is that of the members, which the coordinator named (the sum has none)."""
         if self._ddp is None:
             return weighted_mean(total, count, group.config)
-        self._ddp.account(len(survivors))
         weight = sum(m.weight for m in group.members.values() if m.index in survivors)
         return self._ddp.skellam.decode_sum(total) / weight, weight
 

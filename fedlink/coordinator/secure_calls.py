@@ -64,6 +64,7 @@ class SecureCalls:
             self.desk = SecureDesk(config, engine, clock, made, journal.durably,
                                    self._take_masked_upload, self._downloads_used)
             self.desk.on_numbered = state.save_secure_group
+            self.desk.on_accounted = state.save_secure_accounting
 
     def settings(self) -> SecureSettings | None:
         """What ``RunConfig.secure`` tells clients (``None`` when secure aggregation is off)."""
@@ -87,13 +88,16 @@ class SecureCalls:
     async def masked(self, request: SecureMaskedRequest) -> SecureMaskedReply:
         """Secure phase 3 (``SecureDesk.masked``), its counts checked and bounded as a
         ``Commit``'s: they weigh nothing in the sum (the coordinator names each member's
-        weight), but they are the record of the update."""
+        weight), but they are the record of the update. The answer (whom to unmask) waits
+        until the sum's accounting under distributed DP is durable."""
         desk = self._desk_for(request.client_id)
         check_counts(request)
         request = dataclasses.replace(request, num_examples=bounded_examples(
             request.num_examples, self._callers.registry.declared_examples(request.client_id),
             self._config.limits.max_examples_per_update))
-        return await self._durable_refusal(desk.masked(request))
+        reply = await self._durable_refusal(desk.masked(request))
+        await self._state.sync()  # distributed DP's accounting, before a member unmasks
+        return reply
 
     async def unmask(self, request: SecureUnmaskRequest) -> SecureUnmaskReply:
         """Secure phase 4 (``SecureDesk.unmask``); the group's flush is durable before it

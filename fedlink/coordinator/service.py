@@ -165,7 +165,7 @@ class CoordinatorService:
         self.evaluations.final_evaluations = not self.engine.finished
         self.uploads.restore(saved.settled)
         if self.secure is not None:
-            self.secure.restore(saved.next_secure_group)
+            self.secure.restore(saved.next_secure_group, saved.secure_accounting)
         self.restored_version = self.engine.version
         models = {c.version: c.model for c in saved.checkpoints}
         for record in saved.unreported:

@@ -7,14 +7,16 @@ standard deviation ``noise_multiplier * clip_norm`` on the sum, the noise of cen
 at the same multiplier. The coordinator adds none and sees only the noised sum.
 
 ``SecureDDPHook`` (flush hook ``secure_ddp``, which the coordinator installs itself: it is
-not listed in ``[[coordinator.hooks]]``) accounts every sum the coordinator unmasks, with the
-noise that sum really carries: a group that flushes with ``n`` of ``noise_shares`` members
-carries ``n / noise_shares`` of the variance, and is accounted so (Agarwal et al. 2021's
-Skellam RDP bound, composed over sums, converted by ``dp-accounting``; no sampling
-amplification is claimed). The budget is checked before a sum is unmasked, not after: the
-coordinator would learn the sum whatever the model then does with it, so a sum that would push
-epsilon past ``max_epsilon`` is never unmasked (the secure desk loses its group), and
-``stop_reason`` ends the run once one more full sum would.
+not listed in ``[[coordinator.hooks]]``) accounts every sum the coordinator asks its members
+to unmask, with the noise that sum really carries: a group whose masked phase closes with
+``n`` of ``noise_shares`` members carries ``n / noise_shares`` of the variance, and is
+accounted so (Agarwal et al. 2021's Skellam RDP bound, composed over sums, converted by
+``dp-accounting``; no sampling amplification is claimed). The secure desk accounts a sum
+before it asks for it, not once it is unmasked: the members' answers would let the
+coordinator compute it whatever it then did, so a sum that would push epsilon past
+``max_epsilon`` is never asked for (the desk loses its group), and ``stop_reason`` ends the
+run once one more full sum would. The desk journals ``state_dict`` at each change, ahead of
+the checkpoints that also carry it.
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ class SecureDDPHook(FlushHook):
                 f"{self.max_epsilon:g}")
 
     def account(self, shares: int) -> None:
-        """Record one unmasked sum that carries ``shares`` clients' noise."""
+        """Record one sum, about to be unmasked, that carries ``shares`` clients' noise."""
         if not 1 <= shares <= self.skellam.clients:
             raise ValueError(f"a sum carries 1..{self.skellam.clients} noise shares, "
                              f"got {shares}")
@@ -129,7 +131,7 @@ class SecureDDPHook(FlushHook):
     # -- FlushHook --------------------------------------------------------------------------
 
     def on_update(self, update: UpdateInfo) -> None:
-        """Nothing: the secure desk accounts each sum as it unmasks it."""
+        """Nothing: the secure desk accounts each sum as it asks for its unmasking."""
 
     def on_flush(self, mean_delta: np.ndarray, flush: FlushInfo) -> np.ndarray:
         """The mean, unchanged: the clients' noise is already in it."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
+import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from fedlink.coordinator import CoordinatorConfig, FlushRule, LimitsConfig
 from fedlink.coordinator.config import SecureConfig
 from fedlink.coordinator.secure import KEEP_DONE
 from fedlink.coordinator.service import CoordinatorService
+from fedlink.coordinator.state.sqlite import DB_FILENAME
 from fedlink.errors import InvalidArgument, UpdateRefused
 from fedlink.messages import GetTaskRequest, JoinRequest, Task
 from fedlink.metrics import EventLog
@@ -430,14 +433,21 @@ def test_masked_updates_counts_are_checked_and_bounded_as_a_commit_s(tmp_path: P
     run_async(main(), timeout=20)
 
 
+def ddp_config(state_dir: Path, max_epsilon: float = 0.0, **flush: Any) -> CoordinatorConfig:
+    """``group_config`` under distributed DP (``max_epsilon`` 0: no budget)."""
+    config = group_config(state_dir, **flush)
+    return dataclasses.replace(config, secure=dataclasses.replace(
+        config.secure, noise_multiplier=1.0, clip_norm=1.0, max_epsilon=max_epsilon))
+
+
 def test_a_group_whose_run_stops_before_it_unmasks_is_never_unmasked(tmp_path: Path) -> None:
     """The operator stops the run while group 2 waits for its unmask answers: no sum is
     unmasked once the run is over, and its members are told ``RUN_OVER``. Under distributed
-    DP the sum was learnt and accounted in memory only (no flush took it), so a coordinator
-    restarted on the state directory went on below the epsilon spent."""
-    config = group_config(tmp_path / "state")
-    config = dataclasses.replace(config, secure=dataclasses.replace(
-        config.secure, noise_multiplier=1.0, clip_norm=1.0))
+    DP the sum was accounted when its members were asked to unmask it (what they send would
+    let the coordinator compute it), and stays so: before, it was learnt and accounted in
+    memory only, so a coordinator restarted on the state directory went on below the epsilon
+    spent."""
+    config = ddp_config(tmp_path / "state")
 
     async def main() -> None:
         async with serving(config) as (service, driver, _):
@@ -447,15 +457,94 @@ def test_a_group_whose_run_stops_before_it_unmasks_is_never_unmasked(tmp_path: P
             await driver.unmask(first)
             hook = service.engine.hook_of(SecureDDPHook)
             assert hook is not None and hook.privacy_record()["steps"] == 1
-            accounted = hook.privacy_record()
             second = await driver.clients(["b0", "b1", "b2"])
             await driver.exchange_keys(second)
             await driver.masked(second, [0.1] * 3)
+            accounted = hook.privacy_record()
+            assert accounted["steps"] == 2  # asked for: accounted, before any answer
             service.lifecycle.end("stopped by signal", durable=False)
             for reply in await driver.unmask(second):
                 assert isinstance(reply, UpdateRefused), reply
                 assert reply.reason is RefusalCode.RUN_OVER
             assert hook.privacy_record() == accounted and service.engine.version == 1
+
+    run_async(main(), timeout=20)
+
+
+def committed_accounting(state_dir: Path) -> Any:
+    """Distributed DP's accounting as committed in ``state_dir``'s database (read beside the
+    coordinator's own connection: what a process killed now would restart from)."""
+    with contextlib.closing(sqlite3.connect(state_dir / DB_FILENAME)) as db:
+        row = db.execute("SELECT value FROM meta WHERE key = 'secure_accounting'").fetchone()
+    return None if row is None else json.loads(row[0])
+
+
+def test_a_sum_its_members_were_asked_to_unmask_stays_spent_across_a_restart(
+        tmp_path: Path) -> None:
+    """Distributed DP: once group 2's members hear whom to unmask, their answers would give
+    the coordinator the sum, so it is accounted then, durably, before any of them answers. A
+    coordinator restarted at that moment (group 2 lost with its process, its sum never
+    unmasked) goes on with that sum's epsilon spent. Before, it restarted with the last
+    checkpoint's accounting, one sum short of what its previous process could have learnt."""
+    config = ddp_config(tmp_path / "state")
+
+    async def main() -> None:
+        async with serving(config) as (service, driver, _):
+            first = await driver.clients(["a0", "a1", "a2"])
+            await driver.exchange_keys(first)
+            await driver.masked(first, [0.1] * 3)
+            await driver.unmask(first)
+            second = await driver.clients(["b0", "b1", "b2"])
+            await driver.exchange_keys(second)
+            await driver.masked(second, [0.1] * 3)  # every member told whom to unmask
+            hook = service.engine.hook_of(SecureDDPHook)
+            assert hook is not None
+            spent = hook.privacy_record()
+            assert spent["steps"] == 2 and service.engine.version == 1
+            assert committed_accounting(tmp_path / "state") == hook.state_dict()  # on disk
+        async with serving(config) as (restarted, _, _):
+            assert restarted.engine.version == 1
+            hook = restarted.engine.hook_of(SecureDDPHook)
+            assert hook is not None and hook.privacy_record() == spent
+
+    run_async(main(), timeout=20)
+
+
+def test_a_sum_past_the_budget_is_never_asked_for_and_stays_withheld_across_a_restart(
+        tmp_path: Path) -> None:
+    """The budget admits one sum with all 4 members' noise. Group 1 goes on with 3 (quorum
+    0.75: c3's keys come late): less noise, more epsilon than the budget allows. Its members
+    are refused as its masked phase closes, before any of them is asked to unmask, so the
+    coordinator never holds what would rebuild the sum (before, the budget was checked once
+    their unmask answers were in), and the sum withheld is journalled: a restarted
+    coordinator still reports it."""
+    one_sum = SecureDDPHook(noise_multiplier=1.0, clip_norm=1.0, noise_shares=4,
+                            size=DIM).epsilon_with(4)
+    config = ddp_config(tmp_path / "state", max_epsilon=one_sum * 1.001, goal=4)
+    config = dataclasses.replace(config, secure=dataclasses.replace(config.secure,
+                                                                    quorum=0.75))
+
+    async def main() -> None:
+        async with serving(config) as (service, driver, events):
+            members = await driver.clients(["c0", "c1", "c2", "c3"])
+            await driver.advertise(members)
+            await driver.share(members[:3])  # the share phase closes at 3 of 4
+            rng = np.random.default_rng(0)
+            for member in members[:3]:
+                member.trained(np.full(DIM, 0.1, np.float32), 10, 1, 1)
+            replies = await asyncio.gather(*(driver.calls.masked(m.masked(rng))
+                                             for m in members[:3]), return_exceptions=True)
+            for reply in replies:
+                assert isinstance(reply, UpdateRefused), reply
+            [lost] = events.of_kind("secure_group_lost")
+            assert lost.phase == "masked" and "privacy budget" in lost.reason
+            hook = service.engine.hook_of(SecureDDPHook)
+            assert hook is not None
+            assert hook.privacy_record()["sums_withheld"] == 1 and hook.sums == 0
+        async with serving(config) as (restarted, _, _):
+            hook = restarted.engine.hook_of(SecureDDPHook)
+            assert hook is not None
+            assert hook.privacy_record()["sums_withheld"] == 1 and hook.epsilon == 0.0
 
     run_async(main(), timeout=20)
 

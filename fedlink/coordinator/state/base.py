@@ -97,6 +97,9 @@ class SavedState:
     unwritten_events: list[dict[str, Any]] = field(default_factory=list)
     next_secure_group: int = 1
     """The number the next secure group takes (groups are never numbered twice in a run)."""
+    secure_accounting: dict[str, Any] | None = None
+    """Distributed DP's accounting as last journalled (``SecureDDPHook.state_dict``): ahead
+    of the current checkpoint's, by the sums asked for since (``None``: none journalled)."""
 
     @property
     def current(self) -> Checkpoint:
@@ -127,6 +130,11 @@ class StateStore(ABC):
 
     def save_secure_group(self, next_number: int) -> None:  # noqa: B027 (kept in memory)
         """A secure group was numbered; ``next_number`` is the next group's."""
+
+    def save_secure_accounting(self, state: Mapping[str, Any]) -> None:  # noqa: B027
+        """Distributed DP's accounting changed (a sum about to be unmasked, or one withheld
+        for the budget); ``state`` is the accountant's ``state_dict``. Kept in memory by
+        default."""
 
     @abstractmethod
     def save_client(self, record: ClientRecord) -> None:

@@ -248,6 +248,10 @@ class SqliteStore(StateStore):
         """Remember the next secure group's number."""
         self._set_meta("next_secure_group", next_number)
 
+    def save_secure_accounting(self, state: Mapping[str, Any]) -> None:
+        """Remember distributed DP's accounting (a JSON object)."""
+        self._set_meta("secure_accounting", dict(state))
+
     def forget_tasks(self, task_ids: list[str]) -> None:
         """Delete the tasks' rows."""
         rows = [(t,) for t in task_ids]
@@ -355,7 +359,8 @@ class SqliteStore(StateStore):
             settled=self._load_settled(), unreported=self._load_unreported(),
             finished_reason=str(self._meta("finished_reason", "")),
             unwritten_events=self._load_outbox(),
-            next_secure_group=int(self._meta("next_secure_group", 1)))
+            next_secure_group=int(self._meta("next_secure_group", 1)),
+            secure_accounting=self._meta("secure_accounting"))
 
     def _load_checkpoints(self, version: int) -> list[Checkpoint]:
         """Kept checkpoints up to ``version``; later ones (a flush never committed) go."""
