@@ -48,7 +48,8 @@ refused ``RUN_OVER``. A member left out too stale or because its masked update c
 its task closed, with an ``update_refused`` event: its client waits for the next version. The
 coordinator keeps only the running sum of masked vectors; no individual update is held,
 logged or written, in memory or in ``state_dir``. A coordinator restarted mid-group loses the
-group (its members' calls are refused; they check in again).
+group: a member that had not sent its update yet is refused ``NEW_KEYS`` (its task stays
+open), the others ``TASK_CLOSED`` (they check in again), unless their sum was flushed.
 """
 
 from __future__ import annotations
@@ -405,7 +406,7 @@ class SecureDesk:
 
     def record_share(self, request: SecureShareRequest) -> tuple[SecureGroup, _Member]:
         """Phase 2's message: the caller's encrypted shares."""
-        group, member = self._member(request.client_id, request.task_id)
+        group, member = self._member(request.client_id, request.task_id, unsent=True)
         if group.phase == SHARE and member.index not in group.sum.sharers:
             try:
                 group.sum.collect_shares(member.index, [
@@ -601,12 +602,32 @@ class SecureDesk:
                                                            member.bytes_up, {}))
         return why
 
-    def _member(self, client_id: str, task_id: str) -> tuple[SecureGroup, _Member]:
+    def _member(self, client_id: str, task_id: str,
+                unsent: bool = False) -> tuple[SecureGroup, _Member]:
+        """The caller's group and membership; ``unsent``: the call comes before the task's
+        update is sent (sharing keys)."""
         group = self._of_task.get(task_id)
         if group is None:
-            raise UpdateRefused(f"task {task_id!r} is in no secure group",
-                                RefusalCode.TASK_CLOSED)
+            raise self._in_no_group(client_id, task_id, unsent)
         return group, group.member(client_id, task_id)
+
+    def _in_no_group(self, client_id: str, task_id: str, unsent: bool) -> UpdateRefused:
+        """The refusal of a call for a task that no group of this process holds: its group
+        lived in a coordinator process that restarted, or was forgotten. While the task is
+        open and its update unsent, its client exchanges fresh keys with the next group while
+        it trains (``NEW_KEYS``), as a member of a group lost at that phase does, instead of
+        checking in again and training its task anew."""
+        if unsent and self._is_open(client_id, task_id):
+            return UpdateRefused(f"task {task_id!r} is in no secure group (its group is "
+                                 f"gone): advertise fresh keys", RefusalCode.NEW_KEYS)
+        return UpdateRefused(f"task {task_id!r} is in no secure group", RefusalCode.TASK_CLOSED)
+
+    def _is_open(self, client_id: str, task_id: str) -> bool:
+        """Whether ``task_id`` is ``client_id``'s and still open (an unknown task is not)."""
+        try:
+            return self.engine.is_open(self.engine.task(client_id, task_id))
+        except (NotFound, PermissionDenied, UpdateRefused):
+            return False
 
     async def _wait(self, group: SecureGroup, phase: int, task_id: str,
                     member: _Member) -> None:

@@ -401,6 +401,40 @@ def test_after_a_coordinator_restart_a_late_unmask_is_answered_and_groups_number
     run_async(main(), timeout=20)
 
 
+def test_a_member_sharing_keys_when_the_coordinator_restarts_joins_the_next_group(
+        tmp_path: Path) -> None:
+    """Group 1 lived in a coordinator process that restarted while its members shared their
+    keys. Their tasks are open and their updates unsent, so the restarted coordinator answers
+    their retried ``SecureShare`` with ``NEW_KEYS``: they advertise fresh keys into the next
+    group while they train, and their updates count there. Before, they were refused
+    ``TASK_CLOSED`` and checked in to train their tasks again."""
+    config = group_config(tmp_path / "state")
+
+    async def main() -> None:
+        async with serving(config) as (_, driver, _):
+            members = await driver.clients(["c0", "c1", "c2"])
+            await driver.advertise(members)
+            requests = [member.share() for member in members]
+        async with serving(config) as (restarted, driver, _):
+            for request in requests:
+                with pytest.raises(UpdateRefused) as refused:
+                    await driver.calls.share(request)
+                assert refused.value.reason is RefusalCode.NEW_KEYS
+            again = [await driver.task_of(m.client_id) for m in members]
+            assert [d.task.task_id for d in again] == [m.task.task_id for m in members]
+            await driver.exchange_keys(again)
+            await driver.masked(again, [0.1, 0.2, 0.3])
+            assert [r.flushed_version for r in await driver.unmask(again)] == [1, 1, 1]
+            assert np.allclose(restarted.engine.model, 0.2, atol=1e-3)
+            for task_id in ("t-none", members[1].task.task_id):  # unknown, another's
+                stranger = dataclasses.replace(requests[0], task_id=task_id)
+                with pytest.raises(UpdateRefused) as refused:  # nothing of its own to re-key
+                    await driver.calls.share(stranger)
+                assert refused.value.reason is RefusalCode.TASK_CLOSED
+
+    run_async(main(), timeout=20)
+
+
 def test_masked_updates_counts_are_checked_and_bounded_as_a_commit_s(tmp_path: Path) -> None:
     """The example and step counts a masked update claims are its record
     (``update_accepted``): incoherent ones are refused (``INVALID_ARGUMENT``, the member may
