@@ -85,7 +85,9 @@ _VALUE_CODECS: dict[str, Callable[[str], Codec]] = {
 
 
 def kept_count(density: float, n: int) -> int:
-    """``k`` for ``density`` of ``n`` values: ``ceil(density * n)``, at least 1 (if ``n``)."""
+    """``k`` for ``density`` of ``n`` values: ``ceil(density * n - 1e-9)`` (so that 0.07 of
+    100 keeps 7, not the 8 that binary floating point's ``0.07 * 100`` would round up to), at
+    least 1 (if ``n``), at most ``n``."""
     return min(n, max(1, math.ceil(density * n - 1e-9))) if n else 0
 
 

@@ -618,8 +618,8 @@ class SecureConfig:
     with fresh keys): on a fleet where a member in a blackout holds each phase up to
     ``phase_s``, a quorum below 1 trades a late member's work for the others' time.
     ``density`` below 1: group random-k, the compression that survives masking. Every member
-    of a group sends the same ``ceil(density * n)`` coordinates of its update (drawn from the
-    run's ``seed`` and the group's number, public values) and keeps the rest as a residual
+    of a group sends the same ``ceil(density * n - 1e-9)`` coordinates of its update (drawn
+    from the run's ``seed`` and the group's number, public values) and keeps the rest as a residual
     that joins its next update (error feedback), so its masked update is about ``density``
     times as large.
 

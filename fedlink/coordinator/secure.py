@@ -546,10 +546,18 @@ class SecureDesk:
         members' keys."""
         group, member = self._member(request.client_id, request.task_id)
         if group.phase == UNMASK and member.index not in group.answers:
-            group.answers[member.index] = UnmaskShares(
+            answer = UnmaskShares(
                 member.index,
                 {s.owner: (s.x, int.from_bytes(s.y, "little")) for s in request.seed_shares},
                 {s.owner: (s.x, int.from_bytes(s.y, "little")) for s in request.key_shares})
+            if len(answer.seed_shares) + len(answer.key_shares) != (
+                    len(request.seed_shares) + len(request.key_shares)):
+                raise InvalidArgument("an unmask answer names one client twice")
+            try:
+                group.sum.check_answer(answer)
+            except SecAggError as err:
+                raise InvalidArgument(str(err)) from None
+            group.answers[member.index] = answer
             member.bytes_up += 4 + 40 * (len(request.seed_shares) + len(request.key_shares))
             if group.sum.can_finish(group.answers.values()):
                 # enough shares rebuild every secret: the slowest members' answers would
@@ -866,11 +874,23 @@ class SecureDesk:
               survivors: set[int]) -> tuple[np.ndarray, float]:
         """The weighted mean of the survivors' kept coordinates and its weight, from the
         unmasked sum. Under distributed DP (accounted when its unmasking was asked for) its
-        weight is that of the members, which the coordinator named (the sum has none)."""
+        weight is that of the members, which the coordinator named (the sum has none).
+
+        A sum no honest members could have made is refused (``SecAggError``: the group is
+        lost, never flushed): a weight other than the one the coordinator named them, up to
+        the quantization, or under distributed DP a sum beyond its members' norm bound and
+        noise. A wrong mask, packing or share anywhere in the group unmasks to such a sum."""
+        named = sum(m.weight for m in group.members.values() if m.index in survivors)
         if self._ddp is None:
-            return weighted_mean(total, count, group.config)
-        weight = sum(m.weight for m in group.members.values() if m.index in survivors)
-        return self._ddp.skellam.decode_sum(total) / weight, weight
+            return weighted_mean(total, count, group.config, named)
+        skellam = self._ddp.skellam
+        decoded = skellam.decode_sum(total)
+        if float(np.linalg.norm(decoded)) > skellam.sum_norm_bound(count):
+            raise SecAggError(f"the unmasked sum's norm {np.linalg.norm(decoded):.6g} is "
+                              f"beyond what {count} clipped, noised updates reach "
+                              f"({skellam.sum_norm_bound(count):.6g}): a client's masked "
+                              f"update or unmask answer is wrong")
+        return decoded / named, named
 
     def _full(self, group: SecureGroup, mean: np.ndarray) -> np.ndarray:
         """The model-sized mean of a group's kept coordinates: zero where none was sent

@@ -182,6 +182,15 @@ class SkellamConfig:
                 return rounded
         raise SecAggError(f"no rounding within the norm bound in {ROUNDING_TRIES} draws")
 
+    def sum_norm_bound(self, count: int) -> float:
+        """The L2 norm, in real units, beyond which a decoded sum of ``count`` updates is not
+        one of honest clients': each rounded update within ``norm_bound``, plus the full
+        noise's norm with 10 standard deviations of room (the norm of ``size`` values of
+        variance ``mu`` exceeds ``sqrt(mu) * (sqrt(size) + t)`` with probability about
+        ``exp(-t**2 / 2)``)."""
+        noise = math.sqrt(self.variance) * (math.sqrt(self.size) + 10.0)
+        return (count * self.norm_bound + noise) * self.gamma
+
     def decode_sum(self, total: np.ndarray) -> np.ndarray:
         """The float sum (with its noise) from the unmasked integer sum in Z_m."""
         m = 1 << self.modulus_bits

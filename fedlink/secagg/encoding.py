@@ -61,10 +61,20 @@ def decode_sum(total: np.ndarray, count: int, config: SecAggConfig) -> np.ndarra
     return np.asarray(total, dtype=np.float64) * config.step - count * config.clip
 
 
-def weighted_mean(total: np.ndarray, count: int, config: SecAggConfig) -> tuple[np.ndarray, float]:
-    """``(sum w * update / sum w, sum w)`` from the sum of ``encode_weighted`` vectors."""
+def weighted_mean(total: np.ndarray, count: int, config: SecAggConfig,
+                  named: float | None = None) -> tuple[np.ndarray, float]:
+    """``(sum w * update / sum w, sum w)`` from the sum of ``encode_weighted`` vectors.
+
+    ``named``: the total weight the clients were given, when the caller knows it; a sum
+    whose weight differs by more than the quantization (``count`` steps) is refused, as no
+    honest clients could have made it (a wrong mask, packing or share unmasks to such a
+    sum)."""
     decoded = decode_sum(total, count, config)
     weight = float(decoded[-1])
+    if named is not None and abs(weight - named) > count * config.step:
+        raise SecAggError(f"the unmasked sum carries weight {weight:.6g} where its clients "
+                          f"were named {named:.6g}: a client's masked update or unmask "
+                          f"answer is wrong")
     if weight <= 0:
         raise SecAggError("the secure sum carries no weight")
     return decoded[:-1] / weight, weight

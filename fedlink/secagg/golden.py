@@ -10,7 +10,8 @@
   coefficients, and one share encrypted with AES-256-GCM (key, nonce, associated data);
 - ``secagg_encoding.json``: values clipped, scaled and stochastically rounded, with the uniform
   draws that decided each rounding; their packing at the ring's bits; the group's random-k
-  seed and kept coordinates for a few rounds;
+  seed and kept coordinates for a few rounds, and ``k`` for a few densities; a SecAgg+ graph
+  (the cycle's order and each client's neighbours);
 - ``secagg_round.json``: one whole secure round of four clients, one of which drops after
   sharing its keys: each client's random draws, every message of the four phases, and the
   unmasked sum.
@@ -29,9 +30,11 @@ from typing import Any
 
 import numpy as np
 
+from fedlink.compress.sparse import kept_count
 from fedlink.secagg import crypto, shamir
 from fedlink.secagg.base import SecAggConfig
 from fedlink.secagg.encoding import encode
+from fedlink.secagg.graph import cycle_order, neighbours
 from fedlink.secagg.packing import pack
 from fedlink.secagg.protocol import SecureClient, SecureSum
 from fedlink.secagg.sparse import SharedRandK, round_seed
@@ -120,12 +123,17 @@ def encoding_vector() -> dict[str, Any]:
     rounds = [{"run_seed": 5, "round": r, "seed": str(round_seed(5, r)),
                "indices": [int(i) for i in randk.indices(round_seed(5, r), 40)]}
               for r in range(3)]
+    clients = [0, 2, 3, 5, 8, 9, 11, 12, 14]
     return {
         "config": {"modulus_bits": config.modulus_bits, "quantization_bits": config.bits,
                    "clip": config.clip, "max_clients": config.max_clients},
         "values": values.tolist(), "draws": draws.tolist(), "encoded": words(encoded),
         "packed": pack(encoded, config.modulus_bits).hex(),
-        "randk": {"density": randk.density, "size": 40, "rounds": rounds},
+        "randk": {"density": randk.density, "size": 40, "rounds": rounds,
+                  "kept_count": {str(d): kept_count(d, 100) for d in (0.07, 0.25, 0.5)}},
+        "graph": {"seed": 7, "neighbours": 4, "clients": clients,
+                  "order": cycle_order(clients, 7),
+                  "graph": {str(c): list(v) for c, v in neighbours(clients, 4, 7).items()}},
     }
 
 

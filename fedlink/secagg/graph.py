@@ -6,13 +6,24 @@ circulant graph on a random cycle: the clients in an order drawn from the round'
 joined to the ``k / 2`` clients before and after it. Every client has exactly ``k`` neighbours
 (``k`` rounded up to even), the graph is symmetric, and the coordinator and every client
 compute the same graph from the same seed and roster.
+
+The order is a rule any language states in a line (``cycle_order``): the ids sorted by
+``SHA-256("fedlink-secagg/graph/{seed}/{id}")``, read as a big-endian integer, ties (never
+seen) by id.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Collection
 
-import numpy as np
+
+def cycle_order(clients: Collection[int], seed: int) -> list[int]:
+    """``clients`` in the cycle's order for ``seed`` (module docstring)."""
+    def key(client: int) -> tuple[bytes, int]:
+        return hashlib.sha256(f"fedlink-secagg/graph/{seed}/{client}".encode()).digest(), client
+
+    return sorted(clients, key=key)
 
 
 def neighbours(clients: Collection[int], k: int | None, seed: int) -> dict[int, tuple[int, ...]]:
@@ -22,7 +33,7 @@ def neighbours(clients: Collection[int], k: int | None, seed: int) -> dict[int, 
     if k is None or k >= n - 1:
         return {c: tuple(i for i in ids if i != c) for c in ids}
     half = (k + 1) // 2
-    order = [ids[i] for i in np.random.default_rng(seed).permutation(n)]
+    order = cycle_order(ids, seed)
     graph: dict[int, set[int]] = {c: set() for c in ids}
     for position, c in enumerate(order):
         for step in range(1, half + 1):

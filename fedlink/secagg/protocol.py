@@ -242,6 +242,29 @@ class SecureSum:
         return UnmaskRequest(frozenset(self._delivered),
                              frozenset(self._sharers - self._delivered))
 
+    def check_answer(self, answer: UnmaskShares) -> None:
+        """Refuse (``SecAggError``) an unmask answer the round cannot use as it is: from a
+        client that did not share keys, a share of another client than one of its neighbours
+        that the unmask request names (a seed share for a survivor, a key share for a dropped
+        client, never both for one client), at another point than the answering client's
+        (``id + 1``), or a value outside the field. Read as sent, such a share would rebuild
+        a wrong secret and flush a wrong sum."""
+        request = self.unmask_request()
+        client = answer.client
+        if client not in self._sharers:
+            raise SecAggError(f"client {client} did not share keys in this round")
+        asked = set(self._graph[client])
+        for shares, owners, what in ((answer.seed_shares, request.survivors, "seed"),
+                                     (answer.key_shares, request.dropped, "key")):
+            wrong = sorted(set(shares) - (asked & owners))
+            if wrong:
+                raise SecAggError(f"client {client} answers {what} shares for {wrong}: not "
+                                  f"its neighbours that the unmask request names so")
+            for owner, (x, y) in shares.items():
+                if x != _point(client) or not 0 <= y < shamir.PRIME:
+                    raise SecAggError(f"client {client}'s share of client {owner}'s {what} "
+                                      f"is not at its point {_point(client)} in the field")
+
     def can_finish(self, answers: Iterable[UnmaskShares]) -> bool:
         """Whether ``answers`` already rebuild every secret ``finish`` needs (each survivor's
         self-mask seed, each dropped client's mask key): phase 4 need not wait for the rest."""

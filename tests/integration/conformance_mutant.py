@@ -180,6 +180,37 @@ def _no_key_shares() -> None:
     wrap(secure.SecureDelivery, "unmask", make)
 
 
+@mutant("wrong_mask_sign")
+def _wrong_mask_sign() -> None:
+    """Add each pairwise mask with the opposite sign (+ where the lower id subtracts): its
+    masks no longer cancel, and the group unmasks to a sum no honest members could make."""
+    from fedlink.secagg import protocol  # needs the secagg extra: only this mutant imports it
+
+    protocol._sign = lambda i, j: 1 if i > j else -1  # type: ignore[attr-defined]
+
+
+@mutant("reveal_both")
+def _reveal_both() -> None:
+    """Answer the unmask with both secrets of every neighbour, the seed's share and the mask
+    key's (the coordinator could then unmask a dropped member's update)."""
+    from fedlink.client import secure  # needs the secagg extra: only this mutant imports it
+    from fedlink.messages import ShamirShare
+    from fedlink.secagg.crypto import element_bytes
+
+    def make(original: Any) -> Any:
+        def unmask(self: Any) -> Any:
+            request = original(self)
+            point = self.client.client + 1
+            held = sorted(self.client._held.items())
+            return dataclasses.replace(
+                request,
+                seed_shares=tuple(ShamirShare(o, point, element_bytes(s[0])) for o, s in held),
+                key_shares=tuple(ShamirShare(o, point, element_bytes(s[1])) for o, s in held))
+        return unmask
+
+    wrap(secure.SecureDelivery, "unmask", make)
+
+
 @mutant("no_inline")
 def _no_inline() -> None:
     """Ignore ``inline_bytes``: every update is uploaded, never inline."""

@@ -44,6 +44,8 @@ BROKEN: dict[str, tuple[str, tuple[str, ...]]] = {
     "plain_in_secure": ("secure_round", ()),
     "drop_on_lost_masked_reply": ("secure_retry", ()),
     "no_key_shares": ("secure_dropout", ()),
+    "wrong_mask_sign": ("secure_round", ()),
+    "reveal_both": ("secure_dropout", ()),
 }
 """Mutant -> (the check it must fail, extra options narrowing the run to that check)."""
 
@@ -93,6 +95,8 @@ DETAILS = {
     "plain_in_secure": "the client does not speak secure aggregation",
     "drop_on_lost_masked_reply": "sent 1 time(s)",
     "no_key_shares": "key shares for []",
+    "wrong_mask_sign": "a client's masked update or unmask answer is wrong",
+    "reveal_both": "not its neighbours that the unmask request names so",
 }
 """What the failed verdict must say for the secure mutants (the coordinator alone could not
 tell: the others' answers unmask a sum without the client's)."""

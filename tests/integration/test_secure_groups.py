@@ -435,6 +435,64 @@ def test_a_member_sharing_keys_when_the_coordinator_restarts_joins_the_next_grou
     run_async(main(), timeout=20)
 
 
+def test_an_unmask_answer_at_another_point_is_refused_and_the_sum_stays_exact(
+        tmp_path: Path) -> None:
+    """c0 answers its unmasking with its shares at another point than its own (or naming a
+    client twice): refused ``INVALID_ARGUMENT`` and not counted. Before, the coordinator
+    rebuilt a wrong seed from it and flushed a wrong sum."""
+    async def main() -> None:
+        async with serving(group_config(tmp_path / "state")) as (service, driver, _):
+            members = await driver.clients(["c0", "c1", "c2"])
+            await driver.exchange_keys(members)
+            await driver.masked(members, [0.1, 0.2, 0.3])
+            honest = members[0].unmask()
+            moved = tuple(dataclasses.replace(s, x=s.x + 1) for s in honest.seed_shares)
+            twice = honest.seed_shares + honest.seed_shares[:1]
+            for seeds in (moved, twice):
+                with pytest.raises(InvalidArgument):
+                    await driver.calls.unmask(dataclasses.replace(honest, seed_shares=seeds))
+            replies = await asyncio.gather(driver.calls.unmask(honest),
+                                           *(driver.calls.unmask(m.unmask())
+                                             for m in members[1:]))
+            assert [r.flushed_version for r in replies] == [1, 1, 1]
+            assert np.allclose(service.engine.model, 0.2, atol=1e-3)
+
+    run_async(main(), timeout=20)
+
+
+@pytest.mark.parametrize("ddp", [False, True], ids=["weighted", "distributed-dp"])
+def test_a_sum_no_honest_members_could_make_is_never_flushed(tmp_path: Path,
+                                                             ddp: bool) -> None:
+    """c0's masked update is garbage of the right length (a client with a wrong mask, sign or
+    packing sends the like): the sum it unmasks to carries another weight than the members
+    were named or, under distributed DP (no weight), a norm beyond what clipped, noised
+    updates reach. The group is lost with the reason, and the model is untouched; before,
+    the garbage was flushed as the next version."""
+    config = ddp_config(tmp_path / "state") if ddp else group_config(tmp_path / "state")
+
+    async def main() -> None:
+        async with serving(config) as (service, driver, events):
+            members = await driver.clients(["c0", "c1", "c2"])
+            await driver.exchange_keys(members)
+            rng = np.random.default_rng(0)
+            requests = []
+            for member in members:
+                member.trained(np.full(DIM, 0.1, np.float32), 10, 1, 1)
+                requests.append(member.masked(rng))
+            garbage = rng.integers(0, 256, len(requests[0].values), np.uint8).tobytes()
+            requests[0] = dataclasses.replace(requests[0], values=garbage)
+            replies = await asyncio.gather(*(driver.calls.masked(r) for r in requests))
+            for member, reply in zip(members, replies, strict=True):
+                member.heard(reply)
+            for reply in await driver.unmask(members):
+                assert isinstance(reply, UpdateRefused), reply
+            [lost] = events.of_kind("secure_group_lost")
+            assert lost.phase == "unmask" and "is wrong" in lost.reason, lost.reason
+            assert service.engine.version == 0 and not service.engine.model.any()
+
+    run_async(main(), timeout=20)
+
+
 def test_masked_updates_counts_are_checked_and_bounded_as_a_commit_s(tmp_path: Path) -> None:
     """The example and step counts a masked update claims are its record
     (``update_accepted``): incoherent ones are refused (``INVALID_ARGUMENT``, the member may

@@ -307,3 +307,44 @@ def test_rebuildable_says_beforehand_whether_the_survivors_answers_unmask_the_su
             assert told == finished, survivors
             outcomes.add(finished)
     assert outcomes == {True, False}  # both cases met
+
+
+def test_an_unmask_answer_the_round_cannot_use_is_refused_before_it_counts() -> None:
+    """Read as sent, a share at another point than its sender's, one outside the field, or
+    one of a client the request does not name that way would rebuild a wrong secret and
+    unmask a wrong sum (seen: a sum flushed with 2.7 times its weight). Each is refused; the
+    honest answer passes and the sum is exact."""
+    config, size = SecAggConfig(), 6
+    clients, server = _shared(4, config, 1, size)
+    inputs = [np.full(size, 7 * (i + 1), dtype=np.uint32) for i in range(3)]
+    for c, x in zip(clients[:3], inputs, strict=True):  # client 3 drops after sharing
+        c.receive_shares(server.shares_for(c.client))
+        server.collect_masked(c.masked_input(x))
+    clients[3].receive_shares(server.shares_for(3))
+    request = server.unmask_request()
+    honest = clients[0].unmask(request)
+    owner, (x, y) = next(iter(honest.seed_shares.items()))
+    key_owner, key_share = next(iter(honest.key_shares.items()))
+
+    def altered(**changes: dict[int, tuple[int, int]]) -> UnmaskShares:
+        return UnmaskShares(**{"client": 0, "seed_shares": honest.seed_shares,
+                               "key_shares": honest.key_shares, **changes})
+
+    bad = {
+        "another point": altered(seed_shares={**honest.seed_shares, owner: (x + 1, y)}),
+        "outside the field": altered(seed_shares={**honest.seed_shares,
+                                                  owner: (x, shamir.PRIME)}),
+        "a dropped client's seed": altered(seed_shares={**honest.seed_shares,
+                                                        key_owner: key_share}),
+        "a survivor's key": altered(key_shares={**honest.key_shares, owner: (x, y)}),
+        "not a sharer": UnmaskShares(9, honest.seed_shares, honest.key_shares),
+    }
+    for why, answer in bad.items():
+        with pytest.raises(SecAggError):
+            server.check_answer(answer)
+            pytest.fail(f"accepted {why}")
+    answers = [honest, *(c.unmask(request) for c in clients[1:3])]
+    for answer in answers:
+        server.check_answer(answer)
+    total, count = server.finish(answers)
+    assert count == 3 and np.array_equal(total, sum(inputs))

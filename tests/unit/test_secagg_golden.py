@@ -144,6 +144,32 @@ def test_randk_keeps_the_smallest_splitmix64_keys_of_the_round_seed() -> None:
         assert entry["indices"] == sorted(sorted(range(r["size"]), key=key)[:k])
 
 
+def test_k_is_the_ceiling_of_density_times_n_less_a_billionth() -> None:
+    kept = load("secagg_encoding.json")["randk"]["kept_count"]
+    assert kept == {d: math.ceil(float(d) * 100 - 1e-9) for d in kept}
+    assert kept["0.07"] == 7  # 0.07 * 100 is 7.000000000000001 in binary floating point
+
+
+def test_the_sparse_graph_is_the_sha256_cycle_joined_k_over_2_each_way() -> None:
+    import hashlib
+
+    g = load("secagg_encoding.json")["graph"]
+
+    def digest(client: int) -> bytes:
+        return hashlib.sha256(f"fedlink-secagg/graph/{g['seed']}/{client}".encode()).digest()
+
+    order = sorted(g["clients"], key=digest)
+    assert g["order"] == order
+    n, half = len(order), (g["neighbours"] + 1) // 2
+    expected: dict[str, set[int]] = {str(c): set() for c in order}
+    for position, client in enumerate(order):
+        for step in range(1, half + 1):
+            other = order[(position + step) % n]
+            expected[str(client)].add(other)
+            expected[str(other)].add(client)
+    assert g["graph"] == {c: sorted(v) for c, v in expected.items()}
+
+
 def test_the_recorded_round_replays_message_for_message() -> None:
     v = load("secagg_round.json")
     c = v["config"]
