@@ -7,10 +7,12 @@ upload and the unmasking follow its training. As in a plain elastic flush, an up
 ``flush.max_staleness`` versions old still counts, discounted by the run's staleness weight,
 which the coordinator names to each member when the roster closes (the member sums
 ``[w * update, w]``; staleness is counted against the version the group will flush onto, the
-current one plus the groups ahead of it). Groups overlap: while one goes through its later
-phases the next one forms. The four ``Secure*`` calls are long-polls: a client's message is
-recorded, and the call answers once its phase closes for the whole group, when every member
-still in it has answered or the phase's deadline has passed:
+current one plus the groups ahead of it); the version moves by the weighted sum over the
+members' count, so a stale group moves the model less than a fresh one. Groups overlap:
+while one goes through its later phases the next one forms. The four ``Secure*`` calls are
+long-polls: a client's message is recorded, and the call answers once its phase closes for
+the whole group, when every member still in it has answered or the phase's deadline has
+passed:
 
 1. advertise keys: closes at ``flush.goal`` members or ``secure.phase_s`` after the first; the
    roster is final. The flush rule binds a group as a flush: a member that would be staler
@@ -872,9 +874,14 @@ class SecureDesk:
 
     def _mean(self, group: SecureGroup, total: np.ndarray, count: int,
               survivors: set[int]) -> tuple[np.ndarray, float]:
-        """The weighted mean of the survivors' kept coordinates and its weight, from the
-        unmasked sum. Under distributed DP (accounted when its unmasking was asked for) its
-        weight is that of the members, which the coordinator named (the sum has none).
+        """The delta a group's unmasked sum makes the next version with, over the survivors'
+        kept coordinates, and its weight (the total of the staleness weights the coordinator
+        named them). The delta is the sum of their weighted updates over their count: a
+        group of fresh members moves the model by their mean, and a stale group by its
+        members' staleness weights, as a late update does in a plain flush beside fresh ones
+        (normalized by the weights, a group of members all equally stale would move the
+        model as far as a fresh one). Under distributed DP (accounted when its unmasking was
+        asked for) the sum carries no weight: the members' weighted updates, noised.
 
         A sum no honest members could have made is refused (``SecAggError``: the group is
         lost, never flushed): a weight other than the one the coordinator named them, up to
@@ -882,7 +889,8 @@ class SecureDesk:
         noise. A wrong mask, packing or share anywhere in the group unmasks to such a sum."""
         named = sum(m.weight for m in group.members.values() if m.index in survivors)
         if self._ddp is None:
-            return weighted_mean(total, count, group.config, named)
+            mean, weight = weighted_mean(total, count, group.config, named)
+            return mean * (weight / count), weight
         skellam = self._ddp.skellam
         decoded = skellam.decode_sum(total)
         if float(np.linalg.norm(decoded)) > skellam.sum_norm_bound(count):
@@ -890,7 +898,7 @@ class SecureDesk:
                               f"beyond what {count} clipped, noised updates reach "
                               f"({skellam.sum_norm_bound(count):.6g}): a client's masked "
                               f"update or unmask answer is wrong")
-        return decoded / named, named
+        return decoded / count, named
 
     def _full(self, group: SecureGroup, mean: np.ndarray) -> np.ndarray:
         """The model-sized mean of a group's kept coordinates: zero where none was sent
