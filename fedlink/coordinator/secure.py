@@ -837,14 +837,14 @@ class SecureDesk:
         survivors = set(group.delivered)
         self._refuse_overtaken(group, survivors)
         total, count = group.sum.finish(group.answers.values())
-        mean, weight = self._mean(group, total, count, survivors)
-        mean = self._full(group, mean)
+        delta, weight = self._delta(group, total, count, survivors)
+        delta = self._full(group, delta)
         # staleness as folded: below the one weighed when a group counted ahead was lost
         tasks = [SummedTask(c, m.task_id, m.num_examples, m.steps_completed, m.steps_planned,
                             m.bytes_up, self.engine.version - m.base_version, m.weight)
                  for c, m in group.members.items() if m.index in survivors]
         with self._durably():  # the new version and its events, journalled together
-            outcome = self.engine.submit_sum(tasks, mean.astype(np.float32), weight)
+            outcome = self.engine.submit_sum(tasks, delta.astype(np.float32), weight)
             for task in tasks:
                 self._settled(task.client_id, task.task_id)
         # the sum is in the model from here on: whatever fails next must not lose the group
@@ -872,8 +872,8 @@ class SecureDesk:
             raise SecAggError(f"groups formed after it flushed first: its updates would be "
                               f"folded up to {worst} versions stale (max_staleness {limit})")
 
-    def _mean(self, group: SecureGroup, total: np.ndarray, count: int,
-              survivors: set[int]) -> tuple[np.ndarray, float]:
+    def _delta(self, group: SecureGroup, total: np.ndarray, count: int,
+               survivors: set[int]) -> tuple[np.ndarray, float]:
         """The delta a group's unmasked sum makes the next version with, over the survivors'
         kept coordinates, and its weight (the total of the staleness weights the coordinator
         named them). The delta is the sum of their weighted updates over their count: a
@@ -900,14 +900,14 @@ class SecureDesk:
                               f"update or unmask answer is wrong")
         return decoded / count, named
 
-    def _full(self, group: SecureGroup, mean: np.ndarray) -> np.ndarray:
-        """The model-sized mean of a group's kept coordinates: zero where none was sent
+    def _full(self, group: SecureGroup, delta: np.ndarray) -> np.ndarray:
+        """The model-sized delta of a group's kept coordinates: zero where none was sent
         (each member keeps those as its residual for a later group)."""
         assert self._settings is not None
         n = self.engine.num_parameters
         indices = group_indices(self._settings.density, self._settings.randk_seed,
                                 group.number, n)
-        return mean if indices is None else scatter(mean, indices, n)
+        return delta if indices is None else scatter(delta, indices, n)
 
     _CLOSERS: dict[int, Callable[[SecureDesk, SecureGroup], None]] = {
         ADVERTISE: _close_advertise, SHARE: _close_share, MASKED: _close_masked,
