@@ -563,6 +563,14 @@ ACCURACY_SEEDS = tuple(range(15))
 run's final accuracy moves by a point or two with its seed."""
 
 
+def _demo_pairs(seeds: tuple[int, ...],
+                measure: Callable[[dict[str, Any], Path], float]) -> list[tuple[float, float]]:
+    """``measure`` of the demo as it is and secure (``_tta_tables``), a pair per seed."""
+    with tempfile.TemporaryDirectory() as workdir:
+        return [(measure(plain, Path(workdir)), measure(secure, Path(workdir)))
+                for plain, secure in (_tta_tables(seed, DEMO_QUORUM) for seed in seeds)]
+
+
 def _last_accuracy(table: dict[str, Any], workdir: Path) -> float:
     """The mean accuracy of the last three versions of a virtual run of ``table`` that makes
     every version its ``rounds`` ask for (no stop at the target accuracy)."""
@@ -579,12 +587,7 @@ def secure_accuracy_on_the_demo_fleet(seeds: tuple[int, ...]) -> dict[str, Any]:
     """``secure_accuracy_drop``: the demo, plain and secure (the time-to-accuracy pairs' tables),
     each run for the demo's ``rounds`` versions; plain minus secure accuracy, median of the
     pairs."""
-    pairs = []
-    with tempfile.TemporaryDirectory() as workdir:
-        for seed in seeds:
-            plain, secure = _tta_tables(seed, DEMO_QUORUM)
-            pairs.append((_last_accuracy(plain, Path(workdir)),
-                          _last_accuracy(secure, Path(workdir))))
+    pairs = _demo_pairs(seeds, _last_accuracy)
     drops = [p - s for p, s in pairs]
     return {"secure_accuracy_drop": statistics.median(drops),
             "secure_accuracy_drop_min": min(drops), "secure_accuracy_drop_max": max(drops),
@@ -613,12 +616,7 @@ def _grpc_time_to_target(table: dict[str, Any], workdir: Path) -> float:
 
 def secure_time_to_accuracy_grpc(seeds: tuple[int, ...]) -> dict[str, Any]:
     """The time-to-accuracy pairs over real gRPC (see the docstring)."""
-    pairs = []
-    with tempfile.TemporaryDirectory() as workdir:
-        for seed in seeds:
-            plain, secure = _tta_tables(seed, DEMO_QUORUM)
-            pairs.append((_grpc_time_to_target(plain, Path(workdir)),
-                          _grpc_time_to_target(secure, Path(workdir))))
+    pairs = _demo_pairs(seeds, _grpc_time_to_target)
     ratios = [s / p for p, s in pairs]
     figures: dict[str, Any] = {
         "secure_time_to_accuracy_ratio_grpc": statistics.median(ratios),

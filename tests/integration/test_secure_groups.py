@@ -98,9 +98,31 @@ class Driver:
         for member, reply in zip(members, replies, strict=True):
             member.heard(reply)
 
+    @staticmethod
+    def masked_requests(members: Sequence[SecureDelivery]) -> list[Any]:
+        """The members' masked updates of ``0.1`` everywhere, not sent yet."""
+        rng = np.random.default_rng(0)
+        requests = []
+        for member in members:
+            member.trained(np.full(DIM, 0.1, np.float32), 10, 1, 1)
+            requests.append(member.masked(rng))
+        return requests
+
     async def unmask(self, members: Sequence[SecureDelivery]) -> list[Any]:
         return await asyncio.gather(*(self.calls.unmask(d.unmask()) for d in members),
                                     return_exceptions=True)
+
+    async def second_group_asked_to_unmask(self) -> list[SecureDelivery]:
+        """Group 1 (a0..a2) flushed; group 2 (b0..b2) delivered its masked updates and each
+        member heard whom to unmask: group 2's members."""
+        first = await self.clients(["a0", "a1", "a2"])
+        await self.exchange_keys(first)
+        await self.masked(first, [0.1] * 3)
+        await self.unmask(first)
+        second = await self.clients(["b0", "b1", "b2"])
+        await self.exchange_keys(second)
+        await self.masked(second, [0.1] * 3)
+        return second
 
     async def more_groups(self, count: int, size: int = 4) -> None:
         """``count`` more groups of ``size`` new clients, each flushed with every member."""
@@ -475,11 +497,8 @@ def test_a_sum_no_honest_members_could_make_is_never_flushed(tmp_path: Path,
         async with serving(config) as (service, driver, events):
             members = await driver.clients(["c0", "c1", "c2"])
             await driver.exchange_keys(members)
-            rng = np.random.default_rng(0)
-            requests = []
-            for member in members:
-                member.trained(np.full(DIM, 0.1, np.float32), 10, 1, 1)
-                requests.append(member.masked(rng))
+            requests = driver.masked_requests(members)
+            rng = np.random.default_rng(1)
             garbage = rng.integers(0, 256, len(requests[0].values), np.uint8).tobytes()
             requests[0] = dataclasses.replace(requests[0], values=garbage)
             replies = await asyncio.gather(*(driver.calls.masked(r) for r in requests))
@@ -504,11 +523,7 @@ def test_masked_updates_counts_are_checked_and_bounded_as_a_commit_s(tmp_path: P
         async with serving(group_config(tmp_path / "state")) as (_, driver, events):
             members = await driver.clients(["c0", "c1", "c2"])
             await driver.exchange_keys(members)
-            rng = np.random.default_rng(0)
-            requests = []
-            for member in members:
-                member.trained(np.full(DIM, 0.1, np.float32), 10, 1, 1)
-                requests.append(member.masked(rng))
+            requests = driver.masked_requests(members)
             boasts = dataclasses.replace(requests[0], num_examples=2**63 - 1)  # int64's most
             with pytest.raises(InvalidArgument, match="steps_completed 7 exceeds"):
                 await driver.calls.masked(dataclasses.replace(requests[1], steps_completed=7))
@@ -544,15 +559,9 @@ def test_a_group_whose_run_stops_before_it_unmasks_is_never_unmasked(tmp_path: P
 
     async def main() -> None:
         async with serving(config) as (service, driver, _):
-            first = await driver.clients(["a0", "a1", "a2"])
-            await driver.exchange_keys(first)
-            await driver.masked(first, [0.1] * 3)
-            await driver.unmask(first)
+            second = await driver.second_group_asked_to_unmask()
             hook = service.engine.hook_of(SecureDDPHook)
-            assert hook is not None and hook.privacy_record()["steps"] == 1
-            second = await driver.clients(["b0", "b1", "b2"])
-            await driver.exchange_keys(second)
-            await driver.masked(second, [0.1] * 3)
+            assert hook is not None and service.engine.version == 1
             accounted = hook.privacy_record()
             assert accounted["steps"] == 2  # asked for: accounted, before any answer
             service.lifecycle.end("stopped by signal", durable=False)
@@ -583,13 +592,7 @@ def test_a_sum_its_members_were_asked_to_unmask_stays_spent_across_a_restart(
 
     async def main() -> None:
         async with serving(config) as (service, driver, _):
-            first = await driver.clients(["a0", "a1", "a2"])
-            await driver.exchange_keys(first)
-            await driver.masked(first, [0.1] * 3)
-            await driver.unmask(first)
-            second = await driver.clients(["b0", "b1", "b2"])
-            await driver.exchange_keys(second)
-            await driver.masked(second, [0.1] * 3)  # every member told whom to unmask
+            await driver.second_group_asked_to_unmask()
             hook = service.engine.hook_of(SecureDDPHook)
             assert hook is not None
             spent = hook.privacy_record()
@@ -622,11 +625,9 @@ def test_a_sum_past_the_budget_is_never_asked_for_and_stays_withheld_across_a_re
             members = await driver.clients(["c0", "c1", "c2", "c3"])
             await driver.advertise(members)
             await driver.share(members[:3])  # the share phase closes at 3 of 4
-            rng = np.random.default_rng(0)
-            for member in members[:3]:
-                member.trained(np.full(DIM, 0.1, np.float32), 10, 1, 1)
-            replies = await asyncio.gather(*(driver.calls.masked(m.masked(rng))
-                                             for m in members[:3]), return_exceptions=True)
+            replies = await asyncio.gather(*(driver.calls.masked(r) for r in
+                                             driver.masked_requests(members[:3])),
+                                           return_exceptions=True)
             for reply in replies:
                 assert isinstance(reply, UpdateRefused), reply
             [lost] = events.of_kind("secure_group_lost")
