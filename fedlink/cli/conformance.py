@@ -39,9 +39,10 @@ def add_conformance_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--only", default=None,
                    help="check names to run alone, comma-separated (default: every check)")
     p.add_argument("--secure", action="store_true",
-                   help="also run the secure-aggregation scenario (groups filled with the "
-                        "runner's own fedlink clients); --only secure_round,secure_retry runs "
-                        "it alone")
+                   help="also run the secure-aggregation scenarios (groups filled with the "
+                        "runner's own fedlink clients; secure_options runs distributed DP and "
+                        "needs the privacy extra); --only secure_round,secure_retry,"
+                        "secure_dropout,secure_options runs them alone")
     p.add_argument("--timeout-s", type=float, default=120.0,
                    help="seconds one client run may take")
     p.add_argument("--json", type=Path, default=None, metavar="FILE",

@@ -423,6 +423,15 @@ def _secure_round(record: RunRecord) -> tuple[bool, str]:
                     + f", {record.exit_text}")
 
 
+@check("secure_options")
+def _secure_options(record: RunRecord) -> tuple[bool, str]:
+    """As ``secure_round``, in groups with SecAgg+, group random-k and distributed DP: the
+    client computed the graph, the kept coordinates and the noised encoding as the protocol
+    states them (else its calls are refused, or its group unmasks to a sum that is never
+    flushed)."""
+    return _secure_round(record)
+
+
 def _failed_secure_calls(record: RunRecord) -> str:
     """How many ``Secure*`` calls were refused or failed, and the first one's answer."""
     failed = [c for name in SECURE_PHASES for c in record.log.of(name)

@@ -12,10 +12,10 @@ Scenarios: ``faults`` (cut transfers, a lost commit reply, a corrupted upload),
 ``behaviours`` (a corrupted model, a slow commit, an overload refusal with a retry hint, a
 forgotten client, evaluation tasks, the run's end), one per downlink codec, one per lossy
 update codec; and, asked for (``secure``, or a secure check in ``only``), ``secure`` (two
-groups, a lost ``SecureMasked`` reply) and ``secure-dropout`` (a member vanishes after sharing
-its keys): coordinators with ``[coordinator.secure]`` whose groups the runner fills with
-fedlink clients of its own (``fedlink.conformance.peers``), so that the client under test can
-complete them.
+groups, a lost ``SecureMasked`` reply), ``secure-dropout`` (a member vanishes after sharing
+its keys) and ``secure-options`` (SecAgg+, group random-k and distributed DP):
+coordinators with ``[coordinator.secure]`` whose groups the runner fills with fedlink clients
+of its own (``fedlink.conformance.peers``), so that the client under test can complete them.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import importlib.util
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -81,6 +82,8 @@ class Scenario:
     """Secure aggregation on: groups of ``SECURE_GROUP``, the runner's peers filling them."""
     vanishing_peers: int = 0
     """Peers that vanish after sharing their keys in their first group."""
+    secure_settings: tuple[tuple[str, Any], ...] = ()
+    """``[coordinator.secure]`` settings beyond the defaults, as ``(key, value)`` pairs."""
 
     def coordinator_config(self) -> CoordinatorConfig:
         """The coordinator of this scenario: one update per round (a secure group's sum per
@@ -98,9 +101,9 @@ class Scenario:
         if not self.secure:
             return config
         # off what needs individual updates: a secure coordinator refuses it
-        return dataclasses.replace(config, secure=SecureConfig(enabled=True,
-                                                                phase_s=SECURE_PHASE_S),
-                                   robust=RobustConfig(enabled=False), norm_bound_adaptive=False)
+        secure = SecureConfig(enabled=True, phase_s=SECURE_PHASE_S, **dict(self.secure_settings))
+        return dataclasses.replace(config, secure=secure, robust=RobustConfig(enabled=False),
+                                   norm_bound_adaptive=False)
 
     @property
     def peers(self) -> int:
@@ -134,6 +137,20 @@ SECURE_DROPOUT = Scenario("secure-dropout", ("secure_dropout",), secure=True, ro
                           vanishing_peers=1)
 """One secure group, a peer of which shares its keys and vanishes: the group goes on once the
 masked phase's deadline passes, and the client's unmask must hold a share of its mask key."""
+
+
+SECURE_OPTIONS = Scenario(
+    "secure-options", ("secure_options",), secure=True,
+    secure_settings=(("neighbours", 2), ("density", 0.5), ("noise_multiplier", 1.0),
+                     ("clip_norm", 1.0)))
+"""Two secure groups with SecAgg+ (2 neighbours each: a member masks and shares with half of
+its group, by the protocol's graph), group random-k (half the coordinates, by the protocol's
+index rule and ``k``) and distributed DP (Skellam noise shares, no weight in the masked
+vector): a client that gets any of them wrong is refused or its group unmasks to a sum the
+coordinator does not flush."""
+
+SECURE_SCENARIOS = (SECURE, SECURE_DROPOUT, SECURE_OPTIONS)
+"""The scenarios that ``--secure`` (or a secure check in ``only``) asks for."""
 
 
 def codec_scenario(codec: str) -> Scenario:
@@ -191,10 +208,17 @@ class ConformanceOptions:
         if self._runs_secure() and importlib.util.find_spec("cryptography") is None:
             raise ConfigError("the secure scenarios need the secagg extra (cryptography): "
                               "pip install 'fedlink[secagg]'")
+        if (any(s.name == SECURE_OPTIONS.name for s in self.scenarios())
+                and importlib.util.find_spec("dp_accounting") is None):
+            raise ConfigError("the secure-options scenario runs distributed DP, whose "
+                              "accounting needs the privacy extra: pip install "
+                              "'fedlink[secagg,privacy]' (or leave secure_options out with "
+                              "--only)")
 
     def _runs_secure(self) -> bool:
         """Whether the secure scenarios are asked for."""
-        return self.secure or bool(set(self.only) & {*SECURE.checks, *SECURE_DROPOUT.checks})
+        return self.secure or bool(set(self.only) & {c for s in SECURE_SCENARIOS
+                                                     for c in s.checks})
 
     def scenarios(self) -> list[Scenario]:
         """The fault scenarios, then one per downlink codec and one per lossy update codec,
@@ -203,7 +227,7 @@ class ConformanceOptions:
         every = [FAULTS, BEHAVIOURS, *(codec_scenario(c) for c in self.codecs),
                  *(lossy_scenario(c) for c in self.update_codecs)]
         if self.secure or self.only:
-            every += [SECURE, SECURE_DROPOUT]
+            every += SECURE_SCENARIOS
         if not self.only:
             return every
         return [dataclasses.replace(s, checks=tuple(c for c in s.checks if c in self.only))

@@ -189,6 +189,20 @@ def _wrong_mask_sign() -> None:
     protocol._sign = lambda i, j: 1 if i > j else -1  # type: ignore[attr-defined]
 
 
+@mutant("numpy_graph")
+def _numpy_graph() -> None:
+    """Order the SecAgg+ cycle by numpy's permutation of the ids, the rule before the protocol
+    stated one: it looks for other neighbours than the group's graph names (in the
+    secure-options scenario's first group, every member's)."""
+    from fedlink.secagg import graph  # needs the secagg extra: only this mutant imports it
+
+    def numpy_order(clients: Any, seed: int) -> list[int]:
+        ids = sorted(clients)
+        return [ids[i] for i in np.random.default_rng(seed).permutation(len(ids))]
+
+    graph.cycle_order = numpy_order  # type: ignore[assignment]
+
+
 @mutant("reveal_both")
 def _reveal_both() -> None:
     """Answer the unmask with both secrets of every neighbour, the seed's share and the mask

@@ -108,12 +108,13 @@ def test_the_fedlink_client_passes_the_secure_scenario(tmp_path: Path) -> None:
     config.write_text(SECURE_CLIENT_TOML)
     cmd = f"{sys.executable} -m fedlink client --server {{server}} --config {config}"
     result = conformance(cmd, tmp_path / "verdicts.json", "--secure", "--only",
-                         "secure_round,secure_retry,secure_dropout", "--timeout-s", "90")
+                         "secure_round,secure_retry,secure_dropout,secure_options",
+                         "--timeout-s", "90")
 
     assert result.returncode == 0, result.stdout + result.stderr
     verdicts = json.loads((tmp_path / "verdicts.json").read_text())
-    assert verdicts == {"secure_round": True, "secure_retry": True,
-                        "secure_dropout": True}, result.stdout
+    assert verdicts == {"secure_round": True, "secure_retry": True, "secure_dropout": True,
+                        "secure_options": True}, result.stdout
     # the peers' tasks are not the client's: 2 rounds, 2 tasks, not 8
     assert "2 task(s) in secure groups, 2 through all four calls, 2 inside a flushed sum" \
         in result.stdout
@@ -128,10 +129,27 @@ def test_the_secure_scenario_is_asked_for() -> None:
 
     cmd = "c {server}"
     assert "secure" not in names(ConformanceOptions(cmd))
-    assert names(ConformanceOptions(cmd, secure=True))[-2:] == ["secure", "secure-dropout"]
+    assert names(ConformanceOptions(cmd, secure=True))[-3:] == ["secure", "secure-dropout",
+                                                                "secure-options"]
     assert names(ConformanceOptions(cmd, only=("secure_round",))) == ["secure"]
     assert names(ConformanceOptions(cmd, only=("secure_dropout",))) == ["secure-dropout"]
+    assert names(ConformanceOptions(cmd, only=("secure_options",))) == ["secure-options"]
     assert "secure" not in names(ConformanceOptions(cmd, only=("join",)))
+
+
+def test_the_secure_options_scenario_names_the_extra_its_accounting_needs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without dp-accounting the secure-options scenario (distributed DP) could not start its
+    coordinator: the run is refused at once, naming the extra, and the other secure checks
+    still run alone."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "dp_accounting" else find_spec(name, *a))
+    with pytest.raises(ConfigError, match="privacy extra"):
+        ConformanceOptions("c {server}", secure=True)
+    ConformanceOptions("c {server}", only=("secure_round", "secure_dropout"))
 
 
 def test_options_need_the_server_placeholder_and_known_codecs() -> None:

@@ -46,6 +46,7 @@ BROKEN: dict[str, tuple[str, tuple[str, ...]]] = {
     "no_key_shares": ("secure_dropout", ()),
     "wrong_mask_sign": ("secure_round", ()),
     "reveal_both": ("secure_dropout", ()),
+    "numpy_graph": ("secure_options", ()),
 }
 """Mutant -> (the check it must fail, extra options narrowing the run to that check)."""
 
@@ -97,13 +98,15 @@ DETAILS = {
     "no_key_shares": "key shares for []",
     "wrong_mask_sign": "a client's masked update or unmask answer is wrong",
     "reveal_both": "not its neighbours that the unmask request names so",
+    "numpy_graph": "(group 1) without SecureShare",
 }
 """What the failed verdict must say for the secure mutants (the coordinator alone could not
 tell: the others' answers unmask a sum without the client's)."""
 
 
 @pytest.mark.parametrize("check", ["heartbeat", "retry_hint", "metrics", "new_upload_id",
-                                   "secure_round", "secure_retry", "secure_dropout"])
+                                   "secure_round", "secure_retry", "secure_dropout",
+                                   "secure_options"])
 def test_the_unmutated_client_passes_the_checks_run_alone(check: str, data: Path,
                                                           tmp_path: Path) -> None:
     """The narrowed runs above fail because of the mutation, not because of the narrowing."""
