@@ -156,6 +156,12 @@ class FlushHook(ABC):
         """Why the run must end before the next flush ("" to go on)."""
         return ""
 
+    def wait_reason(self) -> str:
+        """Why no new training task is issued for now ("" to issue them): the hook waits for
+        something already under way (a secure sum being unmasked) before it can say whether
+        the run goes on. Clients with an open task still get it."""
+        return ""
+
     def report(self) -> dict[str, Any]:
         """Fields for the ``flush`` event (and so the report)."""
         return {}

@@ -383,6 +383,9 @@ class RoundEngine:
         if not self.rule.continuous and self._was_asked(client_id, self._version):
             return Wait(self.config.limits.retry_after_s,
                         f"already trained on version {self._version}; waiting for the next")
+        waiting = next((r for r in (h.wait_reason() for h in self._hooks) if r), "")
+        if waiting:
+            return Wait(self.config.limits.retry_after_s, waiting)
         if self._free_slots() <= 0:
             return Wait(self.config.limits.retry_after_s,
                         f"cohort of version {self._version} is full")

@@ -211,6 +211,8 @@ class SecureGroup:
     run_over: bool = False
     """Lost because the run ended."""
     flushed_version: int = 0
+    accounted: bool = False
+    """Its sum is spent under distributed DP and has not flushed or been lost yet."""
     ready: bool = False
     """Its unmasking could close, but a group ahead of it has not flushed yet."""
     unmask_due: bool = False
@@ -826,7 +828,15 @@ class SecureDesk:
             self._journal_accounting(self._ddp)
             raise SecAggError(reason)  # never asked for, never unmasked
         self._ddp.account(shares)
+        group.accounted = True
         self._journal_accounting(self._ddp)
+
+    def _settle_accounting(self, group: SecureGroup) -> None:
+        """A group whose sum was accounted flushed or was lost: the budget no longer waits
+        for it (``SecureDDPHook.settled``)."""
+        if group.accounted and self._ddp is not None:
+            group.accounted = False
+            self._ddp.settled()
 
     def _journal_accounting(self, ddp: SecureDDPHook) -> None:
         if self.on_accounted is not None:
@@ -849,6 +859,7 @@ class SecureDesk:
                 self._settled(task.client_id, task.task_id)
         # the sum is in the model from here on: whatever fails next must not lose the group
         group.flushed_version = outcome.version
+        self._settle_accounting(group)
         group.sum = SecureSum(group.config, group.number, 1, 0)  # drop the masked total
         group.answers = {}
         for task in tasks:
@@ -934,6 +945,7 @@ class SecureDesk:
                 group=group.number, phase=PHASE_NAMES[phase], reason=reason,
                 members=len(group.members), model_version=self.engine.version))
         group.lost, group.lost_at, group.phase = reason, phase, DONE
+        self._settle_accounting(group)
         group.sum = SecureSum(group.config, group.number, 1, 0)
         if self._forming is group:
             self._forming = None

@@ -69,6 +69,7 @@ class SecureDDPHook(FlushHook):
         self.max_epsilon = float(max_epsilon)
         self._sums: Counter[int] = Counter()  # noise shares in a sum -> sums unmasked
         self._refused = 0
+        self._pending = 0  # sums accounted whose group has not flushed or been lost yet
         self._epsilon = 0.0
         self._peeked: dict[int, float] = {}  # shares -> epsilon after one more such sum
 
@@ -102,12 +103,19 @@ class SecureDDPHook(FlushHook):
                 f"from {self._epsilon:.4g} to {self.epsilon_with(shares):.4g} > max_epsilon "
                 f"{self.max_epsilon:g}")
 
+    def settled(self) -> None:
+        """A sum ``account`` recorded was flushed, or its group lost: it is spent either way,
+        and the run no longer waits for it before ending on the budget."""
+        self._pending = max(0, self._pending - 1)
+
     def account(self, shares: int) -> None:
-        """Record one sum, about to be unmasked, that carries ``shares`` clients' noise."""
+        """Record one sum, about to be unmasked, that carries ``shares`` clients' noise (until
+        ``settled``, the run waits for it before ending on the budget)."""
         if not 1 <= shares <= self.skellam.clients:
             raise ValueError(f"a sum carries 1..{self.skellam.clients} noise shares, "
                              f"got {shares}")
         self._sums[shares] += 1
+        self._pending += 1
         self._epsilon = self._epsilon_of(self._sums)
         self._peeked = {}
         log.info("secure sum of %d noise shares: epsilon %.4g at delta %g after %d sums",
@@ -138,12 +146,21 @@ class SecureDDPHook(FlushHook):
         return mean_delta
 
     def stop_reason(self) -> str:
-        """Non-empty once one more sum with every noise share would exceed the budget."""
-        if self.admits(self.skellam.clients):
+        """Non-empty once one more sum with every noise share would exceed the budget and no
+        sum accounted is still being unmasked (it is spent: the run waits for its flush)."""
+        if self.admits(self.skellam.clients) or self._pending:
             return ""
         return (f"privacy budget exhausted: epsilon {self._epsilon:.4g} after {self.sums} "
                 f"secure sums would reach {self.epsilon_with(self.skellam.clients):.4g} > "
                 f"max_epsilon {self.max_epsilon:g} (delta {self.delta:g}, {ACCOUNTANT})")
+
+    def wait_reason(self) -> str:
+        """Non-empty while the budget is spent but a sum accounted is still being unmasked:
+        no new task could be summed, and the run ends once that sum flushes."""
+        if self.admits(self.skellam.clients) or not self._pending:
+            return ""
+        return (f"privacy budget spent: waiting for {self._pending} secure sum(s) being "
+                f"unmasked before the run ends")
 
     def report(self) -> dict[str, Any]:
         """``epsilon`` and the ``privacy`` record, on each flush event."""

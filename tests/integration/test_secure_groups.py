@@ -28,7 +28,7 @@ from fedlink.coordinator.secure import KEEP_DONE
 from fedlink.coordinator.service import CoordinatorService
 from fedlink.coordinator.state.sqlite import DB_FILENAME
 from fedlink.errors import InvalidArgument, UpdateRefused
-from fedlink.messages import GetTaskRequest, JoinRequest, Task
+from fedlink.messages import Finished, GetTaskRequest, JoinRequest, Task, Wait
 from fedlink.metrics import EventLog
 from fedlink.privacy.secure_ddp import SecureDDPHook
 from fedlink.refusals import RefusalCode
@@ -579,6 +579,32 @@ def committed_accounting(state_dir: Path) -> Any:
     with contextlib.closing(sqlite3.connect(state_dir / DB_FILENAME)) as db:
         row = db.execute("SELECT value FROM meta WHERE key = 'secure_accounting'").fetchone()
     return None if row is None else json.loads(row[0])
+
+
+def test_the_last_sum_the_budget_allows_flushes_before_the_run_ends(tmp_path: Path) -> None:
+    """The budget allows one full sum. Once group 1 is asked to unmask, its sum is spent, and
+    a client checking in meanwhile is told to wait (no new task could be summed), not that
+    the run is over: group 1 then flushes, and only the next check-in ends the run. Before,
+    that check-in ended the run at once, and group 1's sum, spent, was refused ``RUN_OVER``
+    and never flushed."""
+    one_sum = SecureDDPHook(noise_multiplier=1.0, clip_norm=1.0, noise_shares=3,
+                            size=DIM).epsilon_with(3)
+    config = ddp_config(tmp_path / "state", max_epsilon=one_sum * 1.001)
+
+    async def main() -> None:
+        async with serving(config) as (service, driver, _):
+            members = await driver.clients(["c0", "c1", "c2"])
+            await driver.exchange_keys(members)
+            await driver.masked(members, [0.1] * 3)
+            late = await service.join(JoinRequest("late", num_examples=10))
+            waiting = await service.get_task(GetTaskRequest(late.client_id, -1))
+            assert isinstance(waiting, Wait) and "privacy budget spent" in waiting.reason
+            assert [r.flushed_version for r in await driver.unmask(members)] == [1, 1, 1]
+            finished = await service.get_task(GetTaskRequest(late.client_id, -1))
+            assert isinstance(finished, Finished), finished
+            assert "privacy budget exhausted" in finished.reason
+
+    run_async(main(), timeout=20)
 
 
 def test_a_sum_its_members_were_asked_to_unmask_stays_spent_across_a_restart(

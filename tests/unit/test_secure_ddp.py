@@ -44,6 +44,10 @@ def test_the_budget_is_checked_before_a_sum_and_the_run_stops_before_the_next() 
     assert "privacy budget" in hook.refuse(7)
     assert hook.admits(8)
     hook.account(8)
+    # spent, but still being unmasked: no new task, and the run waits for its flush
+    assert hook.stop_reason() == "" and "waiting for 1 secure sum" in hook.wait_reason()
+    hook.settled()
+    assert hook.wait_reason() == ""
     assert "privacy budget exhausted" in hook.stop_reason()
     assert hook.privacy_record()["sums_withheld"] == 1
 
