@@ -72,7 +72,7 @@ from fedlink.clock import Cancellable, Clock
 from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.engine import FlushOutcome, RoundEngine
 from fedlink.coordinator.outcomes import update_refused
-from fedlink.coordinator.records import SummedTask
+from fedlink.coordinator.records import SummedTask, TaskRecord
 from fedlink.coordinator.tasks import TaskState
 from fedlink.errors import ConfigError, InvalidArgument, NotFound, PermissionDenied, UpdateRefused
 from fedlink.messages import (
@@ -275,6 +275,24 @@ class SecureGroup:
             raise UpdateRefused(f"task {task_id!r} is not in secure group {self.number}",
                                 RefusalCode.TASK_CLOSED)
         return member
+
+
+def _checked_answer(group: SecureGroup, member: _Member,
+                    request: SecureUnmaskRequest) -> UnmaskShares:
+    """``member``'s unmask answer as the group's sum reads it; ``INVALID_ARGUMENT`` when the
+    round cannot use it (``SecureSum.check_answer``, or a client named twice)."""
+    answer = UnmaskShares(
+        member.index,
+        {s.owner: (s.x, int.from_bytes(s.y, "little")) for s in request.seed_shares},
+        {s.owner: (s.x, int.from_bytes(s.y, "little")) for s in request.key_shares})
+    if len(answer.seed_shares) + len(answer.key_shares) != (
+            len(request.seed_shares) + len(request.key_shares)):
+        raise InvalidArgument("an unmask answer names one client twice")
+    try:
+        group.sum.check_answer(answer)
+    except SecAggError as err:
+        raise InvalidArgument(str(err)) from None
+    return answer
 
 
 class SecureDesk:
@@ -539,30 +557,24 @@ class SecureDesk:
     def _delivered(self, client_id: str, task_id: str) -> bool:
         """Whether the engine holds ``task_id`` of ``client_id`` as delivered: in a secure run
         only a flushed sum delivers a task, durably with its version."""
+        record = self._task_record(client_id, task_id)
+        return record is not None and record.state is TaskState.DELIVERED
+
+    def _task_record(self, client_id: str, task_id: str) -> TaskRecord | None:
+        """The engine's record of ``client_id``'s task ``task_id`` (``None``: unknown, another
+        client's, or forgotten as too stale)."""
         try:
-            record = self.engine.task(client_id, task_id)
+            return self.engine.task(client_id, task_id)
         except (UpdateRefused, NotFound, PermissionDenied):
-            return False
-        return record.state is TaskState.DELIVERED
+            return None
 
     def record_unmask(self, request: SecureUnmaskRequest) -> tuple[SecureGroup, _Member]:
         """Phase 4's message: the caller's shares of the survivors' seeds and the dropped
         members' keys."""
         group, member = self._member(request.client_id, request.task_id)
         if group.phase == UNMASK and member.index not in group.answers:
-            answer = UnmaskShares(
-                member.index,
-                {s.owner: (s.x, int.from_bytes(s.y, "little")) for s in request.seed_shares},
-                {s.owner: (s.x, int.from_bytes(s.y, "little")) for s in request.key_shares})
-            if len(answer.seed_shares) + len(answer.key_shares) != (
-                    len(request.seed_shares) + len(request.key_shares)):
-                raise InvalidArgument("an unmask answer names one client twice")
-            try:
-                group.sum.check_answer(answer)
-            except SecAggError as err:
-                raise InvalidArgument(str(err)) from None
-            group.answers[member.index] = answer
-            member.bytes_up += 4 + 40 * (len(request.seed_shares) + len(request.key_shares))
+            answer = group.answers[member.index] = _checked_answer(group, member, request)
+            member.bytes_up += answer.wire_bytes()
             if group.sum.can_finish(group.answers.values()):
                 # enough shares rebuild every secret: the slowest members' answers would
                 # add nothing (their updates are in the sum whenever they answer)
@@ -629,17 +641,11 @@ class SecureDesk:
         open and its update unsent, its client exchanges fresh keys with the next group while
         it trains (``NEW_KEYS``), as a member of a group lost at that phase does, instead of
         checking in again and training its task anew."""
-        if unsent and self._is_open(client_id, task_id):
+        record = self._task_record(client_id, task_id) if unsent else None
+        if record is not None and self.engine.is_open(record):
             return UpdateRefused(f"task {task_id!r} is in no secure group (its group is "
                                  f"gone): advertise fresh keys", RefusalCode.NEW_KEYS)
         return UpdateRefused(f"task {task_id!r} is in no secure group", RefusalCode.TASK_CLOSED)
-
-    def _is_open(self, client_id: str, task_id: str) -> bool:
-        """Whether ``task_id`` is ``client_id``'s and still open (an unknown task is not)."""
-        try:
-            return self.engine.is_open(self.engine.task(client_id, task_id))
-        except (NotFound, PermissionDenied, UpdateRefused):
-            return False
 
     async def _wait(self, group: SecureGroup, phase: int, task_id: str,
                     member: _Member) -> None:
@@ -904,11 +910,11 @@ class SecureDesk:
             return mean * (weight / count), weight
         skellam = self._ddp.skellam
         decoded = skellam.decode_sum(total)
-        if float(np.linalg.norm(decoded)) > skellam.sum_norm_bound(count):
-            raise SecAggError(f"the unmasked sum's norm {np.linalg.norm(decoded):.6g} is "
-                              f"beyond what {count} clipped, noised updates reach "
-                              f"({skellam.sum_norm_bound(count):.6g}): a client's masked "
-                              f"update or unmask answer is wrong")
+        norm, bound = float(np.linalg.norm(decoded)), skellam.sum_norm_bound(count)
+        if norm > bound:
+            raise SecAggError(f"the unmasked sum's norm {norm:.6g} is beyond what {count} "
+                              f"clipped, noised updates reach ({bound:.6g}): a client's "
+                              f"masked update or unmask answer is wrong")
         return decoded / count, named
 
     def _full(self, group: SecureGroup, delta: np.ndarray) -> np.ndarray:

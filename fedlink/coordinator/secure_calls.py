@@ -77,9 +77,7 @@ class SecureCalls:
     async def advertise(self, request: SecureAdvertiseRequest) -> SecureAdvertiseReply:
         """Secure phase 1 (``SecureDesk.advertise``); the group's number is durable before
         it answers (a restarted coordinator never numbers another group the same)."""
-        reply = await self._durable_refusal(self._desk_for(request.client_id).advertise(request))
-        await self._state.sync()
-        return reply
+        return await self._durable_answer(self._desk_for(request.client_id).advertise(request))
 
     async def share(self, request: SecureShareRequest) -> SecureShareReply:
         """Secure phase 2 (``SecureDesk.share``)."""
@@ -95,14 +93,17 @@ class SecureCalls:
         request = dataclasses.replace(request, num_examples=bounded_examples(
             request.num_examples, self._callers.registry.declared_examples(request.client_id),
             self._config.limits.max_examples_per_update))
-        reply = await self._durable_refusal(desk.masked(request))
-        await self._state.sync()  # distributed DP's accounting, before a member unmasks
-        return reply
+        return await self._durable_answer(desk.masked(request))
 
     async def unmask(self, request: SecureUnmaskRequest) -> SecureUnmaskReply:
         """Secure phase 4 (``SecureDesk.unmask``); the group's flush is durable before it
         answers."""
-        reply = await self._durable_refusal(self._desk_for(request.client_id).unmask(request))
+        return await self._durable_answer(self._desk_for(request.client_id).unmask(request))
+
+    async def _durable_answer(self, call: Awaitable[T]) -> T:
+        """``call``'s answer, or its refusal, once everything journalled until then is
+        durable (a group's number, distributed DP's accounting, a flush)."""
+        reply = await self._durable_refusal(call)
         await self._state.sync()
         return reply
 

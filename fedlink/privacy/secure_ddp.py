@@ -15,7 +15,8 @@ accounted so (Agarwal et al. 2021's Skellam RDP bound, composed over sums, conve
 before it asks for it, not once it is unmasked: the members' answers would let the
 coordinator compute it whatever it then did, so a sum that would push epsilon past
 ``max_epsilon`` is never asked for (the desk loses its group), and ``stop_reason`` ends the
-run once one more full sum would. The desk journals ``state_dict`` at each change, ahead of
+run once one more full sum would and every sum asked for has flushed (meanwhile
+``wait_reason`` holds new tasks back). The desk journals ``state_dict`` at each change, ahead of
 the checkpoints that also carry it.
 """
 
