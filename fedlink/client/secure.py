@@ -11,6 +11,7 @@ coordinator can read only summed with the rest of the group.
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,6 +41,7 @@ from fedlink.secagg import (
 from fedlink.secagg.crypto import element_bytes
 from fedlink.secagg.encoding import Encoded, decode_sum
 from fedlink.secagg.packing import pack
+from fedlink.secagg.shamir import RandomBelow
 from fedlink.secagg.sparse import SharedRandK, group_indices, masked_size
 
 WEIGHT = 1.0
@@ -73,6 +75,9 @@ class SecureDelivery:
     task: Task
     settings: SecureSettings
     num_parameters: int
+    random_below: RandomBelow = field(default=secrets.randbelow, repr=False)
+    """Where the keys and the Shamir coefficients come from (a CSPRNG; a golden recording
+    gives its own, to write every draw down)."""
     delta: np.ndarray | None = field(default=None, init=False, repr=False)
     num_examples: int = field(default=0, init=False)
     steps_completed: int = field(default=0, init=False)
@@ -92,7 +97,7 @@ class SecureDelivery:
         self.config = secagg_config(self.settings)
         self.client = SecureClient(0, self.config, self.task.model_version,
                                    masked_size(self.settings.density, self.num_parameters,
-                                               weighted=not self.ddp))
+                                               weighted=not self.ddp), self.random_below)
 
     def trained(self, delta: np.ndarray, num_examples: int, steps_completed: int,
                 steps_planned: int, residual: np.ndarray | None = None) -> None:

@@ -16,6 +16,9 @@ protos/testdata``):
 - ``session_inline.json`` and ``session_streamed.json``: the messages of one task, in order,
   as ``{call, request, reply}`` in proto3 JSON (bytes fields base64, as proto3 JSON says), for
   a payload small enough to travel inline and one streamed in chunks.
+- ``session_secure.json``: one secure group's four phases the same way (four clients, one
+  dropping after it shared its keys), with every random draw the clients made
+  (``fedlink.conformance.secure_session``; needs the ``secagg`` extra).
 
 Encoding with zlib (``fp32-zlib``, ``xor-zlib``) is not byte-exact across zlib builds: for
 those an implementation must decode the given bytes to the given values and check
@@ -150,13 +153,17 @@ def delta_vector() -> dict[str, Any]:
             "model_header": header_json(model)}
 
 
-def write_vectors(folder: Path, sessions: Mapping[str, list[dict[str, Any]]]) -> list[Path]:
-    """Write every golden file into ``folder``; returns their paths."""
+def write_vectors(folder: Path, sessions: Mapping[str, list[dict[str, Any]]],
+                  secure: Mapping[str, Any] | None = None) -> list[Path]:
+    """Write every golden file into ``folder`` (``secure``: the recorded secure session, for
+    ``session_secure.json``); returns their paths."""
     folder.mkdir(parents=True, exist_ok=True)
-    files = {"codecs.json": {"vectors": vectors_1_0()}, "codecs_1_1.json": vectors_1_1(),
-             "delta.json": delta_vector()}
+    files: dict[str, Any] = {"codecs.json": {"vectors": vectors_1_0()},
+                             "codecs_1_1.json": vectors_1_1(), "delta.json": delta_vector()}
     files.update({f"session_{kind}.json": {"messages": messages}
                   for kind, messages in sessions.items()})
+    if secure is not None:
+        files["session_secure.json"] = secure
     written = []
     for name, content in files.items():
         path = folder / name
@@ -172,12 +179,13 @@ def b64(data: bytes) -> str:
 
 def main() -> None:
     """``python -m fedlink.conformance.golden FOLDER``: (re)write the golden vectors."""
+    from fedlink.conformance.secure_session import record_secure_session
     from fedlink.conformance.session import record_sessions
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)
     args = parser.parse_args()
-    for path in write_vectors(args.folder, record_sessions()):
+    for path in write_vectors(args.folder, record_sessions(), record_secure_session()):
         print(path)
 
 

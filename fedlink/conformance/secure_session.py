@@ -1,0 +1,140 @@
+"""A recorded secure session: one group's four phases on the wire, for the golden files.
+
+Four clients join a run with secure aggregation and form one group; client 3 shares its keys
+and then vanishes, so the masked phase closes at its deadline (``phase_s`` on the manual
+clock) with three of four, and the other three unmask client 3's pairwise masks from its key
+shares. Then client 0 asks for the new
+version's model and leaves. The calls are played against a real ``CoordinatorService`` (no
+network, a manual clock), each phase's calls made together as a group's clients make them;
+every random draw a client makes is written down beside the messages (``draws``: keys and
+Shamir coefficients; ``rounding_seed``: numpy's ``default_rng`` for the stochastic
+rounding, which a second implementation need not reproduce: the masked values are on the
+wire). The coordinator's random client ids become ``CLIENT_0`` .. ``CLIENT_3``.
+
+Needs the ``secagg`` extra (``cryptography``); ``record_secure_session`` imports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fedlink.aggregate import RobustConfig
+from fedlink.clock import ManualClock
+from fedlink.conformance.golden import VECTOR
+from fedlink.coordinator import CoordinatorConfig, FlushRule, LimitsConfig
+from fedlink.coordinator.config import SecureConfig
+from fedlink.coordinator.service import CoordinatorService
+from fedlink.messages import GetTaskRequest, JoinRequest, LeaveRequest, Task
+from fedlink.metrics import EventLog
+from fedlink.wire import to_json
+
+if TYPE_CHECKING:
+    from fedlink.client.secure import SecureDelivery
+
+CLIENTS = 4
+DROPPED = 3
+"""The member that shares its keys and is never heard from again."""
+ROUNDING_SEED = 20261205
+PHASE_S = 60.0
+UPDATES = [np.linspace(-0.5, 0.5, VECTOR.size, dtype=np.float32) * np.float32(i + 1) / 4
+           for i in range(CLIENTS)]
+"""Each client's update (within the ring's clip of 1)."""
+
+
+def secure_config() -> CoordinatorConfig:
+    """One group of four, a 16-bit ring, 8-bit quantization."""
+    return CoordinatorConfig(
+        run_name="golden-secure", rounds=2,
+        flush=FlushRule(goal=CLIENTS, min_updates=2, deadline_s=None, max_staleness=0),
+        limits=LimitsConfig(inline_bytes=4096, long_poll_s=0.0),
+        robust=RobustConfig(enabled=False), norm_bound_adaptive=False,
+        secure=SecureConfig(enabled=True, modulus_bits=16, quantization_bits=8, phase_s=PHASE_S))
+
+
+def record_secure_session() -> dict[str, Any]:
+    """``{"messages": [{call, request, reply}, ...], "draws", "rounding_seed", "updates"}``
+    (``updates``: each survivor's float update before its encoding)."""
+    return asyncio.run(_secure_session())
+
+
+class _Recording:
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self.client_ids: list[str] = []
+
+    async def calls(self, name: str, requests: Sequence[Any],
+                    call: Callable[[Any], Awaitable[Any]]) -> list[Any]:
+        """Make ``requests`` together (a phase's calls); record each with its reply."""
+        replies = await asyncio.gather(*(call(r) for r in requests))
+        for request, reply in zip(requests, replies, strict=True):
+            self.messages.append({"call": name, "request": to_json(request),
+                                  "reply": to_json(reply)})
+        return list(replies)
+
+    def normalised(self) -> list[dict[str, Any]]:
+        text = json.dumps(self.messages)
+        for n, client_id in enumerate(self.client_ids):
+            text = text.replace(client_id, f"CLIENT_{n}")
+        result: list[dict[str, Any]] = json.loads(text)
+        return result
+
+
+async def _secure_session() -> dict[str, Any]:
+    from fedlink.secagg.golden import Recorded, element
+
+    clock = ManualClock()
+    service, rec = CoordinatorService(secure_config(), VECTOR, EventLog(None), clock=clock), \
+        _Recording()
+    calls = service.secure_calls
+    joined = await rec.calls("Join", [JoinRequest(f"golden-client-{i}", num_examples=10)
+                                      for i in range(CLIENTS)], service.join)
+    rec.client_ids = [j.client_id for j in joined]
+    tasks = await rec.calls("GetTask", [GetTaskRequest(c, held_version=-1)
+                                        for c in rec.client_ids], service.get_task)
+    draws = [Recorded(300 + i) for i in range(CLIENTS)]
+    members = [_delivery(service, c, t, d) for c, t, d in zip(rec.client_ids, tasks, draws,
+                                                               strict=True)]
+    rosters = await rec.calls("SecureAdvertise", [m.advertise() for m in members],
+                              calls.advertise)
+    for member, roster in zip(members, rosters, strict=True):
+        member.roster(roster)
+    shared = await rec.calls("SecureShare", [m.share() for m in members], calls.share)
+    for member, reply in zip(members, shared, strict=True):
+        member.shared(reply)
+    survivors = [m for i, m in enumerate(members) if i != DROPPED]
+    rng = np.random.default_rng(ROUNDING_SEED)
+    for member, update in zip(survivors, UPDATES, strict=False):
+        member.trained(update, 10, 1, 1)
+    masked = asyncio.ensure_future(
+        rec.calls("SecureMasked", [m.masked(rng) for m in survivors], calls.masked))
+    for _ in range(20):  # every masked call reaches its wait for the phase's close
+        await asyncio.sleep(0)
+    clock.advance(PHASE_S)  # client 3's never comes
+    heard = await masked
+    for member, reply in zip(survivors, heard, strict=True):
+        member.heard(reply)
+    await rec.calls("SecureUnmask", [m.unmask() for m in survivors], calls.unmask)
+    await rec.calls("GetTask", [GetTaskRequest(rec.client_ids[0], held_version=-1)],
+                    service.get_task)
+    await rec.calls("Leave", [LeaveRequest(rec.client_ids[0], reason="run finished")],
+                    service.leave)
+    service.close()
+    return {"messages": rec.normalised(), "rounding_seed": ROUNDING_SEED,
+            "draws": {f"CLIENT_{i}": [element(v) for v in d.draws] for i, d in enumerate(draws)},
+            "updates": {f"CLIENT_{i}": [float(v) for v in UPDATES[i]]
+                        for i in range(CLIENTS) if i != DROPPED}}
+
+
+def _delivery(service: CoordinatorService, client_id: str, task: Any,
+              draws: Callable[[int], int]) -> SecureDelivery:
+    from fedlink.client.secure import SecureDelivery
+
+    assert isinstance(task, Task), task
+    settings = service.secure_calls.settings()
+    assert settings is not None
+    return SecureDelivery(client_id, task, settings, service.engine.num_parameters, draws)
