@@ -11,7 +11,10 @@
 - ``secagg_encoding.json``: values clipped, scaled and stochastically rounded, with the uniform
   draws that decided each rounding; their packing at the ring's bits; the group's random-k
   seed and kept coordinates for a few rounds, and ``k`` for a few densities; a SecAgg+ graph
-  (the cycle's order and each client's neighbours);
+  (the cycle's order and each client's neighbours); a weighted update under group random-k
+  (``[w * kept values, w]``, ``weighted``); one client's distributed-DP encoding (``ddp``:
+  clipping, conditional rounding with every draw it took, its noise share, and the
+  accounting's bounds and RDP);
 - ``secagg_round.json``: one whole secure round of four clients, one of which drops after
   sharing its keys: each client's random draws, every message of the four phases, and the
   unmasked sum.
@@ -26,18 +29,19 @@ import json
 import random
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from fedlink.compress.sparse import kept_count
 from fedlink.secagg import crypto, shamir
 from fedlink.secagg.base import SecAggConfig
-from fedlink.secagg.encoding import encode
+from fedlink.secagg.ddp import RDP_ORDERS, SkellamConfig
+from fedlink.secagg.encoding import encode, encode_weighted
 from fedlink.secagg.graph import cycle_order, neighbours
 from fedlink.secagg.packing import pack
 from fedlink.secagg.protocol import SecureClient, SecureSum
-from fedlink.secagg.sparse import SharedRandK, round_seed
+from fedlink.secagg.sparse import SharedRandK, group_indices, round_seed
 
 ROUND_ID = 7
 ROUND_CLIENTS = 4
@@ -134,7 +138,75 @@ def encoding_vector() -> dict[str, Any]:
         "graph": {"seed": 7, "neighbours": 4, "clients": clients,
                   "order": cycle_order(clients, 7),
                   "graph": {str(c): list(v) for c, v in neighbours(clients, 4, 7).items()}},
+        "weighted": weighted_vector(), "ddp": ddp_vector(),
     }
+
+
+class LoggedDraws:
+    """The two draws the encodings make of a ``numpy`` generator, each written down."""
+
+    def __init__(self, seed: int) -> None:
+        self._rng = np.random.default_rng(seed)
+        self.uniforms: list[list[float]] = []
+        self.poissons: list[list[int]] = []
+
+    def random(self, size: Any) -> np.ndarray:
+        values = self._rng.random(size)
+        self.uniforms.append(values.tolist())
+        return values
+
+    def poisson(self, lam: float, size: Any) -> np.ndarray:
+        values = self._rng.poisson(lam, size)
+        self.poissons.append([int(v) for v in values])
+        return values
+
+    def generator(self) -> np.random.Generator:
+        """This object where an encoding takes a generator (it uses only these two draws)."""
+        return cast(np.random.Generator, self)
+
+
+WEIGHTED_UPDATE = np.linspace(-1.2, 0.9, 40)
+"""40 values, some beyond the ring's clip of 1 once weighted by 1 (not by 0.5)."""
+DDP = SkellamConfig(clip_norm=1.0, noise_multiplier=1.0, clients=4, size=8,
+                    granularity_bits=4, modulus_bits=16)
+DDP_UPDATE = np.array([0.9, -0.7, 0.5, -0.3, 0.2, 1.1, -0.05, 0.0])
+"""Norm about 1.7: clipped to ``DDP.clip_norm``."""
+
+
+def weighted_vector() -> dict[str, Any]:
+    """A stale member's update under group random-k: ``[w * kept values, w]`` encoded."""
+    weight, density, run_seed, round_id = 0.5, 0.25, 5, 1
+    indices = group_indices(density, run_seed, round_id, WEIGHTED_UPDATE.size)
+    assert indices is not None
+    draws = LoggedDraws(12)
+    encoded = encode_weighted(WEIGHTED_UPDATE[indices], weight, ROUND_CONFIG, draws.generator())
+    return {"config": {"modulus_bits": ROUND_CONFIG.modulus_bits, "clip": ROUND_CONFIG.clip,
+                       "quantization_bits": ROUND_CONFIG.bits},
+            "update": WEIGHTED_UPDATE.tolist(), "weight": weight, "density": density,
+            "run_seed": run_seed, "round": round_id, "indices": [int(i) for i in indices],
+            "draws": draws.uniforms[0], "encoded": words(encoded.values)}
+
+
+def ddp_vector() -> dict[str, Any]:
+    """One client's distributed-DP encoding of a fresh update (``weight * clipped``, weight
+    1), whose first rounding lands beyond the norm bound and is drawn again."""
+    weight, config = 1.0, DDP
+    norm = float(np.linalg.norm(DDP_UPDATE))
+    clipped = DDP_UPDATE * min(1.0, config.clip_norm / norm)
+    draws = LoggedDraws(20)  # a seed whose first rounding is refused
+    encoded = config.encode(weight * clipped, draws.generator())
+    orders = [2, 8, 32]
+    rdp = config.rdp()
+    return {"config": {"clip_norm": config.clip_norm, "noise_multiplier": config.noise_multiplier,
+                       "clients": config.clients, "size": config.size,
+                       "granularity_bits": config.granularity_bits,
+                       "modulus_bits": config.modulus_bits, "beta": config.beta},
+            "update": DDP_UPDATE.tolist(), "weight": weight,
+            "gamma": config.gamma, "mu": config.variance, "norm_bound": config.norm_bound,
+            "l1_bound": config.l1_bound,
+            "rounding_draws": draws.uniforms, "noise_plus": draws.poissons[0],
+            "noise_minus": draws.poissons[1], "encoded": words(encoded),
+            "rdp": {str(a): float(rdp[RDP_ORDERS.index(a)]) for a in orders}}
 
 
 def round_vector() -> dict[str, Any]:

@@ -124,24 +124,82 @@ def test_encoding_rounds_by_the_recorded_draws_and_packs_lsb_first() -> None:
     assert pack(np.array(v["encoded"], np.uint32), bits).hex() == v["packed"]
 
 
-def test_randk_keeps_the_smallest_splitmix64_keys_of_the_round_seed() -> None:
+def randk_seed(run_seed: int, round_id: int) -> int:
     import hashlib
 
-    r = load("secagg_encoding.json")["randk"]
-    k = math.ceil(r["density"] * r["size"])
+    label = f"fedlink-secagg/randk/{run_seed}/{round_id}".encode()
+    return int.from_bytes(hashlib.sha256(label).digest()[:8], "little") >> 1
+
+
+def randk_kept(seed: int, size: int, density: float) -> list[int]:
+    """The coordinates with the smallest SplitMix64 keys of ``seed``, in order."""
     mask = (1 << 64) - 1
+
+    def key(i: int) -> int:
+        z = (seed + (i + 1) * 0x9E3779B97F4A7C15) & mask
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        return z ^ (z >> 31)
+
+    return sorted(sorted(range(size), key=key)[:math.ceil(density * size - 1e-9)])
+
+
+def rounded(scaled: float, draw: float) -> int:
+    """Stochastic rounding: up when the draw falls below the fraction."""
+    return math.floor(scaled) + (draw < scaled - math.floor(scaled))
+
+
+def test_randk_keeps_the_smallest_splitmix64_keys_of_the_round_seed() -> None:
+    r = load("secagg_encoding.json")["randk"]
     for entry in r["rounds"]:
-        label = f"fedlink-secagg/randk/{entry['run_seed']}/{entry['round']}".encode()
-        seed = int.from_bytes(hashlib.sha256(label).digest()[:8], "little") >> 1
+        seed = randk_seed(entry["run_seed"], entry["round"])
         assert int(entry["seed"]) == seed
+        assert entry["indices"] == randk_kept(seed, r["size"], r["density"])
 
-        def key(i: int, seed: int = seed) -> int:
-            z = (seed + (i + 1) * 0x9E3779B97F4A7C15) & mask
-            z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
-            z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
-            return z ^ (z >> 31)
 
-        assert entry["indices"] == sorted(sorted(range(r["size"]), key=key)[:k])
+def test_a_weighted_update_under_group_randk_is_w_times_its_kept_values_then_w() -> None:
+    v = load("secagg_encoding.json")["weighted"]
+    c = v["config"]
+    levels, clip, w = 1 << c["quantization_bits"], c["clip"], v["weight"]
+    assert v["indices"] == randk_kept(randk_seed(v["run_seed"], v["round"]),
+                                      len(v["update"]), v["density"])
+    values = [w * v["update"][i] for i in v["indices"]] + [w]
+    assert len(v["encoded"]) == len(v["draws"]) == len(values)
+    for x, u, e in zip(values, v["draws"], v["encoded"], strict=True):
+        assert e == min(rounded((min(max(x, -clip), clip) + clip) * levels / (2 * clip), u),
+                        levels)
+    assert v["encoded"][-1] == round((w + clip) * levels / (2 * clip))  # the weight, exact
+
+
+def test_a_ddp_update_is_clipped_rounded_within_the_bound_and_noised_by_its_share() -> None:
+    v = load("secagg_encoding.json")["ddp"]
+    c = v["config"]
+    d, m = c["size"], 1 << c["modulus_bits"]
+    gamma = c["clip_norm"] / 2 ** c["granularity_bits"]
+    units = c["clip_norm"] / gamma
+    mu = (c["noise_multiplier"] * units) ** 2
+    slack = math.sqrt(2 * math.log(1 / c["beta"]))
+    bound = math.sqrt(min(units ** 2 + d / 4 + slack * (units + math.sqrt(d) / 2),
+                          (units + math.sqrt(d)) ** 2))
+    l1 = min(math.sqrt(d) * bound, bound ** 2)
+    assert (v["gamma"], v["mu"]) == (gamma, mu)
+    assert v["norm_bound"] == pytest.approx(bound, rel=1e-12)
+    assert v["l1_bound"] == pytest.approx(l1, rel=1e-12)
+    norm = math.sqrt(sum(x * x for x in v["update"]))
+    scaled = [v["weight"] * x * min(1.0, c["clip_norm"] / norm) / gamma for x in v["update"]]
+    tries = [[rounded(x, u) for x, u in zip(scaled, draws, strict=True)]
+             for draws in v["rounding_draws"]]
+    assert len(tries) == 2  # the vector pins down a refused first rounding
+    *refused, kept = tries
+    assert all(math.sqrt(sum(r * r for r in t)) > bound for t in refused)
+    assert math.sqrt(sum(r * r for r in kept)) <= bound
+    assert v["encoded"] == [(r + a - b) % m for r, a, b in
+                            zip(kept, v["noise_plus"], v["noise_minus"], strict=True)]
+    for alpha, rdp in v["rdp"].items():
+        a = int(alpha)
+        expected = a * bound ** 2 / (2 * mu) + min(
+            ((2 * a - 1) * bound ** 2 + 6 * l1) / (4 * mu ** 2), 3 * l1 / (2 * mu))
+        assert rdp == pytest.approx(expected, rel=1e-12)
 
 
 def test_k_is_the_ceiling_of_density_times_n_less_a_billionth() -> None:
