@@ -57,11 +57,10 @@ open), the others ``TASK_CLOSED`` (they check in again), unless their sum was fl
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Set
+from collections.abc import Awaitable, Callable, Mapping, Set
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
@@ -318,7 +317,7 @@ class SecureDesk:
         self._settings = secure_settings(config)
         self._ddp = engine.hook_of(SecureDDPHook)
         """Distributed DP's accountant (``None`` without it)."""
-        self._numbers = itertools.count(1)
+        self._next_number = 1
         self._forming: SecureGroup | None = None
         self._groups: dict[int, SecureGroup] = {}  # by number, oldest first
         self._of_task: dict[str, SecureGroup] = {}
@@ -326,20 +325,40 @@ class SecureDesk:
         """Task id -> (client id, version made) of summed updates (``KEEP_SUMMED``)."""
         self.on_phase: Callable[[SecureGroup, int], None] | None = None
         """Told each phase that closes (``group.lost``: the group was lost at it)."""
-        self.on_numbered: Callable[[int], None] | None = None
-        """Told the next group's number each time a group is numbered (to journal it)."""
+        self.on_groups: Callable[[int, dict[int, dict[str, Any]]], None] | None = None
+        """Told the next group's number and the groups still going (``_open_groups``) each
+        time a group is numbered, closes a phase or ends (to journal them)."""
         self.on_accounted: Callable[[dict[str, Any]], None] | None = None
         """Told distributed DP's accounting (its ``state_dict``) each time it changes (to
         journal it ahead of the unmasking it accounts)."""
 
-    def restore(self, next_number: int, accounting: dict[str, Any] | None = None) -> None:
+    def restore(self, next_number: int, accounting: dict[str, Any] | None = None,
+                open_groups: Mapping[int, Mapping[str, Any]] | None = None) -> None:
         """Number groups from ``next_number`` on (a restarted coordinator's groups follow its
         previous process's: random-k draws and events never see a number twice), and take
         distributed DP's ``accounting`` as journalled (``None``: the checkpoint's stands):
-        every sum the previous process asked its members to unmask stays spent."""
-        self._numbers = itertools.count(next_number)
+        every sum the previous process asked its members to unmask stays spent. Each of the
+        previous process's ``open_groups`` is lost with it (its secrets lived in memory): a
+        ``secure_group_lost`` event says so, once."""
+        self._next_number = next_number
         if accounting is not None and self._ddp is not None:
             self._ddp.load_state_dict(accounting)
+        for number, group in sorted((open_groups or {}).items()):
+            self.engine.events.emit(SecureGroupLost.build(
+                group=number, phase=group.get("phase"), members=group.get("members"),
+                reason="the coordinator restarted", model_version=self.engine.version))
+        if open_groups:
+            self._journal_groups()
+
+    def _open_groups(self) -> dict[int, dict[str, Any]]:
+        """The groups still going: each one's phase, and its members once its roster closed."""
+        return {g.number: {"phase": PHASE_NAMES[g.phase],
+                           "members": len(g.members) if g.phase > ADVERTISE else None}
+                for g in self._groups.values() if g.phase != DONE}
+
+    def _journal_groups(self) -> None:
+        if self.on_groups is not None:
+            self.on_groups(self._next_number, self._open_groups())
 
     @property
     def group(self) -> SecureGroup | None:
@@ -601,9 +620,7 @@ class SecureDesk:
             raise UpdateRefused(f"task {task_id!r} is no longer open", RefusalCode.TASK_CLOSED)
         group = self._forming
         if group is None:
-            number = next(self._numbers)
-            if self.on_numbered is not None:
-                self.on_numbered(number + 1)
+            number, self._next_number = self._next_number, self._next_number + 1
             assert self._settings is not None
             # [update, weight]: the update's kept coordinates under group random-k
             size = masked_size(self._settings.density, self.engine.num_parameters,
@@ -611,6 +628,7 @@ class SecureDesk:
             group = SecureGroup(number, self._secagg, self.config.flush.goal, size,
                                 SecureSum(self._secagg, number, size, graph_seed=number))
             self._forming = self._groups[number] = group
+            self._journal_groups()
         return group, record.version
 
     def _left_out(self, client_id: str, task_id: str, member: _Member,
@@ -719,6 +737,7 @@ class SecureDesk:
             self._arm(group)
         else:
             self._retire(group)
+        self._journal_groups()
         if self.on_phase is not None:
             self.on_phase(group, phase)
         if group.phase == DONE:
@@ -956,6 +975,7 @@ class SecureDesk:
         if self._forming is group:
             self._forming = None
         self._retire(group)
+        self._journal_groups()
         for event in group.closed:
             event.set()
         if self.on_phase is not None:

@@ -63,7 +63,7 @@ class SecureCalls:
 
             self.desk = SecureDesk(config, engine, clock, made, journal.durably,
                                    self._take_masked_upload, self._downloads_used)
-            self.desk.on_numbered = state.save_secure_group
+            self.desk.on_groups = state.save_secure_groups
             self.desk.on_accounted = state.save_secure_accounting
 
     def settings(self) -> SecureSettings | None:

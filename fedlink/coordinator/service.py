@@ -165,7 +165,8 @@ class CoordinatorService:
         self.evaluations.final_evaluations = not self.engine.finished
         self.uploads.restore(saved.settled)
         if self.secure is not None:
-            self.secure.restore(saved.next_secure_group, saved.secure_accounting)
+            self.secure.restore(saved.next_secure_group, saved.secure_accounting,
+                                saved.open_secure_groups)
         self.restored_version = self.engine.version
         models = {c.version: c.model for c in saved.checkpoints}
         for record in saved.unreported:

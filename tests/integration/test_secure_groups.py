@@ -458,6 +458,33 @@ def test_a_member_sharing_keys_when_the_coordinator_restarts_joins_the_next_grou
     run_async(main(), timeout=20)
 
 
+def test_a_group_a_coordinator_restart_cuts_short_is_recorded_lost_once(tmp_path: Path) -> None:
+    """Group 1 flushed and group 2 was sharing its keys when the coordinator restarted: the
+    restarted coordinator records group 2 lost (``secure_group_lost``, at ``share``, its 3
+    members, "the coordinator restarted"), never group 1, and a second restart records
+    nothing again. Before, a group lost to a restart left no event: a run's record counted
+    fewer lost groups than it had."""
+    config = group_config(tmp_path / "state")
+
+    async def main() -> None:
+        async with serving(config) as (_, driver, events):
+            first = await driver.clients(["a0", "a1", "a2"])
+            await driver.exchange_keys(first)
+            await driver.masked(first, [0.1] * 3)
+            await driver.unmask(first)
+            await driver.advertise(await driver.clients(["b0", "b1", "b2"]))
+            assert not events.of_kind("secure_group_lost")
+        async with serving(config) as (restarted, _, events):
+            [lost] = events.of_kind("secure_group_lost")
+            assert (lost.group, lost.phase, lost.members, lost.reason, lost.model_version) == \
+                (2, "share", 3, "the coordinator restarted", restarted.engine.version)
+        async with serving(config) as (_, _, events):  # the outbox may write it again, as is
+            again = events.of_kind("secure_group_lost")
+            assert [e.event_id for e in again] in ([], [lost.event_id])
+
+    run_async(main(), timeout=20)
+
+
 def test_an_unmask_answer_at_another_point_is_refused_and_the_sum_stays_exact(
         tmp_path: Path) -> None:
     """c0 answers its unmasking with its shares at another point than its own (or naming a

@@ -97,6 +97,9 @@ class SavedState:
     unwritten_events: list[dict[str, Any]] = field(default_factory=list)
     next_secure_group: int = 1
     """The number the next secure group takes (groups are never numbered twice in a run)."""
+    open_secure_groups: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """The secure groups still going when the store last heard of them, by number, each with
+    its ``phase`` and ``members`` (a restart loses them: their secrets lived in memory)."""
     secure_accounting: dict[str, Any] | None = None
     """Distributed DP's accounting as last journalled (``SecureDDPHook.state_dict``): ahead
     of the current checkpoint's, by the sums asked for since (``None``: none journalled)."""
@@ -128,8 +131,10 @@ class StateStore(ABC):
     def sync_now(self) -> None:  # noqa: B027 (nothing to do for this store)
         """``sync`` outside the event loop (start-up and shutdown)."""
 
-    def save_secure_group(self, next_number: int) -> None:  # noqa: B027 (kept in memory)
-        """A secure group was numbered; ``next_number`` is the next group's."""
+    def save_secure_groups(self, next_number: int,  # noqa: B027 (kept in memory)
+                           open_groups: Mapping[int, Mapping[str, Any]]) -> None:
+        """A secure group was numbered, moved on or ended: ``next_number`` is the next
+        group's, ``open_groups`` those still going (``SavedState.open_secure_groups``)."""
 
     def save_secure_accounting(self, state: Mapping[str, Any]) -> None:  # noqa: B027
         """Distributed DP's accounting changed (a sum about to be unmasked, or one withheld

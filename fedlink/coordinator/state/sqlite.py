@@ -244,9 +244,12 @@ class SqliteStore(StateStore):
                   record.delta_base)
         self._set_meta("next_task", next_task)
 
-    def save_secure_group(self, next_number: int) -> None:
-        """Remember the next secure group's number."""
+    def save_secure_groups(self, next_number: int,
+                           open_groups: Mapping[int, Mapping[str, Any]]) -> None:
+        """Remember the next secure group's number and the groups still going."""
         self._set_meta("next_secure_group", next_number)
+        self._set_meta("secure_open_groups",
+                       {str(number): dict(group) for number, group in open_groups.items()})
 
     def save_secure_accounting(self, state: Mapping[str, Any]) -> None:
         """Remember distributed DP's accounting (a JSON object)."""
@@ -360,6 +363,8 @@ class SqliteStore(StateStore):
             finished_reason=str(self._meta("finished_reason", "")),
             unwritten_events=self._load_outbox(),
             next_secure_group=int(self._meta("next_secure_group", 1)),
+            open_secure_groups={int(number): group for number, group in
+                                self._meta("secure_open_groups", {}).items()},
             secure_accounting=self._meta("secure_accounting"))
 
     def _load_checkpoints(self, version: int) -> list[Checkpoint]:
