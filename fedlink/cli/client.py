@@ -67,7 +67,9 @@ def closing_line(stats: SessionStats, outcome: str) -> str:
     return (f"{outcome}; tasks {stats.tasks}, accepted {stats.accepted}, "
             f"refused {stats.refused}, failed {stats.failed}, recovered {stats.recovered}, "
             f"retries {stats.retries}, up {stats.bytes_up} B, down {stats.bytes_down} B, "
-            f"resumed {stats.resumed_bytes} B, offline {stats.offline_seconds:.1f} s")
+            f"resumed {stats.resumed_bytes} B, offline {stats.offline_seconds:.1f} s"
+            + (f", secure values clipped {stats.secure_values_clipped}"
+               if stats.secure_values_clipped else ""))
 
 
 def _signal_name(exc: SystemExit) -> str:

@@ -86,6 +86,9 @@ class SecureDelivery:
     """Under group random-k: what earlier tasks kept back (error feedback; not modified)."""
     next_residual: np.ndarray | None = field(default=None, init=False, repr=False)
     """Under group random-k, after ``masked``: the residual once this update is in a sum."""
+    values_clipped: int = field(default=0, init=False)
+    """After ``masked``: how many of the update's sent values lay beyond the ring's
+    ``[-clip, clip]`` and were clipped (0 under distributed DP, which clips the norm)."""
     config: SecAggConfig = field(init=False)
     client: SecureClient = field(init=False, repr=False)
     _roster: list[AdvertiseKeys] = field(default_factory=list, init=False, repr=False)
@@ -150,10 +153,10 @@ class SecureDelivery:
                                 self.client.round_id, self.num_parameters)
         if self.ddp:
             values = self._noised(indices, rng)
-        elif indices is None:
-            values = encode_weighted(self.delta, self._weight, self.config, rng).values
         else:
-            values = self._encode_kept(indices, rng).values
+            encoded = (encode_weighted(self.delta, self._weight, self.config, rng)
+                       if indices is None else self._encode_kept(indices, rng))
+            values, self.values_clipped = encoded.values, encoded.clipped
         masked = self.client.masked_input(values)
         return SecureMaskedRequest(self.client_id, self.task.task_id,
                                    pack(masked.values, self.config.modulus_bits),

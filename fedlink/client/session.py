@@ -442,6 +442,7 @@ class ClientSession:
         # its own stream (spawning leaves the client's as it was): the rounding and noise
         # draws do not move the next training plans off those of the same plain run
         request = secure.masked(self._rng.spawn(1)[0])
+        self._count_clipped(secure)
         if not travels_inline(len(request.values), self.config.inline_bytes):
             # a large masked update rides the resumable upload; the call then names it
             upload_id = f"{self.client_id}-{action.task.task_id}-masked-{uuid.uuid4().hex[:12]}"
@@ -453,6 +454,18 @@ class ClientSession:
             self.stats.bytes_up += len(request.values)  # as an inline commit counts its update
         secure.heard(await self._secure_call("Masked", request))
         return protocol.heard(PhaseDone())
+
+    def _count_clipped(self, secure: SecureDelivery) -> None:
+        """Count the values the ring's clip cut from this update, warning at the first: the
+        coordinator sees only sums, so this client is the one to say its update was cut."""
+        if not secure.values_clipped:
+            return
+        if not self.stats.secure_values_clipped:
+            log.warning("%d values of this update lay beyond the secure ring's clip (+-%g) and "
+                        "were clipped (without group random-k, that part of the update is "
+                        "lost): raise [coordinator.secure] clip; later ones are counted in "
+                        "secure_values_clipped", secure.values_clipped, secure.config.clip)
+        self.stats.secure_values_clipped += secure.values_clipped
 
     async def _unmask(self, action: Unmask, work: _TaskWork,
                       protocol: ClientProtocol) -> Action:

@@ -45,7 +45,9 @@ class SessionStats:
     (the two swapped connections: ``fedlink.client.transport.Transport.exchange``), with no
     new connection.
     ``evaluations`` counts evaluation tasks whose report the coordinator accepted (they are
-    not in ``tasks``, which counts training tasks).
+    not in ``tasks``, which counts training tasks). ``secure_values_clipped``: values of
+    masked updates that lay beyond the secure ring's ``clip`` and were clipped (only the
+    client knows: the coordinator sees sums).
     """
 
     tasks: int = 0
@@ -68,6 +70,7 @@ class SessionStats:
     stalls: int = 0
     ranges_taken: int = 0
     handovers: int = 0
+    secure_values_clipped: int = 0
     refusals: list[str] = field(default_factory=list)
     finished: str = ""
 

@@ -175,6 +175,8 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
         recorded = events.events  # read back once from events.jsonl: the log keeps none
         summary = summarize(recorded, experiment.recorded_config())
     summary.update(_client_figures(outcomes, time.monotonic() - started))
+    if config.coordinator.secure.enabled:  # only the clients know: the coordinator sees sums
+        summary["secure_values_clipped"] = sum(o.stats.secure_values_clipped for o in outcomes)
     summary.update(experiment.data_figures())
     summary.update(federated_figures(recorded))
     if config.network is not None:

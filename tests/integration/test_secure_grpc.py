@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import gc
 import json
+import logging
 import re
 import signal
 import sys
@@ -368,6 +369,28 @@ def test_group_random_k_sends_the_kept_coordinates_and_feeds_back_the_rest(
     fed_back = sorted(k2 - k1)
     assert fed_back
     assert np.allclose(v2[fed_back], 2 * first[fed_back], atol=6 * secagg.step)
+
+
+def test_values_beyond_the_ring_s_clip_are_counted_and_warned_of_by_their_client(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Client 0's update reaches 1.5 at two coordinates and -1.5 at a third, beyond the
+    ring's clip of 1: the three values are clipped (the coordinator, which sees the sum,
+    cannot tell), so client 0 counts them in ``secure_values_clipped`` and warns once;
+    the others count none. Before, the cut went unrecorded: the model moved less than its
+    updates with nothing saying so."""
+    near = np.full(DIM, 0.4, np.float32)
+    far = near.copy()
+    far[:3] = [3.0, 3.0, -3.0]  # a step of rate 0.5 toward it: 1.5, 1.5, -1.5
+    server = CoordinatorServer(secure_config(tmp_path / "state"), X0, EventLog(None),
+                               address="127.0.0.1:0")
+    with caplog.at_level(logging.WARNING, logger="fedlink.client.session"):
+        results = run_clients(server, [TowardTrainer(far)] + [TowardTrainer(near)] * 4)
+    assert [s.secure_values_clipped for s in results] == [3, 0, 0, 0, 0]
+    warnings = [r for r in caplog.records if "beyond the secure ring's clip" in r.message]
+    assert len(warnings) == 1 and warnings[0].message.startswith("3 values")
+    step = secure_config(tmp_path).secagg().step
+    model = server.service.engine.model
+    assert model[0] == pytest.approx((1.0 + 4 * 0.2) / CLIENTS, abs=4 * step)  # not 1.5
 
 
 def test_distributed_dp_over_grpc_with_group_random_k(tmp_path: Path) -> None:

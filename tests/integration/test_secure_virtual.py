@@ -410,6 +410,7 @@ def test_virtual_secure_run_reports_each_phase_in_the_summary(tmp_path: Path) ->
     packed = math.ceil(values * config.coordinator.secure.modulus_bits / 8)
     assert summary["secure_masked_bytes_up"] >= 12 * packed
     assert summary["secure_masked_bytes_up"] < 12 * (packed + 256)
+    assert summary["secure_values_clipped"] == 0  # one epoch of small steps: within clip 1
 
 
 def _skellam(config: CoordinatorConfig) -> SkellamConfig:

@@ -81,11 +81,14 @@ class SecurePhaseTotals:
     bytes_down: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         PHASE_NAMES.values(), 0))
     groups_lost: int = 0
+    values_clipped: int = 0
+    """Values of masked updates beyond the ring's ``clip``, clipped by their clients."""
 
     def figures(self) -> dict[str, int]:
         """Flat summary entries: ``secure_<phase>_round_trips`` / ``_bytes_up`` /
-        ``_bytes_down`` and ``secure_groups_lost``."""
-        out = {"secure_groups_lost": self.groups_lost}
+        ``_bytes_down``, ``secure_groups_lost`` and ``secure_values_clipped``."""
+        out = {"secure_groups_lost": self.groups_lost,
+               "secure_values_clipped": self.values_clipped}
         for name in PHASE_NAMES.values():
             out[f"secure_{name}_round_trips"] = self.round_trips[name]
             out[f"secure_{name}_bytes_up"] = self.bytes_up[name]
@@ -255,6 +258,7 @@ class VirtualSecure:
         assert state.rng is not None
         # its own stream, as on a real client: the client's next training plans stay put
         self._send(state, MASKED, state.delivery.masked(state.rng.spawn(1)[0]))
+        self.totals.values_clipped += state.delivery.values_clipped
 
     def _refused(self, state: _Member, phase: int, err: RemoteError) -> None:
         """A call refused: the refusal travels down to the client as an answer does."""
