@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedlink.aggregate import RobustConfig
-from fedlink.clock import ManualClock
+from fedlink.clock import ManualClock, real_sleep
 from fedlink.conformance.golden import VECTOR
 from fedlink.coordinator import CoordinatorConfig, FlushRule, LimitsConfig
 from fedlink.coordinator.config import SecureConfig
@@ -115,7 +115,7 @@ async def _secure_session() -> dict[str, Any]:
     group = service.secure.group if service.secure is not None else None
     assert group is not None
     while len(group.delivered) < len(survivors) and not masked.done():  # each one is in
-        await asyncio.sleep(0)
+        await real_sleep(0)  # a turn of the loop: no time passes
     clock.advance(PHASE_S)  # client 3's never comes: the phase closes at its deadline
     heard = await masked
     for member, reply in zip(survivors, heard, strict=True):

@@ -178,13 +178,16 @@ def test_clients_in_a_blackout_at_the_last_flush_exit_0_saying_the_run_finished(
 
 
 def test_sigterm_tells_clients_to_come_back_and_a_restart_finishes_the_run_with_them(
-        spawn: Spawner, tmp_path: Path) -> None:
+        spawn: Spawner, proxies: Proxies, tmp_path: Path) -> None:
     config = tmp_path / "stop.toml"
     config.write_text(config_text("stop", rounds=3).replace(
         "[coordinator]\n", f'[coordinator]\nstate_dir = "{tmp_path / "state"}"\n'))
     serve, address = start_serve(spawn, config, tmp_path / "runs")
     run_dir = tmp_path / "runs" / "stop"
-    clients = [spawn(client_argv(address, config, i)) for i in range(CLIENTS)]
+    # every round waits for c2, whose 1.5 s each way keeps rounds 2 and 3 seconds behind the
+    # first flush: the stop lands mid-run however late a busy machine lets the test see it
+    servers = [address, address, proxies.add(address, 1500.0)]
+    clients = [spawn(client_argv(server, config, i)) for i, server in enumerate(servers)]
     wait_for_events(run_dir, lambda ev: any(e["kind"] == "flush" for e in ev), 120,
                     "the first flush")
     serve.popen.send_signal(signal.SIGTERM)
