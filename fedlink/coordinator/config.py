@@ -959,7 +959,15 @@ class CoordinatorConfig:
                  "size": kept_size(secure.density, num_parameters),
                  "granularity_bits": secure.granularity_bits,
                  "modulus_bits": secure.modulus_bits, "max_clients": max(2, self.flush.goal),
-                 "delta": secure.delta, "max_epsilon": secure.max_epsilon},)
+                 "delta": secure.delta, "max_epsilon": secure.max_epsilon,
+                 "closing_shares": self._closing_shares()},)
+
+    def _closing_shares(self) -> int:
+        """The masked updates a full secure group closes its masked phase with: ``quorum`` of
+        ``flush.goal``, never fewer than the phase needs (``min_updates``, 2), nor more than
+        the group."""
+        quorum = math.ceil(self.secure.quorum * self.flush.goal - 1e-9)
+        return min(self.flush.goal, max(2, self.flush.min_updates, quorum))
 
     @classmethod
     def from_dict(cls, table: Mapping[str, Any]) -> CoordinatorConfig:

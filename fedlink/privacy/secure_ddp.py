@@ -15,8 +15,13 @@ accounted so (Agarwal et al. 2021's Skellam RDP bound, composed over sums, conve
 before it asks for it, not once it is unmasked: the members' answers would let the
 coordinator compute it whatever it then did, so a sum that would push epsilon past
 ``max_epsilon`` is never asked for (the desk loses its group), and ``stop_reason`` ends the
-run once one more full sum would and every sum asked for has flushed (meanwhile
-``wait_reason`` holds new tasks back). The desk journals ``state_dict`` at each change, ahead of
+run once one more sum of ``closing_shares`` would (the shares a full group closes its masked
+phase with: ``secure.quorum`` of ``noise_shares``), or once ``WITHHELD_TO_STOP`` sums in a
+row were withheld
+(the groups do not come full enough for what the budget has left: a fleet smaller than
+``flush.goal``, a quorum, dropouts; without it such a run would train groups it can never
+unmask, for ever), and every sum asked for has flushed (meanwhile ``wait_reason`` holds new
+tasks back). The desk journals ``state_dict`` at each change, ahead of
 the checkpoints that also carry it.
 """
 
@@ -37,17 +42,23 @@ log = logging.getLogger(__name__)
 ACCOUNTANT = "skellam_rdp"
 """The name the privacy record gives this accounting."""
 
+WITHHELD_TO_STOP = 2
+"""Sums withheld for the budget in a row, with none accounted between, that end the run: one
+can be a group a dropout left short, two say the groups do not come full enough."""
+
 
 @FLUSH_HOOKS.register("secure_ddp")
 class SecureDDPHook(FlushHook):
     """Accounts the Skellam noise of each unmasked secure sum and enforces ``max_epsilon``
     (module docstring). ``size``: the values each member sends (the group's kept
-    coordinates); the others are ``SkellamConfig``'s fields."""
+    coordinates); ``closing_shares``: the noise shares a full group's sum carries when its
+    masked phase closes at the quorum (``noise_shares`` when not given); the others are
+    ``SkellamConfig``'s fields."""
 
     def __init__(self, noise_multiplier: float, clip_norm: float, noise_shares: int,
                  size: int, granularity_bits: int = 16, modulus_bits: int = 24,
                  max_clients: int | None = None, delta: float = 1e-5,
-                 max_epsilon: float = 0.0) -> None:
+                 max_epsilon: float = 0.0, closing_shares: int | None = None) -> None:
         from fedlink.secagg.ddp import SkellamConfig  # deferred: cryptography is an extra
 
         try:  # accounted from the first task on: a missing extra fails the start, not the run
@@ -66,10 +77,15 @@ class SecureDDPHook(FlushHook):
                                          granularity_bits, modulus_bits, max_clients)
         except ConfigError as exc:
             raise ConfigError(f"coordinator.secure: {exc}") from exc
+        self.closing_shares = noise_shares if closing_shares is None else closing_shares
+        if not 1 <= self.closing_shares <= noise_shares:
+            raise ConfigError(f"secure_ddp closing_shares: 1..{noise_shares}, got "
+                              f"{self.closing_shares}")
         self.delta = float(delta)
         self.max_epsilon = float(max_epsilon)
         self._sums: Counter[int] = Counter()  # noise shares in a sum -> sums unmasked
         self._refused = 0
+        self._refused_in_a_row = 0
         self._pending = 0  # sums accounted whose group has not flushed or been lost yet
         self._epsilon = 0.0
         self._peeked: dict[int, float] = {}  # shares -> epsilon after one more such sum
@@ -100,6 +116,7 @@ class SecureDDPHook(FlushHook):
     def refuse(self, shares: int) -> str:
         """Count a sum left masked for the budget; why, for the group's refusal."""
         self._refused += 1
+        self._refused_in_a_row += 1
         return (f"privacy budget: unmasking a sum of {shares} noise shares would take epsilon "
                 f"from {self._epsilon:.4g} to {self.epsilon_with(shares):.4g} > max_epsilon "
                 f"{self.max_epsilon:g}")
@@ -116,6 +133,7 @@ class SecureDDPHook(FlushHook):
             raise ValueError(f"a sum carries 1..{self.skellam.clients} noise shares, "
                              f"got {shares}")
         self._sums[shares] += 1
+        self._refused_in_a_row = 0
         self._pending += 1
         self._epsilon = self._epsilon_of(self._sums)
         self._peeked = {}
@@ -146,19 +164,32 @@ class SecureDDPHook(FlushHook):
         """The mean, unchanged: the clients' noise is already in it."""
         return mean_delta
 
+    def _spent(self) -> bool:
+        """No more sums: one of ``closing_shares`` would exceed the budget, or the last
+        ``WITHHELD_TO_STOP`` were withheld."""
+        return (not self.admits(self.closing_shares)
+                or self._refused_in_a_row >= WITHHELD_TO_STOP)
+
     def stop_reason(self) -> str:
-        """Non-empty once one more sum with every noise share would exceed the budget and no
-        sum accounted is still being unmasked (it is spent: the run waits for its flush)."""
-        if self.admits(self.skellam.clients) or self._pending:
+        """Non-empty once the budget is spent (``_spent``) and no sum accounted is still
+        being unmasked (it is spent: the run waits for its flush)."""
+        if not self._spent() or self._pending:
             return ""
+        if self.admits(self.closing_shares):
+            return (f"privacy budget exhausted: epsilon {self._epsilon:.4g} after {self.sums} "
+                    f"secure sums; the last {self._refused_in_a_row} sums were short of noise "
+                    f"shares and withheld, each past max_epsilon {self.max_epsilon:g} (groups "
+                    f"do not deliver full enough for the budget left; delta {self.delta:g}, "
+                    f"{ACCOUNTANT})")
         return (f"privacy budget exhausted: epsilon {self._epsilon:.4g} after {self.sums} "
-                f"secure sums would reach {self.epsilon_with(self.skellam.clients):.4g} > "
-                f"max_epsilon {self.max_epsilon:g} (delta {self.delta:g}, {ACCOUNTANT})")
+                f"secure sums would reach {self.epsilon_with(self.closing_shares):.4g} with a "
+                f"sum of {self.closing_shares} noise shares > max_epsilon "
+                f"{self.max_epsilon:g} (delta {self.delta:g}, {ACCOUNTANT})")
 
     def wait_reason(self) -> str:
         """Non-empty while the budget is spent but a sum accounted is still being unmasked:
         no new task could be summed, and the run ends once that sum flushes."""
-        if self.admits(self.skellam.clients) or not self._pending:
+        if not self._spent() or not self._pending:
             return ""
         return (f"privacy budget spent: waiting for {self._pending} secure sum(s) being "
                 f"unmasked before the run ends")
@@ -178,12 +209,15 @@ class SecureDDPHook(FlushHook):
                     s.clients], "sums_withheld": self._refused}
 
     def state_dict(self) -> dict[str, Any]:
-        """The sums accounted (by their noise shares) and those withheld."""
-        return {"sums": {str(k): v for k, v in self._sums.items()}, "withheld": self._refused}
+        """The sums accounted (by their noise shares) and those withheld (in all, and in a
+        row since the last sum accounted)."""
+        return {"sums": {str(k): v for k, v in self._sums.items()}, "withheld": self._refused,
+                "withheld_in_a_row": self._refused_in_a_row}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict`` returned."""
         self._sums = Counter({int(k): int(v) for k, v in state["sums"].items()})
         self._refused = int(state["withheld"])
+        self._refused_in_a_row = int(state.get("withheld_in_a_row", 0))
         self._epsilon = self._epsilon_of(self._sums)
         self._peeked = {}

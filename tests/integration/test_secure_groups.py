@@ -661,23 +661,25 @@ def test_a_sum_its_members_were_asked_to_unmask_stays_spent_across_a_restart(
 
 def test_a_sum_past_the_budget_is_never_asked_for_and_stays_withheld_across_a_restart(
         tmp_path: Path) -> None:
-    """The budget admits one sum with all 4 members' noise. Group 1 goes on with 3 (quorum
-    0.75: c3's keys come late): less noise, more epsilon than the budget allows. Its members
-    are refused as its masked phase closes, before any of them is asked to unmask, so the
-    coordinator never holds what would rebuild the sum (before, the budget was checked once
-    their unmask answers were in), and the sum withheld is journalled: a restarted
-    coordinator still reports it."""
+    """The budget admits one sum with all 4 members' noise. Group 1 goes on with 3 (c3's
+    keys never come; the share phase closes at its deadline): less noise, more epsilon than
+    the budget allows. Its members are refused as its masked phase closes, before any of
+    them is asked to unmask, so the coordinator never holds what would rebuild the sum
+    (before, the budget was checked once their unmask answers were in), and the sum withheld
+    is journalled: a restarted coordinator still reports it."""
     one_sum = SecureDDPHook(noise_multiplier=1.0, clip_norm=1.0, noise_shares=4,
                             size=DIM).epsilon_with(4)
     config = ddp_config(tmp_path / "state", max_epsilon=one_sum * 1.001, goal=4)
-    config = dataclasses.replace(config, secure=dataclasses.replace(config.secure,
-                                                                    quorum=0.75))
+    clock = ManualClock()
 
     async def main() -> None:
-        async with serving(config) as (service, driver, events):
+        async with serving(config, clock) as (service, driver, events):
             members = await driver.clients(["c0", "c1", "c2", "c3"])
             await driver.advertise(members)
-            await driver.share(members[:3])  # the share phase closes at 3 of 4
+            shared = asyncio.ensure_future(driver.share(members[:3]))
+            await until_waiting()
+            clock.advance(config.secure.phase_s)  # the share phase closes with 3 of 4
+            await shared
             replies = await asyncio.gather(*(driver.calls.masked(r) for r in
                                              driver.masked_requests(members[:3])),
                                            return_exceptions=True)

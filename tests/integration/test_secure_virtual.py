@@ -455,7 +455,7 @@ def test_a_sum_that_would_spend_past_the_budget_is_never_unmasked() -> None:
     one_sum = _skellam(_config(True, ddp={"noise_multiplier": 1.0})).epsilon(1, 1e-5)
     config = _config(True, rounds=3, ddp={"noise_multiplier": 1.0,
                                           "max_epsilon": one_sum * 1.001})
-    availability = GoesOffline(back=60.0)
+    availability = GoesOffline(back=20.0)
     loop, events = _loop(config, availability, Fleet(mix={"4g": 1.0}))
     assert loop.secure is not None
     share = SecureDesk.record_share
@@ -474,6 +474,29 @@ def test_a_sum_that_would_spend_past_the_budget_is_never_unmasked() -> None:
     assert hook.epsilon == pytest.approx(one_sum) and hook.epsilon <= config.secure.max_epsilon
     assert "privacy budget exhausted" in loop.engine.finished_reason
     assert len(events.of_kind("flush")) == 1
+
+
+def test_a_fleet_too_small_for_full_groups_ends_on_the_budget_instead_of_training_for_ever(
+        ) -> None:
+    """Groups of 8 on a fleet of 6: every sum carries 6 of 8 noise shares, and the budget
+    admits a full sum but no short one. The run withholds two sums and ends on the budget,
+    never past it. Before, it withheld every group's sum and trained on for ever (only a
+    virtual run's ``max_model_s`` stopped it)."""
+    one_sum = _skellam(_config(True, ddp={"noise_multiplier": 1.0})).epsilon(1, 1e-5)
+    goal = CLIENTS + 2
+    skellam = SkellamConfig(1.0, 1.0, goal, SPEC.num_parameters, modulus_bits=24)
+    config = _config(True, rounds=5, goal=goal, ddp={"noise_multiplier": 1.0,
+                                                     "max_epsilon": 1.001 * skellam.epsilon(
+                                                         1, 1e-5)})
+    assert one_sum > 0
+    loop, events = _loop(config)
+    loop.run()
+    hook = loop.engine.hook_of(SecureDDPHook)
+    assert hook is not None
+    assert loop.engine.version == 0 and hook.sums == 0 and hook.epsilon == 0.0
+    assert hook.privacy_record()["sums_withheld"] == 2
+    assert "withheld" in loop.engine.finished_reason
+    assert len(events.of_kind("secure_group_lost")) == 2
 
 
 @pytest.mark.parametrize("error", [OSError, InvalidArgument])
