@@ -917,6 +917,14 @@ class CoordinatorConfig:
         require(self.flush.goal >= 3, "coordinator.flush.goal",
                 f"a secure group needs at least 3 members (each shares its secrets among at "
                 f"least 2 others), got goal = {self.flush.goal}")
+        require(self.flush.over_selection <= 1 or self.flush.max_staleness >= 1,
+                "coordinator.flush.over_selection",
+                f"over_selection = {self.flush.over_selection:g} with max_staleness = 0: a "
+                f"secure group is the first flush.goal clients to start, not to finish, so "
+                f"the over-selected tasks form later groups, each a version stale when it "
+                f"flushes, and max_staleness = 0 refuses every one of them; set "
+                f"max_staleness >= 1 to sum them (discounted by staleness_weight), or "
+                f"over_selection = 1")
         require(self.secure.neighbours < self.flush.goal, "coordinator.secure.neighbours",
                 f"{self.secure.neighbours} neighbours in a group of at most flush.goal = "
                 f"{self.flush.goal} members: at most goal - 1 (0: every other member)")

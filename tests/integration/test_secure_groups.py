@@ -135,18 +135,18 @@ class Driver:
 
 def test_members_left_out_too_stale_are_told_so_even_when_that_loses_their_group(
         tmp_path: Path) -> None:
-    """Group 1 is still going when three more clients of version 0 form group 2; with
-    ``max_staleness = 0`` they would be a version stale when it flushes, so all three are left
-    out, and group 2 is lost below ``min_updates``. Each is refused ``TOO_STALE``, its task
-    closed and an ``update_refused`` event recorded: it waits for the next version instead of
-    advertising fresh keys into another group it cannot join either."""
-    config = group_config(tmp_path / "state", over_selection=2.0)
+    """Groups 1 and 2 are still going when three more clients of version 0 form group 3; with
+    ``max_staleness = 1`` they would be two versions stale when it flushes, so all three are
+    left out, and group 3 is lost below ``min_updates``. Each is refused ``TOO_STALE``, its
+    task closed and an ``update_refused`` event recorded: it waits for the next version
+    instead of advertising fresh keys into another group it cannot join either."""
+    config = group_config(tmp_path / "state", over_selection=3.0, max_staleness=1)
 
     async def main() -> None:
         async with serving(config) as (service, driver, events):
-            first = await driver.clients(["a0", "a1", "a2"])
-            await driver.exchange_keys(first)  # group 1 waits for its masked updates
-            late = await driver.clients(["b0", "b1", "b2"])
+            for names in (["a0", "a1", "a2"], ["b0", "b1", "b2"]):
+                await driver.exchange_keys(await driver.clients(names))  # they train on
+            late = await driver.clients(["c0", "c1", "c2"])
             replies = await driver.advertise(late)
             for reply in replies:
                 assert isinstance(reply, UpdateRefused), reply
@@ -157,7 +157,7 @@ def test_members_left_out_too_stale_are_told_so_even_when_that_loses_their_group
                 record = service.engine.task(member.client_id, member.task.task_id)
                 assert not record.state.deliverable
             [lost] = events.of_kind("secure_group_lost")
-            assert lost.group == 2
+            assert lost.group == 3
 
     run_async(main(), timeout=20)
 

@@ -539,6 +539,21 @@ def test_a_quorum_is_refused_out_of_range_or_without_secure_groups() -> None:
         CoordinatorConfig(**plain, secure=SecureConfig(quorum=0.75))
 
 
+def test_over_selection_that_only_makes_groups_too_stale_to_sum_is_refused() -> None:
+    """A secure group is the first ``goal`` clients to start: the over-selected tasks form
+    later groups, a version stale when they flush, which ``max_staleness = 0`` refuses every
+    time. Before, the setting was accepted and each over-selected task refused ``TOO_STALE``
+    (and its group lost), round after round."""
+    plain = {"robust": RobustConfig(enabled=False), "norm_bound_adaptive": False,
+             "secure": SecureConfig(enabled=True)}
+    with pytest.raises(ConfigError, match=r"over_selection = 2 with max_staleness = 0"):
+        CoordinatorConfig(**plain, flush=FlushRule(goal=4, over_selection=2.0))
+    CoordinatorConfig(**plain, flush=FlushRule(goal=4, over_selection=2.0, max_staleness=1))
+    CoordinatorConfig(**plain, flush=FlushRule(goal=4))  # over_selection 1
+    CoordinatorConfig(robust=RobustConfig(enabled=False), norm_bound_adaptive=False,
+                      flush=FlushRule(goal=4, over_selection=2.0))  # plain: the fastest win
+
+
 def test_distributed_dp_settings_that_cannot_take_effect_are_refused() -> None:
     plain = {"robust": RobustConfig(enabled=False), "norm_bound_adaptive": False}
     CoordinatorConfig(**plain, secure=SecureConfig(enabled=True, noise_multiplier=1.0,
@@ -733,7 +748,7 @@ def test_a_member_whose_keys_came_late_joins_the_next_group_with_fresh_keys(
 def test_a_retried_advertise_gets_the_same_answer_and_a_late_client_joins_the_next_group(
         tmp_path: Path) -> None:
     config = dataclasses.replace(secure_config(tmp_path / "state"), flush=FlushRule(
-        goal=3, min_updates=2, deadline_s=None, over_selection=1.5))
+        goal=3, min_updates=2, deadline_s=None, over_selection=1.5, max_staleness=1))
 
     async def main() -> None:
         service = CoordinatorService(config, X0, EventLog(None))
