@@ -296,6 +296,7 @@ class ExperimentConfig:
         require(not self.evaluator or is_import_string(self.evaluator), "coordinator.evaluator",
                 f"must be 'package.module:attr', got {self.evaluator!r}")
         self._refuse_state_virtual_clients_lose()
+        self._refuse_noise_on_kept_tensors()
         self._refuse_striping_a_simulation_cannot_model()
         self._refuse_partial_work_of_a_single_step()
 
@@ -327,6 +328,19 @@ class ExperimentConfig:
                               "client's trainer is built afresh for each task, so the tensors "
                               "it keeps local would be lost between tasks. Use [run] mode = "
                               "'grpc', or unset [client] keep_local")
+
+    def _refuse_noise_on_kept_tensors(self) -> None:
+        """Distributed DP noises every coordinate a member sends, the zero deltas of its
+        ``keep_local`` tensors included: the coordinator's copy of them would drift with the
+        noise, and a client whose first task comes later would start its own from it."""
+        secure = self.coordinator.secure
+        if secure.enabled and secure.ddp and self.client.keep_local:
+            raise ConfigError("[client] keep_local with distributed DP ([coordinator.secure] "
+                              "noise_multiplier > 0): each member adds noise to every "
+                              "coordinate it sends, its kept tensors' too, so the "
+                              "coordinator's copy of them would drift and a client joining "
+                              "later would start its own from noise. Unset keep_local, or "
+                              "noise_multiplier")
 
     @classmethod
     def from_dict(cls, table: Mapping[str, Any],

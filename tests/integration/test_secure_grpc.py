@@ -554,6 +554,24 @@ def test_over_selection_that_only_makes_groups_too_stale_to_sum_is_refused() -> 
                       flush=FlushRule(goal=4, over_selection=2.0))  # plain: the fastest win
 
 
+def test_keep_local_under_distributed_dp_is_refused() -> None:
+    """Each member noises every coordinate it sends, its kept tensors' zero deltas too: the
+    coordinator's copy of them would drift with the noise (an RMS of about 0.5 after four
+    flushes, in the run that found it) and a client joining later would start its own from
+    it. Without distributed DP, kept tensors stay put, and the setting is accepted."""
+    table = {"run": {"name": "kept", "mode": "grpc"},
+             "data": {"dataset": "digits", "clients": 4},
+             "model": {"name": "mlp", "options": {"hidden": [8]}},
+             "client": {"keep_local": ["2."]},
+             "coordinator": {"robust": {"enabled": False}, "norm_bound_adaptive": False,
+                             "flush": {"goal": 4, "deadline_s": 60.0},
+                             "secure": {"enabled": True, "noise_multiplier": 1.0}}}
+    with pytest.raises(ConfigError, match=r"keep_local with distributed DP"):
+        ExperimentConfig.from_dict(table)
+    del table["coordinator"]["secure"]["noise_multiplier"]
+    ExperimentConfig.from_dict(table)
+
+
 def test_distributed_dp_settings_that_cannot_take_effect_are_refused() -> None:
     plain = {"robust": RobustConfig(enabled=False), "norm_bound_adaptive": False}
     CoordinatorConfig(**plain, secure=SecureConfig(enabled=True, noise_multiplier=1.0,
