@@ -878,6 +878,13 @@ class RoundEngine:
                                             functools.partial(hook.on_flush, flush=info))
         return mean_delta
 
+    def privacy_record(self) -> dict[str, Any] | None:
+        """The run's privacy guarantee as its hooks state it now (``None`` without one): at
+        the run's end it may be ahead of the last flush's (distributed DP's sums withheld, or
+        spent by a group lost after it was asked to unmask)."""
+        record = self._hook_report().get("privacy")
+        return dict(record) if isinstance(record, Mapping) else None
+
     def _hook_report(self) -> dict[str, Any]:
         report: dict[str, Any] = {}
         for hook in self._hooks:

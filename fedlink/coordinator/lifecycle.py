@@ -161,7 +161,8 @@ class RunLifecycle:
         if self.phase is Phase.STARTING:  # ended before this process served a call
             self._enter(Phase.FINISHING)
         self._events.emit(kinds.RunFinished.build(reason=self._engine.finished_reason,
-                                                  model_version=version))
+                                                  model_version=version,
+                                                  privacy=self._engine.privacy_record()))
         self.finished.set()
         self._wake()
 

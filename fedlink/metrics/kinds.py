@@ -353,11 +353,13 @@ class ClientTimeout(Event):
 
 @dataclass(frozen=True, eq=False, kw_only=True, repr=False)
 class RunFinished(Event):
-    """The run ended."""
+    """The run ended; ``privacy``: the run's privacy record as it ended, for a run with one
+    (it may be ahead of the last flush's)."""
 
     KIND: ClassVar[str] = "run_finished"
     reason: str | None = None
     model_version: int | None = None
+    privacy: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, eq=False, kw_only=True, repr=False)

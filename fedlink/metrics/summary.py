@@ -78,10 +78,11 @@
 ``evaluation_errors``    number of flushes whose central evaluation raised (their
                          ``evaluation_error``); 0 when none did
 ``evaluation_error``     the ``evaluation_error`` of the last such flush (None when none)
-``privacy``              the ``privacy`` record of the last ``flush`` that carries one (a DP
-                         flush hook's report: ``epsilon``, ``delta``, ``noise_multiplier``,
+``privacy``              the ``privacy`` record ``run_finished`` carries (the guarantee as
+                         the run ended), else that of the last ``flush`` that carries one (a
+                         DP flush hook's report: ``epsilon``, ``delta``, ``noise_multiplier``,
                          ``sample_rate``, ``steps``, ``accountant``, ``clip_norm``, ``mode``,
-                         ...); None for a run without differential privacy or without flushes
+                         ...); None for a run without differential privacy
 ``secure_groups_lost``   number of ``secure_group_lost`` events: secure groups lost before
                          their flush (one the run's end cut short is not); None for a run
                          without secure aggregation
@@ -136,7 +137,7 @@ def summarize(events: list[Event], config: Mapping[str, Any]) -> dict[str, Any]:
     summary.update(_client_figures(events))
     summary.update(_resilience_figures(events))
     summary.update(comm_figures(of_kind(events, UPDATE_ACCEPTED)))
-    summary["privacy"] = _privacy_record(flushes)
+    summary["privacy"] = _privacy_record(flushes, of_kind(events, "run_finished"))
     summary["secure_groups_lost"] = (len(of_kind(events, "secure_group_lost"))
                                      if _secure(config) else None)
     failed = [str(e["evaluation_error"]) for e in flushes if e.get("evaluation_error")]
@@ -381,9 +382,11 @@ def comm_figures(accepted: list[Event]) -> dict[str, Any]:
             "comm_share": network / total if timed and total > 0 else None}
 
 
-def _privacy_record(flushes: list[Event]) -> dict[str, Any] | None:
-    """The ``privacy`` field of the last flush that has one (None when none has)."""
-    records = [e["privacy"] for e in flushes if isinstance(e.get("privacy"), Mapping)]
+def _privacy_record(flushes: list[Event], finished: list[Event]) -> dict[str, Any] | None:
+    """The ``privacy`` field of ``run_finished`` (the record as the run ended), else of the
+    last flush that has one (None when none has)."""
+    records = [e["privacy"] for e in [*flushes, *finished]
+               if isinstance(e.get("privacy"), Mapping)]
     return dict(records[-1]) if records else None
 
 

@@ -22,6 +22,7 @@ from fedlink.coordinator.secure import FlushReportFailed, SecureDesk
 from fedlink.errors import InvalidArgument
 from fedlink.experiment.config import ExperimentConfig
 from fedlink.metrics import EventLog
+from fedlink.metrics.summary import summarize
 from fedlink.netem import Fleet, LinkProfile
 from fedlink.privacy.secure_ddp import SecureDDPHook
 from fedlink.secagg import SkellamConfig
@@ -497,6 +498,10 @@ def test_a_fleet_too_small_for_full_groups_ends_on_the_budget_instead_of_trainin
     assert hook.privacy_record()["sums_withheld"] == 2
     assert "withheld" in loop.engine.finished_reason
     assert len(events.of_kind("secure_group_lost")) == 2
+    # no flush carried the record: the run's end does, so the summary counts both
+    [finished] = events.of_kind("run_finished")
+    assert finished.privacy is not None and finished.privacy["sums_withheld"] == 2
+    assert summarize(events.events, {})["privacy"]["sums_withheld"] == 2
 
 
 @pytest.mark.parametrize("error", [OSError, InvalidArgument])

@@ -247,7 +247,8 @@ class VirtualLoop:
             while self._evaluations.pending and self.clock.run_next():
                 pass
         self.events.emit(kinds.RunFinished.build(reason=self.engine.finished_reason,
-                                                 model_version=self.engine.version))
+                                                 model_version=self.engine.version,
+                                                 privacy=self.engine.privacy_record()))
         self.totals.wall_s = time.perf_counter() - started
         self.totals.model_s = self.clock.now()
         self.totals.clients = int(np.count_nonzero(self._checked_in))
