@@ -100,6 +100,7 @@ from fedlink.messages import (
     TaskReply,
 )
 from fedlink.params.base import ParamSpec
+from fedlink.privacy import NoPrivacy
 from fedlink.refusals import RefusalCode
 from fedlink.wire import unpack
 
@@ -602,6 +603,8 @@ class ClientSession:
                 instance_key=self.instance_key, capabilities=capabilities(self.trainer))),
             "Join")
         same_run(self.config, reply.config, self.trainer, self.target)
+        if reply.config.secure is not None:
+            _check_secure_privacy(self.pipeline)
         self.client_id = reply.client_id
         if self.config is None:  # a running run: an earlier "run over" no longer holds
             forget_finished(self.options.outbox_dir)
@@ -684,6 +687,18 @@ def _check_secure_codec(update: PendingUpdate) -> None:
     if encoding != "fp32":
         raise ConfigError(f"client compression {encoding!r} cannot be used in a secure run "
                           f"(masked updates are integers in Z_m): use 'fp32'")
+
+
+def _check_secure_privacy(pipeline: UpdatePipeline) -> None:
+    """Refuse a client privacy stage in a secure run: it reports its clipping and noise to a
+    coordinator hook that reads each update, and a secure coordinator sees only sums, so the
+    noise would go unaccounted (distributed DP is the secure run's own)."""
+    name = pipeline.privacy.name
+    if not isinstance(pipeline.privacy, NoPrivacy):
+        raise ConfigError(f"client privacy {name!r} cannot be used in a secure run: a secure "
+                          f"coordinator sees only sums and accounts no client's noise; unset "
+                          f"it (the run's distributed DP, [coordinator.secure] "
+                          f"noise_multiplier, is what adds and accounts noise)")
 
 
 def run_client(target: str, trainer: Trainer, options: ClientOptions | None = None,

@@ -25,6 +25,7 @@ pytest.importorskip("cryptography")
 
 from fedlink.aggregate import RobustConfig
 from fedlink.client import ClientOptions, ClientSession, RetryPolicy
+from fedlink.client.pipeline import UpdatePipeline
 from fedlink.client.protocol import Action, MaskedUpload, Unmask
 from fedlink.client.secure import SecureDelivery
 from fedlink.config import load_toml
@@ -614,6 +615,29 @@ def test_secure_run_refuses_client_privacy_naming_it_and_distributed_dp() -> Non
         table = {"run": {"name": "s"}, "coordinator": secure, "client": client}
         with pytest.raises(ConfigError, match=rf"client\.{key}: .*noise_multiplier"):
             ExperimentConfig.from_dict(table)
+
+
+def test_a_client_with_its_own_privacy_stage_is_refused_when_it_joins_a_secure_run(
+        tmp_path: Path) -> None:
+    """A ``fedlink client`` whose own config clips and noises its updates (``dp_fedavg``)
+    joins a secure run: a secure coordinator accounts no client's noise, so the client stops
+    at its Join with an error naming the stage, before it trains. Before, nothing checked it
+    (only an experiment config holding both sections was refused)."""
+    server = CoordinatorServer(secure_config(tmp_path / "state"), X0, EventLog(None),
+                               address="127.0.0.1:0")
+    pipeline = UpdatePipeline.from_names(privacy="dp_fedavg",
+                                         privacy_options={"clip_norm": 1.0})
+    trainer = TowardTrainer(np.full(DIM, 0.5, np.float32))
+
+    async def main() -> None:
+        async with server:
+            session = ClientSession(target_of(server), trainer,
+                                    ClientOptions(name="c0", retry=FAST_RETRY), pipeline)
+            with pytest.raises(ConfigError, match=r"client privacy 'dp_fedavg' .* secure run"):
+                await asyncio.wait_for(session.run(), 30)
+
+    run_async(main(), timeout=40)
+    assert trainer.calls == 0
 
 
 def test_a_group_with_too_few_deliveries_is_lost_and_its_members_refused(
