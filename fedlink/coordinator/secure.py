@@ -317,6 +317,7 @@ class SecureDesk:
         self._settings = secure_settings(config)
         self._ddp = engine.hook_of(SecureDDPHook)
         """Distributed DP's accountant (``None`` without it)."""
+        self._refuse_an_upload_limit_below_a_masked_update()
         self._next_number = 1
         self._forming: SecureGroup | None = None
         self._groups: dict[int, SecureGroup] = {}  # by number, oldest first
@@ -331,6 +332,23 @@ class SecureDesk:
         self.on_accounted: Callable[[dict[str, Any]], None] | None = None
         """Told distributed DP's accounting (its ``state_dict``) each time it changes (to
         journal it ahead of the unmasking it accounts)."""
+
+    def _refuse_an_upload_limit_below_a_masked_update(self) -> None:
+        """A masked update larger than ``inline_bytes`` rides the resumable upload, which
+        ``limits.max_update_bytes`` bounds: one below the masked update would lose every
+        group at its masked phase."""
+        assert self._settings is not None
+        size = masked_size(self._settings.density, self.engine.num_parameters,
+                           weighted=self._ddp is None)
+        need = self._secagg.vector_bytes(size)
+        limit = self.config.limits.update_bytes_for(self.engine.num_parameters)
+        inline = 0 < need <= self.config.limits.inline_bytes  # sent in the call itself
+        if need > limit and not inline:
+            raise ConfigError(f"limits.max_update_bytes: {limit} bytes is below a secure "
+                              f"group's masked update ({size} values at "
+                              f"{self._secagg.modulus_bits} bits: {need} bytes), so every "
+                              f"group would be lost at its masked phase; raise it to at least "
+                              f"{need}, or unset it")
 
     def restore(self, next_number: int, accounting: dict[str, Any] | None = None,
                 open_groups: Mapping[int, Mapping[str, Any]] | None = None) -> None:

@@ -555,6 +555,23 @@ def test_over_selection_that_only_makes_groups_too_stale_to_sum_is_refused() -> 
                       flush=FlushRule(goal=4, over_selection=2.0))  # plain: the fastest win
 
 
+def test_an_upload_limit_below_a_masked_update_is_refused_when_the_coordinator_starts(
+        tmp_path: Path) -> None:
+    """A masked update of 33 values at 24 bits is 99 bytes; with ``inline_bytes`` 0 it rides
+    the resumable upload, so a ``max_update_bytes`` of 64 would lose every group at its
+    masked phase: the coordinator refuses to start, naming the bytes it needs. Inline, or
+    with room, it starts."""
+    config = secure_config(tmp_path / "state", inline_bytes=0)
+    small = dataclasses.replace(config, limits=dataclasses.replace(config.limits,
+                                                                   max_update_bytes=64))
+    with pytest.raises(ConfigError, match=r"max_update_bytes: 64 bytes .* at least 99"):
+        CoordinatorService(small, X0, EventLog(None))
+    for limits in (dataclasses.replace(small.limits, inline_bytes=128),
+                   dataclasses.replace(small.limits, max_update_bytes=99)):
+        CoordinatorService(dataclasses.replace(small, limits=limits), X0,
+                           EventLog(None)).close()
+
+
 def test_keep_local_under_distributed_dp_is_refused() -> None:
     """Each member noises every coordinate it sends, its kept tensors' zero deltas too: the
     coordinator's copy of them would drift with the noise (an RMS of about 0.5 after four
