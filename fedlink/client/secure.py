@@ -46,7 +46,8 @@ from fedlink.secagg.sparse import SharedRandK, group_indices, masked_size
 
 WEIGHT = 1.0
 """A fresh update's weight in a secure sum: every delivering client weighs the same (its
-example count does not travel: the coordinator would learn it in the clear); an update
+example count, reported in the clear beside the masked vector for the run's records, weighs
+nothing: a weight from it would be a claim inside the sum that nobody could check); an update
 trained on an older model is discounted by the staleness weight its roster names."""
 
 
