@@ -13,11 +13,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from secagg_by_hand import P, agree, lagrange_at_zero, prg
 
 from fedlink.secagg import SecAggConfig, SecureClient, SecureSum
 from fedlink.secagg.golden import vectors
@@ -25,7 +23,6 @@ from fedlink.secagg.packing import pack, unpack
 
 TESTDATA = Path(__file__).resolve().parents[2] / "protos" / "testdata"
 NAMES = ("secagg_keys.json", "secagg_masks.json", "secagg_encoding.json", "secagg_round.json")
-P = (1 << 255) - 19
 
 
 def load(name: str) -> Any:
@@ -36,33 +33,10 @@ def integer(hex_le: str) -> int:
     return int.from_bytes(bytes.fromhex(hex_le), "little")
 
 
-def prg(seed: bytes, count: int) -> list[int]:
-    stream = Cipher(algorithms.AES(seed), modes.CTR(bytes(16))).encryptor().update(
-        bytes(4 * count))
-    return [int.from_bytes(stream[4 * i: 4 * i + 4], "little") for i in range(count)]
-
-
-def agree(private: int, public: bytes, info: str) -> bytes:
-    key = X25519PrivateKey.from_private_bytes(private.to_bytes(32, "little"))
-    shared = key.exchange(X25519PublicKey.from_public_bytes(public))
-    return HKDF(hashes.SHA256(), 32, None, info.encode()).derive(shared)
-
-
 def replayed(draws: list[int]) -> Callable[[int], int]:
     """``random_below`` that answers the recorded draws in order."""
     values = iter(draws)
     return lambda bound: next(values)
-
-
-def lagrange_at_zero(points: list[tuple[int, int]]) -> int:
-    secret = 0
-    for xj, yj in points:
-        weight = 1
-        for xm, _ in points:
-            if xm != xj:
-                weight = weight * xm * pow(xm - xj, -1, P) % P
-        secret = (secret + yj * weight) % P
-    return secret
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -15,17 +15,10 @@ import pytest
 
 pytest.importorskip("cryptography")
 
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric.x25519 import (
-    X25519PrivateKey,
-    X25519PublicKey,
-)
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from secagg_by_hand import agree, lagrange_at_zero, prg
 
 TESTDATA = Path(__file__).resolve().parents[2] / "protos" / "testdata"
 REGENERATE = "python -m fedlink.conformance.golden protos/testdata"
-P = (1 << 255) - 19
 DROPPED = 3
 """The member that shared its keys and then vanished."""
 
@@ -46,30 +39,6 @@ def settings(session: dict[str, Any]) -> dict[str, Any]:
 
 def element(b64: str) -> int:
     return int.from_bytes(base64.b64decode(b64), "little")
-
-
-def prg(seed: bytes, count: int) -> list[int]:
-    stream = Cipher(algorithms.AES(seed), modes.CTR(bytes(16))).encryptor().update(
-        bytes(4 * count))
-    return [int.from_bytes(stream[4 * i: 4 * i + 4], "little") for i in range(count)]
-
-
-def agree(private: int, public: bytes, info: str) -> bytes:
-    key = X25519PrivateKey.from_private_bytes(private.to_bytes(32, "little"))
-    shared = key.exchange(X25519PublicKey.from_public_bytes(public))
-    return HKDF(hashes.SHA256(), 32, None, info.encode()).derive(shared)
-
-
-def rebuilt(points: list[tuple[int, int]]) -> int:
-    """The secret at x = 0 of the shares ``(x, y)`` over GF(2^255 - 19)."""
-    secret = 0
-    for xj, yj in points:
-        weight = 1
-        for xm, _ in points:
-            if xm != xj:
-                weight = weight * xm * pow(xm - xj, -1, P) % P
-        secret = (secret + yj * weight) % P
-    return secret
 
 
 def unpacked(data: bytes, count: int, bits: int) -> list[int]:
@@ -123,10 +92,10 @@ def test_the_masked_vectors_less_the_rebuilt_masks_decode_to_the_flushed_model()
         total += unpacked(base64.b64decode(call["request"]["values"]), size, bits)
     answers = [c["request"] for c in calls(session, "SecureUnmask")]
     for survivor in (0, 1, 2):  # each survivor's self mask, from its seed's shares
-        seed = rebuilt([(s["x"], element(s["y"])) for a in answers for s in a["seedShares"]
+        seed = lagrange_at_zero([(s["x"], element(s["y"])) for a in answers for s in a["seedShares"]
                         if s.get("owner", 0) == survivor])
         total -= prg(seed.to_bytes(32, "little"), size)
-    key = rebuilt([(s["x"], element(s["y"])) for a in answers for s in a["keyShares"]
+    key = lagrange_at_zero([(s["x"], element(s["y"])) for a in answers for s in a["keyShares"]
                    if s.get("owner", 0) == DROPPED])
     round_id = calls(session, "SecureAdvertise")[0]["reply"]["roundId"]
     adverts = [c["request"] for c in calls(session, "SecureAdvertise")]
