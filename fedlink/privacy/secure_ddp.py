@@ -17,12 +17,11 @@ coordinator compute it whatever it then did, so a sum that would push epsilon pa
 ``max_epsilon`` is never asked for (the desk loses its group), and ``stop_reason`` ends the
 run once one more sum of ``closing_shares`` would (the shares a full group closes its masked
 phase with: ``secure.quorum`` of ``noise_shares``), or once ``WITHHELD_TO_STOP`` sums in a
-row were withheld
-(the groups do not come full enough for what the budget has left: a fleet smaller than
-``flush.goal``, a quorum, dropouts; without it such a run would train groups it can never
+row were withheld (the groups do not come full enough for what the budget has left: a fleet
+smaller than ``flush.goal``, dropouts; without it such a run would train groups it can never
 unmask, for ever), and every sum asked for has flushed (meanwhile ``wait_reason`` holds new
-tasks back). The desk journals ``state_dict`` at each change, ahead of
-the checkpoints that also carry it.
+tasks back). The desk journals ``state_dict`` at each change, ahead of the checkpoints that
+also carry it.
 """
 
 from __future__ import annotations
