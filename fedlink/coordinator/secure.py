@@ -317,6 +317,10 @@ class SecureDesk:
         self._settings = secure_settings(config)
         self._ddp = engine.hook_of(SecureDDPHook)
         """Distributed DP's accountant (``None`` without it)."""
+        assert self._settings is not None  # a desk exists only with secure groups on
+        # [update, weight]: the update's kept coordinates under group random-k
+        self._masked_size = masked_size(self._settings.density, engine.num_parameters,
+                                        weighted=self._ddp is None)
         self._refuse_an_upload_limit_below_a_masked_update()
         self._next_number = 1
         self._forming: SecureGroup | None = None
@@ -337,9 +341,7 @@ class SecureDesk:
         """A masked update larger than ``inline_bytes`` rides the resumable upload, which
         ``limits.max_update_bytes`` bounds: one below the masked update would lose every
         group at its masked phase."""
-        assert self._settings is not None
-        size = masked_size(self._settings.density, self.engine.num_parameters,
-                           weighted=self._ddp is None)
+        size = self._masked_size
         need = self._secagg.vector_bytes(size)
         limit = self.config.limits.update_bytes_for(self.engine.num_parameters)
         inline = 0 < need <= self.config.limits.inline_bytes  # sent in the call itself
@@ -639,10 +641,7 @@ class SecureDesk:
         group = self._forming
         if group is None:
             number, self._next_number = self._next_number, self._next_number + 1
-            assert self._settings is not None
-            # [update, weight]: the update's kept coordinates under group random-k
-            size = masked_size(self._settings.density, self.engine.num_parameters,
-                               weighted=self._ddp is None)
+            size = self._masked_size
             group = SecureGroup(number, self._secagg, self.config.flush.goal, size,
                                 SecureSum(self._secagg, number, size, graph_seed=number))
             self._forming = self._groups[number] = group
