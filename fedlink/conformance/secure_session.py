@@ -17,7 +17,6 @@ Needs the ``secagg`` extra (``cryptography``); ``record_secure_session`` imports
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -26,12 +25,12 @@ import numpy as np
 from fedlink.aggregate import RobustConfig
 from fedlink.clock import ManualClock, real_sleep
 from fedlink.conformance.golden import VECTOR
+from fedlink.conformance.session import Recorder
 from fedlink.coordinator import CoordinatorConfig, FlushRule, LimitsConfig
 from fedlink.coordinator.config import SecureConfig
 from fedlink.coordinator.service import CoordinatorService
 from fedlink.messages import GetTaskRequest, JoinRequest, LeaveRequest, Task
 from fedlink.metrics import EventLog
-from fedlink.wire import to_json
 
 if TYPE_CHECKING:
     from fedlink.client.secure import SecureDelivery
@@ -62,26 +61,14 @@ def record_secure_session() -> dict[str, Any]:
     return asyncio.run(_secure_session())
 
 
-class _Recording:
-    def __init__(self) -> None:
-        self.messages: list[dict[str, Any]] = []
-        self.client_ids: list[str] = []
-
-    async def calls(self, name: str, requests: Sequence[Any],
-                    call: Callable[[Any], Awaitable[Any]]) -> list[Any]:
-        """Make ``requests`` together (a phase's calls); record each with its reply."""
-        replies = await asyncio.gather(*(call(r) for r in requests))
-        for request, reply in zip(requests, replies, strict=True):
-            self.messages.append({"call": name, "request": to_json(request),
-                                  "reply": to_json(reply)})
-        return list(replies)
-
-    def normalised(self) -> list[dict[str, Any]]:
-        text = json.dumps(self.messages)
-        for n, client_id in enumerate(self.client_ids):
-            text = text.replace(client_id, f"CLIENT_{n}")
-        result: list[dict[str, Any]] = json.loads(text)
-        return result
+async def _phase(rec: Recorder, name: str, requests: Sequence[Any],
+                 call: Callable[[Any], Awaitable[Any]]) -> list[Any]:
+    """Make ``requests`` together (a phase's calls, as a group's clients make them) and
+    record each with its reply."""
+    replies = await asyncio.gather(*(call(r) for r in requests))
+    for request, reply in zip(requests, replies, strict=True):
+        rec.add(name, request, reply)
+    return list(replies)
 
 
 async def _secure_session() -> dict[str, Any]:
@@ -89,21 +76,21 @@ async def _secure_session() -> dict[str, Any]:
 
     clock = ManualClock()
     service, rec = CoordinatorService(secure_config(), VECTOR, EventLog(None), clock=clock), \
-        _Recording()
+        Recorder()
     calls = service.secure_calls
-    joined = await rec.calls("Join", [JoinRequest(f"golden-client-{i}", num_examples=10)
-                                      for i in range(CLIENTS)], service.join)
-    rec.client_ids = [j.client_id for j in joined]
-    tasks = await rec.calls("GetTask", [GetTaskRequest(c, held_version=-1)
-                                        for c in rec.client_ids], service.get_task)
+    joined = await _phase(rec, "Join", [JoinRequest(f"golden-client-{i}", num_examples=10)
+                                        for i in range(CLIENTS)], service.join)
+    client_ids = [j.client_id for j in joined]
+    tasks = await _phase(rec, "GetTask", [GetTaskRequest(c, held_version=-1)
+                                          for c in client_ids], service.get_task)
     draws = [Recorded(300 + i) for i in range(CLIENTS)]
-    members = [_delivery(service, c, t, d) for c, t, d in zip(rec.client_ids, tasks, draws,
+    members = [_delivery(service, c, t, d) for c, t, d in zip(client_ids, tasks, draws,
                                                                strict=True)]
-    rosters = await rec.calls("SecureAdvertise", [m.advertise() for m in members],
-                              calls.advertise)
+    rosters = await _phase(rec, "SecureAdvertise", [m.advertise() for m in members],
+                           calls.advertise)
     for member, roster in zip(members, rosters, strict=True):
         member.roster(roster)
-    shared = await rec.calls("SecureShare", [m.share() for m in members], calls.share)
+    shared = await _phase(rec, "SecureShare", [m.share() for m in members], calls.share)
     for member, reply in zip(members, shared, strict=True):
         member.shared(reply)
     survivors = [m for i, m in enumerate(members) if i != DROPPED]
@@ -111,7 +98,7 @@ async def _secure_session() -> dict[str, Any]:
     for member, update in zip(survivors, UPDATES, strict=False):
         member.trained(update, 10, 1, 1)
     masked = asyncio.ensure_future(
-        rec.calls("SecureMasked", [m.masked(rng) for m in survivors], calls.masked))
+        _phase(rec, "SecureMasked", [m.masked(rng) for m in survivors], calls.masked))
     group = service.secure.group if service.secure is not None else None
     assert group is not None
     while len(group.delivered) < len(survivors) and not masked.done():  # each one is in
@@ -120,13 +107,14 @@ async def _secure_session() -> dict[str, Any]:
     heard = await masked
     for member, reply in zip(survivors, heard, strict=True):
         member.heard(reply)
-    await rec.calls("SecureUnmask", [m.unmask() for m in survivors], calls.unmask)
-    await rec.calls("GetTask", [GetTaskRequest(rec.client_ids[0], held_version=-1)],
-                    service.get_task)
-    await rec.calls("Leave", [LeaveRequest(rec.client_ids[0], reason="run finished")],
-                    service.leave)
+    await _phase(rec, "SecureUnmask", [m.unmask() for m in survivors], calls.unmask)
+    await _phase(rec, "GetTask", [GetTaskRequest(client_ids[0], held_version=-1)],
+                 service.get_task)
+    await _phase(rec, "Leave", [LeaveRequest(client_ids[0], reason="run finished")],
+                 service.leave)
     service.close()
-    return {"messages": rec.normalised(), "rounding_seed": ROUNDING_SEED,
+    names = {client_id: f"CLIENT_{n}" for n, client_id in enumerate(client_ids)}
+    return {"messages": rec.normalised(names), "rounding_seed": ROUNDING_SEED,
             "draws": {f"CLIENT_{i}": [element(v) for v in d.draws] for i, d in enumerate(draws)},
             "updates": {f"CLIENT_{i}": [float(v) for v in UPDATES[i]]
                         for i in range(CLIENTS) if i != DROPPED}}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -44,11 +44,14 @@ def record_sessions() -> dict[str, list[dict[str, Any]]]:
             "streamed": asyncio.run(_session(inline=False))}
 
 
-class _Recorder:
+class Recorder:
+    """The calls of a recorded session, as ``{call, request, reply}`` in proto3 JSON."""
+
     def __init__(self) -> None:
         self.messages: list[dict[str, Any]] = []
 
     def add(self, call: str, request: Any, reply: Any) -> None:
+        """Record one call (a streamed side: a list of messages)."""
         def encode(message: Any) -> Any:
             if isinstance(message, list):
                 return [to_json(m) for m in message]
@@ -57,8 +60,11 @@ class _Recorder:
         self.messages.append({"call": call, "request": encode(request),
                               "reply": encode(reply)})
 
-    def normalised(self, client_id: str) -> list[dict[str, Any]]:
-        text = json.dumps(self.messages).replace(client_id, CLIENT_ID)
+    def normalised(self, names: Mapping[str, str]) -> list[dict[str, Any]]:
+        """The messages with each random client id replaced by its name in ``names``."""
+        text = json.dumps(self.messages)
+        for client_id, name in names.items():
+            text = text.replace(client_id, name)
         result: list[dict[str, Any]] = json.loads(text)
         return result
 
@@ -72,7 +78,7 @@ def _service(inline: bool) -> CoordinatorService:
 
 
 async def _session(inline: bool) -> list[dict[str, Any]]:
-    service, rec = _service(inline), _Recorder()
+    service, rec = _service(inline), Recorder()
     join = JoinRequest(client_name="golden-client", num_examples=10)
     joined = await service.join(join)
     rec.add("Join", join, joined)
@@ -95,10 +101,10 @@ async def _session(inline: bool) -> list[dict[str, Any]]:
     leave = LeaveRequest(cid, reason="run finished")
     rec.add("Leave", leave, await service.leave(leave))
     service.close()
-    return rec.normalised(cid)
+    return rec.normalised({cid: CLIENT_ID})
 
 
-async def _stream(service: CoordinatorService, rec: _Recorder, cid: str, task: Task,
+async def _stream(service: CoordinatorService, rec: Recorder, cid: str, task: Task,
                   upload_id: str, data: bytes) -> None:
     """Download the model, upload the update in chunks, ask the upload's status."""
     download = DownloadRequest(cid, task.task_id, offset=0, max_chunk_bytes=STREAM_CHUNK_BYTES)
