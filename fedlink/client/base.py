@@ -68,9 +68,13 @@ def planned_steps(plan: TrainPlan, num_examples: int) -> int:
     return plan.local_epochs * math.ceil(num_examples / plan.batch_size)
 
 
+PROX_MU = "prox_mu"
+"""The trainer option that sets FedProx's ``mu`` (``proximal_mu``)."""
+
+
 def proximal_mu(plan: TrainPlan) -> float:
     """FedProx's ``mu`` from ``plan.options["prox_mu"]`` (0 when absent: plain local SGD)."""
-    raw = plan.options.get("prox_mu", "0")
+    raw = plan.options.get(PROX_MU, "0")
     try:
         mu = float(raw)
     except ValueError as exc:

@@ -48,7 +48,7 @@ from fedlink.coordinator import CoordinatorConfig, FlushRule
 from fedlink.data.federated import check_options, check_partition_options
 from fedlink.errors import ConfigError
 from fedlink.experiment.partial_work import PartialWorkSection
-from fedlink.experiment.trainers import TRAINERS
+from fedlink.experiment.trainers import TRAINERS, options_read
 from fedlink.experiment.virtual import RaySection, VirtualSection
 from fedlink.netem import Fleet, parse_network
 from fedlink.plug import is_import_string
@@ -379,6 +379,7 @@ class ExperimentConfig:
         values["coordinator"] = _robust_for_uplink(CoordinatorConfig.from_dict(coordinator),
                                                    values["client"])
         _check_secure_uplink(values["coordinator"], values["client"])
+        _refuse_unread_trainer_options(values["coordinator"], values["client"])
         client = values["client"]
         values["client"] = dataclasses.replace(client, privacy_options=privacy_setup.stage_options(
             client.privacy, client.privacy_options, values["coordinator"].hooks, goal,
@@ -406,6 +407,19 @@ class ExperimentConfig:
         if self.data.loader:  # the data that ran is the loader's, not the default dataset
             plain["data"]["dataset"] = self.data.loader
         return plain
+
+
+def _refuse_unread_trainer_options(coordinator: CoordinatorConfig,
+                                   client: ClientSection) -> None:
+    """A trainer option the run's trainer does not read would change nothing: a misspelt
+    ``prox_mu`` would train without FedProx, DP-SGD's options under the ``torch`` trainer
+    without DP. Refused, for the trainers that say what they read."""
+    read = options_read(client.trainer)
+    unread = sorted(set(coordinator.training.trainer_options) - (read or set()))
+    if read is not None and unread:
+        raise ConfigError(f"coordinator.training.trainer_options: [client] trainer = "
+                          f"{client.trainer!r} does not read {', '.join(unread)}, which would "
+                          f"change nothing (it reads: {', '.join(sorted(read)) or 'no option'})")
 
 
 def _refuse_client_privacy_with_secure(coordinator: Mapping[str, Any],

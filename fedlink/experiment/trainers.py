@@ -6,11 +6,16 @@ a builder without that parameter is refused when ``[client] device`` is set); th
 ``(model, data, *, seed) -> fedlink.client.Trainer`` and builds each client's trainer.
 Register your own by name::
 
-    from fedlink.experiment.trainers import TRAINERS
+    from fedlink.experiment.trainers import TRAINERS, reads_options
 
     @TRAINERS.register("scaffold")
+    @reads_options("scaffold_lr")
     def scaffold(config, loss):
         return lambda model, data, *, seed: ScaffoldTrainer(model, data, seed=seed)
+
+``reads_options`` names the ``[coordinator.training] trainer_options`` the trainers read: a
+run that sets another is refused (``options_read``) instead of training as if it were
+unset. A builder that does not say, and an import string, are not checked.
 
 (``[client] trainer = "package.module:attr"`` names a factory directly, no registration.)
 
@@ -21,9 +26,11 @@ it is parsed; the built-ins import their torch code when they are built.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from fedlink.client.base import PROX_MU
 from fedlink.errors import ConfigError
+from fedlink.privacy.setup import DP_SGD_OPTIONS
 from fedlink.registry import Registry
 
 if TYPE_CHECKING:
@@ -65,8 +72,34 @@ TRAINERS: Registry[TrainerFactory] = Registry("trainer")
 """Trainer name -> ``(config: ExperimentConfig, loss) -> TrainerFactory`` (``config``
 is typed as ``Settings``, the part of it a builder reads)."""
 
+OPTIONS_ATTRIBUTE = "trainer_options_read"
+"""Where ``reads_options`` keeps a builder's option names."""
+
+Builder = TypeVar("Builder", bound=Callable[..., Any])
+
+
+def reads_options(*names: str) -> Callable[[Builder], Builder]:
+    """Declare the ``trainer_options`` the trainers a builder makes read (none: it reads
+    no option); the decorated builder is returned unchanged."""
+
+    def declare(builder: Builder) -> Builder:
+        setattr(builder, OPTIONS_ATTRIBUTE, frozenset(names))
+        return builder
+
+    return declare
+
+
+def options_read(trainer: str) -> frozenset[str] | None:
+    """The ``trainer_options`` the trainer named ``trainer`` reads (``None`` when its builder
+    does not say, see ``reads_options``, or ``trainer`` is an import string)."""
+    if not TRAINERS.registered(trainer):
+        return None
+    read = getattr(TRAINERS.get(trainer), OPTIONS_ATTRIBUTE, None)
+    return None if read is None else frozenset(read)
+
 
 @TRAINERS.register("torch")
+@reads_options(PROX_MU)
 def torch_trainer(config: Settings, loss: Any, device: Any = "cpu") -> TrainerFactory:
     """The built-in local SGD (``TorchTrainer``) with the loss, the config's optimizer,
     ``keep_local`` and the device."""
@@ -84,6 +117,7 @@ def torch_trainer(config: Settings, loss: Any, device: Any = "cpu") -> TrainerFa
 
 
 @TRAINERS.register("dp_sgd")
+@reads_options(*DP_SGD_OPTIONS)
 def dp_sgd_trainer(config: Settings, loss: Any, device: Any = "cpu") -> TrainerFactory:
     """Opacus DP-SGD, with cross-entropy, on any data (fedlink or torch datasets)."""
     from fedlink.privacy.dp_sgd import DPSGDTrainer  # torch and opacus: only when built

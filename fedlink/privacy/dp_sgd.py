@@ -94,6 +94,7 @@ from fedlink.params import TRAINABLE
 from fedlink.params.flat import load_vector, spec_of, to_vector
 from fedlink.privacy.accounting import Accountant, check_accountant
 from fedlink.privacy.ghost_clipping import GhostClipping
+from fedlink.privacy.setup import DP_SGD_OPTIONS
 
 _SEED_MASK = (1 << 64) - 1
 
@@ -203,7 +204,13 @@ class DPSGDOptions:
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> DPSGDOptions:
-        """Parse and validate ``dp_*`` options (``ConfigError`` naming the bad one)."""
+        """Parse and validate ``dp_*`` options (``ConfigError`` naming the bad one, or a
+        ``dp_*`` option this trainer does not read: a misspelt clip norm would otherwise
+        train at the default one)."""
+        unknown = sorted(k for k in options if k.startswith("dp_") and k not in DP_SGD_OPTIONS)
+        if unknown:
+            raise ConfigError(f"{', '.join(unknown)}: not a DP-SGD option (it reads "
+                              f"{', '.join(sorted(DP_SGD_OPTIONS))})")
         steps = _opt_number(options, "dp_target_steps")
         parsed = cls(
             max_grad_norm=_number(options, "dp_max_grad_norm", 1.0),

@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 HOOK = "dp_fedavg"
 STAGE = "dp_fedavg"
 SGD_TRAINER = "dp_sgd"
+DP_SGD_OPTIONS = frozenset({"dp_max_grad_norm", "dp_noise_multiplier", "dp_target_epsilon",
+                            "dp_target_steps", "dp_delta", "dp_accountant", "dp_clipping"})
+"""The ``trainer_options`` the DP-SGD trainer reads (``fedlink.privacy.dp_sgd``): any other
+``dp_*`` option is refused as a misspelling, not left to its default."""
 SGD_HOOK = "dp_sgd"
 _SHARED = ("clip_norm", "noise", "noise_multiplier")
 

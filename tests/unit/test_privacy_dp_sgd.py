@@ -113,6 +113,9 @@ def test_an_empty_poisson_sample_still_takes_a_noisy_step(data) -> None:  # type
     {"dp_noise_multiplier": "1.0", "dp_clipping": "none"},
     {"dp_noise_multiplier": "abc"},
     {"dp_noise_multiplier": "1.0", "prox_mu": "0.1"},
+    # misspelt: it would otherwise train at the default clip norm (a standalone client gets
+    # its options from the coordinator, past the experiment config's check)
+    {"dp_noise_multiplier": "1.0", "dp_max_grad_nrom": "0.5"},
 ])
 def test_bad_options_are_config_errors(data, options: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
     trainer = _trainer(data)
