@@ -96,6 +96,16 @@ class TrainResult:
 
 
 @runtime_checkable
+class AccountsPrivacy(Protocol):
+    """A trainer that noises its own training and accounts for it (``DPSGDTrainer``): its
+    epsilon travels in its updates' metrics, to a coordinator hook that reads each update."""
+
+    def epsilon(self) -> float:
+        """Epsilon spent so far."""
+        ...
+
+
+@runtime_checkable
 class Trainer(Protocol):
     """Local training on a device, over flat float32 parameter vectors."""
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 
-from fedlink.client.base import Trainer, TrainResult
+from fedlink.client.base import AccountsPrivacy, Trainer, TrainResult
 from fedlink.client.delivery import Courier
 from fedlink.client.evaluation import capabilities, evaluation_report, evaluator_of
 from fedlink.client.instance import (
@@ -604,7 +604,7 @@ class ClientSession:
             "Join")
         same_run(self.config, reply.config, self.trainer, self.target)
         if reply.config.secure is not None:
-            _check_secure_privacy(self.pipeline)
+            _check_secure_privacy(self.pipeline, self.trainer)
         self.client_id = reply.client_id
         if self.config is None:  # a running run: an earlier "run over" no longer holds
             forget_finished(self.options.outbox_dir)
@@ -689,16 +689,21 @@ def _check_secure_codec(update: PendingUpdate) -> None:
                           f"(masked updates are integers in Z_m): use 'fp32'")
 
 
-def _check_secure_privacy(pipeline: UpdatePipeline) -> None:
-    """Refuse a client privacy stage in a secure run: it reports its clipping and noise to a
-    coordinator hook that reads each update, and a secure coordinator sees only sums, so the
-    noise would go unaccounted (distributed DP is the secure run's own)."""
-    name = pipeline.privacy.name
+def _check_secure_privacy(pipeline: UpdatePipeline, trainer: Trainer) -> None:
+    """Refuse a client privacy stage or a DP-SGD trainer in a secure run: each reports its
+    clipping and noise to a coordinator hook that reads each update, and a secure coordinator
+    sees only sums, so the noise would go unaccounted (distributed DP is the secure run's
+    own)."""
     if not isinstance(pipeline.privacy, NoPrivacy):
-        raise ConfigError(f"client privacy {name!r} cannot be used in a secure run: a secure "
-                          f"coordinator sees only sums and accounts no client's noise; unset "
-                          f"it (the run's distributed DP, [coordinator.secure] "
-                          f"noise_multiplier, is what adds and accounts noise)")
+        what = f"client privacy {pipeline.privacy.name!r}"
+    elif isinstance(trainer, AccountsPrivacy):
+        what = f"a trainer that accounts its own privacy ({type(trainer).__name__})"
+    else:
+        return
+    raise ConfigError(f"{what} cannot be used in a secure run: a secure coordinator sees only "
+                      f"sums and accounts no client's noise; unset it (the run's distributed "
+                      f"DP, [coordinator.secure] noise_multiplier, is what adds and accounts "
+                      f"noise)")
 
 
 def run_client(target: str, trainer: Trainer, options: ClientOptions | None = None,

@@ -657,6 +657,34 @@ def test_a_client_with_its_own_privacy_stage_is_refused_when_it_joins_a_secure_r
     assert trainer.calls == 0
 
 
+class _NoisyTrainer(TowardTrainer):
+    """Stands for a DP-SGD trainer: it accounts its own epsilon (``AccountsPrivacy``)."""
+
+    def epsilon(self) -> float:
+        return 0.0
+
+
+def test_a_client_whose_trainer_accounts_its_own_privacy_is_refused_when_it_joins(
+        tmp_path: Path) -> None:
+    """A ``fedlink client`` training with DP-SGD joins a secure run: its epsilon would travel
+    in update metrics that a secure coordinator never reads, so it stops at its Join, naming
+    the trainer, before it trains."""
+    server = CoordinatorServer(secure_config(tmp_path / "state"), X0, EventLog(None),
+                               address="127.0.0.1:0")
+    trainer = _NoisyTrainer(np.full(DIM, 0.5, np.float32))
+
+    async def main() -> None:
+        async with server:
+            session = ClientSession(target_of(server), trainer,
+                                    ClientOptions(name="c0", retry=FAST_RETRY))
+            with pytest.raises(ConfigError, match=r"accounts its own privacy \(_NoisyTrainer\)"
+                                                  r" cannot be used in a secure run"):
+                await asyncio.wait_for(session.run(), 30)
+
+    run_async(main(), timeout=40)
+    assert trainer.calls == 0
+
+
 def test_a_group_with_too_few_deliveries_is_lost_and_its_members_refused(
         tmp_path: Path) -> None:
     config = dataclasses.replace(secure_config(tmp_path / "state"),

@@ -17,6 +17,7 @@ from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 from torch import nn
 
 from fedlink.client import TrainPlan
+from fedlink.client.base import AccountsPrivacy
 from fedlink.data import load_federated
 from fedlink.errors import ConfigError
 from fedlink.models import build_model
@@ -276,3 +277,9 @@ def test_two_steps_are_opacus_own_steps(options: dict[str, float]) -> None:
 
     ours, opacus = stepped(_GhostOptimizer), stepped(DPOptimizerFastGradientClipping)
     assert all(torch.equal(a, b) for a, b in zip(ours, opacus, strict=True))
+
+
+def test_the_dp_sgd_trainer_says_it_accounts_its_own_privacy(data) -> None:  # type: ignore[no-untyped-def]
+    """What a client joining a secure run checks, to refuse it (its epsilon would go
+    unaccounted there)."""
+    assert isinstance(_trainer(data), AccountsPrivacy)
