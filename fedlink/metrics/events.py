@@ -126,10 +126,40 @@ def _scalar(value: int | float | np.generic) -> int | float | bool | str | None:
     raise TypeError(f"cannot write a {type(value).__name__} to the event log")
 
 
+def _earlier_elapsed(path: Path, now: float) -> float:
+    """The ``elapsed`` a log appended to ``path`` starts from: what an earlier process's
+    events there measured, plus the wall time since (a coordinator restarted from its
+    ``state_dir`` continues its run's log, downtime included, so that the run's times span
+    every process). 0 for a file without a readable event."""
+    with path.open("rb") as f:
+        head = _record_of(f.readline())
+        f.seek(max(0, f.seek(0, 2) - 65536))
+        tail = f.read().splitlines()
+    last = next((r for r in map(_record_of, reversed(tail)) if r is not None), None)
+    if head is None or last is None:
+        return 0.0
+    origin = head["t"] - head["elapsed"]  # the run's start, in wall time
+    # never behind the last event written, even when the wall clock was set back
+    return max(now - origin, last["elapsed"])
+
+
+def _record_of(line: bytes) -> dict[str, float] | None:
+    """``t`` and ``elapsed`` of one written event (``None``: a torn or foreign line)."""
+    try:
+        record = json.loads(line)
+        return {"t": float(record["t"]), "elapsed": float(record["elapsed"])}
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 class EventLog:
     """An append-only, thread-safe event log streamed to a JSON-lines file.
 
-    With a path, the file is opened for appending (parent folders are created); with
+    With a path, the file is opened for appending (parent folders are created); a file that
+    already holds events (a coordinator restarted from its ``state_dir``) is continued: this
+    log's ``elapsed`` goes on from the run's first event, counting the time between the
+    processes, so that a resumed run's times (``wall_seconds``, a round's seconds, a time to
+    target) span all of it. With
     ``path=None`` the log streams to an anonymous temporary file that goes with the log.
     Every event is written as one line (to a named file: flushed before :meth:`emit`
     returns); in memory the log keeps only a count per kind. ``clock`` (monotonic, for
@@ -165,6 +195,8 @@ class EventLog:
                 "w+", encoding="utf-8", buffering=1 << 16)
             weakref.finalize(self, self._anonymous.close)
         self._offset = self._file.tell()  # this log's events start here (appending)
+        if self._offset and path is not None:
+            self._start -= _earlier_elapsed(path, wall_clock())
 
     @property
     def path(self) -> Path | None:
