@@ -11,16 +11,23 @@ the client has the model: one whole payload, the one the client finished receivi
 model it trained on: a delta, or the full model it fell back to). Everything else sent for
 the task, and everything sent for a task that never gets an accepted result, is
 ``bytes_down_wasted``. ``DownloadLedger`` keeps per task what was sent until the task is
-settled.
+settled; a coordinator restarted from its ``state_dir`` takes back, from the run's earlier
+``download_finished`` events, what was sent for the tasks its previous process had not
+settled (``restore``), so that a result accepted after the restart uses them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 MODEL, DELTA, EVALUATION = "model", "delta", "evaluation"
 """The kinds ``bytes_down`` is split into."""
+
+_SETTLING = frozenset({"download_used", "update_accepted", "update_refused",
+                       "evaluation_reported"})
+"""The event kinds after which a task's downloads are settled."""
 
 
 @dataclass
@@ -80,6 +87,29 @@ class DownloadLedger:
         if payload.base_version is not None:
             fields["base_version"] = payload.base_version
         return fields
+
+    def restore(self, earlier: Iterable[Mapping[str, Any]]) -> None:
+        """Take back what earlier processes sent for tasks they did not settle, from their
+        events (a restart): each ``download_finished`` of a task with no ``download_used``,
+        ``update_accepted``, ``update_refused`` or ``evaluation_reported`` after it. A
+        payload's size is where a stream that reached its end ended (an inline payload's
+        bytes)."""
+        events = list(earlier)
+        settled = {(e.get("client_id"), e.get("task_id")) for e in events
+                   if e.get("kind") in _SETTLING}
+        for e in events:
+            key = (e.get("client_id"), e.get("task_id"))
+            if e.get("kind") != "download_finished" or key in settled or None in key:
+                continue
+            payload = DELTA if e.get("delta") else MODEL
+            sent = int(e.get("bytes") or 0)
+            end = int(e.get("offset") or 0) + sent if e.get("completed") else 0
+            self.sent(str(key[0]), str(key[1]), payload, end, sent,
+                      evaluation=bool(e.get("evaluation")), to_end=bool(e.get("completed")),
+                      bytes_saved=int(e.get("bytes_saved") or 0),
+                      base_version=e.get("base_version"))
+            entry = self._tasks[(str(key[0]), str(key[1]))].payloads[payload]
+            entry.size = max(entry.size, end)
 
     def forget_client(self, client_id: str) -> None:
         """Drop what was sent to a client that left (none of it was used)."""

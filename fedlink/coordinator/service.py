@@ -164,6 +164,7 @@ class CoordinatorService:
         # the final version's evaluation tasks lived in the process that ended the run
         self.evaluations.final_evaluations = not self.engine.finished
         self.uploads.restore(saved.settled)
+        self.downloads.restore(self.events.earlier())
         if self.secure is not None:
             self.secure.restore(saved.next_secure_group, saved.secure_accounting,
                                 saved.open_secure_groups)

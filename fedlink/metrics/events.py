@@ -126,6 +126,25 @@ def _scalar(value: int | float | np.generic) -> int | float | bool | str | None:
     raise TypeError(f"cannot write a {type(value).__name__} to the event log")
 
 
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a last line without its newline from ``path``: the torn write of a process killed
+    mid-line. Appending after it would glue the next event onto it and leave a malformed
+    line inside the log; the event it held was durable before it was written, so a restarted
+    coordinator writes it again (``EventLog.replay``)."""
+    with path.open("rb+") as f:
+        end = f.seek(0, 2)
+        if not end:
+            return
+        f.seek(end - 1)
+        if f.read(1) == b"\n":
+            return
+        start = max(0, end - (1 << 20))  # an event's line is far shorter than this
+        f.seek(start)
+        cut = f.read().rfind(b"\n")
+        if cut >= 0 or start == 0:
+            f.truncate(start + cut + 1)
+
+
 def _earlier_elapsed(path: Path, now: float) -> float:
     """The ``elapsed`` a log appended to ``path`` starts from: what an earlier process's
     events there measured, plus the wall time since (a coordinator restarted from its
@@ -186,7 +205,8 @@ class EventLog:
         self._file: IO[str] | None
         if path is not None:
             private_dir(path.parent)
-            self._file = touch_private(path).open("a", encoding="utf-8", buffering=1)
+            _drop_torn_tail(touch_private(path))
+            self._file = path.open("a", encoding="utf-8", buffering=1)
             self._anonymous: IO[str] | None = None
         else:
             # Buffered, not flushed per line: only this log reads it (seeking flushes), and
@@ -221,6 +241,25 @@ class EventLog:
 
     def __len__(self) -> int:
         return self.count()
+
+    def earlier(self) -> list[Record]:
+        """The events earlier processes wrote to this log's file before it was opened (a
+        coordinator restarted from its ``state_dir``), as written, each once (an event
+        written again after a restart has the ``event_id`` it had); empty for a new log."""
+        if self._path is None or not self._offset:
+            return []
+        with self._path.open("rb") as f:
+            records = [json.loads(line) for line in f.read(self._offset).splitlines()
+                       if line.strip()]
+        seen: set[Any] = set()
+        unique = []
+        for record in records:
+            if "event_id" in record:
+                if record["event_id"] in seen:
+                    continue
+                seen.add(record["event_id"])
+            unique.append(record)
+        return unique
 
     def elapsed(self) -> float:
         """Seconds since the log was created, by the log's monotonic clock."""

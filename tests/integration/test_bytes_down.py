@@ -3,6 +3,7 @@ no accepted result used as ``bytes_down_wasted`` (``fedlink.coordinator.download
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from fedlink.compress import get_codec
 from fedlink.coordinator import CoordinatorConfig, CoordinatorServer, FlushRule, LimitsConfig
 from fedlink.messages import CommitRequest
 from fedlink.metrics import summarize
+from fedlink.metrics.events import EventLog, read_events
 from fedlink.proto.v1 import coordinator_pb2 as pb
 from fedlink.proto.v1 import coordinator_pb2_grpc as pb_grpc
 from fedlink.sim import ExperimentConfig
@@ -151,3 +153,47 @@ def test_a_virtual_client_is_not_sent_a_version_it_holds(tmp_path: Path) -> None
     model_bytes = 4 * np.load(tmp_path / "virtual" / "bytes-down" / "model.npy").size  # fp32
     assert summary["bytes_down"] == 4 * 3 * model_bytes
     assert summary["bytes_down_wasted"] == 0
+
+
+def test_a_model_downloaded_before_a_restart_and_used_after_it_is_not_counted_wasted(
+        tmp_path: Path) -> None:
+    """The coordinator stops after a client downloaded its task's model and restarts from its
+    ``state_dir``; the client's update is accepted by the new process. The model it trained
+    on was used, not wasted, although another process sent it."""
+    x0 = np.random.default_rng(2).normal(size=20_000).astype(np.float32)
+    total = 4 * x0.size
+    settings = dataclasses.replace(config(inline_bytes=0), state_dir=str(tmp_path / "state"))
+    path = tmp_path / "events.jsonl"
+
+    async def first() -> tuple[str, str]:
+        with EventLog(path) as events:
+            async with CoordinatorServer(settings, x0, events, address="127.0.0.1:0") as server, \
+                    grpc.aio.insecure_channel(target_of(server)) as channel:
+                stub, client_id, task = await join(channel)
+                assert len(await download(stub, client_id, task)) == total
+                await wait_until(lambda: len(sent(server)) == 1, what="the download counted")
+        return client_id, task.task_id
+
+    async def second(client_id: str, task_id: str) -> None:
+        with EventLog(path) as events:
+            async with CoordinatorServer(settings, x0, events, address="127.0.0.1:0") as server, \
+                    grpc.aio.insecure_channel(target_of(server)) as channel:
+                stub = pb_grpc.CoordinatorStub(channel)
+                update = pack(np.zeros(x0.size, np.float32), get_codec("fp32"))
+                upload_id = f"{client_id}-u1"
+                await stub.Upload(iter([pb.UploadChunk(client_id=client_id, upload_id=upload_id,
+                                                       offset=0, data=update.data)]), timeout=10)
+                reply = await stub.Commit(to_proto(CommitRequest(
+                    client_id=client_id, upload_id=upload_id, task_id=task_id, base_version=0,
+                    num_examples=1, steps_completed=1, steps_planned=1,
+                    update=update.header)), timeout=10)
+                assert reply.HasField("accepted_version")
+                await wait_until(lambda: bool(server.events.of_kind("flush")), what="the flush")
+
+    client_id, task_id = run_async(first())
+    run_async(second(client_id, task_id))
+    events = read_events(path)
+    (used,) = [e for e in events if e.kind == "download_used"]
+    assert (used["task_id"], used["bytes"], used["wasted"]) == (task_id, total, 0)
+    summary = summarize(events, {})
+    assert summary["bytes_down"] == total and summary["bytes_down_wasted"] == 0

@@ -61,7 +61,8 @@ def test_a_wall_clock_set_back_never_takes_elapsed_behind_the_last_event(
     assert [e["elapsed"] for e in read_events(path)] == pytest.approx([0.0, 5.0, 5.0])
 
 
-def test_a_torn_last_line_is_passed_over_and_a_new_log_starts_at_zero(tmp_path: Path) -> None:
+def test_a_torn_last_line_is_cut_before_appending_and_a_new_log_starts_at_zero(
+        tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     first = Clocks(wall=1_000.0, monotonic=0.0)
     with _log(path, first) as log:
@@ -72,5 +73,9 @@ def test_a_torn_last_line_is_passed_over_and_a_new_log_starts_at_zero(tmp_path: 
         f.write('{"t": 1004.5, "elapsed": 4.5, "ki')  # killed mid-line
     with _log(path, Clocks(wall=1_010.0, monotonic=0.0)) as log:
         assert log.elapsed() == pytest.approx(10.0)
+        assert [e["kind"] for e in log.earlier()] == ["run_started", "flush"]
+        log.emit("run_started")
+    # the torn fragment was cut, not glued to the next event: the whole log reads
+    assert [e.kind for e in read_events(path)] == ["run_started", "flush", "run_started"]
     with _log(tmp_path / "fresh.jsonl", Clocks(wall=1_010.0, monotonic=3.0)) as log:
         assert log.elapsed() == 0.0
