@@ -96,6 +96,11 @@ class AdaptiveNormBound(Accumulator):
         for delta, weight, steps in held:
             self._fold(delta, weight, steps, bound)
 
+    def fold_held(self) -> None:
+        """Fold the updates held for the warm-up now, clipped as they will be (a flush
+        before the warm-up ends counts their clips before it asks for the mean)."""
+        self._release()
+
     def mean(self) -> np.ndarray:
         """The inner aggregate of the clipped deltas (held ones folded first)."""
         self._release()

@@ -821,6 +821,8 @@ class RoundEngine:
         and with the weight it is folded with; the ``FlushInfo`` and the flush's counts."""
         accumulator = self._norm_bound
         if not isinstance(accumulator, FlushGuard):  # streaming: arrival order, raw weights
+            if isinstance(accumulator, AdaptiveNormBound):
+                accumulator.fold_held()  # a warm-up's held updates are clipped (and counted)
             heard = list(self._pending_infos.values())
             counts: dict[str, Any] = {"updates_clipped": int(getattr(accumulator, "clipped", 0))}
         else:

@@ -508,6 +508,22 @@ def test_fednova_aggregator_normalises_instead_of_weighting_work(fake_clock: Fak
     np.testing.assert_allclose(engine.model, X0 + 2.25, rtol=1e-6)
 
 
+def test_a_flush_inside_the_norm_bounds_warm_up_counts_the_updates_it_clips(
+        fake_clock: FakeClock) -> None:
+    """Guard off (streaming), the adaptive bound's warm-up (5 updates) longer than a flush
+    (3): the held updates are clipped at the flush, and the flush's record counts the clip
+    (it read the count before they were folded, and recorded 0)."""
+    engine = make_engine(fake_clock, goal=3, deadline_s=None,
+                         robust=RobustConfig(enabled=False))
+    accepted = [engine.submit(update(client, task_for(engine, client), delta))
+                for client, delta in (("a", 1.0), ("b", 1.1), ("c", 50.0))]
+    flush = accepted[-1].flush
+    assert flush is not None and flush.hook_report["updates_clipped"] == 1
+    # c was clipped to 2 x the median norm of the three (b's): the mean moved by (1 + 1.1 +
+    # 2.2) / 3 per coordinate, not by 52.1 / 3
+    np.testing.assert_allclose(engine.model, X0 + (1.0 + 1.1 + 2.2) / 3, rtol=1e-5)
+
+
 def test_robust_aggregator_and_norm_bound_from_config(fake_clock: FakeClock) -> None:
     config = CoordinatorConfig.from_dict({
         "flush": {"goal": 3, "deadline_s": 0}, "aggregator": "median", "norm_bound": 10.0})
