@@ -2,9 +2,14 @@
 
 Each run folder holds ``events.jsonl`` and ``summary.json`` (any ``fedlink simulate`` or
 ``serve`` run). The report (``compare.md`` plus SVG plots in the output folder) shows accuracy
-against wall time, model version and bytes sent, a time-to-target table, and refusals by
-reason. The first run is the baseline: every other run's **speed-up** is the baseline's time
-to the target accuracy over its own (``None`` when either never reached it).
+against time, model version and bytes sent, a time-to-target table, and refusals by reason.
+The first run is the baseline: every other run's **speed-up** is the baseline's time to the
+target accuracy over its own (``None`` when either never reached it).
+
+A run's times count from its first task, as its ``wall_seconds`` does (the wait for clients
+to start is not the run's). A virtual run's are model seconds (its events' clock, which
+charges training at a device's pace), and so is its run time in the table; the report says
+which runs are virtual, since their times and a real run's measure different things.
 """
 
 from __future__ import annotations
@@ -21,11 +26,17 @@ from typing import Any
 from fedlink.errors import ConfigError
 from fedlink.metrics.events import UPDATE_ACCEPTED, UPDATE_REFUSED, Event, read_events
 from fedlink.metrics.formatting import human_bytes, human_seconds
-from fedlink.metrics.summary import SUMMARY_FILENAME, of_kind, start_elapsed, unique_flushes
+from fedlink.metrics.summary import (
+    SUMMARY_FILENAME,
+    first_task_elapsed,
+    of_kind,
+    unique_flushes,
+)
 from fedlink.metrics.svg import Series, line_plot, write_svg
 
 COMPARE_FILENAME = "compare.md"
-PLOTS = (("accuracy_vs_time.svg", "Accuracy against wall time", "wall seconds", "seconds"),
+PLOTS = (("accuracy_vs_time.svg", "Accuracy against time",
+          "seconds from the first task (model seconds in a virtual run)", "seconds"),
          ("accuracy_vs_version.svg", "Accuracy against model version", "model version",
           "version"),
          ("accuracy_vs_bytes.svg", "Accuracy against bytes sent by clients", "MB sent up",
@@ -47,8 +58,19 @@ class RunCurve:
         """Index of the first point at or above ``target`` (None if never)."""
         return next((i for i, a in enumerate(self.accuracy) if a >= target), None)
 
+    @property
+    def virtual(self) -> bool:
+        """Whether the run ran on the virtual clock (its times are model seconds)."""
+        return self.summary.get("mode") == "virtual"
+
+    @property
+    def run_seconds(self) -> float | None:
+        """The run's length on its own clock: model seconds for a virtual run, else wall
+        seconds from its first task."""
+        return self.summary.get("model_seconds" if self.virtual else "wall_seconds")
+
     def seconds_to(self, target: float) -> float | None:
-        """Wall seconds from the run's start to the first flush at ``target``."""
+        """Seconds from the run's first task to its first flush at ``target``."""
         index = self.reach(target)
         return None if index is None else self.seconds[index]
 
@@ -65,7 +87,7 @@ def load_run(run_dir: Path) -> RunCurve:
 
 def _curve(name: str, events: list[Event], summary: Mapping[str, Any]) -> RunCurve:
     """Accuracy per evaluated flush with the time, version and upload bytes so far."""
-    start = start_elapsed(events)
+    start = first_task_elapsed(events)
     uploads = sorted((float(e["elapsed"]), int(e.get("bytes_up") or 0))
                      for e in of_kind(events, UPDATE_ACCEPTED) + of_kind(events, UPDATE_REFUSED))
     times = [t for t, _ in uploads]
@@ -113,9 +135,14 @@ def write_comparison(runs: Sequence[RunCurve], output: Path, target: float) -> P
 def _markdown(runs: Sequence[RunCurve], target: float) -> str:
     parts = [f"# Comparison: {', '.join(run.name for run in runs)}",
              f"Target accuracy: **{target:.3f}**. Baseline: **{runs[0].name}** (the first run)."]
+    virtual = [run.name for run in runs if run.virtual]
+    if virtual:
+        parts.append(f"Virtual runs ({', '.join(virtual)}): their times are model seconds on "
+                     f"the virtual clock, which charges training at a device's pace; a real "
+                     f"run's are this machine's wall seconds.")
     parts.append("## Time to target\n\n" + _table(
         ["Run", "Time to target", "Versions to target", "MB up to target", "Speed-up",
-         "Best accuracy", "Wall time"], [_target_row(run, target, s)
+         "Best accuracy", "Run time"], [_target_row(run, target, s)
                                          for run, s in zip(runs, speedups(runs, target),
                                                            strict=True)]))
     parts.append("## Traffic and work\n\n" + _table(
@@ -135,7 +162,7 @@ def _target_row(run: RunCurve, target: float, speedup: float | None) -> list[str
             "-" if index is None else f"{run.megabytes_up[index]:.2f}",
             "-" if speedup is None else f"{speedup:.2f}x",
             "-" if not run.accuracy else f"{max(run.accuracy):.3f}",
-            human_seconds(run.summary.get("wall_seconds"))]
+            human_seconds(run.run_seconds)]
 
 
 def _traffic_row(run: RunCurve) -> list[str]:

@@ -21,12 +21,17 @@ class _Clock:
         return self.now
 
 
-def _run(root: Path, name: str, flushes: list[tuple[float, float]], refused: int = 0) -> Path:
-    """A run folder whose flushes come at (seconds, accuracy), each after one 1000 B update."""
+def _run(root: Path, name: str, flushes: list[tuple[float, float]], refused: int = 0,
+         first_task: float | None = None, **summary: object) -> Path:
+    """A run folder whose flushes come at (seconds, accuracy), each after one 1000 B update
+    (the first task issued at ``first_task`` seconds; ``summary``: entries it adds)."""
     clock = _Clock()
     run_dir = root / name
     with EventLog(run_dir / "events.jsonl", clock=clock, wall_clock=clock) as log:
         log.emit("run_started", config={})
+        if first_task is not None:
+            clock.now = first_task
+            log.emit("task_issued", client_id="c", task_id="t0", model_version=0)
         for version, (seconds, accuracy) in enumerate(flushes, start=1):
             clock.now = seconds
             log.emit("update_accepted", client_id="c", task_id=f"t{version}", bytes_up=1000,
@@ -39,7 +44,8 @@ def _run(root: Path, name: str, flushes: list[tuple[float, float]], refused: int
                      reason=f"too stale: task 'r{i}' was for version {i}", bytes_up=500)
         log.emit("run_finished", reason="done")
         events = log.events
-    write_summary(run_dir / "summary.json", summarize(events, {"run": {"name": name}}))
+    write_summary(run_dir / "summary.json",
+                  {**summarize(events, {"run": {"name": name}}), **summary})
     return run_dir
 
 
@@ -88,3 +94,18 @@ def test_a_summary_written_before_refusal_codes_still_compares_by_kind_of_reason
     report = write_comparison([load_run(run_dir)], tmp_path / "cmp", 0.9).read_text()
     assert "| Reason | old |" in report
     assert "| too stale: task '...' was for version N | 2 |" in report
+
+
+def test_times_count_from_the_first_task_and_a_virtual_run_is_timed_in_model_seconds(
+        tmp_path: Path) -> None:
+    """The wait for clients before the first task is not the run's (as in its
+    ``wall_seconds``); a virtual run's times and run time are model seconds, and the report
+    says so, instead of setting model seconds beside this machine's wall seconds."""
+    real = load_run(_run(tmp_path, "real", [(12.0, 0.9)], first_task=2.0))
+    virtual = load_run(_run(tmp_path, "virtual", [(30.0, 0.9)], first_task=0.0,
+                            mode="virtual", model_seconds=31.0, wall_seconds=0.4))
+    assert real.seconds_to(0.9) == 10.0 and real.run_seconds == pytest.approx(11.0)
+    assert virtual.seconds_to(0.9) == 30.0 and virtual.run_seconds == 31.0
+    report = write_comparison([real, virtual], tmp_path / "cmp", 0.9).read_text()
+    assert "| virtual | 30.0 s | 1 | 0.00 | 0.33x | 0.900 | 31.0 s |" in report
+    assert "Virtual runs (virtual): their times are model seconds" in report
