@@ -17,8 +17,10 @@ event's ``t`` stays wall-clock time; each ``flush`` carries ``model_seconds`` an
 
 Every task the run started is counted once, in the round of its model and in its client's
 profile (accepted, refused, lost or still in flight at the end): each table adds up to the
-summary's ``client_network_seconds`` and ``client_train_seconds``. Time a client spent
-offline, its work paused, is in neither.
+summary's ``client_network_seconds`` and ``client_train_seconds``. An evaluation task's
+network time is in its client's profile and the round of the version it evaluated, but
+``tasks`` counts training tasks only. Time a client spent offline, its work paused, is in
+neither.
 
 :func:`model_time_figures` gives ``accuracy_by_time``: per flush with ``model_seconds``, its
 ``model_version``, ``accuracy`` (None without evaluation), ``model_seconds`` and

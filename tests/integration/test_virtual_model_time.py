@@ -99,3 +99,31 @@ def test_report_shows_model_time_plots_and_share_tables(run_dir: Path) -> None:
         assert f"]({plot})" in text
     assert "Per round (model time" in text and "Per link profile (model time" in text
     assert "| edge-2g |" in text and "| 3g |" in text
+
+
+def test_the_tables_add_up_with_evaluation_tasks_whose_network_time_they_hold(
+        tmp_path: Path) -> None:
+    """Federated evaluation on: an evaluation task's network time is in the totals, its
+    client's profile and the evaluated version's round (before, in the totals alone, so
+    neither table added up), and the tables' ``tasks`` still count training tasks."""
+    from fedlink.sim import run_simulation
+
+    config = ExperimentConfig.from_dict({
+        "run": {"name": "model-time-eval", "seed": 3, "mode": "virtual"},
+        "data": {"dataset": "digits", "clients": 4},
+        "coordinator": {"rounds": 2, "flush": {"goal": 4, "min_updates": 4},
+                        "evaluation": {"fraction": 1.0}},
+        "network": {"preset": "4g"},
+        "virtual": {"deterministic": True},
+    })
+    result = run_simulation(config, tmp_path, progress=False, report=False)
+    summary = result.summary
+    assert any(e["kind"] == "evaluation_reported" for e in _events(result.run_dir))
+    rounds, profiles = summary["time_by_round"], list(summary["time_by_profile"].values())
+    for table in (rounds, profiles):
+        assert sum(r["network_s"] for r in table) == pytest.approx(
+            summary["client_network_seconds"])
+        assert sum(r["tasks"] for r in table) == summary["tasks_issued"]
+    trained = sum(e["network_seconds"] for e in _events(result.run_dir)
+                  if e["kind"] in ("update_accepted", "update_refused"))
+    assert summary["client_network_seconds"] > trained  # the evaluations' time is in it

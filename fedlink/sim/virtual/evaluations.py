@@ -66,10 +66,10 @@ class VirtualWorld:
 
     ``deterministic``: no random timing (jitter, resets), as the loop's option says; else
     evaluations draw their timing from a generator of their own, so that turning them on
-    leaves the training tasks' timing as it was. ``count_network(index, seconds, transfer)``
-    and ``count_download(index, version, bytes)`` add to the loop's totals and to the next
-    flush's ``bytes_down``, as the real coordinator counts an evaluation task's download (and
-    the client holds that version after it);
+    leaves the training tasks' timing as it was. ``count_network(index, version, seconds,
+    transfer)`` and ``count_download(index, version, bytes)`` add to the loop's totals and to
+    the next flush's ``bytes_down``, as the real coordinator counts an evaluation task's
+    download (and the client holds that version after it);
     ``count_used(bytes)``: a download whose report was accepted; ``held(index)``: the version
     a client holds from its last download (a client that holds the task's version is sent
     nothing; ``count_network``'s transfer is then None).
@@ -82,7 +82,7 @@ class VirtualWorld:
     events: EventLog
     deterministic: bool
     step_cost_s: float
-    count_network: Callable[[int, float, Any], None]
+    count_network: Callable[[int, int, float, Any], None]
     count_download: Callable[[int, int, int], None]
     count_used: Callable[[int], None] = lambda num_bytes: None
     held: Callable[[int], int] = lambda index: -1
@@ -144,7 +144,8 @@ class VirtualEvaluations:
         if download.needed:
             world.count_download(index, version, header.num_bytes)
         _, down = check_in_time(profile, self._sent[task_id], self._inline_limit, self._timing)
-        world.count_network(index, down.seconds + report, down if download.needed else None)
+        world.count_network(index, version, down.seconds + report,
+                            down if download.needed else None)
         done = finish(world.availability, index, world.clock.now(), down.seconds)
         world.clock.call_at(done, lambda: self._score(index, protocol, report))
         return task_id

@@ -154,7 +154,8 @@ class LoopTotals:
     ``per_profile`` (by link profile name) and ``per_round`` (by the model version a task
     trained on) split ``network_s`` and ``compute_s`` among the tasks, each entry
     ``{"tasks", "network_s", "compute_s"}``: both add up to the totals, tasks lost or still in
-    flight at the end included.
+    flight at the end included (an evaluation task's network time is in its client's profile
+    and its version's round, and not counted as a task).
     """
 
     network_s: float = 0.0
@@ -561,11 +562,15 @@ class VirtualLoop:
         """A task's download was used: its update or evaluation report was accepted."""
         self.totals.bytes_down_used += num_bytes
 
-    def _count_evaluation_network(self, index: int, seconds: float, transfer: Any) -> None:
-        """An evaluation task's network time: in the totals, not in the per-round and
-        per-profile tables (those count training tasks, as the update events report them)."""
-        del index  # the profile tables leave evaluations out
+    def _count_evaluation_network(self, index: int, version: int, seconds: float,
+                                  transfer: Any) -> None:
+        """An evaluation task's network time: in the totals, and in its client's profile
+        and the evaluated version's round (not as a task: those count training tasks), so
+        that each table adds up to the totals."""
         self.totals.network_s += seconds
+        for row in (self.totals.per_profile.setdefault(self._profile_name(index), _row()),
+                    self.totals.per_round.setdefault(version, _row())):
+            row["network_s"] += seconds
         if transfer is not None:  # None: the client held the model, nothing was sent
             self._count_resends(transfer)
 
