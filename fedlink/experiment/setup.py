@@ -195,14 +195,16 @@ class Experiment:
 
         The plugged or ``[coordinator] evaluator``; else accuracy (for class targets) and the
         ``[client] loss``. With ``[run] evaluate_train`` also on every client's training data,
-        pooled (fedlink ``Dataset``s only).
+        pooled (fedlink ``Dataset``s only; with ``[coordinator.evaluation] holdout``, less the
+        part each client keeps out of its training).
         """
         plug = resolve(self.plugs.evaluate or self.config.evaluator or None, "evaluator")
         if plug is not None:
             return UserEvaluator(self.new_model(), self.data.test, plug, device=self.device)
         train = None
         if self.config.run.evaluate_train and isinstance(self.data, FederatedData):
-            train = pooled_train(self.data)
+            train = pooled_train(self.data, self.config.coordinator.evaluation.holdout,
+                                 self.client_seed)
         return Evaluator(self.new_model(), self.data.test, train=train, loss=self.loss,
                          device=self.device)
 
@@ -286,6 +288,10 @@ class Experiment:
         built_in_trainer = self.plugs.trainer is None and self.config.client.trainer == "torch"
         return built_in_model and built_in_trainer
 
+    def client_seed(self, index: int) -> int:
+        """The seed of client ``index``'s trainer and of its held-out split."""
+        return self.config.run.seed * 7919 + index
+
     def trainer(self, index: int, *, model: nn.Module | None = None,
                 factory: TrainerFactory | None = None) -> Trainer:
         """The trainer of client ``index``, over its local data (loaded on first use when the
@@ -297,7 +303,7 @@ class Experiment:
         (``WorkingModelTrainers``).
         """
         factory = factory or self.trainer_factory()
-        seed = self.config.run.seed * 7919 + index
+        seed = self.client_seed(index)
 
         def make(data: Any, working: nn.Module | None) -> Trainer:
             trainer = factory(self.new_model() if working is None else working, data,
@@ -514,10 +520,18 @@ def load_saved(model: nn.Module, path: Path) -> np.ndarray:
     return to_vector(model)
 
 
-def pooled_train(data: FederatedData) -> Dataset:
-    """Every client's training examples in one dataset (the federation's training set)."""
-    return Dataset(x=np.concatenate([c.x for c in data.clients]),
-                   y=np.concatenate([c.y for c in data.clients]),
+def pooled_train(data: FederatedData, holdout: float = 0.0,
+                 client_seed: Callable[[int], int] | None = None) -> Dataset:
+    """Every client's training examples in one dataset (the federation's training set): with
+    ``holdout``, only the part each client trains on (``split_holdout`` with the client's
+    seed, ``client_seed(index)``), since the part it keeps out is not training data."""
+    clients = data.clients
+    if holdout:
+        if client_seed is None:
+            raise ValueError("pooled_train: a holdout needs the clients' seeds")
+        clients = [split_holdout(c, holdout, client_seed(i))[0] for i, c in enumerate(clients)]
+    return Dataset(x=np.concatenate([c.x for c in clients]),
+                   y=np.concatenate([c.y for c in clients]),
                    num_classes=data.num_classes, num_features=data.num_features,
                    name=f"{data.name}-train")
 

@@ -103,3 +103,22 @@ def test_clients_score_a_held_out_share_they_never_trained_on(tmp_path: Path) ->
     assert Experiment.build(config).client_examples(0) == sizes[0] - held[0]
     assert result.summary["config"]["coordinator"]["evaluation"]["holdout"] == 0.25
     assert "held-out 25%" in result.summary["federated_evaluation"]["scored_on"]
+
+
+def test_evaluate_train_scores_only_the_data_clients_train_on(tmp_path: Path) -> None:
+    """``[run] evaluate_train`` with a holdout: the pooled training set leaves out what each
+    client keeps apart (it scored every client's whole data, held-out part included)."""
+    from fedlink.experiment.setup import Experiment, split_holdout
+
+    config = ExperimentConfig.from_dict({
+        "run": {"name": "train-score", "seed": 5, "evaluate_train": True},
+        "data": {"dataset": "digits", "clients": 4, "partition": "iid"},
+        "coordinator": {"evaluation": {"fraction": 1.0, "holdout": 0.25}},
+    })
+    experiment = Experiment.build(config)
+    trained = sum(experiment.client_examples(i) for i in range(4))
+    train_x = experiment.evaluator()._train[0].cpu().numpy()  # type: ignore[attr-defined]
+    assert len(train_x) == trained < sum(len(c) for c in experiment.data.clients)
+    apart = split_holdout(experiment.data.clients[0], 0.25, experiment.client_seed(0))[1]
+    rows = {row.tobytes() for row in train_x.astype(np.float32)}
+    assert not any(row.astype(np.float32).tobytes() in rows for row in apart.x)
