@@ -142,6 +142,8 @@ def mode_config(mode: str, clients: int, rounds: int) -> ExperimentConfig:
     """
     flush = flush_table(mode, clients)
     budget = rounds * clients
+    stale = {} if mode == "sync" else {  # sync accepts fresh updates only: nothing to discount
+        "staleness_weight": "polynomial", "staleness_weight_options": {"a": 0.5}}
     return ExperimentConfig.from_dict({
         "run": {"name": f"bench-async-{mode}", "seed": 0},
         "data": {"dataset": "digits", "clients": clients, "partition": "iid"},
@@ -149,8 +151,7 @@ def mode_config(mode: str, clients: int, rounds: int) -> ExperimentConfig:
         "coordinator": {
             "rounds": budget // flush["goal"],
             "flush": flush,
-            "staleness_weight": "polynomial",
-            "staleness_weight_options": {"a": 0.5},
+            **stale,
             "training": {"local_epochs": 3, "batch_size": 32, "learning_rate": 0.2},
         },
         "network": {"preset": "lan",

@@ -78,11 +78,13 @@ class RobustConfig:
     the flush's lower-median claimed count (0: no cap). ``drop_opposed``: drop updates opposed to
     the coordinate-wise median (unset: on, except under a flush hook that needs the plain
     mean, such as DP-FedAvg's). ``drop_min_updates``: the smallest flush that drop applies
-    to. ``trim``: the fraction of the updates (``floor(trim x n)`` whole ones) trimmed at each
-    end of every coordinate when the ``aggregator`` is ``"mean"`` (unset: ``DEFAULT_TRIM``, or
-    0 under a hook that needs the plain mean or with a sparsifying uplink codec).
+    to (refused when drop is off). ``trim``: the fraction of the updates (``floor(trim x n)``
+    whole ones) trimmed at each end of every coordinate when the ``aggregator`` is ``"mean"``
+    (unset: ``DEFAULT_TRIM``, or 0 under a hook that needs the plain mean or with a
+    sparsifying uplink codec).
     ``warmup``/``window``: a flush of fewer than ``warmup`` updates takes its norm statistic
-    over the last ``window`` norms kept too.
+    over the last ``window`` norms kept too (adaptive norm bound only: refused where
+    ``norm_bound_multiple`` is, by ``CoordinatorConfig``).
     ``max_buffer_mb``: the most memory the buffered updates of one flush may take
     (``flush.goal x 4 x model size``); a larger configuration is refused at start.
     With ``enabled = false`` the guard's own keys (``GUARD_ONLY``) are refused unless left at

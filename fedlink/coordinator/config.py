@@ -154,6 +154,9 @@ with ``a = 0.5``) and scaled by the server optimizer's ``lr``."""
 class TrainingConfig:
     """Local training every client is asked to do (served at ``Join``).
 
+    A task is ``local_steps`` SGD steps when that is above 0, else ``local_epochs`` passes over
+    the client's data; ``local_epochs`` set beside ``local_steps > 0`` is refused (unread).
+
     ``trainer_options`` reach the client's trainer as strings; ``TorchTrainer`` reads
     ``prox_mu`` (FedProx's proximal coefficient), the DP-SGD trainer its ``dp_*`` options
     (``fedlink.privacy.dp_sgd``). An experiment refuses an option its ``[client] trainer``
@@ -178,6 +181,12 @@ class TrainingConfig:
         require(self.local_steps >= 0, "coordinator.training.local_steps", "must be >= 0")
         require(self.local_steps > 0 or self.local_epochs >= 1, "coordinator.training.local_epochs",
                 "must be >= 1 when local_steps is 0")
+        default_epochs = TrainingConfig.__dataclass_fields__["local_epochs"].default
+        require(self.local_steps == 0 or self.local_epochs == default_epochs,
+                "coordinator.training.local_epochs",
+                f"is read only when local_steps is 0: a task of local_steps = "
+                f"{self.local_steps} counts steps, not epochs; remove local_epochs, or set "
+                f"local_steps = 0")
         require(self.batch_size >= 1, "coordinator.training.batch_size", "must be >= 1")
         require(self.learning_rate > 0, "coordinator.training.learning_rate", "must be > 0")
         # Options travel as strings in the protocol; accept TOML numbers and booleans too.
@@ -193,7 +202,8 @@ class EvaluationConfig:
     ``evaluate`` capability is picked with probability ``fraction`` (a coin seeded by the
     run's ``seed``, the client's name and the version: the same run picks the same clients)
     and gets one evaluation task for that version at its next ``GetTask``, ahead of any
-    training task (``fedlink.coordinator.evaluations``). ``fraction = 0`` (the default): off.
+    training task (``fedlink.coordinator.evaluations``). ``fraction = 0`` (the default): off,
+    and ``every`` other than 1 is then refused (no version would be evaluated).
     """
 
     fraction: float = 0.0
@@ -216,6 +226,9 @@ class EvaluationConfig:
                 f"must be a number in [0, 1], got {self.fraction!r}")
         require(isinstance(self.every, int) and self.every >= 1, "coordinator.evaluation.every",
                 f"must be an integer >= 1, got {self.every!r}")
+        require(self.fraction > 0 or self.every == 1, "coordinator.evaluation.every",
+                "picks the versions that get evaluation tasks, and with "
+                "coordinator.evaluation.fraction = 0 none do: set fraction > 0, or remove every")
 
     @property
     def enabled(self) -> bool:
@@ -727,6 +740,13 @@ class CoordinatorConfig:
     adaptive bound, ``norm_bound_multiple`` is refused. Every new model
     version is checked finite first (``fedlink.aggregate.guard``).
 
+    ``staleness_weight`` (``fedlink.aggregate.STALENESS_WEIGHTS``) and its options discount
+    updates that are versions stale; with ``flush.max_staleness = 0`` every accepted update is
+    fresh, so any weight but the default ``"constant"`` is refused. Likewise
+    ``robust.warmup`` and ``robust.window`` are refused where ``norm_bound_multiple`` is, and
+    ``robust.drop_min_updates`` where no update is dropped (``robust.drop_opposed = false``, or
+    a flush hook that needs the plain mean).
+
     ``drop_partial``: refuse every update that reports less work than planned
     (``steps_completed < steps_planned``), with a reason, instead of weighting it by its work
     fraction: FedAvg's "drop the stragglers" (the FedProx paper's baseline). In rounds
@@ -803,6 +823,7 @@ class CoordinatorConfig:
             except ConfigError as exc:
                 raise ConfigError(f"coordinator.{name}: {exc}") from exc
         self._check_staleness_weights(built["staleness_weight"])
+        self._refuse_unread_staleness_weight()
         require(math.isfinite(self.norm_bound) and self.norm_bound >= 0, "coordinator.norm_bound",
                 f"must be >= 0 (0: no bound), got {self.norm_bound}")
         require(math.isfinite(self.norm_bound_multiple) and self.norm_bound_multiple >= 1,
@@ -858,10 +879,28 @@ class CoordinatorConfig:
                    for t in self.hooks)
 
     def _check_robust(self) -> None:
-        """Robust settings that cannot take effect with the aggregator or hooks are refused."""
+        """Robust settings that cannot take effect with the aggregator, the norm bound or the
+        hooks are refused (with the guard off ``RobustConfig`` refuses its own keys)."""
         plain = self.plain_mean
-        self.robust.resolved_trim(self.aggregator, plain, sparse_uplink=False)
-        self.robust.resolved_drop(plain)
+        robust = self.robust
+        robust.resolved_trim(self.aggregator, plain, sparse_uplink=False)
+        drop = robust.resolved_drop(plain)
+        if not robust.enabled:
+            return
+        defaults = {f.name: f.default for f in dataclasses.fields(RobustConfig)}
+        adaptive = self.norm_bound_adaptive and self.norm_bound == 0
+        for key in ("warmup", "window"):  # as norm_bound_multiple, in __post_init__
+            require(adaptive or getattr(robust, key) == defaults[key], f"coordinator.robust.{key}",
+                    "sizes the adaptive norm bound's statistic: it needs "
+                    "coordinator.norm_bound_adaptive = true and norm_bound = 0 (a fixed bound "
+                    "replaces it), or remove it")
+        why = ("a flush hook in coordinator.hooks (differential privacy) keeps every update; "
+               "remove it" if plain else "coordinator.robust.drop_opposed = false; set "
+               "drop_opposed = true, or remove it")
+        require(drop or robust.drop_min_updates == defaults["drop_min_updates"],
+                "coordinator.robust.drop_min_updates",
+                f"is the smallest flush that opposed updates are dropped from, and none is "
+                f"dropped here: {why}")
 
     def _check_staleness_weights(self, weigh: Callable[[int], float]) -> None:
         """The staleness weight of every staleness a flush accepts (0 to ``max_staleness``):
@@ -875,6 +914,18 @@ class CoordinatorConfig:
                     f"{self.staleness_weight!r} weighs an update {staleness} versions stale "
                     f"{weight:g}; it must be > 0" + (" and <= 1 in a secure run (the weight "
                     "rides in the masked update)" if self.secure.enabled else ""))
+
+    def _refuse_unread_staleness_weight(self) -> None:
+        """With ``max_staleness = 0`` only fresh updates are accepted: a staleness weight
+        would only ever weigh staleness 0, which is no discount at all."""
+        default = CoordinatorConfig.__dataclass_fields__["staleness_weight"].default
+        # (the default "constant" takes no options: staleness_weight_options alone fails to build)
+        require(self.flush.max_staleness > 0 or self.staleness_weight == default,
+                "coordinator.staleness_weight",
+                f"{self.staleness_weight!r} discounts updates by how many versions stale they "
+                f"are, and with coordinator.flush.max_staleness = 0 every accepted update is "
+                f"fresh: set max_staleness >= 1, or remove staleness_weight and "
+                f"staleness_weight_options")
 
     def _check_secure(self) -> None:
         """Settings that need each individual update cannot work with secure aggregation:

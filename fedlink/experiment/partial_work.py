@@ -43,7 +43,8 @@ _STREAM = 0x5EED_57A6  # tells this module's seed streams apart from others of t
 class PartialWorkSection:
     """``[partial_work]``: the share of tasks done only in part (0: none), and its seed.
 
-    ``seed < 0`` (the default) means the run's seed. It wraps the clients' real trainers, so
+    ``seed < 0`` (the default) means the run's seed; a seed set with ``fraction = 0`` is
+    refused (nothing is drawn). It wraps the clients' real trainers, so
     it applies to ``[run] mode = "grpc"`` runs; a virtual run refuses it (its clock charges
     every step of a task; the fleet's ``speed`` makes stragglers there), as does a task of a
     single epoch or step, which cannot be done in part. In a secure run
@@ -58,6 +59,10 @@ class PartialWorkSection:
         check_fields(self, "partial_work")
         require(0.0 <= self.fraction <= 1.0, "partial_work.fraction",
                 f"must be a number in [0, 1], got {self.fraction!r}")
+        default_seed = PartialWorkSection.__dataclass_fields__["seed"].default
+        require(self.enabled or self.seed == default_seed, "partial_work.seed",
+                "seeds the stragglers' draws, and with partial_work.fraction = 0 no task "
+                "straggles: set fraction > 0, or remove seed")
 
     @property
     def enabled(self) -> bool:

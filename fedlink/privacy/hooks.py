@@ -74,6 +74,8 @@ log = logging.getLogger(__name__)
 
 CLIP_NORM_METRIC = "dp_clip_norm"
 """Commit metric: the clip norm the client clipped its update to."""
+CLIP_LEARNING_RATE = 0.2
+"""Default ``clip_learning_rate`` of adaptive clipping (Andrew et al.'s eta_C)."""
 
 
 def update_noise_multiplier(noise_multiplier: float, clipped_count_stddev: float) -> float:
@@ -97,18 +99,20 @@ class DPFedAvgHook(FlushHook):
     ``max_epsilon`` (0: no budget), ``sample_rate`` (q in (0, 1]) or ``population`` and
     ``cohort`` (q = cohort / population), ``target_quantile`` (0: fixed S; else in (0, 1)),
     ``clip_learning_rate`` (> 0), ``clipped_count_stddev`` (0: ``cohort / 20``, or
-    ``population / 20 * q`` without a cohort), ``seed``: of the central noise (and the clipped
-    count's); ``None`` (the default) draws fresh entropy from the operating system, so that
-    nobody who reads the config can take the noise out of a released model again. Simulations
-    fill in the run's seed (``with_run_seed``), which makes them reproducible.
+    ``population / 20 * q`` without a cohort; these two apply to adaptive clipping only and are
+    refused with ``target_quantile = 0`` unless left at their defaults), ``seed``: of the
+    central noise (and the clipped count's); ``None`` (the default) draws fresh entropy from
+    the operating system, so that nobody who reads the config can take the noise out of a
+    released model again. Simulations fill in the run's seed (``with_run_seed``), which makes
+    them reproducible.
     """
 
     def __init__(self, clip_norm: float = 1.0, noise_multiplier: float = 1.0,
                  noise: str = "central", delta: float = 1e-5, accountant: str = "rdp",
                  max_epsilon: float = 0.0, sample_rate: float = 0.0, population: int = 0,
                  cohort: int = 0, target_quantile: float = 0.0,
-                 clip_learning_rate: float = 0.2, clipped_count_stddev: float = 0.0,
-                 seed: int | None = None) -> None:
+                 clip_learning_rate: float = CLIP_LEARNING_RATE,
+                 clipped_count_stddev: float = 0.0, seed: int | None = None) -> None:
         if noise not in NOISE_MODES:
             raise ConfigError(f"noise: must be one of {', '.join(NOISE_MODES)}, got {noise!r}")
         if not (math.isfinite(clip_norm) and clip_norm > 0):
@@ -125,6 +129,15 @@ class DPFedAvgHook(FlushHook):
                               "updates' noise multiplier then depends on the count's noise)")
         if not clip_learning_rate > 0:
             raise ConfigError(f"clip_learning_rate: must be > 0, got {clip_learning_rate!r}")
+        if not target_quantile:  # a fixed clip norm: neither is ever read
+            for key, value, default in (
+                    ("clip_learning_rate", clip_learning_rate, CLIP_LEARNING_RATE),
+                    ("clipped_count_stddev", clipped_count_stddev, 0.0)):
+                if value != default:
+                    raise ConfigError(
+                        f"{key}: applies to adaptive clipping only, and target_quantile = 0 "
+                        f"keeps clip_norm fixed: set target_quantile in (0, 1), or remove "
+                        f"{key}")
         self.noise = noise
         self.clip_norm = float(clip_norm)
         self.noise_multiplier = float(noise_multiplier)

@@ -26,7 +26,7 @@ def _config(name: str, fraction: float = 0.05) -> ExperimentConfig:
         "coordinator": {"rounds": 4, "flush": {"goal": 10, "deadline_s": 600.0},
                         "training": {"local_epochs": 1, "batch_size": 16,
                                      "learning_rate": 0.1},
-                        "evaluation": {"fraction": fraction, "every": 2}},
+                        "evaluation": {"fraction": fraction, "every": 2} if fraction else {}},
         "network": {"fleet": {"3g": 0.5, "4g": 0.5}},
     })
 
