@@ -737,7 +737,8 @@ class CoordinatorConfig:
     (on by default) every update is clipped to ``norm_bound_multiple`` times the lower-median
     norm of the flush's updates (of the recent ones too in a small flush; with the guard off,
     of the recent updates in arrival order: ``fedlink.aggregate.adaptive``); set without the
-    adaptive bound, ``norm_bound_multiple`` is refused. Every new model
+    adaptive bound (or with the guard on and a flush hook that needs the plain mean, which
+    leaves it out), ``norm_bound_multiple`` is refused. Every new model
     version is checked finite first (``fedlink.aggregate.guard``).
 
     ``staleness_weight`` (``fedlink.aggregate.STALENESS_WEIGHTS``) and its options discount
@@ -828,12 +829,6 @@ class CoordinatorConfig:
                 f"must be >= 0 (0: no bound), got {self.norm_bound}")
         require(math.isfinite(self.norm_bound_multiple) and self.norm_bound_multiple >= 1,
                 "coordinator.norm_bound_multiple", f"must be >= 1, got {self.norm_bound_multiple}")
-        default_multiple = CoordinatorConfig.__dataclass_fields__["norm_bound_multiple"].default
-        require(self.norm_bound_multiple == default_multiple
-                or (self.norm_bound_adaptive and self.norm_bound == 0),
-                "coordinator.norm_bound_multiple",
-                "scales the adaptive norm bound: it needs norm_bound_adaptive = true and "
-                "norm_bound = 0 (a fixed bound replaces it), or remove it")
         self._check_robust()
         self._check_secure()
         try:
@@ -885,15 +880,23 @@ class CoordinatorConfig:
         robust = self.robust
         robust.resolved_trim(self.aggregator, plain, sparse_uplink=False)
         drop = robust.resolved_drop(plain)
+        # the guard leaves the adaptive bound out under a hook that needs the plain mean
+        # (fedlink.coordinator.engine.build_guard); the guard-off chain keeps it
+        adaptive = self.norm_bound_adaptive and self.norm_bound == 0 and not (
+            robust.enabled and plain)
+        needs = ("norm_bound_adaptive = true and norm_bound = 0 (a fixed bound replaces it)"
+                 + (", and no flush hook that needs the plain mean (the guard then clips "
+                    "nothing adaptively)" if robust.enabled and plain else ""))
+        default_multiple = CoordinatorConfig.__dataclass_fields__["norm_bound_multiple"].default
+        require(adaptive or self.norm_bound_multiple == default_multiple,
+                "coordinator.norm_bound_multiple",
+                f"scales the adaptive norm bound: it needs {needs}, or remove it")
         if not robust.enabled:
             return
         defaults = {f.name: f.default for f in dataclasses.fields(RobustConfig)}
-        adaptive = self.norm_bound_adaptive and self.norm_bound == 0
-        for key in ("warmup", "window"):  # as norm_bound_multiple, in __post_init__
+        for key in ("warmup", "window"):
             require(adaptive or getattr(robust, key) == defaults[key], f"coordinator.robust.{key}",
-                    "sizes the adaptive norm bound's statistic: it needs "
-                    "coordinator.norm_bound_adaptive = true and norm_bound = 0 (a fixed bound "
-                    "replaces it), or remove it")
+                    f"sizes the adaptive norm bound's statistic: it needs {needs}, or remove it")
         why = ("a flush hook in coordinator.hooks (differential privacy) keeps every update; "
                "remove it" if plain else "coordinator.robust.drop_opposed = false; set "
                "drop_opposed = true, or remove it")

@@ -50,6 +50,20 @@ def test_the_adaptive_bounds_window_without_the_adaptive_bound_is_refused(
     CoordinatorConfig.from_dict({"robust": robust})  # the adaptive bound reads it
 
 
+@pytest.mark.parametrize("key", ["norm_bound_multiple", "warmup", "window"])
+def test_the_adaptive_bounds_settings_under_a_plain_mean_hook_are_refused(key: str) -> None:
+    """DP-FedAvg needs the plain mean: the guard then leaves the adaptive bound out, so its
+    multiple and its window change nothing (with the guard off, the streaming bound keeps
+    its multiple)."""
+    table: dict[str, Any] = ({"norm_bound_multiple": 3.0} if key == "norm_bound_multiple"
+                             else {"robust": {key: 3 if key == "warmup" else 16}})
+    where = key if key == "norm_bound_multiple" else f"robust.{key}"
+    message = refused({**table, "hooks": [DP]}, f"coordinator.{where}")
+    assert "no flush hook that needs the plain mean" in message
+    if key == "norm_bound_multiple":
+        CoordinatorConfig.from_dict({**table, "hooks": [DP], "robust": {"enabled": False}})
+
+
 @pytest.mark.parametrize(("table", "way_out"), [
     ({"robust": {"drop_opposed": False}}, "drop_opposed = true"),
     ({"hooks": [DP]}, "coordinator.hooks"),  # DP-FedAvg keeps every update: drop is off
