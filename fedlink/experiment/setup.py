@@ -525,7 +525,7 @@ def pooled_train(data: FederatedData, holdout: float = 0.0,
     """Every client's training examples in one dataset (the federation's training set): with
     ``holdout``, only the part each client trains on (``split_holdout`` with the client's
     seed, ``client_seed(index)``), since the part it keeps out is not training data."""
-    clients = data.clients
+    clients: Sequence[Dataset] = data.clients
     if holdout:
         if client_seed is None:
             raise ValueError("pooled_train: a holdout needs the clients' seeds")
