@@ -89,7 +89,9 @@ async def _serve(config_path: Path, address: str, output_dir: Path | None,
                                    evaluator=experiment.evaluator(), address=address,
                                    faults=faults, spec=experiment.spec())
         if config.coordinator.metrics.enabled:
-            _serve_metrics(server, stack)
+            from fedlink.observe.endpoint import serve_metrics  # an optional extra
+
+            serve_metrics(server, stack)
         if config.run.tensorboard:
             from fedlink.observe import tensorboard  # an optional extra
 
@@ -104,14 +106,3 @@ async def _serve(config_path: Path, address: str, output_dir: Path | None,
     gc.freeze()
     return 0
 
-
-def _serve_metrics(server: CoordinatorServer, stack: contextlib.ExitStack) -> None:
-    """Start ``server``'s Prometheus endpoint (closed with ``stack``) and say where it is."""
-    from fedlink.observe.endpoint import MetricsEndpoint  # an optional extra
-
-    settings = server.config.metrics
-    endpoint = stack.enter_context(MetricsEndpoint(server.events))
-    server.interceptors = (endpoint.interceptor, *server.interceptors)
-    endpoint.watch(server.service)
-    port = endpoint.start(settings.host, settings.port)
-    print(f"fedlink metrics on http://{settings.host}:{port}/metrics", flush=True)

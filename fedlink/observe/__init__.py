@@ -5,8 +5,10 @@ source of truth. Their libraries are optional extras (``fedlink[metrics]``,
 ``fedlink[tensorboard]``), imported only by the module that uses them:
 
 - ``fedlink.observe.endpoint.MetricsEndpoint``: the ``/metrics`` endpoint of one coordinator
-  (``fedlink serve --metrics-port``, ``[coordinator.metrics]``);
+  (``fedlink serve --metrics-port``, ``[coordinator.metrics]``), started on a server by
+  ``serve_metrics`` (``fedlink serve``, and ``fedlink simulate`` over gRPC);
 - ``fedlink.observe.prometheus``: the exporter and its metric names;
 - ``fedlink.observe.rpc``: the server interceptor that times every call;
-- ``fedlink.observe.tensorboard``: scalars for TensorBoard (``[run] tensorboard = true``).
+- ``fedlink.observe.tensorboard``: scalars for TensorBoard (``[run] tensorboard = true``;
+  ``fedlink serve`` and ``fedlink simulate`` in both modes).
 """

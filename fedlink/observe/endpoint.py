@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Self, TextIO
 
 from fedlink.coordinator.service import CoordinatorService
 from fedlink.metrics.events import EventLog
 from fedlink.observe.prometheus import PrometheusExporter
 from fedlink.observe.rpc import RpcMetricsInterceptor
+
+if TYPE_CHECKING:  # grpc: the caller has loaded it already
+    from fedlink.coordinator.server import CoordinatorServer
 
 
 class MetricsEndpoint:
@@ -53,3 +58,21 @@ class MetricsEndpoint:
         return {"connected": float(len(service.registry)),
                 "upload_sessions": float(service.uploads.open_uploads()),
                 "spool_bytes": float(service.uploads.held_bytes())}
+
+
+def serve_metrics(server: CoordinatorServer, stack: contextlib.ExitStack,
+                  out: TextIO | None = None) -> MetricsEndpoint:
+    """Start ``server``'s Prometheus endpoint on its ``[coordinator.metrics]`` host and port
+    (closed with ``stack``) and say where it listens on ``out`` (stdout by default).
+
+    Call it before the server starts: its interceptor is added to the server's, and the
+    endpoint sees ``run_started`` (``fedlink serve``, and ``fedlink simulate`` over gRPC).
+    """
+    settings = server.config.metrics
+    endpoint = stack.enter_context(MetricsEndpoint(server.events))
+    server.interceptors = (endpoint.interceptor, *server.interceptors)
+    endpoint.watch(server.service)
+    port = endpoint.start(settings.host, settings.port)
+    print(f"fedlink metrics on http://{settings.host}:{port}/metrics",
+          file=sys.stdout if out is None else out, flush=True)
+    return endpoint

@@ -8,6 +8,9 @@ simulated clients, see ``ClientSession``) or on a thread pool; stragglers (speed
 from the fleet) always train on threads, so their extra time does not stall the others.
 At the end the run folder holds ``events.jsonl``, ``summary.json``, ``report.md`` and the final
 global model as ``model.pt`` (a torch ``state_dict``) and ``model.npy`` (the flat vector).
+With ``[coordinator.metrics] enabled`` the coordinator serves Prometheus metrics while the run
+lasts, as ``fedlink serve`` does; with ``[run] tensorboard`` the run folder holds TensorBoard
+scalars too.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ if TYPE_CHECKING:  # the set-up imports torch: loaded when a simulation runs
     import torch
 
     from fedlink.client import ClientSession
-    from fedlink.coordinator import CoordinatorServer
+    from fedlink.coordinator import CoordinatorConfig, CoordinatorServer
     from fedlink.experiment.setup import Experiment
     from fedlink.netem.proxy import TcpProxy
 
@@ -162,6 +165,7 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
     torch.set_num_threads(config.run.torch_threads)
     plugs = Plugs(model=model, data=data, trainer=trainer, evaluate=evaluate, loss=loss)
     experiment = Experiment.build(config, plugs)
+    coordinator = coordinator_config(experiment)
     run_dir = prepare_run_dir(config, output_dir)
     with EventLog(run_dir / EVENTS_FILENAME) as events, contextlib.ExitStack() as stack:
         if config.run.tensorboard:
@@ -169,11 +173,13 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
 
             tensorboard.attach(events, run_dir, stack)
         started = time.monotonic()
-        outcomes, trainers, final = asyncio.run(_simulate(experiment, events, progress))
+        outcomes, trainers, final = asyncio.run(
+            _simulate(experiment, coordinator, events, progress, stack))
         for outcome in outcomes:
             events.emit(outcome.as_event())
         recorded = events.events  # read back once from events.jsonl: the log keeps none
-        summary = summarize(recorded, experiment.recorded_config())
+        summary = summarize(recorded, recorded_config(experiment.recorded_config(),
+                                                      coordinator))
     summary.update(_client_figures(outcomes, time.monotonic() - started))
     if config.coordinator.secure.enabled:  # only the clients know: the coordinator sees sums
         summary["secure_values_clipped"] = sum(o.stats.secure_values_clipped for o in outcomes)
@@ -187,6 +193,22 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
     written = write_report(run_dir, recorded, summary) if report else None
     state = experiment.save_model(run_dir, final)
     return SimulationResult(summary, run_dir, written, outcomes, state, trainers)
+
+
+def coordinator_config(experiment: Experiment) -> CoordinatorConfig:
+    """The coordinator config a real-gRPC simulation of ``experiment`` runs: its limits
+    raised for a population from one address (``for_population``: pace steering on for a
+    large one) and a ``dp_fedavg`` hook's noise seeded from the run's seed (``with_run_seed``).
+    It is what ``run_started`` carries and what ``summary.json`` records."""
+    return with_run_seed(for_population(experiment.config.coordinator,
+                                        experiment.data.num_clients))
+
+
+def recorded_config(plain: dict[str, Any], coordinator: CoordinatorConfig) -> dict[str, Any]:
+    """``plain`` (an experiment's config as a dict, for ``summary.json``) with its
+    ``coordinator`` section replaced by the one that ran (as ``run_started`` records it): a
+    simulation adjusts the configured one (``coordinator_config``)."""
+    return {**plain, "coordinator": coordinator.to_dict()}
 
 
 def with_kept_local_filled(experiment: Experiment, final: np.ndarray,
@@ -258,9 +280,12 @@ def _trainers(experiment: Experiment, links: list[ClientLink | None]) -> list[Tr
     return trainers
 
 
-async def _simulate(experiment: Experiment, events: EventLog, progress: bool,
+async def _simulate(experiment: Experiment, coordinator: CoordinatorConfig, events: EventLog,
+                    progress: bool, observers: contextlib.ExitStack,
                     ) -> tuple[tuple[ClientOutcome, ...], tuple[Trainer, ...], np.ndarray]:
-    """Run the clients against a coordinator; (outcomes, trainers, final global vector)."""
+    """Run the clients against a coordinator running ``coordinator``; (outcomes, trainers,
+    final global vector). With ``[coordinator.metrics]`` its Prometheus endpoint serves
+    until ``observers`` closes."""
     # the server's imports (grpc, the token machinery) are loaded by a gRPC run only: a
     # virtual run imports this module without them
     from fedlink.coordinator.server import CoordinatorServer
@@ -276,11 +301,14 @@ async def _simulate(experiment: Experiment, events: EventLog, progress: bool,
         max(1, config.run.train_workers)
     target = config.run.target_accuracy
     initial = experiment.initial_vector()
-    server = CoordinatorServer(with_run_seed(for_population(config.coordinator, len(trainers))),
-                               initial, events,
+    server = CoordinatorServer(coordinator, initial, events,
                                evaluator=experiment.checked_evaluator(initial),
                                stop_rules=(target_accuracy(target),) if target > 0 else (),
                                spec=experiment.spec())
+    if coordinator.metrics.enabled:  # before the server starts: it sees run_started
+        from fedlink.observe.endpoint import serve_metrics  # an optional extra
+
+        serve_metrics(server, observers, out=sys.stderr)
     with ThreadPoolExecutor(workers, thread_name_prefix="train") as pool:
         async with server, contextlib.AsyncExitStack() as stack:
             upstream = f"127.0.0.1:{server.port}"

@@ -5,11 +5,13 @@ and prints one progress line per flush in model time. Each event's ``elapsed`` i
 seconds (the event log runs on the virtual clock); ``flush`` events also carry
 ``model_seconds``, and the summary holds ``model_seconds``, ``simulation_seconds`` (wall) and
 the communication/compute shares per round and per link profile (``time_by_round``,
-``time_by_profile``: see ``fedlink.metrics.model_time``).
+``time_by_profile``: see ``fedlink.metrics.model_time``). With ``[run] tensorboard`` the run
+folder holds TensorBoard scalars too, timed in model seconds from the run's start.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import sys
@@ -72,7 +74,7 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
     ``plugs`` (objects in place of what the config names) need ``[virtual] workers = 0``:
     worker processes rebuild the experiment from the config alone.
     """
-    from fedlink.sim.runner import SimulationResult
+    from fedlink.sim.runner import SimulationResult, recorded_config
 
     started = time.perf_counter()
     check_backend(config)
@@ -90,12 +92,19 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
     if isinstance(availability, TraceAvailability) and availability.speeds:
         traced = TracedSpeeds(population, availability.speeds)
     residuals = ResidualStore(config.virtual.residual_memory_mb, run_dir)
-    with EventLog(run_dir / EVENTS_FILENAME, clock=clock.now) as events:
+    coordinator = with_run_seed(config.coordinator)  # what runs, and what the summary records
+    with EventLog(run_dir / EVENTS_FILENAME, clock=clock.now) as events, \
+            contextlib.ExitStack() as stack:
+        if config.run.tensorboard:
+            from fedlink.observe import tensorboard  # an optional extra
+
+            # the scalars' times: the run's start plus each flush's elapsed model seconds
+            tensorboard.attach(events, run_dir, stack)
         training = training_backend(config.run.backend, BackendContext(
             config.virtual.workers, population, ConfigPopulation(config), config.ray.address,
             config.client.pipeline))
         try:  # the backend's workers (and a Ray it started) stop however the run ends
-            loop = VirtualLoop(with_run_seed(config.coordinator), initial, traced,
+            loop = VirtualLoop(coordinator, initial, traced,
                                config.client.pipeline,
                                events, clock, loop_options(config),
                                availability, evaluate,
@@ -108,8 +117,9 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
             training.close()
             residuals.close()
         recorded = events.events  # read back once from events.jsonl: the log keeps none
-        summary = summarize(recorded, config.to_dict() if experiment is None
-                            else experiment.recorded_config())
+        summary = summarize(recorded, recorded_config(
+            config.to_dict() if experiment is None else experiment.recorded_config(),
+            coordinator))
         summary.update(federated_figures(recorded))
     summary.update(virtual_figures(totals, time.perf_counter() - started, loop))
     if experiment is not None:
