@@ -644,8 +644,9 @@ def _fidelity_table(mode: str, secure: bool) -> dict[str, Any]:
         "coordinator": {"rounds": 4, "flush": {"goal": 4, "min_updates": 4, "deadline_s": 30.0},
                         "training": {"local_steps": 2, "batch_size": 16}},
         "network": {"profile": {"base": "4g", "latency_ms": FIDELITY_ONE_WAY_MS,
-                                "jitter_ms": 0}},
-        "virtual": {"deterministic": True, "step_cost_s": 0.0}}
+                                "jitter_ms": 0}}}
+    if mode == "virtual":  # a gRPC run refuses the [virtual] table
+        table["virtual"] = {"deterministic": True, "step_cost_s": 0.0}
     if secure:
         table["coordinator"] |= {"secure": {"enabled": True, "phase_s": 5.0, "quorum": 1.0},
                                  "robust": {"enabled": False}, "norm_bound_adaptive": False}
@@ -706,7 +707,8 @@ def _cohort_table(cohort: int, quorum: float | None) -> dict[str, Any]:
     (``COHORT_NEIGHBOURS``), fp32 before encoding."""
     table = load_toml(POPULATION)
     table["run"] = {**table["run"], "name": f"cohort{cohort}"}
-    table["virtual"] = {**table["virtual"], "population": 10 * cohort, "availability": "always"}
+    table["virtual"] = {**{k: v for k, v in table["virtual"].items() if k != "online_fraction"},
+                        "population": 10 * cohort, "availability": "always"}
     table["coordinator"] = {**table["coordinator"], "rounds": COHORT_VERSIONS,
                             "flush": {**table["coordinator"]["flush"], "goal": cohort,
                                       "min_updates": cohort // 2}}

@@ -56,17 +56,38 @@ from fedlink.privacy import setup as privacy_setup
 
 RUN_MODES = ("grpc", "virtual")
 
+VIRTUAL_LIMITS = frozenset({
+    "inline_bytes", "chunk_bytes", "max_chunk_bytes", "max_examples_per_update",
+    "delta_history", "retry_after_s", "heartbeat_interval_s", "long_poll_s",
+    "liveness_timeout_s", "max_task_s", "task_quiet_multiple"})
+"""The ``[coordinator.limits]`` a virtual run reads: what travels inline (``inline_bytes``, at
+most one ``chunk_bytes``, itself at most ``max_chunk_bytes``), the examples an update may
+claim, the delta history, the wait before asking again, the liveness timeout (by default
+from the heartbeat interval and long poll) and the task-pace keys. The others bound a gRPC
+server and its sessions."""
+
+POPULATION_UNREAD_CLIENT = frozenset({
+    "trainer", "loss", "optimizer", "optimizer_options", "keep_local", "device",
+    "dp_fix_model"})
+"""``[client]`` keys a synthetic population (``[virtual] population > 0``) never reads."""
+
+POPULATION_UNREAD_RUN = frozenset({"evaluate_train", "torch_threads"})
+"""``[run]`` keys a synthetic population never reads (no torch, no pooled training data)."""
+
 
 @dataclass(frozen=True)
 class RunSection:
     """Name, seed and where results go; how simulated clients train.
 
     ``train_workers = 0`` trains each simulated client on the event loop's thread (fastest for
-    small models; no heartbeats while training); ``n >= 1`` uses a pool of ``n`` threads.
+    small models; no heartbeats while training); ``n >= 1`` uses a pool of ``n`` threads
+    (gRPC mode only: virtual mode refuses it, see ``[virtual] workers``).
 
     ``evaluate_train = true`` also scores every new global model on the pooled training data
     of all clients (``train_loss`` and ``train_accuracy`` in each ``flush`` event, the
     training-loss curve of the FedProx paper); it costs one more pass over that data per flush.
+    It is the built-in evaluator's: refused with ``[coordinator] evaluator`` (yours replaces
+    it) and with ``[virtual] population > 0``.
 
     ``target_accuracy > 0`` ends a simulation once a flush's test accuracy reaches it (checked
     every fraction of a second, so a flush or two more may land); 0 (the default) runs all
@@ -87,11 +108,17 @@ class RunSection:
     tensorboard: bool = False
     mode: str = "grpc"
     """``"grpc"``: real sessions over loopback; ``"virtual"``: the discrete-event loop of
-    ``fedlink.sim.virtual`` (``[virtual]`` section), for populations up to 10^6."""
+    ``fedlink.sim.virtual`` (``[virtual]`` section), for populations up to 10^6. A gRPC run
+    refuses ``[virtual]``, ``[ray]`` and ``backend``; a virtual run refuses what it does not
+    model: ``[coordinator.tls]``, ``[coordinator.auth]``, ``join_token``, ``state_dir``,
+    ``drain_s``, ``[coordinator.metrics]``, ``[coordinator.netcheck]``, ``[coordinator.limits]``
+    beyond the inline, liveness, task-pace and examples limits, ``train_workers``,
+    ``[client.retry]``, ``[client.liveness]``, ``[client] density_bounds``."""
     backend: str = "processes"
     """Where virtual mode trains with ``[virtual] workers > 0``: ``"processes"`` (spawned
     worker processes), ``"ray"`` (Ray actors; the ``ray`` extra, ``[ray]`` section),
-    ``"inline"``, or an import string (``fedlink.sim.virtual.backends``)."""
+    ``"inline"``, or an import string (``fedlink.sim.virtual.backends``). With ``workers = 0``
+    every run trains inline: another backend is refused there."""
 
     def __post_init__(self) -> None:
         check_fields(self, "run")
@@ -144,6 +171,8 @@ class ModelSection:
     called as ``factory(**options)`` (seeded with ``[run] seed``) and must return an
     ``nn.Module``. ``init`` is a saved model (``model.pt``, a state_dict, or ``model.npy``, the
     flat vector; both are written by every run) to start from instead of fresh weights.
+    With ``[virtual] population > 0`` the whole table is refused: synthetic clients train a
+    softmax regression of ``[virtual] features`` and ``classes``.
     """
 
     name: str = "mlp"
@@ -165,12 +194,14 @@ class ClientSection:
     ``norm`` for ``qsgd``, ...); ``error_feedback`` is on for biased codecs unless set (and
     refused with a lossless codec, which leaves no error to feed back);
     ``density_bounds = [min, max]`` turns on bandwidth-aware density (``fedlink.client.density``)
-    with that safety margin, for a sparsifying codec (``topk``, ``randk``; refused with
-    another).
+    with the ``density_safety`` margin (in (0, 1]; refused without ``density_bounds``), for a
+    sparsifying codec (``topk``, ``randk``; refused with another). Virtual mode refuses
+    ``density_bounds``: its clients are given no goodput or time left to size a density by.
 
     ``retry`` (``[client.retry]``, ``fedlink.client.RetryPolicy``) and ``liveness``
     (``[client.liveness]``, ``fedlink.client.liveness.LivenessConfig``): how clients retry and
-    how long they wait for a link before calling it dead.
+    how long they wait for a link before calling it dead (real sessions only: virtual mode
+    refuses both).
 
     ``download_connections``: how many connections a client stripes a large download over
     (``fedlink.client.ClientOptions``). Unset: 2 for ``fedlink client`` (a device on a real
@@ -198,7 +229,10 @@ class ClientSection:
     ``huber``, ``nll``, or an import string), ``optimizer`` (``sgd``, ``adam``, ``adamw``,
     ``rmsprop``, ``adagrad``, or an import string) with ``optimizer_options`` (``momentum``,
     ``weight_decay``, ...), and ``keep_local``: tensors that never leave the client
-    (``["batchnorm"]`` is FedBN; see ``fedlink.client.torch_trainer.local_mask``).
+    (``["batchnorm"]`` is FedBN; see ``fedlink.client.torch_trainer.local_mask``). With
+    ``trainer = "dp_sgd"`` these four are refused (it trains with cross-entropy and its own
+    optimizer, sharing everything); with ``[virtual] population > 0`` so are they and
+    ``trainer``, ``device`` (its synthetic clients train a numpy softmax regression).
 
     ``device`` (``"cpu"`` by default, ``"auto"``, ``"cuda"``, ``"cuda:<i>"``, ``"mps"``;
     ``fedlink.client.device``) is where clients train and the central evaluator scores;
@@ -255,6 +289,9 @@ class ClientSection:
         require(not self.dp_fix_model or self.trainer == "dp_sgd", "client.dp_fix_model",
                 f"replaces layers for DP-SGD; it needs [client] trainer = 'dp_sgd', not "
                 f"{self.trainer!r}")
+        require(isinstance(self.density_safety, int | float)
+                and 0.0 < self.density_safety <= 1.0, "client.density_safety",
+                f"must be a number in (0, 1], got {self.density_safety!r}")
         codec = self.pipeline().codec  # unknown codec names and bad options fail at load time
         require(not (self.error_feedback and codec.lossless), "client.error_feedback",
                 f"{self.compression!r} is lossless: no error is left to feed back. Unset it, "
@@ -263,6 +300,27 @@ class ClientSection:
                 "client.density_bounds",
                 f"chooses the density of a sparsifying codec (topk, randk), which "
                 f"{self.compression!r} is not. Unset it, or pick one")
+        require(self.density_bounds is not None
+                or self.density_safety == _default(ClientSection, "density_safety"),
+                "client.density_safety",
+                "is the safety margin of bandwidth-aware density, which only "
+                "[client] density_bounds turns on: without it the codec's own density is "
+                "used and the margin could not take effect. Unset it, or set density_bounds")
+        self._refuse_what_dp_sgd_does_not_read()
+
+    def _refuse_what_dp_sgd_does_not_read(self) -> None:
+        """DP-SGD trains with cross-entropy and its own optimizer (plain SGD at the task's
+        learning rate), sharing every tensor: the torch trainer's settings would change
+        nothing (``fedlink.experiment.trainers.dp_sgd_trainer`` says so again when built)."""
+        if self.trainer != "dp_sgd":
+            return
+        for key in ("loss", "optimizer", "optimizer_options", "keep_local"):
+            if getattr(self, key) != _default(ClientSection, key):
+                raise ConfigError(
+                    f"client.{key}: [client] trainer = 'dp_sgd' trains with cross_entropy and "
+                    f"its own DP-SGD optimizer (plain SGD at [coordinator.training] "
+                    f"learning_rate), sharing every tensor, so it never reads {key}. Unset "
+                    f"{key}, or use trainer = 'torch'")
 
     def pipeline(self) -> UpdatePipeline:
         """A fresh update pipeline for one client (each client keeps its own residual)."""
@@ -289,16 +347,116 @@ class ExperimentConfig:
     evaluator: str = ""
     """``[coordinator] evaluator = "package.module:attr"``: your ``evaluate(model, test) ->
     {metric: value}`` scoring each new global model (kept here, not in ``CoordinatorConfig``,
-    because the coordinator only ever sees the callback)."""
+    because the coordinator only ever sees the callback). It replaces the built-in evaluator
+    (``[run] evaluate_train`` is refused with it); ``[virtual] population > 0`` refuses it
+    (synthetic clients are scored on their own held-out set)."""
 
     def __post_init__(self) -> None:
         check_fields(self, "")
         require(not self.evaluator or is_import_string(self.evaluator), "coordinator.evaluator",
                 f"must be 'package.module:attr', got {self.evaluator!r}")
+        self._refuse_virtual_settings_in_grpc_mode()
+        self._refuse_what_a_synthetic_population_never_reads()
+        self._refuse_what_virtual_mode_does_not_model()
+        self._refuse_a_backend_that_never_trains()
+        self._refuse_evaluate_train_with_an_evaluator()
         self._refuse_state_virtual_clients_lose()
         self._refuse_noise_on_kept_tensors()
         self._refuse_striping_a_simulation_cannot_model()
         self._refuse_partial_work_of_a_single_step()
+
+    def _refuse_virtual_settings_in_grpc_mode(self) -> None:
+        """A gRPC run (``fedlink.sim.runner``) never reads ``[virtual]``, ``[ray]`` or
+        ``[run] backend``: the mirror of ``[partial_work]`` refused in virtual mode."""
+        if self.run.mode != "grpc":
+            return
+        unread = [f"virtual.{k}" for k in _changed(self.virtual)]
+        unread += [f"ray.{k}" for k in _changed(self.ray)]
+        unread += ["run.backend"] if "backend" in _changed(self.run) else []
+        if unread:
+            raise ConfigError(f"{', '.join(unread)}: read only with [run] mode = 'virtual'; "
+                              f"a gRPC run (the default mode) runs the [data] clients over "
+                              f"loopback and could not apply them. Set [run] mode = "
+                              f"'virtual', or remove them")
+
+    def _refuse_what_a_synthetic_population_never_reads(self) -> None:
+        """``[virtual] population > 0`` trains lazily generated synthetic clients with a numpy
+        softmax regression (``fedlink.sim.virtual.population.SoftmaxTrainer``) and scores it on
+        their own held-out set: the experiment's data, model, trainer and evaluator are never
+        built. It reads ``[coordinator.training]``'s learning rate, local steps or epochs and
+        batch size, ``[virtual] features``/``classes``, the client pipeline (codec, privacy),
+        ``[network]`` and federated evaluation's ``fraction``/``every``."""
+        if self.run.mode != "virtual" or self.virtual.population == 0:
+            return
+        unread = [f"client.{k}" for k in _changed(self.client) if k in POPULATION_UNREAD_CLIENT]
+        unread += [f"model.{k}" for k in _changed(self.model)]
+        unread += [f"data.{k}" for k in _changed(self.data)]
+        unread += [f"run.{k}" for k in _changed(self.run) if k in POPULATION_UNREAD_RUN]
+        if self.coordinator.training.trainer_options:
+            unread.append("coordinator.training.trainer_options")
+        if self.coordinator.evaluation.holdout:
+            unread.append("coordinator.evaluation.holdout")
+        if self.evaluator:
+            unread.append("coordinator.evaluator")
+        if unread:
+            raise ConfigError(f"{', '.join(unread)}: [virtual] population > 0 trains synthetic "
+                              f"clients (a numpy softmax regression on generated data, scored "
+                              f"on its own held-out set) and never reads "
+                              f"{'it' if len(unread) == 1 else 'them'}. Remove "
+                              f"{'it' if len(unread) == 1 else 'them'}, or set [virtual] "
+                              f"population = 0 to train the experiment's [data] and [model]")
+
+    def _refuse_what_virtual_mode_does_not_model(self) -> None:
+        """The virtual loop (``fedlink.sim.virtual``) runs the coordinator's engine on a model
+        clock with no server, socket or client session: transport, security, operations and
+        session settings would be recorded and never read."""
+        if self.run.mode != "virtual":
+            return
+        coordinator, unread = self.coordinator, []
+        for key in ("tls", "auth", "metrics", "netcheck", "join_token", "state_dir", "drain_s"):
+            if getattr(coordinator, key) != _default(CoordinatorConfig, key):
+                unread.append(f"coordinator.{key}")
+        unread += [f"coordinator.limits.{k}" for k in _changed(coordinator.limits)
+                   if k not in VIRTUAL_LIMITS]
+        unread += ["run.train_workers"] if "train_workers" in _changed(self.run) else []
+        unread += [f"client.{k}" for k in ("retry", "liveness", "density_bounds")
+                   if k in _changed(self.client)]
+        if unread:
+            one = len(unread) == 1
+            why = ("its clients are given no goodput or time left to size a density by"
+                   if unread == ["client.density_bounds"] else
+                   "it runs no server, sockets or client sessions")
+            raise ConfigError(f"{', '.join(unread)}: [run] mode = 'virtual' does not model "
+                              f"{'it' if one else 'them'} ({why}), so {'it' if one else 'they'}"
+                              f" could not take effect. Remove {'it' if one else 'them'}, or "
+                              f"use [run] mode = 'grpc'")
+
+    def _refuse_a_backend_that_never_trains(self) -> None:
+        """``[run] backend`` trains with ``[virtual] workers > 0`` only (0: inline), and the
+        built-in ``processes`` and ``inline`` backends never read ``[ray]``."""
+        if self.run.mode != "virtual":
+            return
+        if self.virtual.workers == 0 and self.run.backend not in ("processes", "inline"):
+            raise ConfigError(f"run.backend: {self.run.backend!r} trains with [virtual] "
+                              f"workers > 0; with workers = 0 every client trains inline, in "
+                              f"the loop's process, so it could not take effect. Set [virtual] "
+                              f"workers, or unset run.backend")
+        if self.ray.address and (self.virtual.workers == 0
+                                 or self.run.backend in ("processes", "inline")):
+            why = ("[virtual] workers = 0 trains inline" if self.virtual.workers == 0
+                   else f"[run] backend = {self.run.backend!r} starts no Ray")
+            raise ConfigError(f"ray.address: read by [run] backend = 'ray' with [virtual] "
+                              f"workers > 0; {why}, so it could not take effect. Unset it, or "
+                              f"set backend = 'ray' and workers")
+
+    def _refuse_evaluate_train_with_an_evaluator(self) -> None:
+        """``evaluate_train`` is the built-in evaluator's pass over the pooled training data;
+        ``[coordinator] evaluator`` replaces that evaluator (``fedlink.experiment.setup``)."""
+        if self.run.evaluate_train and self.evaluator:
+            raise ConfigError("run.evaluate_train: the built-in evaluator scores the training "
+                              "data, and [coordinator] evaluator replaces it, so "
+                              "evaluate_train could not take effect. Unset it, or score the "
+                              "training data in your evaluator")
 
     def _refuse_partial_work_of_a_single_step(self) -> None:
         """A straggler does ``w`` of the task's ``E`` epochs (or steps), ``w`` in ``1..E``:
@@ -323,7 +481,7 @@ class ExperimentConfig:
         """Virtual mode builds each task's trainer afresh (a population of 10^6 keeps no
         trainer per client): ``keep_local``'s tensors would be lost between tasks without a
         word (and each task would start them from the global model's initial values)."""
-        if self.run.mode == "virtual" and self.virtual.population == 0 and self.client.keep_local:
+        if self.run.mode == "virtual" and self.client.keep_local:
             raise ConfigError("[client] keep_local with [run] mode = 'virtual': a virtual "
                               "client's trainer is built afresh for each task, so the tensors "
                               "it keeps local would be lost between tasks. Use [run] mode = "
@@ -367,9 +525,10 @@ class ExperimentConfig:
         coordinator.setdefault("seed", values["run"].seed)
         goal = FlushRule.from_table(coordinator.get("flush", {}), "coordinator.flush").goal
         _refuse_client_privacy_with_secure(coordinator, values["client"])
-        if "hooks" in coordinator:
+        if "hooks" in coordinator:  # sampled from the synthetic population when there is one
+            synthetic = values["run"].mode == "virtual" and values["virtual"].population
             coordinator["hooks"] = privacy_setup.with_sampling_defaults(
-                list(coordinator["hooks"]), values["data"].clients, goal)
+                list(coordinator["hooks"]), synthetic or values["data"].clients, goal)
         training = coordinator.get("training", {})
         hooks = privacy_setup.with_dp_sgd_report(
             list(coordinator.get("hooks", [])), values["client"].trainer,
@@ -407,6 +566,20 @@ class ExperimentConfig:
         if self.data.loader:  # the data that ran is the loader's, not the default dataset
             plain["data"]["dataset"] = self.data.loader
         return plain
+
+
+def _default(cls: Any, key: str) -> Any:
+    """The default of dataclass ``cls``'s field ``key`` (made by its factory if it has one)."""
+    field_ = cls.__dataclass_fields__[key]
+    if field_.default_factory is not dataclasses.MISSING:
+        return field_.default_factory()
+    return field_.default
+
+
+def _changed(section: Any) -> list[str]:
+    """The keys of a config section (a dataclass) that differ from their defaults."""
+    return [f.name for f in dataclasses.fields(section)
+            if getattr(section, f.name) != _default(type(section), f.name)]
 
 
 def _refuse_unread_trainer_options(coordinator: CoordinatorConfig,

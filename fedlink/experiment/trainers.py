@@ -123,10 +123,11 @@ def dp_sgd_trainer(config: Settings, loss: Any, device: Any = "cpu") -> TrainerF
     from fedlink.privacy.dp_sgd import DPSGDTrainer  # torch and opacus: only when built
 
     section = config.client
-    if loss != "cross_entropy" or section.keep_local or section.optimizer != "sgd":
+    if (loss != "cross_entropy" or section.keep_local or section.optimizer != "sgd"
+            or section.optimizer_options):
         raise ConfigError("client.trainer = 'dp_sgd' trains with cross_entropy and its own "
-                          "DP-SGD optimizer, sharing everything: unset loss, optimizer and "
-                          "keep_local")
+                          "DP-SGD optimizer (plain SGD at the task's learning rate), sharing "
+                          "everything: unset loss, optimizer, optimizer_options and keep_local")
 
     def build(model: Any, data: Any, *, seed: int) -> Trainer:
         return DPSGDTrainer(model, data, seed=seed, device=device)

@@ -25,9 +25,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from fedlink.config import check_fields, require
+from fedlink.errors import ConfigError
 
 AVAILABILITY = ("always", "diurnal", "trace")
 DAY_S = 86_400.0
@@ -36,7 +39,13 @@ DAY_S = 86_400.0
 
 @dataclass(frozen=True)
 class VirtualSection:
-    """The ``[virtual]`` table (see the module docstring)."""
+    """The ``[virtual]`` table (see the module docstring).
+
+    Read only with ``[run] mode = "virtual"``: a gRPC run refuses a ``[virtual]`` table. A key
+    whose switch is off is refused rather than recorded unread: ``online_fraction`` needs
+    ``availability = "diurnal"``, ``trace_file`` needs ``"trace"``, ``period_s`` either of
+    them; ``features`` and ``classes`` need ``population > 0``.
+    """
 
     step_cost_s: float = 0.05
     poll_s: float = 1.0
@@ -64,12 +73,40 @@ class VirtualSection:
         require(self.max_model_s >= 0, "virtual.max_model_s", "must be >= 0 (0: no limit)")
         require(self.workers >= 0, "virtual.workers", "must be >= 0 (0: train in the loop)")
         require(self.residual_memory_mb >= 0, "virtual.residual_memory_mb", "must be >= 0")
+        self._refuse_knobs_switched_off()
+
+    def _refuse_knobs_switched_off(self) -> None:
+        """A key read only under a switch this table turns off would change nothing."""
+        for key, readers in (("online_fraction", ("diurnal",)),
+                             ("period_s", ("diurnal", "trace")),
+                             ("trace_file", ("trace",))):
+            if self.availability not in readers and _set(self, key):
+                raise ConfigError(
+                    f"virtual.{key}: read only with availability = "
+                    f"{' or '.join(repr(r) for r in readers)}, so with {self.availability!r} "
+                    f"it could not take effect. Unset it, or set that availability")
+        for key in ("features", "classes"):
+            if self.population == 0 and _set(self, key):
+                raise ConfigError(
+                    f"virtual.{key}: shapes the synthetic clients of population > 0; with "
+                    f"population = 0 the clients are the experiment's [data] and [model], so "
+                    f"it could not take effect. Unset it, or set virtual.population")
+
+
+def _set(section: Any, key: str) -> bool:
+    """Whether ``section``'s ``key`` (a field with a plain default) differs from it."""
+    default = next(f.default for f in dataclasses.fields(section) if f.name == key)
+    return bool(getattr(section, key) != default)
 
 
 @dataclass(frozen=True)
 class RaySection:
     """The ``[ray]`` table: ``address`` of a Ray cluster to train on (``""``: start a local Ray
-    on loopback for the run; see ``fedlink.sim.virtual.backends.ray_actors``)."""
+    on loopback for the run; see ``fedlink.sim.virtual.backends.ray_actors``).
+
+    Read only by ``[run] backend = "ray"`` with ``[virtual] workers > 0`` (or a backend of
+    your own): an ``address`` is refused in a gRPC run, with ``workers = 0`` and with the
+    ``"processes"`` or ``"inline"`` backend."""
 
     address: str = ""
 

@@ -77,7 +77,7 @@ def test_two_ray_actors_give_the_same_run_as_the_loop_alone(tmp_path: Path,
                                                             local_ray: None) -> None:
     from fedlink.sim import run_simulation
 
-    alone = run_simulation(virtual_backend_config(0, "alone", "ray"), tmp_path, progress=False)
+    alone = run_simulation(virtual_backend_config(0, "alone"), tmp_path, progress=False)
     actors = run_simulation(virtual_backend_config(ACTORS, "actors", "ray"), tmp_path,
                             progress=False)
     assert len(accepted_updates(alone.run_dir)) >= 3 * 4

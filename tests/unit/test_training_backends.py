@@ -64,7 +64,8 @@ def _same_upload(got: ClientUpload, expected: ClientUpload) -> None:
 
 def test_a_bad_backend_name_fails_where_the_virtual_run_starts_naming_the_key(
         tmp_path: Path) -> None:
-    config = ExperimentConfig.from_dict({"run": {"mode": "virtual", "backend": "nope"}})
+    config = ExperimentConfig.from_dict({"run": {"mode": "virtual", "backend": "nope"},
+                                         "virtual": {"workers": 1}})  # 0: no backend runs
     with pytest.raises(ConfigError, match=r"run\.backend.*processes.*'nope'"):
         run_virtual(config, output_dir=tmp_path, progress=False)
     assert not (tmp_path / config.run.name).exists()  # refused before the run folder is made

@@ -1,0 +1,243 @@
+"""Experiment settings that cannot take effect in their mode or combination are refused when the
+config is read, naming the key, instead of being recorded as applied and never read."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fedlink.errors import ConfigError
+from fedlink.experiment.config import ExperimentConfig
+from fedlink.experiment.virtual import VirtualSection
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+VIRTUAL: dict[str, Any] = {"run": {"mode": "virtual"}}
+POPULATION: dict[str, Any] = {"run": {"mode": "virtual"}, "virtual": {"population": 40}}
+
+
+def _with(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``extra``'s tables merged in (one level of sub-tables deep)."""
+    table = copy.deepcopy(base)
+    for section, values in extra.items():
+        merged = table.setdefault(section, {})
+        for key, value in values.items():
+            if isinstance(value, dict) and isinstance(merged.get(key), dict):
+                merged[key] = {**merged[key], **value}
+            else:
+                merged[key] = value
+    return table
+
+
+def _refused(table: dict[str, Any], key: str) -> str:
+    with pytest.raises(ConfigError) as refused:
+        ExperimentConfig.from_dict(table)
+    message = str(refused.value)
+    assert key in message, message
+    return message
+
+
+# -- [virtual] population > 0: synthetic clients train a numpy softmax regression -------------
+
+@pytest.mark.parametrize(("extra", "key"), [
+    ({"client": {"trainer": "dp_sgd"}}, "client.trainer"),
+    ({"client": {"optimizer": "adam"}}, "client.optimizer"),
+    ({"client": {"optimizer_options": {"momentum": 0.9}}}, "client.optimizer_options"),
+    ({"client": {"loss": "mse"}}, "client.loss"),
+    ({"client": {"keep_local": ["bias"]}}, "client.keep_local"),
+    ({"client": {"device": "auto"}}, "client.device"),
+    ({"coordinator": {"training": {"trainer_options": {"prox_mu": 5.0}}}},
+     "coordinator.training.trainer_options"),
+    ({"model": {"name": "logreg"}}, "model.name"),
+    ({"model": {"options": {"hidden": [8]}}}, "model.options"),
+    ({"model": {"init": "model.npy"}}, "model.init"),
+    ({"data": {"clients": 4}}, "data.clients"),
+    ({"run": {"evaluate_train": True}}, "run.evaluate_train"),
+    ({"coordinator": {"evaluation": {"fraction": 1.0, "holdout": 0.5}}},
+     "coordinator.evaluation.holdout"),
+    ({"coordinator": {"evaluator": "fedlink.experiment.setup:Experiment"}},
+     "coordinator.evaluator"),
+])
+def test_a_synthetic_population_refuses_the_training_setup_it_never_reads(
+        extra: dict[str, Any], key: str) -> None:
+    message = _refused(_with(POPULATION, extra), key)
+    assert "population > 0" in message and "population = 0" in message  # why, and the way out
+
+
+def test_a_synthetic_population_keeps_what_it_reads() -> None:
+    config = ExperimentConfig.from_dict(_with(POPULATION, {
+        "virtual": {"features": 8, "classes": 3},
+        "client": {"compression": "topk", "compression_options": {"density": 0.5}},
+        "coordinator": {"training": {"local_steps": 3, "batch_size": 8, "learning_rate": 0.1},
+                        "evaluation": {"fraction": 0.5}},
+        "network": {"preset": "3g"}}))
+    assert (config.virtual.features, config.virtual.classes) == (8, 3)
+    assert config.coordinator.training.learning_rate == 0.1
+
+
+def test_keep_local_is_refused_with_a_synthetic_population_too() -> None:
+    _refused(_with(POPULATION, {"client": {"keep_local": ["batchnorm"]}}), "client.keep_local")
+    _refused(_with(VIRTUAL, {"client": {"keep_local": ["batchnorm"]}}), "[client] keep_local")
+
+
+def test_user_level_dp_samples_from_the_synthetic_population() -> None:
+    config = ExperimentConfig.from_dict(_with(POPULATION, {
+        "client": {"privacy": "dp_fedavg"},
+        "coordinator": {"flush": {"goal": 4},
+                        "hooks": [{"name": "dp_fedavg", "noise_multiplier": 1.0}]}}))
+    [hook] = [h for h in config.coordinator.hooks if h["name"] == "dp_fedavg"]
+    assert (hook["population"], hook["cohort"]) == (40, 4)  # not [data] clients' 10
+
+
+# -- [run] mode = "virtual": no server, sockets or client sessions ----------------------------
+
+@pytest.mark.parametrize(("extra", "key"), [
+    ({"coordinator": {"tls": {"cert_file": "c.pem", "key_file": "k.pem"}}}, "coordinator.tls"),
+    ({"coordinator": {"auth": {"secret_env": "FEDLINK_SECRET"}}}, "coordinator.auth"),
+    ({"coordinator": {"join_token": "s3cret"}}, "coordinator.join_token"),
+    ({"coordinator": {"state_dir": "state"}}, "coordinator.state_dir"),
+    ({"coordinator": {"drain_s": 1.0}}, "coordinator.drain_s"),
+    ({"coordinator": {"metrics": {"enabled": True}}}, "coordinator.metrics"),
+    ({"coordinator": {"netcheck": {"enabled": True}}}, "coordinator.netcheck"),
+    ({"coordinator": {"limits": {"max_update_bytes": 100}}},
+     "coordinator.limits.max_update_bytes"),
+    ({"coordinator": {"limits": {"max_clients": 1}}}, "coordinator.limits.max_clients"),
+    ({"coordinator": {"limits": {"requests_per_s": 0.001}}},
+     "coordinator.limits.requests_per_s"),
+    ({"run": {"train_workers": 4}}, "run.train_workers"),
+    ({"client": {"retry": {"max_attempts": 1}}}, "client.retry"),
+    ({"client": {"liveness": {"keepalive_time_s": 0.5}}}, "client.liveness"),
+    ({"client": {"compression": "topk", "density_bounds": [0.001, 0.1]}},
+     "client.density_bounds"),
+])
+def test_virtual_mode_refuses_what_it_does_not_model(extra: dict[str, Any], key: str) -> None:
+    message = _refused(_with(VIRTUAL, extra), key)
+    assert "mode = 'virtual' does not model" in message and "mode = 'grpc'" in message
+    grpc = _with(extra, {"run": {"mode": "grpc"}})
+    if "tls" not in extra.get("coordinator", {}):  # gRPC simulate refuses TLS when it runs
+        ExperimentConfig.from_dict(grpc)  # the same setting is read there
+
+
+def test_virtual_mode_keeps_the_limits_its_loop_reads() -> None:
+    limits = {"inline_bytes": 1024, "chunk_bytes": 4096, "max_examples_per_update": 50,
+              "delta_history": 2, "retry_after_s": 2.0, "heartbeat_interval_s": 2.0,
+              "long_poll_s": 1.0, "liveness_timeout_s": 30.0, "max_task_s": 600.0,
+              "task_quiet_multiple": 2.0}
+    config = ExperimentConfig.from_dict(_with(VIRTUAL, {"coordinator": {"limits": limits}}))
+    assert config.coordinator.limits.inline_limit == 1024
+
+
+# -- [run] mode = "grpc": [virtual], [ray] and [run] backend are never read -------------------
+
+@pytest.mark.parametrize(("extra", "key"), [
+    ({"virtual": {"population": 1000}}, "virtual.population"),
+    ({"virtual": {"deterministic": True}}, "virtual.deterministic"),
+    ({"virtual": {"workers": 2}}, "virtual.workers"),
+    ({"ray": {"address": "10.0.0.1:6379"}}, "ray.address"),
+    ({"run": {"backend": "ray"}}, "run.backend"),
+])
+def test_a_grpc_run_refuses_the_virtual_mode_settings(extra: dict[str, Any], key: str) -> None:
+    message = _refused(extra, key)
+    assert "mode = 'virtual'" in message
+    ray = _with(VIRTUAL, {"run": {"backend": "ray"}, "virtual": {"workers": 1}})
+    ExperimentConfig.from_dict(_with(ray, extra))  # read in a virtual run that trains on Ray
+
+
+# -- [virtual] knobs whose switch is off -------------------------------------------------------
+
+@pytest.mark.parametrize(("virtual", "key"), [
+    ({"online_fraction": 0.01}, "virtual.online_fraction"),
+    ({"period_s": 60.0}, "virtual.period_s"),
+    ({"trace_file": "avail.csv"}, "virtual.trace_file"),
+    ({"availability": "trace", "trace_file": "avail.csv", "online_fraction": 0.5},
+     "virtual.online_fraction"),
+    ({"availability": "diurnal", "trace_file": "avail.csv"}, "virtual.trace_file"),
+    ({"features": 2}, "virtual.features"),
+    ({"classes": 2}, "virtual.classes"),
+])
+def test_a_virtual_knob_whose_switch_is_off_is_refused(virtual: dict[str, Any],
+                                                       key: str) -> None:
+    _refused(_with(VIRTUAL, {"virtual": virtual}), key)
+
+
+def test_virtual_knobs_with_their_switch_on_load() -> None:
+    VirtualSection(availability="diurnal", online_fraction=0.1, period_s=3600.0)
+    VirtualSection(availability="trace", trace_file="avail.csv", period_s=3600.0)
+    VirtualSection(population=10, features=4, classes=2)
+
+
+@pytest.mark.parametrize(("extra", "key"), [
+    ({"run": {"backend": "ray"}}, "run.backend"),
+    ({"run": {"backend": "mypackage.backends:mine"}}, "run.backend"),
+    ({"ray": {"address": "10.9.9.9:6379"}}, "ray.address"),
+    ({"run": {"backend": "ray"}, "ray": {"address": "10.9.9.9:6379"}}, "run.backend"),
+    ({"virtual": {"workers": 1}, "ray": {"address": "10.9.9.9:6379"}}, "ray.address"),
+    ({"virtual": {"workers": 1}, "run": {"backend": "inline"},
+      "ray": {"address": "10.9.9.9:6379"}}, "ray.address"),
+])
+def test_a_backend_or_ray_address_that_never_trains_is_refused(extra: dict[str, Any],
+                                                               key: str) -> None:
+    _refused(_with(VIRTUAL, extra), key)
+
+
+def test_a_backend_with_workers_loads() -> None:
+    config = ExperimentConfig.from_dict(_with(VIRTUAL, {
+        "run": {"backend": "ray"}, "virtual": {"workers": 2},
+        "ray": {"address": "10.9.9.9:6379"}}))
+    assert config.ray.address == "10.9.9.9:6379"
+    ExperimentConfig.from_dict(_with(VIRTUAL, {"run": {"backend": "inline"}}))  # what 0 means
+
+
+# -- combinations within a mode -----------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["grpc", "virtual"])
+def test_evaluate_train_is_refused_with_an_evaluator_of_your_own(mode: str) -> None:
+    message = _refused({"run": {"mode": mode, "evaluate_train": True},
+                        "coordinator": {"evaluator": "mypackage.scores:evaluate"}},
+                       "run.evaluate_train")
+    assert "[coordinator] evaluator" in message
+
+
+@pytest.mark.parametrize(("client", "key"), [
+    ({"optimizer_options": {"momentum": 0.9}}, "client.optimizer_options"),
+    ({"optimizer": "adam"}, "client.optimizer"),
+    ({"loss": "mse"}, "client.loss"),
+    ({"keep_local": ["bias"]}, "client.keep_local"),
+])
+def test_dp_sgd_refuses_the_torch_trainers_settings(client: dict[str, Any], key: str) -> None:
+    message = _refused({"client": {"trainer": "dp_sgd", **client}}, key)
+    assert "dp_sgd" in message and "trainer = 'torch'" in message
+
+
+def test_the_dp_sgd_builder_refuses_optimizer_options_too() -> None:
+    from types import SimpleNamespace
+
+    from fedlink.experiment.trainers import dp_sgd_trainer
+
+    section = SimpleNamespace(optimizer="sgd", optimizer_options={"momentum": 0.9},
+                              keep_local=())
+    with pytest.raises(ConfigError, match="optimizer_options"):
+        dp_sgd_trainer(SimpleNamespace(client=section), "cross_entropy")  # type: ignore[arg-type]
+
+
+def test_density_safety_is_refused_without_density_bounds() -> None:
+    message = _refused({"client": {"compression": "topk", "density_safety": 0.9}},
+                       "client.density_safety")
+    assert "density_bounds" in message
+    config = ExperimentConfig.from_dict({"client": {
+        "compression": "topk", "density_bounds": [0.01, 0.1], "density_safety": 0.9}})
+    assert config.client.density_safety == 0.9
+
+
+@pytest.mark.parametrize("safety", [-3.0, 0.0, 7.0])
+def test_density_safety_is_range_checked(safety: float) -> None:
+    _refused({"client": {"compression": "topk", "density_bounds": [0.01, 0.1],
+                         "density_safety": safety}}, "client.density_safety")
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.toml")), ids=lambda p: p.name)
+def test_every_example_still_loads(path: Path) -> None:
+    ExperimentConfig.from_toml(path)
