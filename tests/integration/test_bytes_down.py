@@ -142,6 +142,12 @@ def test_virtual_mode_counts_bytes_down_by_kind_and_waste_as_a_real_run_does(
     # (seeded) every training task and evaluation task was answered in time: no waste
     assert virtual["updates_accepted"] == virtual["tasks_issued"]
     assert virtual["bytes_down_wasted"] == 0
+    # the compression ratios are figures of both modes (a virtual run had None for both):
+    # fp32 updates up in each, whole fp32 models down in a virtual one
+    for summary in runs.values():
+        assert summary["uplink_compression_ratio"] == pytest.approx(1.0, rel=0.01)
+    assert virtual["downlink_compression_ratio"] == pytest.approx(1.0, rel=0.01)
+    assert runs["grpc"]["downlink_compression_ratio"] >= 1.0
 
 
 @pytest.mark.timeout(240)

@@ -168,6 +168,8 @@ class LoopTotals:
     bytes_down: int = 0
     """Every model download's bytes (training and evaluation tasks), sent when the task
     starts: the real run's ``bytes_down`` (a virtual link never cuts a download)."""
+    downloads: int = 0
+    """The tasks whose model was sent (the rest held its version already)."""
     bytes_down_evaluation: int = 0
     """The evaluation tasks' part of ``bytes_down`` (the rest is full models: no deltas)."""
     bytes_down_used: int = 0
@@ -234,6 +236,10 @@ class VirtualLoop:
         the final version's evaluation tasks have reported (``[coordinator.evaluation]``)."""
         started = time.perf_counter()
         self.engine.start()
+        # as a coordinator's: the config that runs, and the model's size (the summary's
+        # compression ratios count fp32 vectors of it)
+        self.events.emit(kinds.RunStarted.build(config=self.config.to_dict(),
+                                                num_parameters=self.engine.num_parameters))
         self.clock.call_at(self.clock.now(), self._fill)
         self.clock.call_at(self.clock.now(),
                            lambda: self._evaluations.published(self.engine.version))
@@ -333,6 +339,7 @@ class VirtualLoop:
         header = self.engine.payload(version).header
         self._round_down.sent(MODEL, header.num_bytes)
         self.totals.bytes_down += header.num_bytes
+        self.totals.downloads += 1
         busy.bytes_down = header.num_bytes
         return header.num_bytes
 
@@ -556,6 +563,7 @@ class VirtualLoop:
         self._held[index] = version
         self._round_down.sent(EVALUATION, num_bytes)
         self.totals.bytes_down += num_bytes
+        self.totals.downloads += 1
         self.totals.bytes_down_evaluation += num_bytes
 
     def count_used(self, num_bytes: int) -> None:

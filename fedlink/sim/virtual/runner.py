@@ -251,6 +251,9 @@ def virtual_figures(totals: LoopTotals, wall_s: float, loop: VirtualLoop) -> dic
         "bytes_down_delta": 0,
         "bytes_down_evaluation": totals.bytes_down_evaluation,
         "bytes_down_wasted": totals.bytes_down - totals.bytes_down_used,
+        # a real run's from its download_finished events, which a virtual one does not log
+        "downlink_compression_ratio": (4 * loop.engine.num_parameters * totals.downloads
+                                       / totals.bytes_down if totals.bytes_down else None),
         "model_seconds": totals.model_s,
         "simulation_seconds": wall_s,
         "loop_wall_seconds": totals.wall_s,
