@@ -47,7 +47,8 @@ def write_report(run_dir: Path, events: list[Event], summary: Mapping[str, Any])
     """
     private_dir(run_dir)
     flushes = of_kind(events, FLUSH)
-    plots = [s for s in _series(flushes, start_elapsed(events)) if s.x]
+    virtual = summary.get("mode") == "virtual"  # its events' clock is model time
+    plots = [s for s in _series(flushes, start_elapsed(events), virtual) if s.x]
     for series in plots:
         _draw(run_dir / series.filename, series)
     path = run_dir / REPORT_FILENAME
@@ -70,8 +71,9 @@ def _comm_shares(events: list[Event], flushes: list[Event]) -> list[float | None
             ["comm_share"] for flush in flushes]
 
 
-def _series(flushes: list[Event], start: float) -> list[_Series]:
-    """The plots a run's flush events support (empty series are dropped by the caller)."""
+def _series(flushes: list[Event], start: float, virtual: bool = False) -> list[_Series]:
+    """The plots a run's flush events support (empty series are dropped by the caller); a
+    ``virtual`` run's times are model seconds."""
     acc = [e for e in flushes if e.get("accuracy") is not None]
     loss = [e for e in flushes if e.get("loss") is not None]
     accuracy = [float(e["accuracy"]) for e in acc]
@@ -80,7 +82,8 @@ def _series(flushes: list[Event], start: float) -> list[_Series]:
                 "model version", "accuracy"),
         _Series(ACCURACY_VS_TIME, "Accuracy vs time",
                 [float(e["elapsed"]) - start for e in acc], accuracy,
-                "seconds since run start", "accuracy"),
+                "model seconds since run start" if virtual else "seconds since run start",
+                "accuracy"),
         _Series(LOSS_VS_ROUND, "Loss vs model version", _versions(loss),
                 [float(e["loss"]) for e in loss], "model version", "loss"),
     ]

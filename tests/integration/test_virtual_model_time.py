@@ -127,3 +127,12 @@ def test_the_tables_add_up_with_evaluation_tasks_whose_network_time_they_hold(
     trained = sum(e["network_seconds"] for e in _events(result.run_dir)
                   if e["kind"] in ("update_accepted", "update_refused"))
     assert summary["client_network_seconds"] > trained  # the evaluations' time is in it
+
+
+def test_the_reports_accuracy_against_time_says_its_seconds_are_model_seconds(
+        run_dir: Path) -> None:
+    from fedlink.metrics.report import ACCURACY_VS_TIME
+
+    labels = [t.text for t in ET.parse(run_dir / ACCURACY_VS_TIME).getroot().iter(
+        "{http://www.w3.org/2000/svg}text")]
+    assert "model seconds since run start" in labels
