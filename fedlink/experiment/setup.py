@@ -200,6 +200,11 @@ class Experiment:
         """
         plug = resolve(self.plugs.evaluate or self.config.evaluator or None, "evaluator")
         if plug is not None:
+            if self.config.run.evaluate_train:  # a plug's: the config refuses the key's
+                raise ConfigError("run.evaluate_train: the built-in evaluator scores the "
+                                  "training data, and the evaluate plug passed to the run "
+                                  "replaces it, so evaluate_train could not take effect. "
+                                  "Unset it, or score the training data in your evaluator")
             return UserEvaluator(self.new_model(), self.data.test, plug, device=self.device)
         train = None
         if self.config.run.evaluate_train and isinstance(self.data, FederatedData):

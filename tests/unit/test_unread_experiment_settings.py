@@ -201,6 +201,17 @@ def test_evaluate_train_is_refused_with_an_evaluator_of_your_own(mode: str) -> N
     assert "[coordinator] evaluator" in message
 
 
+def test_evaluate_train_is_refused_beside_an_evaluate_plug() -> None:
+    """A plug never reaches the config: the experiment refuses it when it builds the
+    evaluator, before the run starts."""
+    from fedlink.experiment.setup import Experiment, Plugs
+
+    config = ExperimentConfig.from_dict({"run": {"evaluate_train": True}})
+    experiment = Experiment.build(config, Plugs(evaluate=lambda model, test: {}))
+    with pytest.raises(ConfigError, match=r"^run\.evaluate_train: .*evaluate plug"):
+        experiment.evaluator()
+
+
 @pytest.mark.parametrize(("client", "key"), [
     ({"optimizer_options": {"momentum": 0.9}}, "client.optimizer_options"),
     ({"optimizer": "adam"}, "client.optimizer"),
