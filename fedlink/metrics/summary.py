@@ -17,7 +17,9 @@
 ``startup_seconds``      from the first ``run_started`` to the first ``task_issued``: the
                          wait for clients to start, not part of ``wall_seconds``
 ``bytes_up``             sum of ``bytes_up`` over ``update_accepted`` and ``update_refused``
-                         events (a refused update that was received still cost its upload)
+                         events (a refused update that was received still cost its upload;
+                         in a secure run, a member's requests of every phase: keys, shares,
+                         masked update and unmask answers)
 ``bytes_down``           sum of ``bytes`` over ``download_finished`` events: every payload
                          byte the coordinator sent (each stream, cut or whole, and each
                          inline payload; ``fedlink.coordinator.downloads``)

@@ -148,6 +148,8 @@ def test_virtual_mode_counts_bytes_down_by_kind_and_waste_as_a_real_run_does(
         assert summary["uplink_compression_ratio"] == pytest.approx(1.0, rel=0.01)
     assert virtual["downlink_compression_ratio"] == pytest.approx(1.0, rel=0.01)
     assert runs["grpc"]["downlink_compression_ratio"] >= 1.0
+    # and the partition is recorded alike (a virtual run had no label_distribution)
+    assert virtual["label_distribution"] == runs["grpc"]["label_distribution"] is not None
 
 
 @pytest.mark.timeout(240)

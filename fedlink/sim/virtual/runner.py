@@ -126,6 +126,7 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
         from fedlink.sim.runner import say_what_was_measured
 
         say_what_was_measured(summary, experiment)
+        summary.update(experiment.data_figures())  # the partition, as a real run records it
     else:
         summary["warning"] = None
     summary["training_processes"] = training.processes
