@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from fedlink.coordinator.faults import NO_FAULTS, FaultPlan
 from fedlink.coordinator.lifecycle import target_accuracy
 from fedlink.coordinator.state import holds_state
 from fedlink.coordinator.stopping import stop_signals
+from fedlink.errors import ConfigError
 from fedlink.experiment.config import ExperimentConfig
 from fedlink.metrics import (
     EVENTS_FILENAME,
@@ -59,6 +61,7 @@ async def _serve(config_path: Path, address: str, output_dir: Path | None,
         config = replace(config, coordinator=replace(config.coordinator, metrics=replace(
             metrics, enabled=True, port=metrics.port if metrics_port is None else metrics_port,
             host=metrics_host or metrics.host)))
+    _check_servable(config)
     resuming = holds_state(config.coordinator.state_dir)
     experiment = Experiment.build(config)
     run_dir = prepare_run_dir(config, output_dir, keep_events=resuming)
@@ -109,3 +112,19 @@ async def _serve(config_path: Path, address: str, output_dir: Path | None,
     gc.freeze()
     return 0
 
+
+def _check_servable(config: ExperimentConfig) -> None:
+    """A served coordinator's clients are real: a virtual-mode config is a simulation's
+    (refused), and the sections that shape simulated clients are said to be ignored here
+    (they stay in the file the clients may read their own settings from)."""
+    if config.run.mode != "grpc":
+        raise ConfigError(f"run.mode: {config.run.mode!r} runs a simulation on the virtual "
+                          f"clock (fedlink simulate); fedlink serve serves real clients. "
+                          f"Use fedlink simulate, or remove [run] mode")
+    simulated = [name for name, used in (("[network]", config.network is not None),
+                                         ("[partial_work]", config.partial_work.enabled))
+                 if used]
+    if simulated:
+        print(f"fedlink serve: {' and '.join(simulated)} shape a simulation's clients and are "
+              f"not applied here (served clients bring their own links and training)",
+              file=sys.stderr, flush=True)

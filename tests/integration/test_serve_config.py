@@ -1,5 +1,6 @@
-"""``fedlink serve`` ends a run at ``[run] target_accuracy``, as a simulation does (it served
-every ``[coordinator] rounds`` whatever the accuracy)."""
+"""What ``fedlink serve`` makes of an experiment file: it ends a run at ``[run]
+target_accuracy``, as a simulation does (it served every ``[coordinator] rounds`` whatever the
+accuracy); it refuses a virtual-mode file and says which simulation sections it ignores."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from pathlib import Path
 import pytest
 from conftest import run_async, wait_until
 
-from fedlink.cli.serve import _serve
+from fedlink.cli.serve import _check_servable, _serve
 from fedlink.client import ClientOptions, ClientSession, RetryPolicy
 from fedlink.coordinator.faults import NO_FAULTS
+from fedlink.errors import ConfigError
 from fedlink.experiment.config import ExperimentConfig
 from fedlink.experiment.setup import Experiment
 
@@ -70,3 +72,16 @@ def test_serve_ends_the_run_at_its_target_accuracy(tmp_path: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert "target accuracy" in summary["finish_reason"], summary["finish_reason"]
     assert summary["rounds"] < 50 and summary["final_accuracy"] >= 0.05
+
+
+def test_serve_refuses_a_virtual_run_and_says_what_simulation_sections_it_ignores(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ConfigError, match=r"^run\.mode: 'virtual' .* fedlink simulate"):
+        _check_servable(ExperimentConfig.from_dict({"run": {"mode": "virtual"}}))
+    _check_servable(ExperimentConfig.from_dict({
+        "network": {"preset": "3g"}, "partial_work": {"fraction": 0.5},
+        "coordinator": {"training": {"local_epochs": 2}}}))
+    said = capsys.readouterr().err
+    assert "[network] and [partial_work] shape a simulation's clients and are not applied" in said
+    _check_servable(ExperimentConfig.from_dict({}))
+    assert capsys.readouterr().err == ""
