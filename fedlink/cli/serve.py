@@ -53,6 +53,7 @@ async def _serve(config_path: Path, address: str, output_dir: Path | None,
     from fedlink.experiment.setup import Experiment, prepare_run_dir
 
     config = ExperimentConfig.from_toml(config_path)
+    _check_servable(config)  # before the command line's overrides, which a virtual file refuses
     if state_dir is not None:
         config = replace(config, coordinator=replace(config.coordinator,
                                                      state_dir=str(state_dir)))
@@ -61,7 +62,6 @@ async def _serve(config_path: Path, address: str, output_dir: Path | None,
         config = replace(config, coordinator=replace(config.coordinator, metrics=replace(
             metrics, enabled=True, port=metrics.port if metrics_port is None else metrics_port,
             host=metrics_host or metrics.host)))
-    _check_servable(config)
     resuming = holds_state(config.coordinator.state_dir)
     experiment = Experiment.build(config)
     run_dir = prepare_run_dir(config, output_dir, keep_events=resuming)
@@ -88,7 +88,8 @@ async def _serve(config_path: Path, address: str, output_dir: Path | None,
         experiment.save_model(run_dir, final)
         return summary
 
-    with EventLog(run_dir / EVENTS_FILENAME) as events, contextlib.ExitStack() as stack:
+    with EventLog(run_dir / EVENTS_FILENAME, resume=resuming) as events, \
+            contextlib.ExitStack() as stack:
         target = config.run.target_accuracy
         server = CoordinatorServer(config.coordinator, experiment.initial_vector(), events,
                                    evaluator=experiment.evaluator(), address=address,

@@ -28,6 +28,8 @@ MODEL, DELTA, EVALUATION = "model", "delta", "evaluation"
 _SETTLING = frozenset({"download_used", "update_accepted", "update_refused",
                        "evaluation_reported"})
 """The event kinds after which a task's downloads are settled."""
+RESTORED_KINDS = frozenset({"download_finished", "client_left", *_SETTLING})
+"""The earlier events ``DownloadLedger.restore`` reads."""
 
 
 @dataclass
@@ -67,6 +69,7 @@ class DownloadLedger:
         the client; ``to_end``: the payload's last byte was among them."""
         task = self._tasks.setdefault((client_id, task_id), _TaskDownloads(evaluation))
         entry = task.payloads.setdefault(payload, _Payload(size, 0, bytes_saved, base_version))
+        entry.size = max(entry.size, size)  # a restored payload's size may be unknown (0)
         entry.sent += num_bytes
         if to_end:
             task.completed = payload
@@ -89,27 +92,31 @@ class DownloadLedger:
         return fields
 
     def restore(self, earlier: Iterable[Mapping[str, Any]]) -> None:
-        """Take back what earlier processes sent for tasks they did not settle, from their
-        events (a restart): each ``download_finished`` of a task with no ``download_used``,
-        ``update_accepted``, ``update_refused`` or ``evaluation_reported`` after it. A
-        payload's size is where a stream that reached its end ended (an inline payload's
-        bytes)."""
-        events = list(earlier)
-        settled = {(e.get("client_id"), e.get("task_id")) for e in events
-                   if e.get("kind") in _SETTLING}
-        for e in events:
-            key = (e.get("client_id"), e.get("task_id"))
-            if e.get("kind") != "download_finished" or key in settled or None in key:
-                continue
-            payload = DELTA if e.get("delta") else MODEL
-            sent = int(e.get("bytes") or 0)
-            end = int(e.get("offset") or 0) + sent if e.get("completed") else 0
-            self.sent(str(key[0]), str(key[1]), payload, end, sent,
-                      evaluation=bool(e.get("evaluation")), to_end=bool(e.get("completed")),
-                      bytes_saved=int(e.get("bytes_saved") or 0),
-                      base_version=e.get("base_version"))
-            entry = self._tasks[(str(key[0]), str(key[1]))].payloads[payload]
-            entry.size = max(entry.size, end)
+        """Take back, from earlier processes' events in order (a restart), what they sent
+        for the tasks they had not settled: a ``download_finished`` counts until a
+        ``download_used``, ``update_accepted``, ``update_refused`` or ``evaluation_reported``
+        of its task, or a ``client_left`` of its client, settles it. A payload's size is
+        where a stream that reached its end ended (an inline payload's bytes); a cut one's
+        is learnt when it is sent again."""
+        for event in earlier:
+            kind, client_id, task_id = event.get("kind"), event.get("client_id"), \
+                event.get("task_id")
+            if kind == "client_left" and client_id is not None:
+                self.forget_client(str(client_id))
+            elif kind in _SETTLING and client_id is not None:
+                self._tasks.pop((str(client_id), str(task_id)), None)
+            elif kind == "download_finished" and client_id is not None and task_id is not None:
+                self._take_back(str(client_id), str(task_id), event)
+
+    def _take_back(self, client_id: str, task_id: str, event: Mapping[str, Any]) -> None:
+        """One earlier ``download_finished``, as ``sent`` would have counted it."""
+        sent = int(event.get("bytes") or 0)
+        completed = bool(event.get("completed"))
+        self.sent(client_id, task_id, DELTA if event.get("delta") else MODEL,
+                  int(event.get("offset") or 0) + sent if completed else 0, sent,
+                  evaluation=bool(event.get("evaluation")), to_end=completed,
+                  bytes_saved=int(event.get("bytes_saved") or 0),
+                  base_version=event.get("base_version"))
 
     def forget_client(self, client_id: str) -> None:
         """Drop what was sent to a client that left (none of it was used)."""

@@ -37,7 +37,7 @@ from fedlink.coordinator.changes import ChangeSignal
 from fedlink.coordinator.client_metrics import reported_counters
 from fedlink.coordinator.commits import Commits
 from fedlink.coordinator.config import CoordinatorConfig, LimitsConfig
-from fedlink.coordinator.downloads import DownloadLedger
+from fedlink.coordinator.downloads import RESTORED_KINDS, DownloadLedger
 from fedlink.coordinator.engine import RoundEngine
 from fedlink.coordinator.evaluations import EvaluationDesk, with_capabilities
 from fedlink.coordinator.faults import NO_FAULTS, FaultPlan
@@ -164,7 +164,7 @@ class CoordinatorService:
         # the final version's evaluation tasks lived in the process that ended the run
         self.evaluations.final_evaluations = not self.engine.finished
         self.uploads.restore(saved.settled)
-        self.downloads.restore(self.events.earlier())
+        self.downloads.restore(self.events.earlier(RESTORED_KINDS))
         if self.secure is not None:
             self.secure.restore(saved.next_secure_group, saved.secure_accounting,
                                 saved.open_secure_groups)

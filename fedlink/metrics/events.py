@@ -41,7 +41,7 @@ import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Set
 from pathlib import Path, PurePath
 from types import TracebackType
 from typing import IO, Any, Final, Self, TypeVar, overload
@@ -126,59 +126,66 @@ def _scalar(value: int | float | np.generic) -> int | float | bool | str | None:
     raise TypeError(f"cannot write a {type(value).__name__} to the event log")
 
 
-def _drop_torn_tail(path: Path) -> None:
-    """Cut a last line without its newline from ``path``: the torn write of a process killed
-    mid-line. Appending after it would glue the next event onto it and leave a malformed
-    line inside the log; the event it held was durable before it was written, so a restarted
-    coordinator writes it again (``EventLog.replay``)."""
+TAIL_BYTES: Final = 1 << 20
+"""How far back from a log's end its last line is looked for (an event's line is far
+shorter)."""
+
+
+def _end_cleanly(path: Path) -> None:
+    """Make ``path`` end at a line's end before it is appended to. A last line that does not
+    parse is the torn write of a process killed mid-line: it is cut (appending after it would
+    glue the next event onto it, leaving a malformed line inside the log; an event the
+    coordinator had made durable is written again by its restart, ``EventLog.replay``). A
+    whole last event without its newline gets one."""
     with path.open("rb+") as f:
         end = f.seek(0, 2)
-        if not end:
-            return
-        f.seek(end - 1)
-        if f.read(1) == b"\n":
-            return
-        start = max(0, end - (1 << 20))  # an event's line is far shorter than this
+        start = max(0, end - TAIL_BYTES)
         f.seek(start)
-        cut = f.read().rfind(b"\n")
-        if cut >= 0 or start == 0:
+        tail = f.read()
+        if not tail or tail.endswith(b"\n"):
+            return
+        cut = tail.rfind(b"\n")
+        if _parsed(tail[cut + 1:]) is not None:
+            f.write(b"\n")
+        elif cut >= 0 or start == 0:
             f.truncate(start + cut + 1)
 
 
 def _earlier_elapsed(path: Path, now: float) -> float:
-    """The ``elapsed`` a log appended to ``path`` starts from: what an earlier process's
-    events there measured, plus the wall time since (a coordinator restarted from its
+    """The ``elapsed`` a resumed log continues from: what the earlier processes' events in
+    ``path`` measured, plus the wall time since (a coordinator restarted from its
     ``state_dir`` continues its run's log, downtime included, so that the run's times span
     every process). 0 for a file without a readable event."""
     with path.open("rb") as f:
-        head = _record_of(f.readline())
-        f.seek(max(0, f.seek(0, 2) - 65536))
+        head = _parsed(f.readline())
+        f.seek(max(0, f.seek(0, 2) - TAIL_BYTES))
         tail = f.read().splitlines()
-    last = next((r for r in map(_record_of, reversed(tail)) if r is not None), None)
-    if head is None or last is None:
+    last = next((r for r in map(_parsed, reversed(tail)) if r is not None), None)
+    try:
+        origin = float(head["t"]) - float(head["elapsed"])  # type: ignore[index]
+        # never behind the last event written, even when the wall clock was set back
+        return max(now - origin, float(last["elapsed"]))  # type: ignore[index]
+    except (KeyError, TypeError, ValueError):
         return 0.0
-    origin = head["t"] - head["elapsed"]  # the run's start, in wall time
-    # never behind the last event written, even when the wall clock was set back
-    return max(now - origin, last["elapsed"])
 
 
-def _record_of(line: bytes) -> dict[str, float] | None:
-    """``t`` and ``elapsed`` of one written event (``None``: a torn or foreign line)."""
+def _parsed(line: bytes) -> dict[str, Any] | None:
+    """One written event's record (``None``: a torn or foreign line)."""
     try:
         record = json.loads(line)
-        return {"t": float(record["t"]), "elapsed": float(record["elapsed"])}
-    except (ValueError, KeyError, TypeError):
+    except ValueError:
         return None
+    return record if isinstance(record, dict) else None
 
 
 class EventLog:
     """An append-only, thread-safe event log streamed to a JSON-lines file.
 
-    With a path, the file is opened for appending (parent folders are created); a file that
-    already holds events (a coordinator restarted from its ``state_dir``) is continued: this
-    log's ``elapsed`` goes on from the run's first event, counting the time between the
-    processes, so that a resumed run's times (``wall_seconds``, a round's seconds, a time to
-    target) span all of it. With
+    With a path, the file is opened for appending (parent folders are created; a torn last
+    line is cut first). ``resume=True`` continues a run's log (a coordinator restarted from
+    its ``state_dir``): this log's ``elapsed`` goes on from the run's first event, counting
+    the time between the processes, so that a resumed run's times (``wall_seconds``, a time
+    to target) span all of it. With
     ``path=None`` the log streams to an anonymous temporary file that goes with the log.
     Every event is written as one line (to a named file: flushed before :meth:`emit`
     returns); in memory the log keeps only a count per kind. ``clock`` (monotonic, for
@@ -192,6 +199,7 @@ class EventLog:
         *,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        resume: bool = False,
     ) -> None:
         self._path = path
         self._clock = clock
@@ -205,7 +213,7 @@ class EventLog:
         self._file: IO[str] | None
         if path is not None:
             private_dir(path.parent)
-            _drop_torn_tail(touch_private(path))
+            _end_cleanly(touch_private(path))
             self._file = path.open("a", encoding="utf-8", buffering=1)
             self._anonymous: IO[str] | None = None
         else:
@@ -215,7 +223,7 @@ class EventLog:
                 "w+", encoding="utf-8", buffering=1 << 16)
             weakref.finalize(self, self._anonymous.close)
         self._offset = self._file.tell()  # this log's events start here (appending)
-        if self._offset and path is not None:
+        if resume and self._offset and path is not None:
             self._start -= _earlier_elapsed(path, wall_clock())
 
     @property
@@ -242,24 +250,28 @@ class EventLog:
     def __len__(self) -> int:
         return self.count()
 
-    def earlier(self) -> list[Record]:
-        """The events earlier processes wrote to this log's file before it was opened (a
-        coordinator restarted from its ``state_dir``), as written, each once (an event
-        written again after a restart has the ``event_id`` it had); empty for a new log."""
+    def earlier(self, kinds: Set[str]) -> Iterator[Record]:
+        """The events of ``kinds`` that earlier processes wrote to this log's file before it
+        was opened (a coordinator restarted from its ``state_dir``), as written, streamed,
+        each once (an event written again after a restart has the ``event_id`` it had); a
+        line that does not parse is passed over. Nothing for a new log."""
         if self._path is None or not self._offset:
-            return []
-        with self._path.open("rb") as f:
-            records = [json.loads(line) for line in f.read(self._offset).splitlines()
-                       if line.strip()]
+            return
         seen: set[Any] = set()
-        unique = []
-        for record in records:
-            if "event_id" in record:
-                if record["event_id"] in seen:
+        position = 0
+        with self._path.open("rb") as f:
+            for line in f:
+                position += len(line)
+                if position > self._offset:  # this process's own events from here
+                    return
+                record = _parsed(line)
+                if record is None or record.get("kind") not in kinds:
                     continue
-                seen.add(record["event_id"])
-            unique.append(record)
-        return unique
+                if "event_id" in record:
+                    if record["event_id"] in seen:
+                        continue
+                    seen.add(record["event_id"])
+                yield record
 
     def elapsed(self) -> float:
         """Seconds since the log was created, by the log's monotonic clock."""

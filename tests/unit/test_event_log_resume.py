@@ -23,8 +23,9 @@ class Clocks:
         self.mono += seconds
 
 
-def _log(path: Path, clocks: Clocks) -> EventLog:
-    return EventLog(path, clock=lambda: clocks.mono, wall_clock=lambda: clocks.wall)
+def _log(path: Path, clocks: Clocks, resume: bool = True) -> EventLog:
+    return EventLog(path, clock=lambda: clocks.mono, wall_clock=lambda: clocks.wall,
+                    resume=resume)
 
 
 def test_a_restarted_process_continues_the_runs_elapsed_time_downtime_included(
@@ -73,9 +74,28 @@ def test_a_torn_last_line_is_cut_before_appending_and_a_new_log_starts_at_zero(
         f.write('{"t": 1004.5, "elapsed": 4.5, "ki')  # killed mid-line
     with _log(path, Clocks(wall=1_010.0, monotonic=0.0)) as log:
         assert log.elapsed() == pytest.approx(10.0)
-        assert [e["kind"] for e in log.earlier()] == ["run_started", "flush"]
+        assert [e["kind"] for e in log.earlier({"run_started", "flush"})] == [
+            "run_started", "flush"]
         log.emit("run_started")
     # the torn fragment was cut, not glued to the next event: the whole log reads
     assert [e.kind for e in read_events(path)] == ["run_started", "flush", "run_started"]
     with _log(tmp_path / "fresh.jsonl", Clocks(wall=1_010.0, monotonic=3.0)) as log:
         assert log.elapsed() == 0.0
+
+
+def test_a_log_appended_to_without_resume_keeps_its_own_clock_and_ends_lines_cleanly(
+        tmp_path: Path) -> None:
+    """Appending is not resuming (a benchmark may append runs on a model clock to one
+    file): only ``resume=True`` continues the earlier ``elapsed``. A whole last event that
+    lacks its newline is kept, and the next one starts on a line of its own."""
+    path = tmp_path / "events.jsonl"
+    first = Clocks(wall=1_000.0, monotonic=0.0)
+    with _log(path, first, resume=False) as log:
+        first.advance(5_000.0)
+        log.emit("run_started")
+    path.write_bytes(path.read_bytes().rstrip(b"\n"))  # a writer that left no newline
+    with _log(path, Clocks(wall=9_000.0, monotonic=0.0), resume=False) as log:
+        assert log.elapsed() == 0.0
+        log.emit("run_finished", reason="done")
+    assert [(e.kind, e["elapsed"]) for e in read_events(path)] == [
+        ("run_started", 5_000.0), ("run_finished", 0.0)]
