@@ -85,6 +85,22 @@ def from_table(cls: type[C], table: Mapping[str, Any], section: str) -> C:
         raise ConfigError(f"[{section}]: {exc}") from exc
 
 
+def field_default(cls: type, key: str) -> Any:
+    """The default of the dataclass ``cls``'s field ``key`` (made by its factory if it has
+    one): what a config section holds when the key was not set."""
+    field = {f.name: f for f in dataclasses.fields(cls)}[key]  # type: ignore[arg-type]
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return field.default
+
+
+def changed_fields(section: object) -> list[str]:
+    """The fields of the config section ``section`` (a dataclass) that differ from their
+    defaults: the keys a refusal of settings that cannot take effect looks at."""
+    return [f.name for f in dataclasses.fields(section)  # type: ignore[arg-type]
+            if getattr(section, f.name) != field_default(type(section), f.name)]
+
+
 def check_fields(config: object, section: str) -> None:
     """``ConfigError`` naming ``section.field`` when a dataclass field's value does not fit its
     type hint (for configs built from Python rather than through ``from_table``)."""

@@ -70,7 +70,7 @@ class AdaptiveNormBound(Accumulator):
         if len(self._norms) < self._warmup:
             self._held.append((np.array(delta, dtype=np.float32, copy=True), weight, steps))
             if len(self._norms) + len(self._held) >= self._warmup:
-                self._release()
+                self.fold_held()
             return
         self._fold(delta, weight, steps, self.bound())
 
@@ -83,8 +83,9 @@ class AdaptiveNormBound(Accumulator):
         self.inner.add(delta, weight, steps)
         self._norms.append(norm)
 
-    def _release(self) -> None:
-        """Fold the held warm-up updates, clipped to ``multiple x`` the median of them all."""
+    def fold_held(self) -> None:
+        """Fold the held warm-up updates, clipped to ``multiple x`` the median of them all (a
+        flush before the warm-up ends calls it before it reads the clip count)."""
         if not self._held:
             return
         norms = [*self._norms, *(l2_norm(d) for d, _, _ in self._held)]
@@ -96,14 +97,9 @@ class AdaptiveNormBound(Accumulator):
         for delta, weight, steps in held:
             self._fold(delta, weight, steps, bound)
 
-    def fold_held(self) -> None:
-        """Fold the updates held for the warm-up now, clipped as they will be (a flush
-        before the warm-up ends counts their clips before it asks for the mean)."""
-        self._release()
-
     def mean(self) -> np.ndarray:
         """The inner aggregate of the clipped deltas (held ones folded first)."""
-        self._release()
+        self.fold_held()
         return self.inner.mean()
 
     def reset(self) -> None:

@@ -14,7 +14,7 @@ import fedlink.privacy.secure_ddp  # noqa: F401
 from fedlink.aggregate import ACCUMULATORS, FLUSH_HOOKS, SERVER_OPTIMIZERS, STALENESS_WEIGHTS
 from fedlink.aggregate.flushguard import RobustConfig
 from fedlink.compress import broadcast_codec
-from fedlink.config import check_fields, from_table, require
+from fedlink.config import changed_fields, check_fields, field_default, from_table, require
 from fedlink.coordinator.operations import MetricsConfig, NetcheckConfig
 from fedlink.errors import ConfigError
 from fedlink.registry import Registry
@@ -181,8 +181,8 @@ class TrainingConfig:
         require(self.local_steps >= 0, "coordinator.training.local_steps", "must be >= 0")
         require(self.local_steps > 0 or self.local_epochs >= 1, "coordinator.training.local_epochs",
                 "must be >= 1 when local_steps is 0")
-        default_epochs = TrainingConfig.__dataclass_fields__["local_epochs"].default
-        require(self.local_steps == 0 or self.local_epochs == default_epochs,
+        require(self.local_steps == 0
+                or self.local_epochs == field_default(TrainingConfig, "local_epochs"),
                 "coordinator.training.local_epochs",
                 f"is read only when local_steps is 0: a task of local_steps = "
                 f"{self.local_steps} counts steps, not epochs; remove local_epochs, or set "
@@ -692,9 +692,9 @@ class SecureConfig:
 
     def _refuse_unused_ddp(self) -> None:
         """Distributed-DP settings without its noise would be recorded and never applied."""
-        defaults = SecureConfig.__dataclass_fields__
+        changed = changed_fields(self)
         for key in ("clip_norm", "granularity_bits", "delta", "max_epsilon"):
-            require(getattr(self, key) == defaults[key].default, f"coordinator.secure.{key}",
+            require(key not in changed, f"coordinator.secure.{key}",
                     "applies to distributed DP only: set coordinator.secure.noise_multiplier "
                     "above 0, or remove it")
 
@@ -887,20 +887,19 @@ class CoordinatorConfig:
         needs = ("norm_bound_adaptive = true and norm_bound = 0 (a fixed bound replaces it)"
                  + (", and no flush hook that needs the plain mean (the guard then clips "
                     "nothing adaptively)" if robust.enabled and plain else ""))
-        default_multiple = CoordinatorConfig.__dataclass_fields__["norm_bound_multiple"].default
-        require(adaptive or self.norm_bound_multiple == default_multiple,
+        require(adaptive or "norm_bound_multiple" not in changed_fields(self),
                 "coordinator.norm_bound_multiple",
                 f"scales the adaptive norm bound: it needs {needs}, or remove it")
         if not robust.enabled:
             return
-        defaults = {f.name: f.default for f in dataclasses.fields(RobustConfig)}
+        changed = changed_fields(robust)
         for key in ("warmup", "window"):
-            require(adaptive or getattr(robust, key) == defaults[key], f"coordinator.robust.{key}",
+            require(adaptive or key not in changed, f"coordinator.robust.{key}",
                     f"sizes the adaptive norm bound's statistic: it needs {needs}, or remove it")
         why = ("a flush hook in coordinator.hooks (differential privacy) keeps every update; "
-               "remove it" if plain else "coordinator.robust.drop_opposed = false; set "
-               "drop_opposed = true, or remove it")
-        require(drop or robust.drop_min_updates == defaults["drop_min_updates"],
+               "remove drop_min_updates" if plain else "coordinator.robust.drop_opposed = "
+               "false; set drop_opposed = true, or remove drop_min_updates")
+        require(drop or "drop_min_updates" not in changed,
                 "coordinator.robust.drop_min_updates",
                 f"is the smallest flush that opposed updates are dropped from, and none is "
                 f"dropped here: {why}")
@@ -921,9 +920,8 @@ class CoordinatorConfig:
     def _refuse_unread_staleness_weight(self) -> None:
         """With ``max_staleness = 0`` only fresh updates are accepted: a staleness weight
         would only ever weigh staleness 0, which is no discount at all."""
-        default = CoordinatorConfig.__dataclass_fields__["staleness_weight"].default
         # (the default "constant" takes no options: staleness_weight_options alone fails to build)
-        require(self.flush.max_staleness > 0 or self.staleness_weight == default,
+        require(self.flush.max_staleness > 0 or "staleness_weight" not in changed_fields(self),
                 "coordinator.staleness_weight",
                 f"{self.staleness_weight!r} discounts updates by how many versions stale they "
                 f"are, and with coordinator.flush.max_staleness = 0 every accepted update is "
@@ -943,10 +941,10 @@ class CoordinatorConfig:
             require(not self.secure.ddp, "coordinator.secure.noise_multiplier",
                     "distributed DP is added inside secure groups: set "
                     "coordinator.secure.enabled = true, or use the dp_fedavg hook")
-            defaults = SecureConfig.__dataclass_fields__
+            changed = changed_fields(self.secure)
             for key in ("modulus_bits", "quantization_bits", "clip", "neighbours", "threshold",
                         "phase_s"):  # recorded, and applied to nothing
-                require(getattr(self.secure, key) == defaults[key].default,
+                require(key not in changed,
                         f"coordinator.secure.{key}", "applies to secure groups only: set "
                         "coordinator.secure.enabled = true, or remove it")
             return

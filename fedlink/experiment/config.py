@@ -43,7 +43,14 @@ from fedlink.client.density import DensityPolicy
 from fedlink.client.device import DEFAULT_DEVICE, check_device
 from fedlink.client.liveness import LivenessConfig
 from fedlink.compress import Sparsifier
-from fedlink.config import check_fields, from_table, load_toml, require
+from fedlink.config import (
+    changed_fields,
+    check_fields,
+    field_default,
+    from_table,
+    load_toml,
+    require,
+)
 from fedlink.coordinator import CoordinatorConfig, FlushRule
 from fedlink.data.federated import check_options, check_partition_options
 from fedlink.errors import ConfigError
@@ -110,11 +117,13 @@ class RunSection:
     mode: str = "grpc"
     """``"grpc"``: real sessions over loopback; ``"virtual"``: the discrete-event loop of
     ``fedlink.sim.virtual`` (``[virtual]`` section), for populations up to 10^6. A gRPC run
-    refuses ``[virtual]``, ``[ray]`` and ``backend``; a virtual run refuses what it does not
+    refuses keys set in ``[virtual]`` and ``[ray]``, and ``backend``; a virtual run refuses
+    what it does not
     model: ``[coordinator.tls]``, ``[coordinator.auth]``, ``join_token``, ``state_dir``,
     ``drain_s``, ``[coordinator.metrics]``, ``[coordinator.netcheck]``, ``[coordinator.limits]``
     beyond the inline, liveness, task-pace and examples limits, ``train_workers``,
-    ``[client.retry]``, ``[client.liveness]``, ``[client] density_bounds``."""
+    ``[client.retry]``, ``[client.liveness]``, ``[client] density_safety`` (its clients
+    measure no goodput: ``density_bounds`` only clamp the codec's density there)."""
     backend: str = "processes"
     """Where virtual mode trains with ``[virtual] workers > 0``: ``"processes"`` (spawned
     worker processes), ``"ray"`` (Ray actors; the ``ray`` extra, ``[ray]`` section),
@@ -196,8 +205,9 @@ class ClientSection:
     refused with a lossless codec, which leaves no error to feed back);
     ``density_bounds = [min, max]`` turns on bandwidth-aware density (``fedlink.client.density``)
     with the ``density_safety`` margin (in (0, 1]; refused without ``density_bounds``), for a
-    sparsifying codec (``topk``, ``randk``; refused with another). Virtual mode refuses
-    ``density_bounds``: its clients are given no goodput or time left to size a density by.
+    sparsifying codec (``topk``, ``randk``; refused with another). In virtual mode the clients
+    measure no goodput or time left, so the bounds only clamp the codec's density, and
+    ``density_safety`` is refused there.
 
     ``retry`` (``[client.retry]``, ``fedlink.client.RetryPolicy``) and ``liveness``
     (``[client.liveness]``, ``fedlink.client.liveness.LivenessConfig``): how clients retry and
@@ -302,7 +312,7 @@ class ClientSection:
                 f"chooses the density of a sparsifying codec (topk, randk), which "
                 f"{self.compression!r} is not. Unset it, or pick one")
         require(self.density_bounds is not None
-                or self.density_safety == _default(ClientSection, "density_safety"),
+                or self.density_safety == field_default(ClientSection, "density_safety"),
                 "client.density_safety",
                 "is the safety margin of bandwidth-aware density, which only "
                 "[client] density_bounds turns on: without it the codec's own density is "
@@ -316,7 +326,7 @@ class ClientSection:
         if self.trainer != "dp_sgd":
             return
         for key in ("loss", "optimizer", "optimizer_options", "keep_local"):
-            if getattr(self, key) != _default(ClientSection, key):
+            if getattr(self, key) != field_default(ClientSection, key):
                 raise ConfigError(
                     f"client.{key}: [client] trainer = 'dp_sgd' trains with cross_entropy and "
                     f"its own DP-SGD optimizer (plain SGD at [coordinator.training] "
@@ -371,9 +381,9 @@ class ExperimentConfig:
         ``[run] backend``: the mirror of ``[partial_work]`` refused in virtual mode."""
         if self.run.mode != "grpc":
             return
-        unread = [f"virtual.{k}" for k in _changed(self.virtual)]
-        unread += [f"ray.{k}" for k in _changed(self.ray)]
-        unread += ["run.backend"] if "backend" in _changed(self.run) else []
+        unread = [f"virtual.{k}" for k in changed_fields(self.virtual)]
+        unread += [f"ray.{k}" for k in changed_fields(self.ray)]
+        unread += ["run.backend"] if "backend" in changed_fields(self.run) else []
         if unread:
             raise ConfigError(f"{', '.join(unread)}: read only with [run] mode = 'virtual'; "
                               f"a gRPC run (the default mode) runs the [data] clients over "
@@ -389,10 +399,11 @@ class ExperimentConfig:
         ``[network]`` and federated evaluation's ``fraction``/``every``."""
         if self.run.mode != "virtual" or self.virtual.population == 0:
             return
-        unread = [f"client.{k}" for k in _changed(self.client) if k in POPULATION_UNREAD_CLIENT]
-        unread += [f"model.{k}" for k in _changed(self.model)]
-        unread += [f"data.{k}" for k in _changed(self.data)]
-        unread += [f"run.{k}" for k in _changed(self.run) if k in POPULATION_UNREAD_RUN]
+        unread = [f"client.{k}" for k in changed_fields(self.client)
+                  if k in POPULATION_UNREAD_CLIENT]
+        unread += [f"model.{k}" for k in changed_fields(self.model)]
+        unread += [f"data.{k}" for k in changed_fields(self.data)]
+        unread += [f"run.{k}" for k in changed_fields(self.run) if k in POPULATION_UNREAD_RUN]
         if self.coordinator.training.trainer_options:
             unread.append("coordinator.training.trainer_options")
         if self.coordinator.evaluation.holdout:
@@ -400,12 +411,12 @@ class ExperimentConfig:
         if self.evaluator:
             unread.append("coordinator.evaluator")
         if unread:
+            them = _them(unread)
             raise ConfigError(f"{', '.join(unread)}: [virtual] population > 0 trains synthetic "
                               f"clients (a numpy softmax regression on generated data, scored "
-                              f"on its own held-out set) and never reads "
-                              f"{'it' if len(unread) == 1 else 'them'}. Remove "
-                              f"{'it' if len(unread) == 1 else 'them'}, or set [virtual] "
-                              f"population = 0 to train the experiment's [data] and [model]")
+                              f"on its own held-out set) and never reads {them}. Remove "
+                              f"{them}, or set [virtual] population = 0 to train the "
+                              f"experiment's [data] and [model]")
 
     def _refuse_what_virtual_mode_does_not_model(self) -> None:
         """The virtual loop (``fedlink.sim.virtual``) runs the coordinator's engine on a model
@@ -415,22 +426,21 @@ class ExperimentConfig:
             return
         coordinator, unread = self.coordinator, []
         for key in ("tls", "auth", "metrics", "netcheck", "join_token", "state_dir", "drain_s"):
-            if getattr(coordinator, key) != _default(CoordinatorConfig, key):
+            if getattr(coordinator, key) != field_default(CoordinatorConfig, key):
                 unread.append(f"coordinator.{key}")
-        unread += [f"coordinator.limits.{k}" for k in _changed(coordinator.limits)
+        unread += [f"coordinator.limits.{k}" for k in changed_fields(coordinator.limits)
                    if k not in VIRTUAL_LIMITS]
-        unread += ["run.train_workers"] if "train_workers" in _changed(self.run) else []
-        unread += [f"client.{k}" for k in ("retry", "liveness", "density_bounds")
-                   if k in _changed(self.client)]
+        unread += ["run.train_workers"] if "train_workers" in changed_fields(self.run) else []
+        unread += [f"client.{k}" for k in ("retry", "liveness", "density_safety")
+                   if k in changed_fields(self.client)]
         if unread:
-            one = len(unread) == 1
-            why = ("its clients are given no goodput or time left to size a density by"
-                   if unread == ["client.density_bounds"] else
+            why = ("its clients measure no goodput to size a density by: density_bounds only "
+                   "clamp the codec's density there"
+                   if unread == ["client.density_safety"] else
                    "it runs no server, sockets or client sessions")
             raise ConfigError(f"{', '.join(unread)}: [run] mode = 'virtual' does not model "
-                              f"{'it' if one else 'them'} ({why}), so {'it' if one else 'they'}"
-                              f" could not take effect. Remove {'it' if one else 'them'}, or "
-                              f"use [run] mode = 'grpc'")
+                              f"{_them(unread)} ({why}), so none could take effect. Remove "
+                              f"{_them(unread)}, or use [run] mode = 'grpc'")
 
     def _refuse_a_backend_that_never_trains(self) -> None:
         """``[run] backend`` trains with ``[virtual] workers > 0`` only (0: inline), and the
@@ -454,10 +464,7 @@ class ExperimentConfig:
         """``evaluate_train`` is the built-in evaluator's pass over the pooled training data;
         ``[coordinator] evaluator`` replaces that evaluator (``fedlink.experiment.setup``)."""
         if self.run.evaluate_train and self.evaluator:
-            raise ConfigError("run.evaluate_train: the built-in evaluator scores the training "
-                              "data, and [coordinator] evaluator replaces it, so "
-                              "evaluate_train could not take effect. Unset it, or score the "
-                              "training data in your evaluator")
+            raise evaluate_train_refused("[coordinator] evaluator")
 
     def _refuse_partial_work_of_a_single_step(self) -> None:
         """A straggler does ``w`` of the task's ``E`` epochs (or steps), ``w`` in ``1..E``:
@@ -539,7 +546,6 @@ class ExperimentConfig:
         values["coordinator"] = _robust_for_uplink(CoordinatorConfig.from_dict(coordinator),
                                                    values["client"])
         _check_secure_uplink(values["coordinator"], values["client"])
-        _refuse_unread_trainer_options(values["coordinator"], values["client"])
         client = values["client"]
         values["client"] = dataclasses.replace(client, privacy_options=privacy_setup.stage_options(
             client.privacy, client.privacy_options, values["coordinator"].hooks, goal,
@@ -569,27 +575,29 @@ class ExperimentConfig:
         return plain
 
 
-def _default(cls: Any, key: str) -> Any:
-    """The default of dataclass ``cls``'s field ``key`` (made by its factory if it has one)."""
-    field_ = cls.__dataclass_fields__[key]
-    if field_.default_factory is not dataclasses.MISSING:
-        return field_.default_factory()
-    return field_.default
+def _them(keys: list[str]) -> str:
+    """The pronoun for ``keys`` in an error message."""
+    return "it" if len(keys) == 1 else "them"
 
 
-def _changed(section: Any) -> list[str]:
-    """The keys of a config section (a dataclass) that differ from their defaults."""
-    return [f.name for f in dataclasses.fields(section)
-            if getattr(section, f.name) != _default(type(section), f.name)]
+def evaluate_train_refused(evaluator: str) -> ConfigError:
+    """Why ``[run] evaluate_train`` is refused beside ``evaluator``, an evaluator of the
+    user's own (configured or plugged), which replaces the built-in one that scores the
+    training data."""
+    return ConfigError(f"run.evaluate_train: the built-in evaluator scores the training data, "
+                       f"and {evaluator} replaces it, so evaluate_train could not take "
+                       f"effect. Unset it, or score the training data in your evaluator")
 
 
-def _refuse_unread_trainer_options(coordinator: CoordinatorConfig,
-                                   client: ClientSection) -> None:
-    """A trainer option the run's trainer does not read would change nothing: a misspelt
-    ``prox_mu`` would train without FedProx, DP-SGD's options under the ``torch`` trainer
-    without DP. Refused, for the trainers that say what they read."""
+def refuse_unread_trainer_options(config: ExperimentConfig) -> None:
+    """A trainer option the simulated clients' trainer (``[client] trainer``) does not read
+    would change nothing: a misspelt ``prox_mu`` would train without FedProx, DP-SGD's
+    options under the ``torch`` trainer without DP. Refused, for the trainers that say what
+    they read. A simulation checks it when its clients train with the configured trainer
+    (not a plugged one); a served coordinator's clients bring their own trainers."""
+    client, training = config.client, config.coordinator.training
     read = options_read(client.trainer)
-    unread = sorted(set(coordinator.training.trainer_options) - (read or set()))
+    unread = sorted(set(training.trainer_options) - (read or set()))
     if read is not None and unread:
         raise ConfigError(f"coordinator.training.trainer_options: [client] trainer = "
                           f"{client.trainer!r} does not read {', '.join(unread)}, which would "

@@ -34,7 +34,7 @@ import numpy as np
 
 from fedlink.client import Trainer, TrainPlan, TrainResult
 from fedlink.client.evaluation import wrapped_evaluate
-from fedlink.config import check_fields, require
+from fedlink.config import changed_fields, check_fields, require
 
 _STREAM = 0x5EED_57A6  # tells this module's seed streams apart from others of the same seed
 
@@ -59,8 +59,7 @@ class PartialWorkSection:
         check_fields(self, "partial_work")
         require(0.0 <= self.fraction <= 1.0, "partial_work.fraction",
                 f"must be a number in [0, 1], got {self.fraction!r}")
-        default_seed = PartialWorkSection.__dataclass_fields__["seed"].default
-        require(self.enabled or self.seed == default_seed, "partial_work.seed",
+        require(self.enabled or "seed" not in changed_fields(self), "partial_work.seed",
                 "seeds the stragglers' draws, and with partial_work.fraction = 0 no task "
                 "straggles: set fraction > 0, or remove seed")
 

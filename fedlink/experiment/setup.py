@@ -44,7 +44,12 @@ from fedlink.data.lazy import LazyDataset
 from fedlink.data.loading import AnyData
 from fedlink.data.torch_data import TorchFederatedData
 from fedlink.errors import ConfigError
-from fedlink.experiment.config import ClientSection, ExperimentConfig
+from fedlink.experiment.config import (
+    ClientSection,
+    ExperimentConfig,
+    evaluate_train_refused,
+    refuse_unread_trainer_options,
+)
 from fedlink.experiment.trainers import TRAINERS, TrainerFactory
 from fedlink.metrics import EVENTS_FILENAME
 from fedlink.metrics.distribution import label_distribution
@@ -118,6 +123,13 @@ class Experiment:
         experiment.trainer_factory()
         experiment.check_model_state(model)
         return experiment
+
+    def check_simulated_trainer_options(self) -> None:
+        """Refuse ``trainer_options`` the simulated clients' trainer does not read
+        (``refuse_unread_trainer_options``); a plugged trainer says nothing of what it reads
+        and is not checked."""
+        if self.plugs.trainer is None:
+            refuse_unread_trainer_options(self.config)
 
     @functools.cached_property
     def device(self) -> Any:
@@ -201,10 +213,7 @@ class Experiment:
         plug = resolve(self.plugs.evaluate or self.config.evaluator or None, "evaluator")
         if plug is not None:
             if self.config.run.evaluate_train:  # a plug's: the config refuses the key's
-                raise ConfigError("run.evaluate_train: the built-in evaluator scores the "
-                                  "training data, and the evaluate plug passed to the run "
-                                  "replaces it, so evaluate_train could not take effect. "
-                                  "Unset it, or score the training data in your evaluator")
+                raise evaluate_train_refused("the evaluate plug passed to the run")
             return UserEvaluator(self.new_model(), self.data.test, plug, device=self.device)
         train = None
         if self.config.run.evaluate_train and isinstance(self.data, FederatedData):

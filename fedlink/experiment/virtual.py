@@ -25,11 +25,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
-from fedlink.config import check_fields, require
+from fedlink.config import changed_fields, check_fields, require
 from fedlink.errors import ConfigError
 
 AVAILABILITY = ("always", "diurnal", "trace")
@@ -41,7 +39,7 @@ DAY_S = 86_400.0
 class VirtualSection:
     """The ``[virtual]`` table (see the module docstring).
 
-    Read only with ``[run] mode = "virtual"``: a gRPC run refuses a ``[virtual]`` table. A key
+    Read only with ``[run] mode = "virtual"``: a gRPC run refuses any key set here. A key
     whose switch is off is refused rather than recorded unread: ``online_fraction`` needs
     ``availability = "diurnal"``, ``trace_file`` needs ``"trace"``, ``period_s`` either of
     them; ``features`` and ``classes`` need ``population > 0``.
@@ -80,23 +78,17 @@ class VirtualSection:
         for key, readers in (("online_fraction", ("diurnal",)),
                              ("period_s", ("diurnal", "trace")),
                              ("trace_file", ("trace",))):
-            if self.availability not in readers and _set(self, key):
+            if self.availability not in readers and key in changed_fields(self):
                 raise ConfigError(
                     f"virtual.{key}: read only with availability = "
                     f"{' or '.join(repr(r) for r in readers)}, so with {self.availability!r} "
                     f"it could not take effect. Unset it, or set that availability")
         for key in ("features", "classes"):
-            if self.population == 0 and _set(self, key):
+            if self.population == 0 and key in changed_fields(self):
                 raise ConfigError(
                     f"virtual.{key}: shapes the synthetic clients of population > 0; with "
                     f"population = 0 the clients are the experiment's [data] and [model], so "
                     f"it could not take effect. Unset it, or set virtual.population")
-
-
-def _set(section: Any, key: str) -> bool:
-    """Whether ``section``'s ``key`` (a field with a plain default) differs from it."""
-    default = next(f.default for f in dataclasses.fields(section) if f.name == key)
-    return bool(getattr(section, key) != default)
 
 
 @dataclass(frozen=True)

@@ -165,6 +165,7 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
     torch.set_num_threads(config.run.torch_threads)
     plugs = Plugs(model=model, data=data, trainer=trainer, evaluate=evaluate, loss=loss)
     experiment = Experiment.build(config, plugs)
+    experiment.check_simulated_trainer_options()
     coordinator = coordinator_config(experiment)
     run_dir = prepare_run_dir(config, output_dir)
     with EventLog(run_dir / EVENTS_FILENAME) as events, contextlib.ExitStack() as stack:

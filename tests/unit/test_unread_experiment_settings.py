@@ -110,8 +110,8 @@ def test_user_level_dp_samples_from_the_synthetic_population() -> None:
     ({"run": {"train_workers": 4}}, "run.train_workers"),
     ({"client": {"retry": {"max_attempts": 1}}}, "client.retry"),
     ({"client": {"liveness": {"keepalive_time_s": 0.5}}}, "client.liveness"),
-    ({"client": {"compression": "topk", "density_bounds": [0.001, 0.1]}},
-     "client.density_bounds"),
+    ({"client": {"compression": "topk", "density_bounds": [0.001, 0.1],
+                 "density_safety": 0.9}}, "client.density_safety"),
 ])
 def test_virtual_mode_refuses_what_it_does_not_model(extra: dict[str, Any], key: str) -> None:
     message = _refused(_with(VIRTUAL, extra), key)
@@ -119,6 +119,17 @@ def test_virtual_mode_refuses_what_it_does_not_model(extra: dict[str, Any], key:
     grpc = _with(extra, {"run": {"mode": "grpc"}})
     if "tls" not in extra.get("coordinator", {}):  # gRPC simulate refuses TLS when it runs
         ExperimentConfig.from_dict(grpc)  # the same setting is read there
+
+
+def test_virtual_mode_keeps_density_bounds_which_clamp_the_codecs_density() -> None:
+    """With no goodput measured the bounds still clamp the codec's density (topk at 0.01
+    with bounds [0.05, 0.1] encodes at 0.05), so virtual mode takes them."""
+    config = ExperimentConfig.from_dict(_with(VIRTUAL, {"client": {
+        "compression": "topk", "compression_options": {"density": 0.01},
+        "density_bounds": [0.05, 0.1]}}))
+    pipeline = config.client.pipeline()
+    assert pipeline.density is not None
+    assert pipeline.density.choose(pipeline.codec, 1000, None, None).density == 0.05
 
 
 def test_virtual_mode_keeps_the_limits_its_loop_reads() -> None:

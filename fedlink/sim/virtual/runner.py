@@ -192,6 +192,7 @@ def _build(config: ExperimentConfig, plugs: Plugs | None = None, evaluates: bool
 
     torch.set_num_threads(config.run.torch_threads)
     experiment = Experiment.build(config, plugs, worker=worker)
+    experiment.check_simulated_trainer_options()
     size = experiment.data.num_clients
     population = ExperimentPopulation(Links(config.network, size), _task_trainers(experiment),
                                       size, experiment.client_examples)
