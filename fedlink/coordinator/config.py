@@ -159,10 +159,11 @@ class TrainingConfig:
 
     ``trainer_options`` reach the client's trainer as strings; ``TorchTrainer`` reads
     ``prox_mu`` (FedProx's proximal coefficient), the DP-SGD trainer its ``dp_*`` options
-    (``fedlink.privacy.dp_sgd``). An experiment refuses an option its ``[client] trainer``
+    (``fedlink.privacy.dp_sgd``). A simulation refuses an option its ``[client] trainer``
     does not read (a registered trainer says which it reads,
-    ``fedlink.experiment.trainers.reads_options``), and the DP-SGD trainer refuses a
-    ``dp_*`` option it does not know: either would otherwise change nothing.
+    ``fedlink.experiment.trainers.reads_options``; a plugged trainer is not checked), and the
+    DP-SGD trainer refuses a ``dp_*`` option it does not know: either would otherwise change
+    nothing.
 
     The defaults (5 local epochs of batches of 10, FedAvg's ``E = 5, B = 10`` of McMahan et
     al., at learning rate 0.2) learn in the rounds a quick run asks for: the digits split

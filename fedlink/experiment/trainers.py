@@ -14,8 +14,9 @@ Register your own by name::
         return lambda model, data, *, seed: ScaffoldTrainer(model, data, seed=seed)
 
 ``reads_options`` names the ``[coordinator.training] trainer_options`` the trainers read: a
-run that sets another is refused (``options_read``) instead of training as if it were
-unset. A builder that does not say, and an import string, are not checked.
+simulation that sets another is refused (``options_read``) instead of training as if it
+were unset. A builder that does not say, an import string and a plugged trainer are not
+checked.
 
 (``[client] trainer = "package.module:attr"`` names a factory directly, no registration.)
 
