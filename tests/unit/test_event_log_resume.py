@@ -49,14 +49,19 @@ def test_a_restarted_process_continues_the_runs_elapsed_time_downtime_included(
     assert summarize(read_events(path), {})["wall_seconds"] == pytest.approx(9.0)
 
 
-def test_a_wall_clock_set_back_never_takes_elapsed_behind_the_last_event(
-        tmp_path: Path) -> None:
-    path = tmp_path / "events.jsonl"
+def _first_process(path: Path, seconds: float) -> None:
+    """A first process's log: ``run_started`` at wall time 1,000, a flush ``seconds`` on."""
     first = Clocks(wall=1_000.0, monotonic=0.0)
     with _log(path, first) as log:
         log.emit("run_started")
-        first.advance(5.0)
+        first.advance(seconds)
         log.emit("flush", model_version=1)
+
+
+def test_a_wall_clock_set_back_never_takes_elapsed_behind_the_last_event(
+        tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    _first_process(path, 5.0)
     with _log(path, Clocks(wall=900.0, monotonic=0.0)) as log:
         log.emit("run_started")
     assert [e["elapsed"] for e in read_events(path)] == pytest.approx([0.0, 5.0, 5.0])
@@ -65,11 +70,7 @@ def test_a_wall_clock_set_back_never_takes_elapsed_behind_the_last_event(
 def test_a_torn_last_line_is_cut_before_appending_and_a_new_log_starts_at_zero(
         tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
-    first = Clocks(wall=1_000.0, monotonic=0.0)
-    with _log(path, first) as log:
-        log.emit("run_started")
-        first.advance(4.0)
-        log.emit("flush", model_version=1)
+    _first_process(path, 4.0)
     with path.open("a", encoding="utf-8") as f:
         f.write('{"t": 1004.5, "elapsed": 4.5, "ki')  # killed mid-line
     with _log(path, Clocks(wall=1_010.0, monotonic=0.0)) as log:
