@@ -87,7 +87,7 @@ from fedlink.messages import (
     SecureUnmaskReply,
     SecureUnmaskRequest,
 )
-from fedlink.metrics.kinds import SecureGroupLost
+from fedlink.metrics.kinds import SecureAnswerLate, SecureGroupLost
 from fedlink.params.base import BUFFER, COUNTER, FROZEN, ParamSpec
 from fedlink.privacy.secure_ddp import SecureDDPHook
 from fedlink.refusals import RefusalCode
@@ -225,6 +225,8 @@ class SecureGroup:
     sharers: frozenset[int] = frozenset()
     delivered: set[int] = field(default_factory=set)
     answers: dict[int, UnmaskShares] = field(default_factory=dict)
+    answered_late: set[int] = field(default_factory=set)
+    """Members whose unmask answer came after the group flushed (each counted once)."""
     request: SecureMaskedReply | None = None
     timer: Cancellable | None = None
 
@@ -274,6 +276,11 @@ class SecureGroup:
             raise UpdateRefused(f"task {task_id!r} is not in secure group {self.number}",
                                 RefusalCode.TASK_CLOSED)
         return member
+
+
+def _answer_bytes(request: SecureUnmaskRequest) -> int:
+    """An unmask answer's size on the wire, as ``UnmaskShares.wire_bytes`` counts it."""
+    return 4 + 40 * (len(request.seed_shares) + len(request.key_shares))
 
 
 def _checked_answer(group: SecureGroup, member: _Member,
@@ -618,7 +625,19 @@ class SecureDesk:
                 # enough shares rebuild every secret: the slowest members' answers would
                 # add nothing (their updates are in the sum whenever they answer)
                 self._close(group, UNMASK)
+        elif group.flushed_version and member.index not in group.answered_late:
+            self._answered_late(group, member, request)
         return group, member
+
+    def _answered_late(self, group: SecureGroup, member: _Member,
+                       request: SecureUnmaskRequest) -> None:
+        """An answer after the group's flush, whose ``update_accepted`` is written: its
+        bytes are recorded apart, so that the run's ``bytes_up`` counts every byte sent."""
+        group.answered_late.add(member.index)
+        if not self.engine.finished:  # once the run is over its log may be closing
+            self.engine.events.emit(SecureAnswerLate.build(
+                client_id=request.client_id, task_id=request.task_id, group=group.number,
+                bytes_up=_answer_bytes(request)))
 
     # -- the group's phases ---------------------------------------------------------------
 

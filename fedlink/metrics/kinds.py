@@ -314,6 +314,19 @@ class SecureGroupLost(Event):
 
 
 @dataclass(frozen=True, eq=False, kw_only=True, repr=False)
+class SecureAnswerLate(Event):
+    """A member's unmask answer reached its secure group after the group had flushed (its
+    sum was rebuilt from the others' shares): ``bytes_up`` it cost, which the member's
+    ``update_accepted`` did not count (counted once per member)."""
+
+    KIND: ClassVar[str] = "secure_answer_late"
+    client_id: str | None = None
+    task_id: str | None = None
+    group: int | None = None
+    bytes_up: int | None = None
+
+
+@dataclass(frozen=True, eq=False, kw_only=True, repr=False)
 class ClientLeft(Event):
     """A client left, with the resilience counters it reported since its last commit."""
 
@@ -445,7 +458,8 @@ class OtherEvent(Event):
 EVENT_TYPES: Mapping[str, type[Event]] = {
     cls.KIND: cls for cls in (
         RunStarted, ClientJoined, TaskIssued, DownloadFinished, DownloadUsed, UpdateAccepted,
-        UpdateRefused, Flush, FlushRefused, UpdateLimited, SecureGroupLost, ClientLeft,
+        UpdateRefused, Flush, FlushRefused, UpdateLimited, SecureGroupLost, SecureAnswerLate,
+        ClientLeft,
         ClientExpired, ClientTimeout, RunFinished,
         CoordinatorRestored, ClientNetwork, EvaluationIssued, EvaluationReported)
 }

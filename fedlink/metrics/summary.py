@@ -19,7 +19,8 @@
 ``bytes_up``             sum of ``bytes_up`` over ``update_accepted`` and ``update_refused``
                          events (a refused update that was received still cost its upload;
                          in a secure run, a member's requests of every phase: keys, shares,
-                         masked update and unmask answers)
+                         masked update and unmask answers, with the answers that came after
+                         their group flushed, ``secure_answer_late``)
 ``bytes_down``           sum of ``bytes`` over ``download_finished`` events: every payload
                          byte the coordinator sent (each stream, cut or whole, and each
                          inline payload; ``fedlink.coordinator.downloads``)
@@ -114,6 +115,7 @@ from fedlink.metrics.events import (
     FLUSH,
     RUN_FINISHED,
     RUN_STARTED,
+    SECURE_ANSWER_LATE,
     TASK_ISSUED,
     UPDATE_ACCEPTED,
     UPDATE_REFUSED,
@@ -234,9 +236,10 @@ def _accuracy_figures(flushes: list[Event]) -> dict[str, Any]:
 
 
 def _traffic_figures(events: list[Event]) -> dict[str, Any]:
-    """Total bytes up (accepted and refused updates) and down (finished downloads), and the
-    uplink compression ratio of accepted updates."""
-    uploads = of_kind(events, UPDATE_ACCEPTED) + of_kind(events, UPDATE_REFUSED)
+    """Total bytes up (accepted and refused updates, and secure unmask answers that came after
+    their group flushed) and down (finished downloads), and the compression ratios."""
+    uploads = (of_kind(events, UPDATE_ACCEPTED) + of_kind(events, UPDATE_REFUSED)
+               + of_kind(events, SECURE_ANSWER_LATE))
     return {
         "bytes_up": _total(uploads, "bytes_up"),
         **bytes_down_figures(events),

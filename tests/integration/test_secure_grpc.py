@@ -14,12 +14,13 @@ import sys
 import threading
 import time
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import TowardTrainer, run_async, target_of
+from conftest import TowardTrainer, run_async, target_of, wait_until
 
 pytest.importorskip("cryptography")
 
@@ -50,7 +51,7 @@ from fedlink.messages import (
     SecureShareRequest,
     Task,
 )
-from fedlink.metrics import EventLog
+from fedlink.metrics import EventLog, summarize
 from fedlink.params.base import BUFFER, COUNTER, FROZEN, TRAINABLE, ParamSpec
 from fedlink.refusals import RefusalCode
 from fedlink.secagg import decode_sum, encode_weighted
@@ -902,6 +903,54 @@ def test_a_share_retried_once_its_group_flushed_is_refused_as_closed(tmp_path: P
             assert err.value.reason is RefusalCode.TASK_CLOSED
 
     run_async(main(), timeout=40)
+
+
+class LateToUnmask(StaysJoined):
+    """A client whose first unmask answer waits until its group has flushed without it."""
+
+    def __init__(self, *args: Any, flushed: Callable[[], bool], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.flushed = flushed
+        self.held = False
+
+    async def _unmask(self, action: Any, work: Any, protocol: Any) -> Any:
+        if not self.held:
+            self.held = True
+            await wait_until(self.flushed, timeout=20, what="the group's flush")
+        return await super()._unmask(action, work, protocol)
+
+
+def test_an_unmask_answer_after_its_groups_flush_is_counted_in_bytes_up(
+        tmp_path: Path) -> None:
+    """The group unmasks once enough shares are in; the last member's answer comes after the
+    flush, when its ``update_accepted`` is written. Its bytes are recorded apart
+    (``secure_answer_late``, once) and the run's ``bytes_up`` counts them: before, they were
+    in no event."""
+    config = dataclasses.replace(secure_config(tmp_path / "state"), rounds=2,
+                                 flush=FlushRule(goal=4, min_updates=2, deadline_s=None))
+    trainers = [TowardTrainer(np.full(DIM, 0.5, np.float32)) for _ in range(4)]
+    server = CoordinatorServer(config, X0, EventLog(None), address="127.0.0.1:0")
+
+    async def main() -> None:
+        async with server:
+            flushed = lambda: server.events.count("flush") >= 1  # noqa: E731
+            sessions = [StaysJoined(target_of(server), trainers[i],
+                                    ClientOptions(name=f"c{i}", retry=FAST_RETRY))
+                        for i in range(3)]
+            sessions.append(LateToUnmask(target_of(server), trainers[3],
+                                         ClientOptions(name="c3", retry=FAST_RETRY),
+                                         flushed=flushed))
+            await asyncio.wait_for(asyncio.gather(*(s.run() for s in sessions)), 40)
+
+    run_async(main(), timeout=50)
+    events = server.events.events
+    (late,) = [e for e in events if e.kind == "secure_answer_late"]
+    assert late["client_id"] == next(e["client_id"] for e in events
+                                     if e.kind == "client_joined" and e["name"] == "c3")
+    assert late["group"] == 1 and late["bytes_up"] == 4 + 40 * 3  # a share per neighbour
+    accepted = [e for e in events if e.kind in ("update_accepted", "update_refused")]
+    assert summarize(events, {})["bytes_up"] == sum(e["bytes_up"] for e in accepted) \
+        + late["bytes_up"]
 
 
 class HeldBeforeSharing(ClientSession):
