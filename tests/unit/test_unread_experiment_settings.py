@@ -234,15 +234,15 @@ def test_dp_sgd_refuses_the_torch_trainers_settings(client: dict[str, Any], key:
     assert "dp_sgd" in message and "trainer = 'torch'" in message
 
 
-def test_the_dp_sgd_builder_refuses_optimizer_options_too() -> None:
+def test_the_dp_sgd_builder_refuses_a_plugged_loss() -> None:
+    """A loss passed to the run as an object never reaches the config's check."""
     from types import SimpleNamespace
 
     from fedlink.experiment.trainers import dp_sgd_trainer
 
-    section = SimpleNamespace(optimizer="sgd", optimizer_options={"momentum": 0.9},
-                              keep_local=())
-    with pytest.raises(ConfigError, match="optimizer_options"):
-        dp_sgd_trainer(SimpleNamespace(client=section), "cross_entropy")  # type: ignore[arg-type]
+    config = SimpleNamespace(client=SimpleNamespace())
+    with pytest.raises(ConfigError, match="trains with cross_entropy: the loss passed"):
+        dp_sgd_trainer(config, lambda out, y: out.sum())  # type: ignore[arg-type]
 
 
 def test_density_safety_is_refused_without_density_bounds() -> None:
