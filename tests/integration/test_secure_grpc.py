@@ -879,19 +879,32 @@ class StaysJoined(ClientSession):
         return None
 
 
+def _group_server(tmp_path: Path, rounds: int, members: int) -> CoordinatorServer:
+    """A secure run of groups of ``members`` clients."""
+    config = dataclasses.replace(secure_config(tmp_path / "state"), rounds=rounds,
+                                 flush=FlushRule(goal=members, min_updates=2, deadline_s=None))
+    return CoordinatorServer(config, X0, EventLog(None), address="127.0.0.1:0")
+
+
+def _staying(server: CoordinatorServer, members: int, late: bool = False) -> list[StaysJoined]:
+    """``members`` clients of the started ``server`` that stay joined; ``late``: the last one
+    answers its first unmask only once its group flushed (``LateToUnmask``)."""
+    kinds = [StaysJoined] * (members - 1) + [LateToUnmask if late else StaysJoined]
+    extra = {"flushed": lambda: server.events.count("flush") >= 1} if late else {}
+    return [kind(target_of(server), TowardTrainer(np.full(DIM, 0.5, np.float32)),
+                 ClientOptions(name=f"c{i}", retry=FAST_RETRY),
+                 **(extra if kind is LateToUnmask else {}))
+            for i, kind in enumerate(kinds)]
+
+
 def test_a_share_retried_once_its_group_flushed_is_refused_as_closed(tmp_path: Path) -> None:
     """A member whose share reply was lost may ask again after its group flushed without it:
     the shares are gone, so it is told its task is closed (never an internal error)."""
-    config = dataclasses.replace(secure_config(tmp_path / "state"), rounds=1,
-                                 flush=FlushRule(goal=3, min_updates=2, deadline_s=None))
-    trainers = [TowardTrainer(np.full(DIM, 0.5, np.float32)) for _ in range(3)]
-    server = CoordinatorServer(config, X0, EventLog(None), address="127.0.0.1:0")
+    server = _group_server(tmp_path, rounds=1, members=3)
 
     async def main() -> None:
         async with server:
-            sessions = [StaysJoined(target_of(server), trainers[i],
-                                    ClientOptions(name=f"c{i}", retry=FAST_RETRY))
-                        for i in range(3)]
+            sessions = _staying(server, 3)
             await asyncio.wait_for(asyncio.gather(*(s.run() for s in sessions)), 30)
             group = server.service.secure.group if server.service.secure else None
             assert group is not None and group.flushed_version == 1
@@ -926,20 +939,11 @@ def test_an_unmask_answer_after_its_groups_flush_is_counted_in_bytes_up(
     flush, when its ``update_accepted`` is written. Its bytes are recorded apart
     (``secure_answer_late``, once) and the run's ``bytes_up`` counts them: before, they were
     in no event."""
-    config = dataclasses.replace(secure_config(tmp_path / "state"), rounds=2,
-                                 flush=FlushRule(goal=4, min_updates=2, deadline_s=None))
-    trainers = [TowardTrainer(np.full(DIM, 0.5, np.float32)) for _ in range(4)]
-    server = CoordinatorServer(config, X0, EventLog(None), address="127.0.0.1:0")
+    server = _group_server(tmp_path, rounds=2, members=4)
 
     async def main() -> None:
         async with server:
-            flushed = lambda: server.events.count("flush") >= 1  # noqa: E731
-            sessions = [StaysJoined(target_of(server), trainers[i],
-                                    ClientOptions(name=f"c{i}", retry=FAST_RETRY))
-                        for i in range(3)]
-            sessions.append(LateToUnmask(target_of(server), trainers[3],
-                                         ClientOptions(name="c3", retry=FAST_RETRY),
-                                         flushed=flushed))
+            sessions = _staying(server, 4, late=True)
             await asyncio.wait_for(asyncio.gather(*(s.run() for s in sessions)), 40)
 
     run_async(main(), timeout=50)
