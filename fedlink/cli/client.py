@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from fedlink.cli.notices import say_simulation_sections_ignored
 from fedlink.client import ClientOptions, ClientSession, SessionStats, TLSOptions
 from fedlink.errors import ConfigError
 from fedlink.experiment.config import ExperimentConfig
@@ -34,6 +35,8 @@ def run_one_client(server: str, config_path: Path, index: int, name: str, token:
     however the client stops: the run's end, a signal, or an error it gives up on.
     """
     config = ExperimentConfig.from_toml(config_path)
+    say_simulation_sections_ignored(config, "fedlink client",
+                                    "this client trains every task in full on its real link")
     if not 0 <= index < config.data.clients:
         raise ConfigError(f"--index must be in [0, {config.data.clients}), got {index}")
     torch.set_num_threads(config.run.torch_threads)

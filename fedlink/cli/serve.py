@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from fedlink.cli.notices import say_simulation_sections_ignored
 from fedlink.coordinator import CoordinatorServer, serve_until_done
 from fedlink.coordinator.faults import NO_FAULTS, FaultPlan
 from fedlink.coordinator.lifecycle import target_accuracy
@@ -122,10 +122,5 @@ def _check_servable(config: ExperimentConfig) -> None:
         raise ConfigError(f"run.mode: {config.run.mode!r} runs a simulation on the virtual "
                           f"clock (fedlink simulate); fedlink serve serves real clients. "
                           f"Use fedlink simulate, or remove [run] mode")
-    simulated = [name for name, used in (("[network]", config.network is not None),
-                                         ("[partial_work]", config.partial_work.enabled))
-                 if used]
-    if simulated:
-        print(f"fedlink serve: {' and '.join(simulated)} shape a simulation's clients and are "
-              f"not applied here (served clients bring their own links and training)",
-              file=sys.stderr, flush=True)
+    say_simulation_sections_ignored(config, "fedlink serve",
+                                    "served clients bring their own links and training")
