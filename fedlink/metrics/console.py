@@ -23,6 +23,7 @@ from rich.table import Table
 
 from fedlink.metrics.formatting import fmt_metric, human_bytes, key_figures
 from fedlink.metrics.report import REPORT_FILENAME
+from fedlink.metrics.summary import SUMMARY_FILENAME
 
 
 class RunProgress:
@@ -115,7 +116,8 @@ def _fields(accuracy: float | None, bytes_up: int, bytes_down: int) -> dict[str,
 def print_summary(
     summary: Mapping[str, Any], run_dir: Path, console: Console | None = None
 ) -> None:
-    """Print the run's key figures and the path of its report as a rich table."""
+    """Print the run's key figures and the path of its report (or of its summary, for a run
+    written without a report) as a rich table."""
     target = console if console is not None else Console()
     name = summary.get("run_name") or run_dir.name
     table = Table(title=f"fedlink run: {name}", show_header=False, title_justify="left")
@@ -123,5 +125,9 @@ def print_summary(
     table.add_column("value", justify="right")
     for label, value in key_figures(dict(summary)):
         table.add_row(label, value)
-    table.add_row("Report", str(run_dir / REPORT_FILENAME))
+    report = run_dir / REPORT_FILENAME
+    if report.is_file():
+        table.add_row("Report", str(report))
+    else:  # --no-report: the summary is what there is to read
+        table.add_row("Summary", str(run_dir / SUMMARY_FILENAME))
     target.print(table)

@@ -318,12 +318,18 @@ def test_run_progress_silent_when_disabled_or_not_a_terminal(terminal: bool) -> 
 
 
 def test_print_summary_shows_key_figures_and_report_path(tmp_path: Path) -> None:
-    buf = io.StringIO()
-    console = Console(file=buf, width=200)
-    print_summary(summarize(hand_made_run(), {"run_name": "demo"}), tmp_path, console=console)
-    out = buf.getvalue()
-    assert "demo" in out and "0.5500" in out and "2.8 kB" in out
-    assert str(tmp_path / "report.md") in out
+    """The report's path when it was written, else (``--no-report``) the summary's: never a
+    path to a file that does not exist."""
+    summary = summarize(hand_made_run(), {"run_name": "demo"})
+    for written in (False, True):
+        if written:
+            (tmp_path / "report.md").write_text("# report\n")
+        buf = io.StringIO()
+        print_summary(summary, tmp_path, console=Console(file=buf, width=200))
+        out = buf.getvalue()
+        assert "demo" in out and "0.5500" in out and "2.8 kB" in out
+        assert (str(tmp_path / "report.md") in out) is written
+        assert (str(tmp_path / "summary.json") in out) is not written
 
 
 def test_metrics_imports_neither_grpc_nor_torch_nor_matplotlib_eagerly() -> None:
