@@ -12,7 +12,7 @@ from typing import Any
 from fedlink.cli.notices import say_simulation_sections_ignored
 from fedlink.coordinator import CoordinatorServer, serve_until_done
 from fedlink.coordinator.faults import NO_FAULTS, FaultPlan
-from fedlink.coordinator.lifecycle import target_accuracy
+from fedlink.coordinator.lifecycle import target_rules
 from fedlink.coordinator.state import holds_state
 from fedlink.coordinator.stopping import stop_signals
 from fedlink.errors import ConfigError
@@ -90,11 +90,10 @@ async def _serve(config_path: Path, address: str, output_dir: Path | None,
 
     with EventLog(run_dir / EVENTS_FILENAME, resume=resuming) as events, \
             contextlib.ExitStack() as stack:
-        target = config.run.target_accuracy
         server = CoordinatorServer(config.coordinator, experiment.initial_vector(), events,
                                    evaluator=experiment.evaluator(), address=address,
                                    faults=faults, spec=experiment.spec(),
-                                   stop_rules=(target_accuracy(target),) if target > 0 else ())
+                                   stop_rules=target_rules(config.run.target_accuracy))
         if config.coordinator.metrics.enabled:
             from fedlink.observe.endpoint import serve_metrics  # an optional extra
 

@@ -41,6 +41,11 @@ def target_accuracy(target: float) -> StopRule:
     return rule
 
 
+def target_rules(target: float) -> tuple[StopRule, ...]:
+    """The stop rules of ``[run] target_accuracy = target`` (none for 0: every round runs)."""
+    return (target_accuracy(target),) if target > 0 else ()
+
+
 class Phase(enum.Enum):
     """Where the run stands (see the module docstring)."""
 

@@ -278,11 +278,6 @@ class SecureGroup:
         return member
 
 
-def _answer_bytes(request: SecureUnmaskRequest) -> int:
-    """An unmask answer's size on the wire, as ``UnmaskShares.wire_bytes`` counts it."""
-    return 4 + 40 * (len(request.seed_shares) + len(request.key_shares))
-
-
 def _checked_answer(group: SecureGroup, member: _Member,
                     request: SecureUnmaskRequest) -> UnmaskShares:
     """``member``'s unmask answer as the group's sum reads it; ``INVALID_ARGUMENT`` when the
@@ -637,7 +632,8 @@ class SecureDesk:
         if not self.engine.finished:  # once the run is over its log may be closing
             self.engine.events.emit(SecureAnswerLate.build(
                 client_id=request.client_id, task_id=request.task_id, group=group.number,
-                bytes_up=_answer_bytes(request)))
+                bytes_up=UnmaskShares.size_of(
+                    len(request.seed_shares) + len(request.key_shares))))
 
     # -- the group's phases ---------------------------------------------------------------
 

@@ -41,7 +41,7 @@ import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Set
+from collections.abc import Callable, Iterable, Iterator, Mapping, Set
 from pathlib import Path, PurePath
 from types import TracebackType
 from typing import IO, Any, Final, Self, TypeVar, overload
@@ -258,20 +258,18 @@ class EventLog:
         line that does not parse is passed over. Nothing for a new log."""
         if self._path is None or not self._offset:
             return
-        seen: set[Any] = set()
-        position = 0
         with self._path.open("rb") as f:
-            for line in f:
-                position += len(line)
-                if position > self._offset:  # this process's own events from here
-                    return
-                record = _parsed(line)
-                if record is None or record.get("kind") not in kinds:
-                    continue
-                if "event_id" in record:
-                    if record["event_id"] in seen:
-                        continue
-                    seen.add(record["event_id"])
+            yield from (r for r in _once(self._earlier_records(f)) if r.get("kind") in kinds)
+
+    def _earlier_records(self, f: IO[bytes]) -> Iterator[Record]:
+        """The records that parse among the lines of ``f`` before this log's own."""
+        position = 0
+        for line in f:
+            position += len(line)
+            if position > self._offset:  # this process's own events from here
+                return
+            record = _parsed(line)
+            if record is not None:
                 yield record
 
     def elapsed(self) -> float:
@@ -455,24 +453,36 @@ def iter_events(path: Path) -> Iterator[Event]:
     ``event_id`` was already read is skipped: a restarted coordinator writes again the events
     it had made durable but may not have written (see ``fedlink.coordinator.state``).
     """
-    seen: set[Any] = set()
     with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
+        yield from map(from_record, _once(_records(path, f)))
+
+
+def _records(path: Path, f: IO[str]) -> Iterator[Record]:
+    """The event records of the lines of ``f`` (``path``'s), as ``iter_events`` reads them."""
+    for number, line in enumerate(f, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            if not line.endswith("\n"):
+                return  # only the last line lacks one: the torn line of a killed writer
+            raise ValueError(f"{path}:{number}: not a JSON event: {err}") from err
+        if not isinstance(record, dict) or "kind" not in record:
+            raise ValueError(f"{path}:{number}: not an event object")
+        yield record
+
+
+def _once(records: Iterable[Record]) -> Iterator[Record]:
+    """``records`` without repeats: a restarted coordinator writes again the events it had
+    made durable but may not have written, each with the ``event_id`` it had."""
+    seen: set[Any] = set()
+    for record in records:
+        if "event_id" in record:
+            if record["event_id"] in seen:
                 continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                if not line.endswith("\n"):
-                    return  # only the last line lacks one: the torn line of a killed writer
-                raise ValueError(f"{path}:{number}: not a JSON event: {err}") from err
-            if not isinstance(record, dict) or "kind" not in record:
-                raise ValueError(f"{path}:{number}: not an event object")
-            if "event_id" in record:
-                if record["event_id"] in seen:
-                    continue
-                seen.add(record["event_id"])
-            yield from_record(record)
+            seen.add(record["event_id"])
+        yield record
 
 
 def read_events(path: Path) -> list[Event]:

@@ -196,5 +196,11 @@ class UnmaskShares:
     key_shares: dict[int, tuple[int, int]]
 
     def wire_bytes(self) -> int:
-        """Its size on the wire (an owner id, an x and a 32-byte y per share)."""
-        return 4 + 40 * (len(self.seed_shares) + len(self.key_shares))
+        """Its size on the wire (``size_of`` its shares)."""
+        return self.size_of(len(self.seed_shares) + len(self.key_shares))
+
+    @staticmethod
+    def size_of(shares: int) -> int:
+        """The wire size of an answer of ``shares`` shares: an owner id, then an x and a
+        32-byte y per share."""
+        return 4 + 40 * shares

@@ -29,7 +29,7 @@ import numpy as np
 
 from fedlink.client import SessionStats, Trainer
 from fedlink.client.retry import Sleep
-from fedlink.coordinator.lifecycle import target_accuracy
+from fedlink.coordinator.lifecycle import target_rules
 from fedlink.errors import ConfigError, FedlinkError, RemoteError
 from fedlink.experiment.config import ExperimentConfig
 from fedlink.metrics import (
@@ -300,11 +300,10 @@ async def _simulate(experiment: Experiment, coordinator: CoordinatorConfig, even
                                                    for t in trainers)
     workers = len(trainers) if threaded and config.run.train_workers == 0 else \
         max(1, config.run.train_workers)
-    target = config.run.target_accuracy
     initial = experiment.initial_vector()
     server = CoordinatorServer(coordinator, initial, events,
                                evaluator=experiment.checked_evaluator(initial),
-                               stop_rules=(target_accuracy(target),) if target > 0 else (),
+                               stop_rules=target_rules(config.run.target_accuracy),
                                spec=experiment.spec())
     if coordinator.metrics.enabled:  # before the server starts: it sees run_started
         from fedlink.observe.endpoint import serve_metrics  # an optional extra
