@@ -204,7 +204,7 @@ class RoundEngine:
         # None until the run's first task: the wait for clients to start is not round 1's time
         self._round_started: float | None = None
         self._round_bytes_up = 0
-        self._dropped = 0  # partial updates refused this version that answered for a place
+        self._dropped = 0  # updates refused this version (partial, no work) that answered for a place
         self.finished_reason = ""
 
     def _weights_norm(self) -> float:
@@ -498,7 +498,8 @@ class RoundEngine:
             raise InvalidArgument(f"update has {update.delta.size} values, "
                                   f"model has {self._model.size}")
         self._check_open(record)
-        _check_work(update)
+        if update.steps_planned > 0 and update.steps_completed == 0:
+            self._refuse_no_work(record, update)
         if self.config.drop_partial and update.steps_completed < update.steps_planned:
             self._drop(record, update)
         staleness, weight = self._fold(record, update)
@@ -583,9 +584,12 @@ class RoundEngine:
     def _check_open(self, record: TaskRecord) -> None:
         if self.finished:
             raise UpdateRefused(f"the run is over: {self.finished_reason}", RefusalCode.RUN_OVER)
-        if not record.state.deliverable:
+        if record.state is TaskState.DELIVERED:
             raise UpdateRefused(f"task {record.task_id!r} already has an accepted update",
                                 RefusalCode.ALREADY_ACCEPTED)
+        if not record.state.deliverable:
+            raise UpdateRefused(f"task {record.task_id!r} is closed ({record.state.value}): "
+                                "it takes no update", RefusalCode.TASK_CLOSED)
         staleness = self._version - record.version
         if staleness > self.rule.max_staleness:
             raise UpdateRefused(f"too stale: trained on version {record.version}, current is "
@@ -598,15 +602,31 @@ class RoundEngine:
         The task is closed (the client is not asked again for this version); the flush that
         counts the drop happens at the next ``poll``, since this call raises.
         """
+        self._close_answered(record)
+        raise UpdateRefused(f"partial work dropped (drop_partial): {update.steps_completed} of "
+                            f"{update.steps_planned} planned steps completed",
+                            RefusalCode.PARTIAL_DROPPED)
+
+    def _refuse_no_work(self, record: TaskRecord, update: ReceivedUpdate) -> None:
+        """Refuse an update whose client planned steps but completed none: it carries nothing.
+
+        Its task is closed as a dropped one is (``_drop``): the client ran out of time, and
+        the same task again would run out again, so it answers for its place instead of being
+        retried for ever, and a cohort that did no work still ends its round.
+        """
+        self._close_answered(record)
+        raise UpdateRefused(f"no local work: 0 of {update.steps_planned} planned steps "
+                            "completed before the deadline", RefusalCode.NO_WORK)
+
+    def _close_answered(self, record: TaskRecord) -> None:
+        """Close ``record`` for an update refused for what it carries; in rounds, a task of the
+        current version still answers for its place (it counts towards ``goal``)."""
         if not self.rule.continuous and record.version == self._version:
             self._dropped += 1
             self._move(record, TaskState.DROPPED)
         else:
             self._move(record, TaskState.CLOSED)
         self._save(record)
-        raise UpdateRefused(f"partial work dropped (drop_partial): {update.steps_completed} of "
-                            f"{update.steps_planned} planned steps completed",
-                            RefusalCode.PARTIAL_DROPPED)
 
     def _weight(self, update: ReceivedUpdate, staleness: int) -> float:
         """``num_examples x staleness_weight(tau) x work_fraction`` (docs/design.md).
@@ -629,8 +649,9 @@ class RoundEngine:
         """Apply the deadline part of the flush rule; call it periodically (not in secure runs,
         whose groups keep their own deadlines).
 
-        Also flushes a version whose ``goal`` was reached only by counting dropped partial
-        updates (``drop_partial``), which ``submit`` could not flush as it refused them.
+        Also flushes a version whose ``goal`` was reached only by counting refused updates that
+        answered for their places (partial work under ``drop_partial``, no work at all), which
+        ``submit`` could not flush as it refused them.
         """
         if self.finished:
             return None
@@ -708,7 +729,7 @@ class RoundEngine:
     def deadline_at(self) -> float | None:
         """When this version's deadline passes (``None``: no deadline, or no round started).
 
-        Also the instant a dropped partial update that completed the cohort is flushed: now.
+        Also the instant a refused update that completed the cohort is flushed: now.
         """
         if self.finished:
             return None
@@ -792,7 +813,7 @@ class RoundEngine:
         now = self._clock()
         outcome_updates = self._accumulator.count if summed is None else summed
         total_weight, guarded = 0.0, dict[str, Any]()
-        if outcome_updates:  # none only when drop_partial dropped the whole cohort
+        if outcome_updates:  # none when every update of the cohort was refused (_close_answered)
             info, guarded = self._prepare()
             total_weight = info.total_weight
             self._model = self._checked_step(info)
@@ -945,9 +966,3 @@ class RoundEngine:
             if durable:
                 self._state.save_finished(reason)
 
-
-def _check_work(update: ReceivedUpdate) -> None:
-    """Refuse an update whose client planned steps but completed none: it carries nothing."""
-    if update.steps_planned > 0 and update.steps_completed == 0:
-        raise UpdateRefused(f"no local work: 0 of {update.steps_planned} planned steps "
-                            "completed before the deadline", RefusalCode.NO_WORK)

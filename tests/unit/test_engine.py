@@ -486,15 +486,32 @@ def test_continuous_stream_applies_staleness_weights(fake_clock: FakeClock) -> N
 
 # -- partial work and aggregators -----------------------------------------------------------------
 
-def test_update_with_no_work_done_is_refused_with_a_reason(fake_clock: FakeClock) -> None:
-    engine = make_engine(fake_clock, goal=1, deadline_s=None)
-    task = task_for(engine, "a")
+def test_update_with_no_work_done_is_refused_and_its_task_closed(fake_clock: FakeClock) -> None:
+    """The same task again would run out of time again: it answers for its place instead."""
+    engine = make_engine(fake_clock, goal=2, min_updates=2, deadline_s=None)
+    tasks = {c: task_for(engine, c) for c in "ab"}
     with pytest.raises(UpdateRefused, match="no local work: 0 of 5 planned steps") as refused:
-        engine.submit(update("a", task, 1.0, done=0, planned=5))
+        engine.submit(update("a", tasks["a"], 1.0, done=0, planned=5))
     assert refused.value.reason is RefusalCode.NO_WORK
-    assert engine.version == 0
-    engine.submit(update("a", task, 1.0, done=2, planned=5))
-    assert engine.version == 1
+    with pytest.raises(UpdateRefused) as again:
+        engine.submit(update("a", tasks["a"], 1.0, done=2, planned=5))
+    assert again.value.reason is RefusalCode.TASK_CLOSED
+    assert isinstance(engine.issue("a"), Wait)  # not asked again this version
+    engine.submit(update("b", tasks["b"], 2.0, done=5, planned=5))
+    assert engine.version == 1  # the refused update counted towards the goal, not the mean
+    np.testing.assert_allclose(engine.model, X0 + 2.0)
+
+
+def test_a_cohort_that_did_no_work_still_ends_its_round(fake_clock: FakeClock) -> None:
+    """Without this, its clients would be handed the same task and refused for ever."""
+    engine = make_engine(fake_clock, goal=2, min_updates=2, deadline_s=None)
+    for client in "ab":
+        with pytest.raises(UpdateRefused):
+            engine.submit(update(client, task_for(engine, client), 1.0, done=0, planned=5))
+    outcome = engine.poll()
+    assert outcome is not None and outcome.num_updates == 0 and engine.version == 1
+    np.testing.assert_array_equal(engine.model, X0)
+    assert isinstance(engine.issue("a"), Task)
 
 
 def test_fednova_aggregator_normalises_instead_of_weighting_work(fake_clock: FakeClock) -> None:
