@@ -81,6 +81,11 @@
 ``evaluation_errors``    number of flushes whose central evaluation raised (their
                          ``evaluation_error``); 0 when none did
 ``evaluation_error``     the ``evaluation_error`` of the last such flush (None when none)
+``empty_flushes``        flushes that aggregated no update (every update of their round was
+                         refused, or dropped by the flush guard): each left the model as it was
+``warning``              what makes the run's figures mislead, in sentences joined by ``"; "``
+                         (None when nothing does): empty flushes, failed central evaluations;
+                         a simulation adds a final accuracy near chance (``add_warning``)
 ``privacy``              the ``privacy`` record ``run_finished`` carries (the guarantee as
                          the run ended), else that of the last ``flush`` that carries one (a
                          DP flush hook's report: ``epsilon``, ``delta``, ``noise_multiplier``,
@@ -147,11 +152,43 @@ def summarize(events: list[Event], config: Mapping[str, Any]) -> dict[str, Any]:
     failed = [str(e["evaluation_error"]) for e in flushes if e.get("evaluation_error")]
     summary["evaluation_errors"] = len(failed)
     summary["evaluation_error"] = failed[-1] if failed else None
+    summary["empty_flushes"] = sum(1 for e in flushes if e.get("num_updates") == 0)
+    summary["warning"] = None
+    for warning in _run_warnings(summary):
+        add_warning(summary, warning)
     summary.update(model_time_figures(events, flushes))
     summary["wall_seconds"] = wall_seconds(events)
     summary["startup_seconds"] = max(0.0, first_task_elapsed(events) - start_elapsed(events))
     summary["config"] = to_jsonable(config)
     return summary
+
+
+def add_warning(summary: dict[str, Any], warning: str | None) -> None:
+    """Add ``warning`` (if any) to ``summary["warning"]``, after those already there."""
+    if warning:
+        summary["warning"] = "; ".join(w for w in (summary.get("warning"), warning) if w)
+
+
+def _run_warnings(summary: Mapping[str, Any]) -> list[str]:
+    """What in a run's own record makes its figures mislead: flushes that aggregated nothing
+    (the run still ends "completed N rounds") and flushes that central evaluation failed."""
+    warnings = []
+    empty, rounds = summary["empty_flushes"], summary["rounds"]
+    if empty:
+        refused = ", ".join(f"{entry['count']} {code}"
+                            for code, entry in summary["refusals_by_code"].items())
+        warnings.append(
+            ("no flush aggregated an update, so the final model is the initial one"
+             if empty == rounds else f"{empty} of {rounds} flushes aggregated no update")
+            + f": every update of their rounds was refused or dropped (refusals: "
+              f"{refused or 'none'}). Look at the refusals in events.jsonl")
+    errors = summary["evaluation_errors"]
+    if errors:
+        warnings.append(
+            f"central evaluation raised in {errors} of {rounds} flushes "
+            f"({summary['evaluation_error']}): their accuracy is missing, and a target "
+            f"accuracy could not end the run at them")
+    return warnings
 
 
 def _secure(config: Mapping[str, Any]) -> bool:

@@ -21,6 +21,7 @@ import functools
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,7 +42,7 @@ from fedlink.metrics import (
     write_summary,
 )
 from fedlink.metrics.federated import federated_figures
-from fedlink.metrics.summary import near_chance_warning
+from fedlink.metrics.summary import add_warning, near_chance_warning
 from fedlink.netem import ClientLink
 from fedlink.privacy.setup import with_run_seed
 from fedlink.sim.arrivals import RunOverSleep, start_in_waves
@@ -244,13 +245,18 @@ def say_what_was_measured(summary: dict[str, Any], experiment: Experiment) -> No
 
 
 def warn_if_near_chance(summary: dict[str, Any], experiment: Experiment) -> None:
-    """``summary["warning"]`` (also on the console) when the final accuracy is near chance
-    for the data's classes (``fedlink.metrics.summary.near_chance_warning``)."""
-    warning = near_chance_warning(summary.get("final_accuracy"),
-                                  int(getattr(experiment.data, "num_classes", 0) or 0))
-    summary["warning"] = warning
-    if warning:
-        print(f"fedlink: warning: {warning}", file=sys.stderr)
+    """Add to ``summary["warning"]`` when the final accuracy is near chance for the data's
+    classes (``fedlink.metrics.summary.near_chance_warning``), and print the run's warnings
+    on stderr."""
+    add_warning(summary, near_chance_warning(
+        summary.get("final_accuracy"), int(getattr(experiment.data, "num_classes", 0) or 0)))
+    print_warning(summary)
+
+
+def print_warning(summary: Mapping[str, Any]) -> None:
+    """Say ``summary["warning"]`` on stderr, where a script's log keeps it."""
+    if summary.get("warning"):
+        print(f"fedlink: warning: {summary['warning']}", file=sys.stderr)
 
 
 def _number(value: Any) -> float | None:

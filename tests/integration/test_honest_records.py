@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
+from fedlink.client.base import TrainResult
 from fedlink.client.torch_trainer import TorchTrainer
 from fedlink.data import FederatedData, load_federated
 from fedlink.data.torch_data import TorchFederatedData
@@ -142,6 +143,44 @@ def test_an_evaluator_that_raises_later_is_in_the_summary_and_table(
     assert "ValueError: metric went wrong" in summary["evaluation_error"]
     assert any("evaluation FAILED" in label for label, _ in key_figures(summary))
     assert "metric went wrong" in result.report.read_text()
+    assert "central evaluation raised in 2 of 2 flushes" in summary["warning"]
+    assert "target accuracy could not end the run" in summary["warning"]
+
+
+class OutOfTime:
+    """A client trainer that always runs out of time before its first step."""
+
+    def __init__(self, data: Any) -> None:
+        self.examples = len(data)
+
+    def num_examples(self) -> int:
+        return self.examples
+
+    def train(self, params: np.ndarray, plan: Any) -> TrainResult:
+        return TrainResult(params + 1.0, self.examples, 0, 5)
+
+
+def out_of_time(model: Any, data: Any, *, seed: int, **settings: Any) -> OutOfTime:
+    return OutOfTime(data)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["virtual", "grpc"])
+def test_a_run_in_which_every_update_is_refused_ends_and_says_so(
+        tmp_path: Path, mode: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each client's update carries no work: its task closes and answers for its place, so
+    each round ends empty; "completed 2 rounds" alone would read like a run that learned."""
+    result = run_simulation(tiny(mode), tmp_path, progress=False, trainer=out_of_time)
+    summary = result.summary
+    assert summary["finish_reason"] == "completed 2 rounds"
+    assert summary["updates_accepted"] == 0 and summary["updates_refused"] == 8
+    assert summary["empty_flushes"] == summary["rounds"] == 2
+    warning = summary["warning"]
+    assert warning.startswith("no flush aggregated an update, so the final model is the "
+                              "initial one") and "8 no_work" in warning
+    assert "no flush aggregated an update" in capsys.readouterr().err
+    initial = Experiment.build(tiny(mode)).initial_vector()
+    np.testing.assert_array_equal(np.load(result.run_dir / "model.npy"), initial)
 
 
 def test_virtual_and_real_summaries_have_the_same_keys_meaning_the_same(

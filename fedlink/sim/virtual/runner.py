@@ -128,7 +128,9 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
         say_what_was_measured(summary, experiment)
         summary.update(experiment.data_figures())  # the partition, as a real run records it
     else:
-        summary["warning"] = None
+        from fedlink.sim.runner import print_warning
+
+        print_warning(summary)
     summary["training_processes"] = training.processes
     summary["training_backend"] = config.run.backend if config.virtual.workers else "inline"
     write_summary(run_dir / SUMMARY_FILENAME, summary)
