@@ -74,6 +74,23 @@ class FlushRule:
         """How many tasks may be open per model version (``continuous``: in flight at once)."""
         return math.ceil(self.goal * self.over_selection)
 
+    def unfillable_by(self, clients: int, clients_key: str = "the clients") -> str | None:
+        """Why ``clients`` clients can never flush a round under this rule (``None``: they
+        can), with the way out (``clients_key``: the setting that counts them). In rounds each
+        client trains once per version, so fewer clients than ``min_updates`` (or than
+        ``goal``, without a deadline) wait for ever; a continuous rule asks a client again as
+        soon as it delivers, so any number fills its buffer."""
+        if self.continuous:
+            return None
+        once = f"but the run has {clients} clients, each training once per version"
+        if clients < self.min_updates:
+            return (f"min_updates = {self.min_updates} {once}: no round could ever flush. "
+                    f"Lower min_updates, or raise {clients_key}")
+        if self.deadline_s is None and clients < self.goal:
+            return (f"goal = {self.goal} and no deadline, {once}: no round could ever flush. "
+                    f"Lower goal, set a deadline_s, or raise {clients_key}")
+        return None
+
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> FlushRule:
         """The preset ``name`` (``FLUSH_PRESETS``) with ``overrides`` applied."""

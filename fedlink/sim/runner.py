@@ -30,6 +30,7 @@ import numpy as np
 
 from fedlink.client import SessionStats, Trainer
 from fedlink.client.retry import Sleep
+from fedlink.coordinator.config import FlushRule
 from fedlink.coordinator.lifecycle import target_rules
 from fedlink.errors import ConfigError, FedlinkError, RemoteError
 from fedlink.experiment.config import ExperimentConfig
@@ -167,6 +168,7 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
     plugs = Plugs(model=model, data=data, trainer=trainer, evaluate=evaluate, loss=loss)
     experiment = Experiment.build(config, plugs)
     experiment.check_simulated_trainer_options()
+    refuse_rounds_the_fleet_cannot_fill(config.coordinator.flush, experiment.data.num_clients)
     coordinator = coordinator_config(experiment)
     run_dir = prepare_run_dir(config, output_dir)
     with EventLog(run_dir / EVENTS_FILENAME) as events, contextlib.ExitStack() as stack:
@@ -230,6 +232,15 @@ def with_kept_local_filled(experiment: Experiment, final: np.ndarray,
         summary["final_accuracy"] = _number(scores.get("accuracy"))
         summary["final_loss"] = _number(scores.get("loss"))
     return filled
+
+
+def refuse_rounds_the_fleet_cannot_fill(rule: FlushRule, clients: int,
+                                        clients_key: str = "[data] clients") -> None:
+    """Refuse a flush rule the simulated fleet can never satisfy: the run would wait for ever
+    for clients it does not have (a served coordinator, whose clients come and go, waits)."""
+    problem = rule.unfillable_by(clients, clients_key)
+    if problem:
+        raise ConfigError(f"coordinator.flush: {problem}")
 
 
 def say_what_was_measured(summary: dict[str, Any], experiment: Experiment) -> None:

@@ -203,3 +203,17 @@ def test_virtual_and_real_summaries_have_the_same_keys_meaning_the_same(
     # virtual model time has its own key, not wall_seconds
     assert "model_seconds" in virtual and virtual["wall_seconds"] != virtual["model_seconds"]
     assert np.isfinite(virtual["model_seconds"])
+
+
+@pytest.mark.parametrize("mode", ["virtual", "grpc"])
+@pytest.mark.parametrize("flush,problem", [
+    ({"goal": 6, "min_updates": 6, "deadline_s": 0}, "min_updates = 6"),
+    ({"goal": 6, "min_updates": 2, "deadline_s": 0}, "goal = 6 and no deadline"),
+])
+def test_a_flush_rule_the_fleet_can_never_meet_is_refused_before_it_waits_for_ever(
+        tmp_path: Path, mode: str, flush: dict[str, Any], problem: str) -> None:
+    config = tiny(mode, coordinator={"flush": flush})
+    with pytest.raises(ConfigError, match=rf"^coordinator\.flush: {problem},? but the run has "
+                                          r"4 clients.*raise \[data\] clients$"):
+        run_simulation(config, tmp_path, progress=False)
+    assert not (tmp_path / "honest" / "events.jsonl").exists()

@@ -201,3 +201,24 @@ def test_a_staleness_weight_a_flush_cannot_use_is_refused_at_start(
         return
     with pytest.raises(ConfigError, match=r"^coordinator\.staleness_weight: 'user_weights:"):
         CoordinatorConfig.from_dict(table)
+
+
+@pytest.mark.parametrize("rule,clients,problem", [
+    (FlushRule(goal=6, min_updates=6, deadline_s=None), 4, "min_updates = 6"),
+    (FlushRule(goal=6, min_updates=2, deadline_s=None), 4, "goal = 6 and no deadline"),
+    (FlushRule(goal=6, min_updates=5, deadline_s=30.0), 4, "min_updates = 5"),
+])
+def test_a_round_fewer_clients_can_never_flush_is_named(rule: FlushRule, clients: int,
+                                                        problem: str) -> None:
+    message = rule.unfillable_by(clients, "[data] clients")
+    assert message is not None and message.startswith(problem)
+    assert "4 clients" in message and message.endswith("or raise [data] clients")
+
+
+@pytest.mark.parametrize("rule", [
+    FlushRule(goal=6, min_updates=2, deadline_s=30.0),  # the deadline flushes what came
+    FlushRule(goal=4, min_updates=4, deadline_s=None),
+    FlushRule.from_preset("async", goal=10),  # a client is asked again as soon as it delivers
+])
+def test_a_round_the_clients_can_flush_is_not(rule: FlushRule) -> None:
+    assert rule.unfillable_by(4) is None

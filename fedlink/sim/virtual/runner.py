@@ -74,7 +74,8 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
     ``plugs`` (objects in place of what the config names) need ``[virtual] workers = 0``:
     worker processes rebuild the experiment from the config alone.
     """
-    from fedlink.sim.runner import SimulationResult, recorded_config
+    from fedlink.sim.runner import (SimulationResult, recorded_config,
+                                    refuse_rounds_the_fleet_cannot_fill)
 
     started = time.perf_counter()
     check_backend(config)
@@ -84,6 +85,9 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
                           "[network] speed makes stragglers there): remove [partial_work]")
     _check_plugs(config, plugs)
     population, initial, evaluate, experiment = _build(config, plugs)
+    refuse_rounds_the_fleet_cannot_fill(
+        config.coordinator.flush, population.size,
+        "[virtual] population" if config.virtual.population else "[data] clients")
     run_dir = private_dir(Path(output_dir or config.run.output_dir) / config.run.name)
     (run_dir / EVENTS_FILENAME).unlink(missing_ok=True)
     clock = ManualClock()
