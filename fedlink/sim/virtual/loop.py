@@ -245,9 +245,8 @@ class VirtualLoop:
                            lambda: self._evaluations.published(self.engine.version))
         self.clock.call_later(self.options.poll_s, self._poll)
         with setup_frozen():
-            while not self.engine.finished and self.clock.run_next():
-                if self.clock.now() > self.options.max_model_s:
-                    self.engine.finish(f"model time limit {self.options.max_model_s} s reached")
+            while not self.engine.finished and self._run_next_within_limit():
+                pass
             if not self.engine.finished:  # no event left: no client can take a task
                 self.engine.finish("nothing left to simulate: no client can take a task")
             # the training tasks still out end unheard (a real client's commit is refused)
@@ -260,6 +259,19 @@ class VirtualLoop:
         self.totals.model_s = self.clock.now()
         self.totals.clients = int(np.count_nonzero(self._checked_in))
         return self.totals
+
+    def _run_next_within_limit(self) -> bool:
+        """Run the next event unless it falls after ``max_model_s``: then the run ends at the
+        limit itself, with nothing after it done (``False`` when no event is left)."""
+        due = self.clock.next_time()
+        if due is None:
+            return False
+        limit = self.options.max_model_s
+        if due > limit:
+            self.clock.advance(limit - self.clock.now())
+            self.engine.finish(f"model time limit {limit:g} s reached")
+            return False
+        return self.clock.run_next()
 
     def client_id(self, index: int) -> str:
         """The id the engine knows client ``index`` by (the real run's names)."""
