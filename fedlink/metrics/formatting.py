@@ -53,6 +53,7 @@ def key_figures(summary: dict[str, Any]) -> list[tuple[str, str]]:
         ("Best accuracy", fmt_metric(summary.get("best_accuracy"))),
         ("Final loss", fmt_metric(summary.get("final_loss"))),
         ("Rounds", str(summary.get("rounds", 0))),
+        ("Ended", str(summary.get("finish_reason") or "without finishing")),
         ("Wall time", human_seconds(summary.get("wall_seconds"))),
         *([("Model time", human_seconds(summary["model_seconds"]))]
           if summary.get("model_seconds") is not None else []),

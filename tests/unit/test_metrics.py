@@ -328,6 +328,7 @@ def test_print_summary_shows_key_figures_and_report_path(tmp_path: Path) -> None
         print_summary(summary, tmp_path, console=Console(file=buf, width=200))
         out = buf.getvalue()
         assert "demo" in out and "0.5500" in out and "2.8 kB" in out
+        assert "Ended" in out and str(summary["finish_reason"]) in out
         assert (str(tmp_path / "report.md") in out) is written
         assert (str(tmp_path / "summary.json") in out) is not written
 
