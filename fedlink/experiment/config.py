@@ -441,6 +441,22 @@ class ExperimentConfig:
             raise ConfigError(f"{', '.join(unread)}: [run] mode = 'virtual' does not model "
                               f"{_them(unread)} ({why}), so none could take effect. Remove "
                               f"{_them(unread)}, or use [run] mode = 'grpc'")
+        self._refuse_a_liveness_derivation_overridden()
+
+    def _refuse_a_liveness_derivation_overridden(self) -> None:
+        """In virtual mode ``heartbeat_interval_s`` and ``long_poll_s`` only derive the
+        liveness timeout (there are no heartbeats or long polls), so a ``liveness_timeout_s``
+        of its own leaves them unread."""
+        limits = self.coordinator.limits
+        overridden = [f"coordinator.limits.{k}" for k in ("heartbeat_interval_s", "long_poll_s")
+                      if k in changed_fields(limits)]
+        if limits.liveness_timeout_s is None or not overridden:
+            return
+        raise ConfigError(f"{', '.join(overridden)}: [run] mode = 'virtual' has no heartbeats "
+                          f"or long polls; {_them(overridden)} only derive the liveness timeout "
+                          f"there, which coordinator.limits.liveness_timeout_s = "
+                          f"{limits.liveness_timeout_s:g} sets itself. Remove {_them(overridden)}, "
+                          f"or liveness_timeout_s")
 
     def _refuse_a_backend_that_never_trains(self) -> None:
         """``[run] backend`` trains with ``[virtual] workers > 0`` only (0: inline), and the

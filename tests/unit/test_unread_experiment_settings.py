@@ -135,10 +135,23 @@ def test_virtual_mode_keeps_density_bounds_which_clamp_the_codecs_density() -> N
 def test_virtual_mode_keeps_the_limits_its_loop_reads() -> None:
     limits = {"inline_bytes": 1024, "chunk_bytes": 4096, "max_examples_per_update": 50,
               "delta_history": 2, "retry_after_s": 2.0, "heartbeat_interval_s": 2.0,
-              "long_poll_s": 1.0, "liveness_timeout_s": 30.0, "max_task_s": 600.0,
-              "task_quiet_multiple": 2.0}
+              "long_poll_s": 1.0, "max_task_s": 600.0, "task_quiet_multiple": 2.0}
     config = ExperimentConfig.from_dict(_with(VIRTUAL, {"coordinator": {"limits": limits}}))
     assert config.coordinator.limits.inline_limit == 1024
+    assert config.coordinator.limits.liveness_timeout == 3 * 2.0 + 1.0  # derived from them
+    alone = ExperimentConfig.from_dict(_with(VIRTUAL, {"coordinator": {"limits": {
+        "liveness_timeout_s": 30.0}}}))
+    assert alone.coordinator.limits.liveness_timeout == 30.0
+
+
+def test_virtual_mode_refuses_what_derives_a_liveness_timeout_set_outright() -> None:
+    """With no heartbeats or long polls, those keys only derive the liveness timeout."""
+    limits = {"heartbeat_interval_s": 2.0, "long_poll_s": 1.0, "liveness_timeout_s": 30.0}
+    message = _refused(_with(VIRTUAL, {"coordinator": {"limits": limits}}),
+                       "coordinator.limits.heartbeat_interval_s, coordinator.limits.long_poll_s")
+    assert "liveness_timeout_s = 30 sets itself" in message
+    ExperimentConfig.from_dict(_with({"coordinator": {"limits": limits}},
+                                     {"run": {"mode": "grpc"}}))  # a real coordinator reads them
 
 
 # -- [run] mode = "grpc": [virtual], [ray] and [run] backend are never read -------------------
