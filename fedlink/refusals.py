@@ -33,7 +33,7 @@ class RefusalCode(enum.Enum):
     """Partial work, refused under ``drop_partial``."""
     NO_WORK = "no_work"
     """No local step completed before the deadline: the update carries nothing (its task is
-    closed; in rounds it answers for its place, as a dropped partial update does)."""
+    closed, and it answers for its place as a dropped partial update does)."""
     MODEL_GONE = "model_gone"
     """The model version the task was for is no longer kept to download."""
     UPLOAD_INCOMPLETE = "upload_incomplete"

@@ -768,11 +768,14 @@ class CoordinatorConfig:
 
     ``drop_partial``: refuse every update that reports less work than planned
     (``steps_completed < steps_planned``), with a reason, instead of weighting it by its work
-    fraction: FedAvg's "drop the stragglers" (the FedProx paper's baseline). In rounds
-    (``continuous = false``) a dropped update still answers for its place in the cohort: the
-    version flushes once ``goal`` updates are in counting the dropped ones, from the accepted
-    ones only; when every one was dropped the model is left unchanged (the version still
-    advances, so a new cohort is asked).
+    fraction: FedAvg's "drop the stragglers" (the FedProx paper's baseline). A dropped update
+    still answers for its place (in rounds, when it is of the current version; in a
+    continuous buffer, always): the version flushes once ``goal`` updates are in counting the
+    dropped ones, from the accepted ones only; when every one was dropped the model is left
+    unchanged (the version still advances, so new clients are asked, and the summary's
+    ``warning`` counts such empty flushes). An update that did no work at all is refused
+    (``no_work``) and answers for its place in the same way, with or without
+    ``drop_partial``.
 
     ``downlink_codec``: how the model broadcast is encoded (``fedlink.compress``; a
     deterministic, unbiased codec: ``fp32``, ``fp16``, ``bf16`` or ``fp32-zlib``). Each

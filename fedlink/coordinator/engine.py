@@ -283,6 +283,8 @@ class RoundEngine:
         for task in tasks:
             self._index(dataclasses.replace(task, issued_at=now))
         self._ids = TaskIds.restored([(t.task_id, t.version) for t in tasks])
+        # a continuous buffer's refused answers since its last flush are not told apart from
+        # earlier ones: after a restart it waits for as many more answers
         self._dropped = 0 if self.rule.continuous else sum(
             1 for t in tasks if t.state is TaskState.DROPPED and t.version == self._version)
         self._next_task = next_task
@@ -597,7 +599,7 @@ class RoundEngine:
                                 f"{self.rule.max_staleness})", RefusalCode.TOO_STALE)
 
     def _drop(self, record: TaskRecord, update: ReceivedUpdate) -> None:
-        """``drop_partial``: refuse a partial update; in rounds it still answers for its place.
+        """``drop_partial``: refuse a partial update, which still answers for its place.
 
         The task is closed (the client is not asked again for this version); the flush that
         counts the drop happens at the next ``poll``, since this call raises.
@@ -619,9 +621,11 @@ class RoundEngine:
                             "completed before the deadline", RefusalCode.NO_WORK)
 
     def _close_answered(self, record: TaskRecord) -> None:
-        """Close ``record`` for an update refused for what it carries; in rounds, a task of the
-        current version still answers for its place (it counts towards ``goal``)."""
-        if not self.rule.continuous and record.version == self._version:
+        """Close ``record`` for an update refused for what it carries; it still answers for its
+        place (it counts towards ``goal``): in rounds when it is of the current version, and
+        always in a continuous buffer, which counts answers whatever their version. Else a
+        fleet whose every update is refused would be asked again for ever, never flushing."""
+        if self.rule.continuous or record.version == self._version:
             self._dropped += 1
             self._move(record, TaskState.DROPPED)
         else:

@@ -15,8 +15,9 @@ may be asked again for the same version, an ``OVERDUE`` one's (not delivered ``m
 after it was issued) may not. An evaluation task (``EVALUATING``) holds no place and delivers
 no update: it ends ``EVALUATED`` when its report is accepted, or ``CLOSED`` when it expired or
 its client left. The training tasks' three ends: ``DELIVERED`` (its update was accepted),
-``DROPPED`` (``drop_partial`` refused its partial update, which still answers for its place
-in the round) and ``CLOSED`` (its client left, or a dropped update that answers for nothing).
+``DROPPED`` (its update was refused for what it carries, partial work under
+``drop_partial`` or no work at all, and still answers for its place) and ``CLOSED`` (its
+client left, or such an update of an earlier round, which answers for nothing).
 
 Task ids are written by ``TaskIds`` alone; the engine reads a task's version from its record,
 and the version of a task it no longer keeps from the table of the task numbers each version

@@ -514,6 +514,20 @@ def test_a_cohort_that_did_no_work_still_ends_its_round(fake_clock: FakeClock) -
     assert isinstance(engine.issue("a"), Task)
 
 
+def test_a_buffer_whose_every_update_did_no_work_still_flushes(fake_clock: FakeClock) -> None:
+    """FedBuff asks again as soon as a client answers: a refused answer counts towards the
+    buffer, or a fleet that never does any work would be asked for ever."""
+    config = CoordinatorConfig(rounds=5, flush=FlushRule.from_preset("async", goal=2))
+    engine = RoundEngine(config, X0.copy(), EventLog(None), clock=fake_clock)
+    for client in "abab":
+        with pytest.raises(UpdateRefused):
+            engine.submit(update(client, task_for(engine, client), 1.0, done=0, planned=5))
+        outcome = engine.poll()
+        assert (outcome is not None) == (client == "b")  # every second answer fills it
+    assert engine.version == 2
+    np.testing.assert_array_equal(engine.model, X0)
+
+
 def test_fednova_aggregator_normalises_instead_of_weighting_work(fake_clock: FakeClock) -> None:
     config = CoordinatorConfig(rounds=5, flush=FlushRule(goal=2, deadline_s=None),
                                aggregator="fednova")
