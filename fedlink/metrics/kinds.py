@@ -274,7 +274,8 @@ class Flush(Event):
 
 @dataclass(frozen=True, eq=False, kw_only=True, repr=False)
 class FlushRefused(Event):
-    """The server optimizer's step was refused (non-finite or exploding): no new version."""
+    """The server optimizer's step was refused (non-finite or exploding): the new version
+    keeps the model as it was."""
 
     KIND: ClassVar[str] = "flush_refused"
     model_version: int | None = None

@@ -83,8 +83,11 @@
 ``evaluation_error``     the ``evaluation_error`` of the last such flush (None when none)
 ``empty_flushes``        flushes that aggregated no update (every update of their round was
                          refused, or dropped by the flush guard): each left the model as it was
+``flushes_refused``      flushes whose model step was refused (``flush_refused``: non-finite or
+                         exploding): each left the model as it was too
 ``warning``              what makes the run's figures mislead, in sentences joined by ``"; "``
-                         (None when nothing does): empty flushes, failed central evaluations;
+                         (None when nothing does): empty or refused flushes, failed central
+                         evaluations;
                          a simulation adds a final accuracy near chance (``add_warning``)
 ``privacy``              the ``privacy`` record ``run_finished`` carries (the guarantee as
                          the run ended), else that of the last ``flush`` that carries one (a
@@ -127,6 +130,7 @@ from fedlink.metrics.events import (
     Event,
     to_jsonable,
 )
+from fedlink.metrics.kinds import FlushRefused
 from fedlink.metrics.model_time import model_time_figures
 from fedlink.private import private_dir, touch_private
 from fedlink.refusals import code_for_status
@@ -153,6 +157,10 @@ def summarize(events: list[Event], config: Mapping[str, Any]) -> dict[str, Any]:
     summary["evaluation_errors"] = len(failed)
     summary["evaluation_error"] = failed[-1] if failed else None
     summary["empty_flushes"] = sum(1 for e in flushes if e.get("num_updates") == 0)
+    refused_steps = list({e.get("model_version"): e  # a resumed log may repeat one
+                          for e in of_kind(events, FlushRefused.KIND)}.values())
+    summary["flushes_refused"] = len(refused_steps)
+    summary["flush_refused_reason"] = refused_steps[-1].get("reason") if refused_steps else None
     summary["warning"] = None
     for warning in _run_warnings(summary):
         add_warning(summary, warning)
@@ -182,6 +190,13 @@ def _run_warnings(summary: Mapping[str, Any]) -> list[str]:
              if empty == rounds else f"{empty} of {rounds} flushes aggregated no update")
             + f": every update of their rounds was refused or dropped (refusals: "
               f"{refused or 'none'}). Look at the refusals in events.jsonl")
+    refused = summary["flushes_refused"]
+    if refused:
+        warnings.append(
+            ("every flush's model step was refused, so the final model is the initial one"
+             if refused == rounds else f"{refused} of {rounds} flushes' model steps were refused")
+            + f" ({summary['flush_refused_reason']}). Look at [coordinator] server_optimizer_"
+              f"options and the updates' norms (flush_refused events)")
     errors = summary["evaluation_errors"]
     if errors:
         warnings.append(

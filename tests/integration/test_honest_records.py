@@ -217,3 +217,16 @@ def test_a_flush_rule_the_fleet_can_never_meet_is_refused_before_it_waits_for_ev
                                           r"4 clients.*raise \[data\] clients$"):
         run_simulation(config, tmp_path, progress=False)
     assert not (tmp_path / "honest" / "events.jsonl").exists()
+
+
+@pytest.mark.parametrize("mode", ["virtual", "grpc"])
+def test_a_run_whose_every_model_step_was_refused_says_so(tmp_path: Path, mode: str) -> None:
+    """A server learning rate 10^5 times too large: each step explodes and is refused, so the
+    run ends "completed" with every update accepted and its initial model."""
+    config = tiny(mode, coordinator={"server_optimizer_options": {"lr": 1e5}})
+    summary = run_simulation(config, tmp_path, progress=False).summary
+    assert summary["updates_accepted"] == 8 and summary["empty_flushes"] == 0
+    assert summary["flushes_refused"] == summary["rounds"] == 2
+    assert summary["warning"].startswith(
+        "every flush's model step was refused, so the final model is the initial one")
+    assert "server_optimizer_options" in summary["warning"]
