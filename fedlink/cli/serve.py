@@ -88,10 +88,12 @@ async def _serve(config_path: Path, address: str, output_dir: Path | None,
         experiment.save_model(run_dir, final)
         return summary
 
+    initial = experiment.initial_vector()
+    evaluator = experiment.checked_evaluator(initial)  # refused before a log is opened
     with EventLog(run_dir / EVENTS_FILENAME, resume=resuming) as events, \
             contextlib.ExitStack() as stack:
-        server = CoordinatorServer(config.coordinator, experiment.initial_vector(), events,
-                                   evaluator=experiment.evaluator(), address=address,
+        server = CoordinatorServer(config.coordinator, initial, events,
+                                   evaluator=evaluator, address=address,
                                    faults=faults, spec=experiment.spec(),
                                    stop_rules=target_rules(config.run.target_accuracy))
         if config.coordinator.metrics.enabled:

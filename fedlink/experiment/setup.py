@@ -225,17 +225,23 @@ class Experiment:
     def checked_evaluator(self, initial: np.ndarray) -> Callable[[np.ndarray], Mapping[str, float]]:
         """``evaluator()``, having scored ``initial`` once: one that raises (a loss that does
         not fit the model's output, an evaluator bug) is refused before the run starts, not
-        found as a missing accuracy after it."""
+        found as a missing accuracy after it; so is one that returns no ``accuracy`` beside
+        ``[run] target_accuracy``, which could then never end the run."""
         evaluate = self.evaluator()
+        keys = "[coordinator] evaluator" if (self.plugs.evaluate or self.config.evaluator) \
+            else "[client] loss (the default evaluator scores the test set with it)"
         try:
-            evaluate(initial)
+            scores = evaluate(initial)
         except ConfigError:
             raise
         except Exception as exc:
-            keys = "[coordinator] evaluator" if (self.plugs.evaluate or self.config.evaluator) \
-                else "[client] loss (the default evaluator scores the test set with it)"
             raise ConfigError(f"{keys}: scoring the initial model on the test set raised "
                               f"{type(exc).__name__}: {exc}") from exc
+        if self.config.run.target_accuracy > 0 and "accuracy" not in scores:
+            raise ConfigError(f"[run] target_accuracy: the run's evaluator ({keys.split(' (')[0]}"
+                              f") returns no 'accuracy' (it returned {sorted(scores)}), so no "
+                              f"flush could reach the target. Return an 'accuracy' from it, "
+                              f"or remove target_accuracy")
         return evaluate
 
     @property

@@ -230,3 +230,20 @@ def test_a_run_whose_every_model_step_was_refused_says_so(tmp_path: Path, mode: 
     assert summary["warning"].startswith(
         "every flush's model step was refused, so the final model is the initial one")
     assert "server_optimizer_options" in summary["warning"]
+
+
+def loss_only(model: Any, test: Any) -> dict[str, float]:
+    return {"loss": 1.0}
+
+
+@pytest.mark.parametrize("mode", ["virtual", "grpc"])
+def test_a_target_accuracy_no_evaluation_could_reach_is_refused(tmp_path: Path,
+                                                                 mode: str) -> None:
+    """An evaluator that scores no accuracy: the target would never end the run."""
+    config = tiny(mode, run={"target_accuracy": 0.5})
+    with pytest.raises(ConfigError, match=r"^\[run\] target_accuracy: the run's evaluator "
+                                          r"\(\[coordinator\] evaluator\) returns no 'accuracy' "
+                                          r"\(it returned \['loss'\]\)"):
+        run_simulation(config, tmp_path, progress=False, evaluate=loss_only)
+    plain = run_simulation(tiny(mode), tmp_path, progress=False, evaluate=loss_only).summary
+    assert plain["final_loss"] == 1.0  # without a target such an evaluator is fine
