@@ -96,10 +96,11 @@ class RunSection:
     It is the built-in evaluator's: refused with ``[coordinator] evaluator`` (yours replaces
     it) and with ``[virtual] population > 0``.
 
-    ``target_accuracy > 0`` ends a run (``simulate`` in either mode, and ``serve``) once a
-    flush's test accuracy reaches it (checked every fraction of a second, so a flush or two
-    more may land); 0 (the default) runs all ``[coordinator] rounds``. For time-to-accuracy
-    measurements.
+    ``target_accuracy > 0`` ends a run (``simulate`` in either mode, and ``serve``) on the
+    first flush whose central test accuracy reaches it; 0 (the default) runs all
+    ``[coordinator] rounds``. For time-to-accuracy measurements. The evaluator must score an
+    ``accuracy`` (the built-in one does; one of your own that does not is refused with a
+    target).
 
     ``tensorboard = true`` also writes TensorBoard scalars into ``<run folder>/tensorboard``
     (``fedlink.observe.tensorboard``; needs the ``tensorboard`` extra), for ``simulate`` and
