@@ -97,6 +97,8 @@
 ``secure_groups_lost``   number of ``secure_group_lost`` events: secure groups lost before
                          their flush (one the run's end cut short is not); None for a run
                          without secure aggregation
+``secure_updates_without_work``  updates summed although their client completed no local
+                         step (a secure sum weighs every member alike); None likewise
 ``accuracy_by_time``     only for a run with model time (virtual clock: its flushes carry
                          ``model_seconds``): per flush, ``model_version``, ``accuracy``,
                          ``model_seconds`` and ``simulation_seconds`` (wall time), see
@@ -153,6 +155,9 @@ def summarize(events: list[Event], config: Mapping[str, Any]) -> dict[str, Any]:
     summary["privacy"] = _privacy_record(flushes, of_kind(events, "run_finished"))
     summary["secure_groups_lost"] = (len(of_kind(events, "secure_group_lost"))
                                      if _secure(config) else None)
+    summary["secure_updates_without_work"] = (
+        sum(1 for e in of_kind(events, UPDATE_ACCEPTED) if e.get("steps_completed") == 0)
+        if _secure(config) else None)
     failed = [str(e["evaluation_error"]) for e in flushes if e.get("evaluation_error")]
     summary["evaluation_errors"] = len(failed)
     summary["evaluation_error"] = failed[-1] if failed else None
@@ -197,6 +202,13 @@ def _run_warnings(summary: Mapping[str, Any]) -> list[str]:
              if refused == rounds else f"{refused} of {rounds} flushes' model steps were refused")
             + f" ({summary['flush_refused_reason']}). Look at [coordinator] server_optimizer_"
               f"options and the updates' norms (flush_refused events)")
+    idle = summary["secure_updates_without_work"]
+    if idle:
+        warnings.append(
+            f"{idle} of {summary['updates_accepted']} updates in secure sums completed no local "
+            f"step: a secure sum weighs every member alike, so they pulled their groups' means "
+            f"towards zero. Give clients more time ([coordinator.flush] deadline_s) or fewer "
+            f"local steps")
     errors = summary["evaluation_errors"]
     if errors:
         warnings.append(

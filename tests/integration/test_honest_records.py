@@ -247,3 +247,22 @@ def test_a_target_accuracy_no_evaluation_could_reach_is_refused(tmp_path: Path,
         run_simulation(config, tmp_path, progress=False, evaluate=loss_only)
     plain = run_simulation(tiny(mode), tmp_path, progress=False, evaluate=loss_only).summary
     assert plain["final_loss"] == 1.0  # without a target such an evaluator is fine
+
+
+SECURE = {"norm_bound": 0.0, "norm_bound_adaptive": False, "robust": {"enabled": False},
+          "secure": {"enabled": True, "phase_s": 2.0},
+          "flush": {"goal": 4, "min_updates": 2, "deadline_s": 60.0}}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["virtual", "grpc"])
+def test_secure_sums_of_updates_that_did_no_work_are_warned_of(tmp_path: Path,
+                                                                mode: str) -> None:
+    """A secure sum cannot leave one update out without losing its group's survivors' work,
+    so an update with no step in it is summed like the others: the record says so."""
+    summary = run_simulation(tiny(mode, coordinator=SECURE), tmp_path, progress=False,
+                             trainer=out_of_time).summary
+    assert summary["updates_accepted"] == 8
+    assert summary["secure_updates_without_work"] == 8
+    assert summary["warning"].startswith("8 of 8 updates in secure sums completed no local "
+                                         "step")
