@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
@@ -21,9 +22,18 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from fedlink.metrics.compare import default_target, load_run, speedups, write_comparison
+    from fedlink.metrics.compare import (
+        comparable,
+        default_target,
+        load_run,
+        speedups,
+        warnings_of,
+        write_comparison,
+    )
 
     runs = [load_run(path) for path in args.runs]
+    for name, warning in warnings_of(runs):
+        print(f"fedlink: warning: {name}: {warning}", file=sys.stderr)
     target = args.target if args.target is not None else default_target(runs)
     output = args.output or Path("runs") / ("compare-" + "-vs-".join(r.name for r in runs))
     report = write_comparison(runs, output, target)
@@ -33,8 +43,9 @@ def _compare(args: argparse.Namespace) -> int:
         when = "never" if reached is None else f"after {reached:.1f} s"
         print(f"{run.name}: reached {target:.3f} {when}")
         if run is not base:
-            ratio = "n/a (a run never reached the target)" if speedup is None \
-                else f"{speedup:.2f}x"
+            ratio = (f"{speedup:.2f}x" if speedup is not None
+                     else "n/a (model seconds against wall seconds)"
+                     if not comparable(base, run) else "n/a (a run never reached the target)")
             print(f"time-to-target speed-up of {run.name} over {base.name}: {ratio}")
     print(f"comparison: {report}")
     return 0

@@ -42,7 +42,8 @@ class FlushReporter:
         self._lifecycle = lifecycle
         self._evaluator = evaluator
         self._wake = wake
-        self._flushes: asyncio.Queue[tuple[FlushOutcome, dict[str, int]]] = asyncio.Queue()
+        self._flushes: asyncio.Queue[tuple[FlushOutcome, dict[str, int], float | None]] = \
+            asyncio.Queue()
         self._round_down = RoundBytesDown()
 
     def sent(self, kind: str, num_bytes: int) -> None:
@@ -51,12 +52,12 @@ class FlushReporter:
 
     def made(self, outcome: FlushOutcome) -> None:
         """A new version was made: report it (with this round's ``bytes_down``)."""
-        self._flushes.put_nowait((outcome, self._round_down.take()))
+        self._flushes.put_nowait((outcome, self._round_down.take(), self._events.elapsed()))
         self._wake()
 
     def unreported(self, record: FlushRecord, model: np.ndarray) -> None:
         """A flush a previous process made and did not report (a restart)."""
-        self._flushes.put_nowait((_outcome(record, model), RoundBytesDown().take()))
+        self._flushes.put_nowait((_outcome(record, model), RoundBytesDown().take(), None))
 
     async def run(self) -> None:
         """Evaluate each new version off the event loop and log its ``flush`` event.
@@ -65,13 +66,13 @@ class FlushReporter:
         out in version order.
         """
         while True:
-            outcome, bytes_down = await self._flushes.get()
+            outcome, bytes_down, made = await self._flushes.get()
             if not self._lifecycle.reports(outcome.version):  # made after the run's last
                 with self._journal.durably():
                     self._journal.state.mark_reported(outcome.version)
                 continue
             metrics = await asyncio.to_thread(central_metrics, self._evaluator, outcome.model)
-            fields = flush_fields(outcome, bytes_down, metrics)
+            fields = {**flush_fields(outcome, bytes_down, metrics), "made_elapsed": made}
             with self._journal.durably():
                 self._events.emit(kinds.Flush.build(**fields))
                 self._journal.state.mark_reported(outcome.version)

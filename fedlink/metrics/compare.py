@@ -4,7 +4,12 @@ Each run folder holds ``events.jsonl`` and ``summary.json`` (any ``fedlink simul
 ``serve`` run). The report (``compare.md`` plus SVG plots in the output folder) shows accuracy
 against time, model version and bytes sent, a time-to-target table, and refusals by reason.
 The first run is the baseline: every other run's **speed-up** is the baseline's time to the
-target accuracy over its own (``None`` when either never reached it).
+target accuracy over its own (``None`` when either never reached it, or one is virtual and
+the other not). The default target is the best accuracy every run reached, leaving out runs
+that learned nothing; each run's summary ``warning`` is repeated in the report and on stderr.
+
+A run's versions count as made when they were made, not when central evaluation reported
+them: a served run's ``flush`` event carries both (``made_elapsed``).
 
 A run's times count from its first task, as its ``wall_seconds`` does (the wait for clients
 to start is not the run's). A virtual run's are model seconds (its events' clock, which
@@ -92,9 +97,10 @@ def _curve(name: str, events: list[Event], summary: Mapping[str, Any]) -> RunCur
                      for e in of_kind(events, UPDATE_ACCEPTED) + of_kind(events, UPDATE_REFUSED))
     times = [t for t, _ in uploads]
     sent = list(itertools.accumulate((b for _, b in uploads), initial=0))
-    points = [(float(f["elapsed"]) - start, float(f.get("model_version") or 0),
-               sent[bisect.bisect_right(times, float(f["elapsed"]))] / 1e6, float(f["accuracy"]))
-              for f in unique_flushes(events) if f.get("accuracy") is not None]
+    points = [(made - start, float(f.get("model_version") or 0),
+               sent[bisect.bisect_right(times, made)] / 1e6, float(f["accuracy"]))
+              for f in unique_flushes(events) if f.get("accuracy") is not None
+              for made in (_made(f),)]
     points.sort()
     return RunCurve(name, seconds=tuple(p[0] for p in points),
                     version=tuple(p[1] for p in points),
@@ -102,22 +108,57 @@ def _curve(name: str, events: list[Event], summary: Mapping[str, Any]) -> RunCur
                     accuracy=tuple(p[3] for p in points), summary=summary)
 
 
+def _made(flush: Event) -> float:
+    """When a flush's version was made: a served run reports it after central evaluation,
+    by which time the next round's updates may have come."""
+    made = flush.get("made_elapsed")
+    return float(flush["elapsed"] if made is None else made)
+
+
+def learned_nothing(run: RunCurve) -> bool:
+    """Whether no flush of the run moved its model (every one empty or its step refused):
+    its accuracy is its initial model's, and no target should be set by it."""
+    summary = run.summary
+    rounds = int(summary.get("rounds") or 0)
+    still = int(summary.get("empty_flushes") or 0) + int(summary.get("flushes_refused") or 0)
+    return rounds > 0 and still >= rounds
+
+
 def default_target(runs: Sequence[RunCurve]) -> float:
-    """The highest accuracy every run reached (so that each has a time to it)."""
-    bests = [max(run.accuracy) for run in runs if run.accuracy]
-    if len(bests) < len(runs):
+    """The highest accuracy every run reached (so that each has a time to it), leaving out
+    the runs that learned nothing (``learned_nothing``), which would set it at their initial
+    model's accuracy."""
+    if any(not run.accuracy for run in runs):
         raise ConfigError("a run has no evaluated flush: give --target")
+    bests = [max(run.accuracy) for run in runs if not learned_nothing(run)]
+    if not bests:
+        raise ConfigError("no run learned anything (every flush left its model as it was): "
+                          "give --target")
     return min(bests)
 
 
+def comparable(base: RunCurve, run: RunCurve) -> bool:
+    """Whether two runs' times are on the same clock: a virtual run's model seconds and a
+    real run's wall seconds measure different things, so no speed-up joins them."""
+    return base.virtual == run.virtual
+
+
 def speedups(runs: Sequence[RunCurve], target: float) -> list[float | None]:
-    """Per run: the first run's time to ``target`` over its own (1.0 for the first)."""
+    """Per run: the first run's time to ``target`` over its own (1.0 for the first; None
+    when either never reached it, or their clocks differ: ``comparable``)."""
     base = runs[0].seconds_to(target)
     result: list[float | None] = []
     for run in runs:
         mine = run.seconds_to(target)
-        result.append(None if base is None or mine is None or mine <= 0 else base / mine)
+        result.append(None if base is None or mine is None or mine <= 0
+                      or not comparable(runs[0], run) else base / mine)
     return result
+
+
+def warnings_of(runs: Sequence[RunCurve]) -> list[tuple[str, str]]:
+    """``(run name, its summary's warning)`` for each run that has one."""
+    return [(run.name, str(run.summary["warning"])) for run in runs
+            if run.summary.get("warning")]
 
 
 def write_comparison(runs: Sequence[RunCurve], output: Path, target: float) -> Path:
@@ -139,7 +180,11 @@ def _markdown(runs: Sequence[RunCurve], target: float) -> str:
     if virtual:
         parts.append(f"Virtual runs ({', '.join(virtual)}): their times are model seconds on "
                      f"the virtual clock, which charges training at a device's pace; a real "
-                     f"run's are this machine's wall seconds.")
+                     f"run's are this machine's wall seconds, and no speed-up joins the two.")
+    warned = warnings_of(runs)
+    if warned:
+        parts.append("## Warnings\n\n" + "\n".join(f"- **{name}**: {text}"
+                                                  for name, text in warned))
     parts.append("## Time to target\n\n" + _table(
         ["Run", "Time to target", "Versions to target", "MB up to target", "Speed-up",
          "Best accuracy", "Run time"], [_target_row(run, target, s)

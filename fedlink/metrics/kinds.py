@@ -267,6 +267,10 @@ class Flush(Event):
     bytes_down_evaluation: int | None = None
     updates: list[str] | None = None
     model_seconds: float | None = None
+    made_elapsed: float | None = None
+    """The log's ``elapsed`` when the version was made; the event's own ``elapsed`` is when
+    it was reported, after central evaluation (None: the same, or made by an earlier
+    process)."""
     accuracy: float | None = None
     loss: float | None = None
     privacy: Mapping[str, Any] | None = None

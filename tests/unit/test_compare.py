@@ -107,5 +107,55 @@ def test_times_count_from_the_first_task_and_a_virtual_run_is_timed_in_model_sec
     assert real.seconds_to(0.9) == 10.0 and real.run_seconds == pytest.approx(11.0)
     assert virtual.seconds_to(0.9) == 30.0 and virtual.run_seconds == 31.0
     report = write_comparison([real, virtual], tmp_path / "cmp", 0.9).read_text()
-    assert "| virtual | 30.0 s | 1 | 0.00 | 0.33x | 0.900 | 31.0 s |" in report
+    assert "| virtual | 30.0 s | 1 | 0.00 | - | 0.900 | 31.0 s |" in report  # no speed-up
     assert "Virtual runs (virtual): their times are model seconds" in report
+    assert speedups([real, virtual], 0.9) == [1.0, None]
+
+
+def test_no_speed_up_joins_model_seconds_to_wall_seconds(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    real = _run(tmp_path, "real", [(12.0, 0.9)], first_task=0.0)
+    virtual = _run(tmp_path, "virtual", [(30.0, 0.9)], first_task=0.0, mode="virtual",
+                   model_seconds=31.0)
+    assert main(["compare", str(real), str(virtual), "--output", str(tmp_path / "out")]) == 0
+    assert ("time-to-target speed-up of virtual over real: n/a (model seconds against wall "
+            "seconds)") in capsys.readouterr().out
+
+
+def test_a_run_that_learned_nothing_sets_no_target_and_its_warning_is_repeated(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its accuracy is its initial model's: as the best every run reached, it would make
+    every run "reach" the target at once."""
+    good = _run(tmp_path, "good", [(2.0, 0.5), (4.0, 0.9)])
+    stuck = _run(tmp_path, "stuck", [(2.0, 0.12), (4.0, 0.12)], empty_flushes=2,
+                 warning="no flush aggregated an update")
+    assert main(["compare", str(good), str(stuck), "--output", str(tmp_path / "out")]) == 0
+    captured = capsys.readouterr()
+    assert "good: reached 0.900 after 4.0 s" in captured.out
+    assert "stuck: reached 0.900 never" in captured.out
+    assert "fedlink: warning: stuck: no flush aggregated an update" in captured.err
+    report = (tmp_path / "out" / COMPARE_FILENAME).read_text()
+    assert "## Warnings\n\n- **stuck**: no flush aggregated an update" in report
+    assert main(["compare", str(stuck), "--output", str(tmp_path / "out2")]) != 0
+    assert "no run learned anything (every flush left its model as it was): give --target" \
+        in capsys.readouterr().err
+
+
+def test_a_version_counts_from_when_it_was_made_not_when_it_was_evaluated(
+        tmp_path: Path) -> None:
+    """A served run reports a flush after central evaluation, by which time the next
+    round's update may have come: neither its time nor its bytes are the version's."""
+    clock = _Clock()
+    run_dir = tmp_path / "served"
+    with EventLog(run_dir / "events.jsonl", clock=clock, wall_clock=clock) as log:
+        log.emit("task_issued", client_id="c", task_id="t0", model_version=0)
+        clock.now = 1.0
+        log.emit("update_accepted", client_id="c", task_id="t1", bytes_up=1000, staleness=0)
+        clock.now = 1.5
+        log.emit("update_accepted", client_id="c", task_id="t2", bytes_up=1000, staleness=0)
+        clock.now = 3.0  # evaluation took 2 s
+        log.emit("flush", model_version=1, accuracy=0.9, num_updates=1, made_elapsed=1.0)
+        events = log.events
+    write_summary(run_dir / "summary.json", summarize(events, {"run": {"name": "served"}}))
+    run = load_run(run_dir)
+    assert run.seconds_to(0.9) == 1.0 and run.megabytes_up == (0.001,)
