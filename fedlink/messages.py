@@ -379,13 +379,20 @@ class HeartbeatReply:
 @dataclass(frozen=True)
 class EvaluationReport:
     """The result of an evaluation task: ``metrics`` of ``model_version`` on
-    ``num_examples`` of the client's examples."""
+    ``num_examples`` of the client's examples; with no example and no metric, the task's
+    decline (``declines``)."""
 
     client_id: str
     task_id: str
     model_version: int
     num_examples: int
     metrics: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def declines(self) -> bool:
+        """Whether the client declines the task (protocol 1.2): it could not score the model
+        (no local example, or a score that is not a finite number)."""
+        return self.num_examples == 0 and not self.metrics
 
 
 @dataclass(frozen=True)

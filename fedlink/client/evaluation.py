@@ -75,6 +75,27 @@ def evaluation_report(client_id: str, task: Task, trainer: Trainer,
                             metrics=values)
 
 
+def decline(client_id: str, task: Task) -> EvaluationReport:
+    """The report that declines ``task`` (protocol 1.2): the client cannot score the model
+    (no local example, or a score that is not a finite number), and says so, so that the
+    coordinator closes the task instead of handing it back until it expires."""
+    return EvaluationReport(client_id=client_id, task_id=task.task_id,
+                            model_version=task.model_version, num_examples=0, metrics={})
+
+
+def report_or_decline(client_id: str, task: Task, trainer: Trainer,
+                      scores: Mapping[str, float]) -> tuple[EvaluationReport, str]:
+    """The report of ``task`` from the trainer's ``scores``, or its ``decline`` with why
+    (``""`` for a report): what a real client sends and the virtual clock simulates."""
+    try:
+        report = evaluation_report(client_id, task, trainer, scores)
+    except ConfigError as err:
+        return decline(client_id, task), str(err)
+    if report.num_examples < 1:
+        return decline(client_id, task), "no local examples to score it on"
+    return report, ""
+
+
 class HeldOutEvaluation:
     """A client that trains on part of its data and scores evaluation tasks on the rest
     (``[coordinator.evaluation] holdout``), so its federated accuracy is not measured on

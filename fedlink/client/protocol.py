@@ -132,10 +132,8 @@ class Encoded:
 
 @dataclass(frozen=True)
 class Scored:
-    """An evaluation ended; ``reportable``: there is a report to send (local examples, finite
-    scores)."""
-
-    reportable: bool
+    """An evaluation ended: its report, or its decline (no local examples, or scores that
+    are not finite numbers), is to be sent."""
 
 
 @dataclass(frozen=True)
@@ -395,8 +393,6 @@ class ClientProtocol:
         return action(self._current())
 
     def _scored(self, event: Scored) -> Action:
-        if not event.reportable:
-            return self._ended(None)
         self.phase = Phase.REPORTING
         return Report(self._current())
 

@@ -34,7 +34,7 @@ import numpy as np
 
 from fedlink.client.base import AccountsPrivacy, Trainer, TrainResult
 from fedlink.client.delivery import Courier
-from fedlink.client.evaluation import capabilities, evaluation_report, evaluator_of
+from fedlink.client.evaluation import capabilities, evaluator_of, report_or_decline
 from fedlink.client.instance import (
     finished_before,
     forget_finished,
@@ -392,7 +392,7 @@ class ClientSession:
         assert evaluator is not None  # the protocol declines evaluations without one
         scores = await self._off_loop(evaluator.evaluate, work.trained_from())
         work.report = self._scored(action.task, scores)
-        return protocol.heard(Scored(work.report is not None))
+        return protocol.heard(Scored())
 
     async def _report(self, action: Report, work: _TaskWork,
                       protocol: ClientProtocol) -> Action:
@@ -401,7 +401,7 @@ class ClientSession:
         with self._network_clock():
             await self._call(lambda: self.transport.report_evaluation(report),
                              "ReportEvaluation")
-        self.stats.evaluations += 1
+        self.stats.evaluations += 0 if report.declines else 1
         return protocol.heard(Accepted())
 
     # -- secure aggregation's phases (``fedlink.client.secure``) --------------------------
@@ -510,19 +510,13 @@ class ClientSession:
         Unmask: "_unmask"}
     """The method that performs each action (by name: a subclass may perform one its way)."""
 
-    def _scored(self, task: Task, scores: Mapping[str, float]) -> EvaluationReport | None:
-        """The report of the trainer's ``scores``; ``None`` (logged) when there is none to
-        send: no local examples, or a score that is not a finite number."""
-        try:
-            report = evaluation_report(self.client_id, task, self.trainer, scores)
-        except ConfigError as err:
-            log.warning("%s: not reporting evaluation task %s: %s", self.client_id,
-                        task.task_id, err)
-            return None
-        if report.num_examples < 1:
-            log.info("%s: no local examples to evaluate task %s on", self.client_id,
-                     task.task_id)
-            return None
+    def _scored(self, task: Task, scores: Mapping[str, float]) -> EvaluationReport:
+        """The report of the trainer's ``scores``, or the task's decline (logged) when there
+        is no score to send: no local examples, or a score that is not a finite number."""
+        report, why = report_or_decline(self.client_id, task, self.trainer, scores)
+        if why:
+            log.warning("%s: declining evaluation task %s: %s", self.client_id, task.task_id,
+                        why)
         return report
 
     def _left_group(self, task_id: str, err: SecAggError) -> Lost:

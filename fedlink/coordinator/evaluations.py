@@ -125,6 +125,7 @@ class EvaluationDesk:
         self._drawn: dict[str, int] = {}  # client id -> the last version its coin was drawn for
         self._chosen: tuple[int, frozenset[str]] = (-1, frozenset())  # version, client ids
         self._final_since: float | None = None  # when the final version's evaluations began
+        self._declined: set[str] = set()  # task ids their clients declined
         self._call_at = call_at
         self.on_final_change: Callable[[], None] = lambda: None
         self.final_evaluations = True
@@ -304,9 +305,13 @@ class EvaluationDesk:
             raise InvalidArgument(f"task {request.task_id!r} is not an evaluation task")
         if record.state is TaskState.EVALUATED:
             return EvaluationAck(request.task_id, duplicate=True)
+        if request.task_id in self._declined:
+            return EvaluationAck(request.task_id, duplicate=True)
         if not self.is_open(record):
             raise UpdateRefused(f"evaluation task {request.task_id!r} is closed",
                                 RefusalCode.TASK_CLOSED)
+        if request.declines and request.model_version == record.version:
+            return self._decline(record)
         metrics = checked_scores(request, record)
         examples = bounded_examples(request.num_examples, self._declared(request.client_id),
                                     self._limits.max_examples_per_update)
@@ -318,6 +323,18 @@ class EvaluationDesk:
         if self.engine.finished:
             self.on_final_change()
         return EvaluationAck(request.task_id)
+
+
+    def _decline(self, record: TaskRecord) -> EvaluationAck:
+        """The client cannot score the model: the task closes without a score (a repeat of
+        the decline is answered as a duplicate)."""
+        record.move(TaskState.CLOSED)
+        self._declined.add(record.task_id)
+        self._events.emit(kinds.EvaluationDeclined.build(
+            client_id=record.client_id, task_id=record.task_id, model_version=record.version))
+        if self.engine.finished:
+            self.on_final_change()
+        return EvaluationAck(record.task_id)
 
 
 def checked_scores(request: EvaluationReport, record: TaskRecord) -> dict[str, float]:

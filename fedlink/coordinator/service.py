@@ -309,8 +309,9 @@ class CoordinatorService:
         self.checks.evaluation(request)
         with self._journal.durably():
             ack = self.evaluations.report(request)
-            if not ack.duplicate:  # it scored the model: it used the bytes it was sent
-                self.transfers.downloads_settled(request.client_id, request.task_id, True)
+            if not ack.duplicate:  # a score used the bytes it was sent; a decline did not
+                self.transfers.downloads_settled(request.client_id, request.task_id,
+                                                 not request.declines)
         await self.state.sync()
         return ack
 

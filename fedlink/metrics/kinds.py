@@ -460,13 +460,26 @@ class OtherEvent(Event):
         return ()
 
 
+@dataclass(frozen=True, eq=False, kw_only=True, repr=False)
+class EvaluationDeclined(Event):
+    """A client declined its evaluation task of ``model_version``: it could not score the
+    model (no local example, or a score that is not a finite number; its own log says
+    which). The task closed without a score."""
+
+    KIND: ClassVar[str] = "evaluation_declined"
+    client_id: str | None = None
+    task_id: str | None = None
+    model_version: int | None = None
+
+
 EVENT_TYPES: Mapping[str, type[Event]] = {
     cls.KIND: cls for cls in (
         RunStarted, ClientJoined, TaskIssued, DownloadFinished, DownloadUsed, UpdateAccepted,
         UpdateRefused, Flush, FlushRefused, UpdateLimited, SecureGroupLost, SecureAnswerLate,
         ClientLeft,
         ClientExpired, ClientTimeout, RunFinished,
-        CoordinatorRestored, ClientNetwork, EvaluationIssued, EvaluationReported)
+        CoordinatorRestored, ClientNetwork, EvaluationIssued, EvaluationReported,
+        EvaluationDeclined)
 }
 """Every event kind the framework writes, by name."""
 

@@ -83,11 +83,15 @@
 ``evaluation_error``     the ``evaluation_error`` of the last such flush (None when none)
 ``empty_flushes``        flushes that aggregated no update (every update of their round was
                          refused, or dropped by the flush guard): each left the model as it was
+``evaluations_issued``, ``evaluations_reported``, ``evaluations_declined``  federated
+                         evaluation tasks handed out, the client reports accepted, and the
+                         tasks clients declined, unable to score (``[coordinator.evaluation]``;
+                         0 without)
 ``flushes_refused``      flushes whose model step was refused (``flush_refused``: non-finite or
                          exploding): each left the model as it was too
 ``warning``              what makes the run's figures mislead, in sentences joined by ``"; "``
                          (None when nothing does): empty or refused flushes, failed central
-                         evaluations;
+                         evaluations, federated evaluation that no client reported;
                          a simulation adds a final accuracy near chance (``add_warning``)
 ``privacy``              the ``privacy`` record ``run_finished`` carries (the guarantee as
                          the run ended), else that of the last ``flush`` that carries one (a
@@ -132,7 +136,12 @@ from fedlink.metrics.events import (
     Event,
     to_jsonable,
 )
-from fedlink.metrics.kinds import FlushRefused
+from fedlink.metrics.kinds import (
+    EvaluationDeclined,
+    EvaluationIssued,
+    EvaluationReported,
+    FlushRefused,
+)
 from fedlink.metrics.model_time import model_time_figures
 from fedlink.private import private_dir, touch_private
 from fedlink.refusals import code_for_status
@@ -162,6 +171,9 @@ def summarize(events: list[Event], config: Mapping[str, Any]) -> dict[str, Any]:
     summary["evaluation_errors"] = len(failed)
     summary["evaluation_error"] = failed[-1] if failed else None
     summary["empty_flushes"] = sum(1 for e in flushes if e.get("num_updates") == 0)
+    summary["evaluations_issued"] = len(of_kind(events, EvaluationIssued.KIND))
+    summary["evaluations_reported"] = len(of_kind(events, EvaluationReported.KIND))
+    summary["evaluations_declined"] = len(of_kind(events, EvaluationDeclined.KIND))
     refused_steps = list({e.get("model_version"): e  # a resumed log may repeat one
                           for e in of_kind(events, FlushRefused.KIND)}.values())
     summary["flushes_refused"] = len(refused_steps)
@@ -186,6 +198,12 @@ def _run_warnings(summary: Mapping[str, Any]) -> list[str]:
     """What in a run's own record makes its figures mislead: flushes that aggregated nothing
     (the run still ends "completed N rounds") and flushes that central evaluation failed."""
     warnings = []
+    if summary["evaluations_issued"] and not summary["evaluations_reported"]:
+        warnings.append(
+            f"federated evaluation issued {summary['evaluations_issued']} tasks and no client "
+            f"reported a score ({summary['evaluations_declined']} declined: no local example, "
+            f"or a score that is not a finite number, as each client's log says; the others "
+            f"expired): the summary has no federated figures")
     empty, rounds = summary["empty_flushes"], summary["rounds"]
     if empty:
         refused = ", ".join(f"{entry['count']} {code}"

@@ -266,3 +266,34 @@ def test_secure_sums_of_updates_that_did_no_work_are_warned_of(tmp_path: Path,
     assert summary["secure_updates_without_work"] == 8
     assert summary["warning"].startswith("8 of 8 updates in secure sums completed no local "
                                          "step")
+
+
+class ScoresNaN(OutOfTime):
+    """Trains (a step of +0.01) and scores every model NaN: a client reports no such score."""
+
+    def train(self, params: np.ndarray, plan: Any) -> TrainResult:
+        return TrainResult(params + 0.01, self.examples, 5, 5)
+
+    def evaluate(self, params: np.ndarray) -> dict[str, float]:
+        return {"accuracy": float("nan"), "loss": 1.0}
+
+
+def scores_nan(model: Any, data: Any, *, seed: int, **settings: Any) -> ScoresNaN:
+    return ScoresNaN(data)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["virtual", "grpc"])
+def test_evaluation_tasks_no_client_can_score_are_declined_and_warned_of(tmp_path: Path,
+                                                                         mode: str) -> None:
+    """Each client declines its task (it would not send a NaN): over gRPC the task was
+    handed back at every check-in until it expired, the run's end waiting on it."""
+    config = tiny(mode, coordinator={"evaluation": {"fraction": 0.5}})
+    summary = run_simulation(config, tmp_path, progress=False, trainer=scores_nan).summary
+    issued = summary["evaluations_issued"]
+    assert issued > 0 and summary["evaluations_reported"] == 0
+    assert summary["evaluations_declined"] == issued
+    assert "federated_evaluation" not in summary
+    assert summary["warning"].startswith(
+        f"federated evaluation issued {issued} tasks and no client reported a score "
+        f"({issued} declined")

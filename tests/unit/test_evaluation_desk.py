@@ -128,6 +128,22 @@ def test_bad_reports_are_refused_and_change_nothing(fake_clock: FakeClock) -> No
     assert not evaluations.report(report(task)).duplicate  # still open: a good one counts
 
 
+def test_a_client_that_cannot_score_declines_and_the_task_closes(fake_clock: FakeClock) -> None:
+    """No example scored and no score (protocol 1.2): not handed back until it expires."""
+    evaluations, engine, events = desk(fake_clock)
+    task = evaluations.offer("ca", -1)
+    assert task is not None
+    decline = EvaluationReport("ca", task.task_id, task.model_version, 0, {})
+    assert decline.declines and not evaluations.report(decline).duplicate
+    assert evaluations.report(decline).duplicate  # a retry whose answer was lost
+    record, task_open = evaluations.lookup("ca", task.task_id)
+    assert not task_open and record.state is TaskState.CLOSED
+    assert evaluations.offer("ca", -1) is None  # nothing handed back for this version
+    [declined] = events.of_kind("evaluation_declined")
+    assert (declined["task_id"], declined["model_version"]) == (task.task_id, 0)
+    assert events.of_kind("evaluation_reported") == []
+
+
 def test_an_evaluation_task_expires_and_closes_when_its_client_leaves(
         fake_clock: FakeClock) -> None:
     evaluations, _, events = desk(fake_clock)

@@ -11,8 +11,9 @@ through the real client's steps in model time, in the order the client's lifecyc
 (``fedlink.client.protocol``) gives them: a check-in round trip, the model's download (none
 when the client holds that version), one forward pass over its examples
 (``ceil(examples / batch_size)`` steps at ``step_cost_s x speed``: a simplification, the same
-per-batch cost as a training step), the report's round trip (no report when it scored no
-example), all paused while the client is offline. The score itself is the client trainer's
+per-batch cost as a training step), the report's round trip (a decline's, when it scored no
+example or a score is not a finite number: an ``evaluation_declined`` event), all paused
+while the client is offline. The score itself is the client trainer's
 real ``evaluate`` on the decoded model (run inline, on the loop's thread); a trainer without
 ``evaluate`` does not evaluate, as a real client does not advertise the capability. The
 report becomes one ``evaluation_reported`` event (example count bounded as the coordinator
@@ -33,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from fedlink.client.evaluation import evaluation_report, evaluator_of
+from fedlink.client.evaluation import evaluator_of, report_or_decline
 from fedlink.client.protocol import (
     Accepted,
     ClientProtocol,
@@ -49,8 +50,8 @@ from fedlink.coordinator.commits import bounded_examples
 from fedlink.coordinator.config import CoordinatorConfig
 from fedlink.coordinator.engine import RoundEngine
 from fedlink.coordinator.evaluations import evaluators
-from fedlink.errors import ConfigError, RemoteError
-from fedlink.messages import Task, TaskKind
+from fedlink.errors import RemoteError
+from fedlink.messages import EvaluationReport, Task, TaskKind
 from fedlink.metrics import EventLog, kinds
 from fedlink.sim.virtual.availability import Availability, finish
 from fedlink.sim.virtual.population import Population
@@ -168,21 +169,18 @@ class VirtualEvaluations:
             return
         model = unpack(payload.header, payload.data, world.engine.num_parameters,
                        verify=False)  # the engine's own bytes
-        try:
-            report = evaluation_report(f"sim-{index}", task, trainer, evaluator.evaluate(model))
-        except ConfigError as err:  # a non-finite score: a real client does not report it
-            self._lost(protocol, task, str(err))
-            return
+        # no local example, or a score that is not a finite number: declined, as a real
+        # client does (``report_or_decline``)
+        report, _ = report_or_decline(f"sim-{index}", task, trainer, evaluator.evaluate(model))
         passes = math.ceil(max(report.num_examples, 1) / self._batch)
         compute = passes * world.step_cost_s * world.population.speed(index)
-        if not isinstance(protocol.heard(Scored(report.num_examples >= 1)), Report):
-            self._ended(task)  # no example scored: nothing to report
-            return
+        action = protocol.heard(Scored())
+        assert isinstance(action, Report)
         arrives = finish(world.availability, index, world.clock.now(), compute + report_s)
         examples = bounded_examples(report.num_examples, world.population.num_examples(index),
                                     self._max_examples)
         world.clock.call_at(arrives, lambda: self._arrive(protocol, task, index, examples,
-                                                          dict(report.metrics)))
+                                                          report))
 
     def _lost(self, protocol: ClientProtocol, task: Task, reason: str) -> None:
         protocol.heard(Lost(reason))
@@ -194,17 +192,22 @@ class VirtualEvaluations:
         self._sent.pop(task.task_id, None)
 
     def _arrive(self, protocol: ClientProtocol, task: Task, index: int, examples: int,
-                metrics: dict[str, float]) -> None:
-        """The report reaches the coordinator (once the run is over, only the final
-        version's are taken)."""
+                report: EvaluationReport) -> None:
+        """The report, or the decline, reaches the coordinator (once the run is over, only
+        the final version's are taken); a decline used none of the bytes it was sent."""
         final = task.task_id in self._final
         sent = self._sent.get(task.task_id, 0)
         self._ended(task)
         if self.world.engine.finished and not final:
             return
         protocol.heard(Accepted())
+        client_id, metrics = f"sim-{index}", dict(report.metrics)
+        if report.declines:
+            self.world.events.emit(kinds.EvaluationDeclined.build(
+                client_id=client_id, task_id=task.task_id, model_version=task.model_version))
+            return
         self.world.events.emit(kinds.EvaluationReported.build(
-            client_id=f"sim-{index}", task_id=task.task_id, model_version=task.model_version,
+            client_id=client_id, task_id=task.task_id, model_version=task.model_version,
             num_examples=examples, loss=metrics.get("loss"), accuracy=metrics.get("accuracy"),
             metrics=metrics))
         self.world.count_used(sent)
