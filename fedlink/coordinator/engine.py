@@ -204,7 +204,8 @@ class RoundEngine:
         # None until the run's first task: the wait for clients to start is not round 1's time
         self._round_started: float | None = None
         self._round_bytes_up = 0
-        self._dropped = 0  # updates refused this version (partial, no work) that answered for a place
+        # updates refused since the last flush (partial, no work) that answered for a place
+        self._dropped = 0
         self.finished_reason = ""
 
     def _weights_norm(self) -> float:
@@ -283,10 +284,11 @@ class RoundEngine:
         for task in tasks:
             self._index(dataclasses.replace(task, issued_at=now))
         self._ids = TaskIds.restored([(t.task_id, t.version) for t in tasks])
-        # a continuous buffer's refused answers since its last flush are not told apart from
-        # earlier ones: after a restart it waits for as many more answers
-        self._dropped = 0 if self.rule.continuous else sum(
-            1 for t in tasks if t.state is TaskState.DROPPED and t.version == self._version)
+        # a refused answer of the current version came after the last flush; a continuous
+        # buffer's refused answers of earlier versions are not told apart from those before
+        # it, so after a restart it waits for as many more answers
+        self._dropped = sum(1 for t in tasks
+                            if t.state is TaskState.DROPPED and t.version == self._version)
         self._next_task = next_task
 
     def due_flush(self) -> FlushOutcome | None:

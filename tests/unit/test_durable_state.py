@@ -62,7 +62,7 @@ class Coordinator:
         return reply
 
     def deliver(self, client_id: str, task: Task, delta: np.ndarray,
-                upload_id: str = "") -> CommitReply:
+                upload_id: str = "", steps: tuple[int, int] = (1, 1)) -> CommitReply:
         payload = pack(delta, get_codec("fp32"))
         upload_id = upload_id or f"up-{task.task_id}"
 
@@ -71,7 +71,7 @@ class Coordinator:
 
         run_async(self.service.upload(stream()))
         return run_async(self.service.commit(CommitRequest(
-            client_id, upload_id, task.task_id, task.model_version, 10, 1, 1, payload.header)))
+            client_id, upload_id, task.task_id, task.model_version, 10, *steps, payload.header)))
 
     def crash(self) -> None:
         """What SIGKILL leaves: every durable byte, nothing else (no orderly close)."""
@@ -142,6 +142,24 @@ def test_a_refusal_is_remembered_across_a_restart(tmp_path: Path) -> None:
         run_async(second.service.commit(CommitRequest(
             a, "up-2", task.task_id, 0, 10, 1, 1, payload.header)))
     assert again.value.reason is RefusalCode.ALREADY_ACCEPTED  # the code is remembered too
+
+
+@pytest.mark.parametrize("flush", [FlushRule(goal=2, min_updates=2, deadline_s=None),
+                                   FlushRule.from_preset("async", goal=2)])
+def test_a_refused_answer_still_counts_towards_the_goal_after_a_restart(
+        tmp_path: Path, flush: FlushRule) -> None:
+    """An update with no work answers for its place; a restart must not forget it, or the
+    round (or the buffer) would wait for one answer more."""
+    cfg = config(tmp_path, flush=flush)
+    first = Coordinator(cfg)
+    a, b = first.join("a"), first.join("b")
+    task_a, task_b = first.task(a), first.task(b)
+    with pytest.raises(UpdateRefused) as refused:
+        first.deliver(a, task_a, delta(1), steps=(0, 5))
+    assert refused.value.reason is RefusalCode.NO_WORK
+    first.crash()
+    second = Coordinator(cfg)
+    assert second.deliver(b, task_b, delta(2)).flushed_version == 1
 
 
 @pytest.mark.parametrize("optimizer,options", [("fedadam", {"lr": 0.05}),
