@@ -21,6 +21,7 @@ from fedlink.data import FederatedData, load_federated
 from fedlink.data.torch_data import TorchFederatedData
 from fedlink.errors import ConfigError
 from fedlink.experiment.setup import Experiment, Plugs
+from fedlink.metrics.events import read_events
 from fedlink.metrics.formatting import key_figures
 from fedlink.sim import ExperimentConfig
 from fedlink.sim.runner import run_simulation
@@ -203,6 +204,20 @@ def test_virtual_and_real_summaries_have_the_same_keys_meaning_the_same(
     # virtual model time has its own key, not wall_seconds
     assert "model_seconds" in virtual and virtual["wall_seconds"] != virtual["model_seconds"]
     assert np.isfinite(virtual["model_seconds"])
+
+
+def test_a_virtual_cohort_completed_by_refusals_flushes_then_not_at_the_next_poll(
+        tmp_path: Path) -> None:
+    """As a server's timekeeper wakes when the flush is due, not a poll interval later."""
+    config = tiny("virtual", virtual={"poll_s": 5.0})
+    result = run_simulation(config, tmp_path, progress=False, trainer=out_of_time)
+    events = read_events(result.run_dir / "events.jsonl")
+    flushes = [e for e in events if e["kind"] == "flush"]
+    assert len(flushes) == 2
+    for flush in flushes:
+        last = max(e["elapsed"] for e in events if e["kind"] == "update_refused"
+                   and e["elapsed"] <= flush["elapsed"])
+        assert flush["elapsed"] == last
 
 
 @pytest.mark.parametrize("mode", ["virtual", "grpc"])

@@ -486,6 +486,7 @@ class VirtualLoop:
             self.events.emit(update_refused(update.client_id, update.task_id, err,
                                             update.bytes_up, update.metrics))
             busy.protocol.heard(outcome_of(err) or Refused(err.detail))
+            self._poll_if_due()  # a refused answer may have completed its cohort
         else:
             busy.protocol.heard(Accepted())
             self.count_used(busy.bytes_down)
@@ -524,6 +525,15 @@ class VirtualLoop:
         self._done(busy)
 
     # -- the coordinator's periodic work ----------------------------------------------------
+
+    def _poll_if_due(self) -> None:
+        """Apply the flush rule now when it is due now, as a server's timekeeper wakes at
+        ``deadline_at`` (not at the next ``poll_s``)."""
+        due = self.engine.deadline_at()
+        if due is not None and due <= self.clock.now():
+            outcome = self.engine.poll()
+            if outcome is not None:
+                self.flushed(outcome)
 
     def _poll(self) -> None:
         """The deadline rule and the liveness check, as the server's poll loop runs them."""
