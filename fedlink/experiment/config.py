@@ -99,8 +99,8 @@ class RunSection:
     ``target_accuracy > 0`` ends a run (``simulate`` in either mode, and ``serve``) on the
     first flush whose central test accuracy reaches it; 0 (the default) runs all
     ``[coordinator] rounds``. For time-to-accuracy measurements. The evaluator must score an
-    ``accuracy`` (the built-in one does; one of your own that does not is refused with a
-    target).
+    ``accuracy`` (the built-in one does for class labels; a target beside one that does not
+    is refused).
 
     ``tensorboard = true`` also writes TensorBoard scalars into ``<run folder>/tensorboard``
     (``fedlink.observe.tensorboard``; needs the ``tensorboard`` extra), for ``simulate`` and
@@ -445,19 +445,18 @@ class ExperimentConfig:
         self._refuse_a_liveness_derivation_overridden()
 
     def _refuse_a_liveness_derivation_overridden(self) -> None:
-        """In virtual mode ``heartbeat_interval_s`` and ``long_poll_s`` only derive the
-        liveness timeout (there are no heartbeats or long polls), so a ``liveness_timeout_s``
-        of its own leaves them unread."""
+        """In virtual mode ``long_poll_s`` only derives the liveness timeout (there are no
+        long polls), so a ``liveness_timeout_s`` of its own leaves it unread.
+        ``heartbeat_interval_s`` is kept: the timeout must exceed it, so a short timeout
+        needs a shorter interval."""
         limits = self.coordinator.limits
-        overridden = [f"coordinator.limits.{k}" for k in ("heartbeat_interval_s", "long_poll_s")
-                      if k in changed_fields(limits)]
-        if limits.liveness_timeout_s is None or not overridden:
+        if limits.liveness_timeout_s is None or "long_poll_s" not in changed_fields(limits):
             return
-        raise ConfigError(f"{', '.join(overridden)}: [run] mode = 'virtual' has no heartbeats "
-                          f"or long polls; {_them(overridden)} only derive the liveness timeout "
-                          f"there, which coordinator.limits.liveness_timeout_s = "
-                          f"{limits.liveness_timeout_s:g} sets itself. Remove {_them(overridden)}, "
-                          f"or liveness_timeout_s")
+        raise ConfigError(f"coordinator.limits.long_poll_s: [run] mode = 'virtual' has no long "
+                          f"polls; it only derives the liveness timeout there, which "
+                          f"coordinator.limits.liveness_timeout_s = "
+                          f"{limits.liveness_timeout_s:g} sets itself. Remove long_poll_s, or "
+                          f"liveness_timeout_s")
 
     def _refuse_a_backend_that_never_trains(self) -> None:
         """``[run] backend`` trains with ``[virtual] workers > 0`` only (0: inline), and the

@@ -145,13 +145,17 @@ def test_virtual_mode_keeps_the_limits_its_loop_reads() -> None:
 
 
 def test_virtual_mode_refuses_what_derives_a_liveness_timeout_set_outright() -> None:
-    """With no heartbeats or long polls, those keys only derive the liveness timeout."""
-    limits = {"heartbeat_interval_s": 2.0, "long_poll_s": 1.0, "liveness_timeout_s": 30.0}
+    """With no long polls, ``long_poll_s`` only derives the liveness timeout."""
+    limits = {"long_poll_s": 1.0, "liveness_timeout_s": 30.0}
     message = _refused(_with(VIRTUAL, {"coordinator": {"limits": limits}}),
-                       "coordinator.limits.heartbeat_interval_s, coordinator.limits.long_poll_s")
+                       "coordinator.limits.long_poll_s")
     assert "liveness_timeout_s = 30 sets itself" in message
     ExperimentConfig.from_dict(_with({"coordinator": {"limits": limits}},
-                                     {"run": {"mode": "grpc"}}))  # a real coordinator reads them
+                                     {"run": {"mode": "grpc"}}))  # a real coordinator reads it
+    # a timeout shorter than the default interval needs a shorter interval, which it bounds
+    short = {"heartbeat_interval_s": 1.0, "liveness_timeout_s": 3.0}
+    config = ExperimentConfig.from_dict(_with(VIRTUAL, {"coordinator": {"limits": short}}))
+    assert config.coordinator.limits.liveness_timeout == 3.0
 
 
 # -- [run] mode = "grpc": [virtual], [ray] and [run] backend are never read -------------------
