@@ -34,6 +34,7 @@ from fedlink.metrics.formatting import human_bytes, human_seconds
 from fedlink.metrics.summary import (
     SUMMARY_FILENAME,
     first_task_elapsed,
+    made_elapsed,
     of_kind,
     unique_flushes,
 )
@@ -100,19 +101,12 @@ def _curve(name: str, events: list[Event], summary: Mapping[str, Any]) -> RunCur
     points = [(made - start, float(f.get("model_version") or 0),
                sent[bisect.bisect_right(times, made)] / 1e6, float(f["accuracy"]))
               for f in unique_flushes(events) if f.get("accuracy") is not None
-              for made in (_made(f),)]
+              for made in (made_elapsed(f),)]
     points.sort()
     return RunCurve(name, seconds=tuple(p[0] for p in points),
                     version=tuple(p[1] for p in points),
                     megabytes_up=tuple(p[2] for p in points),
                     accuracy=tuple(p[3] for p in points), summary=summary)
-
-
-def _made(flush: Event) -> float:
-    """When a flush's version was made: a served run reports it after central evaluation,
-    by which time the next round's updates may have come."""
-    made = flush.get("made_elapsed")
-    return float(flush["elapsed"] if made is None else made)
 
 
 def learned_nothing(run: RunCurve) -> bool:

@@ -16,7 +16,7 @@ from fedlink.metrics.events import FLUSH, UPDATE_ACCEPTED, Event
 from fedlink.metrics.federated import draw_federated
 from fedlink.metrics.formatting import fmt_metric, human_bytes, human_seconds, key_figures
 from fedlink.metrics.model_time import draw_model_time
-from fedlink.metrics.summary import comm_figures, of_kind, start_elapsed
+from fedlink.metrics.summary import comm_figures, made_elapsed, of_kind, start_elapsed
 from fedlink.metrics.svg import Series, line_plot, write_svg
 from fedlink.private import private_dir, touch_private
 
@@ -81,7 +81,7 @@ def _series(flushes: list[Event], start: float, virtual: bool = False) -> list[_
         _Series(ACCURACY_VS_ROUND, "Accuracy vs model version", _versions(acc), accuracy,
                 "model version", "accuracy"),
         _Series(ACCURACY_VS_TIME, "Accuracy vs time",
-                [float(e["elapsed"]) - start for e in acc], accuracy,
+                [made_elapsed(e) - start for e in acc], accuracy,
                 "model seconds since run start" if virtual else "seconds since run start",
                 "accuracy"),
         _Series(LOSS_VS_ROUND, "Loss vs model version", _versions(loss),

@@ -82,7 +82,7 @@
                          ``evaluation_error``); 0 when none did
 ``evaluation_error``     the ``evaluation_error`` of the last such flush (None when none)
 ``empty_flushes``        flushes that aggregated no update (every update of their round was
-                         refused, or dropped by the flush guard): each left the model as it was
+                         refused): each left the model as it was
 ``evaluations_issued``, ``evaluations_reported``, ``evaluations_declined``  federated
                          evaluation tasks handed out, the client reports accepted, and the
                          tasks clients declined, unable to score (``[coordinator.evaluation]``;
@@ -174,8 +174,10 @@ def summarize(events: list[Event], config: Mapping[str, Any]) -> dict[str, Any]:
     summary["evaluations_issued"] = len(of_kind(events, EvaluationIssued.KIND))
     summary["evaluations_reported"] = len(of_kind(events, EvaluationReported.KIND))
     summary["evaluations_declined"] = len(of_kind(events, EvaluationDeclined.KIND))
+    versions = {e.get("model_version") for e in flushes}  # made after the run's last: none
     refused_steps = list({e.get("model_version"): e  # a resumed log may repeat one
-                          for e in of_kind(events, FlushRefused.KIND)}.values())
+                          for e in of_kind(events, FlushRefused.KIND)
+                          if e.get("model_version") in versions}.values())
     summary["flushes_refused"] = len(refused_steps)
     summary["flush_refused_reason"] = refused_steps[-1].get("reason") if refused_steps else None
     summary["warning"] = None
@@ -195,8 +197,10 @@ def add_warning(summary: dict[str, Any], warning: str | None) -> None:
 
 
 def _run_warnings(summary: Mapping[str, Any]) -> list[str]:
-    """What in a run's own record makes its figures mislead: flushes that aggregated nothing
-    (the run still ends "completed N rounds") and flushes that central evaluation failed."""
+    """What in a run's own record makes its figures mislead: federated evaluation that no
+    client reported, flushes that aggregated nothing or whose step was refused (the run
+    still ends "completed N rounds"), secure sums of updates that did no work, and flushes
+    that central evaluation failed."""
     warnings = []
     if summary["evaluations_issued"] and not summary["evaluations_reported"]:
         warnings.append(
@@ -211,7 +215,7 @@ def _run_warnings(summary: Mapping[str, Any]) -> list[str]:
         warnings.append(
             ("no flush aggregated an update, so the final model is the initial one"
              if empty == rounds else f"{empty} of {rounds} flushes aggregated no update")
-            + f": every update of their rounds was refused or dropped (refusals: "
+            + f": every update of their rounds was refused (the run's refusals: "
               f"{refused or 'none'}). Look at the refusals in events.jsonl")
     refused = summary["flushes_refused"]
     if refused:
@@ -289,6 +293,14 @@ def wall_seconds(events: list[Event]) -> float:
     finished = of_kind(events, RUN_FINISHED)
     end = finished[-1] if finished else max(events, key=lambda e: float(e["elapsed"]))
     return max(0.0, float(end["elapsed"]) - first_task_elapsed(events))
+
+
+def made_elapsed(flush: Mapping[str, Any]) -> float:
+    """When a flush's version was made, on its log's clock: a served run reports a version
+    after its central evaluation (the event's ``elapsed``), by which time the next round's
+    updates may have come; its ``made_elapsed`` is when it was made."""
+    made = flush.get("made_elapsed")
+    return float(flush["elapsed"] if made is None else made)
 
 
 def unique_flushes(events: list[Event]) -> list[Event]:

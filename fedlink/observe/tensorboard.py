@@ -1,7 +1,8 @@
 """TensorBoard scalars of a run, written beside its ``events.jsonl`` (``[run] tensorboard``).
 
 :class:`TensorBoardScalars` is an event-log subscriber. Each ``flush`` writes, at step = the
-model version and at the run's start time plus the flush's ``elapsed`` (so TensorBoard plots
+model version and at the run's start time plus when its version was made (``made_elapsed``:
+a served run logs the flush after its central evaluation) (so TensorBoard plots
 them against version, and against time with its "relative" or "wall" axis): ``eval/accuracy``,
 ``eval/loss``, ``traffic/bytes_up``, ``traffic/bytes_down`` (totals so far),
 ``updates/accepted``, ``updates/refused`` (totals so far), ``round/seconds`` and, for DP runs,
@@ -28,6 +29,7 @@ from typing import Any, Self
 
 from fedlink.errors import ConfigError
 from fedlink.metrics.events import Event, EventLog
+from fedlink.metrics.summary import made_elapsed
 
 try:
     from tensorboard.compat.proto import event_pb2, summary_pb2
@@ -86,11 +88,10 @@ class TensorBoardScalars:
             summary=summary_pb2.Summary(value=values)))
 
     def _time(self, event: Event) -> float:
-        """The run's start plus the event's ``elapsed`` (model seconds in a virtual run);
-        its ``t`` when it has no ``elapsed``."""
-        elapsed = event.get("elapsed")
-        if self._origin is not None and _finite(elapsed):
-            return self._origin + float(elapsed)
+        """The run's start plus when the flush's version was made (``made_elapsed``; model
+        seconds in a virtual run); its ``t`` when it has no ``elapsed``."""
+        if self._origin is not None and _finite(event.get("elapsed")):
+            return self._origin + made_elapsed(event)
         return float(event.get("t") or 0.0)
 
     def close(self) -> None:
