@@ -326,12 +326,14 @@ def _valid_metric(key: str, value: float) -> bool:
 
 @check("evaluate")
 def _evaluate(record: RunRecord) -> tuple[bool, str]:
-    """The client advertises ``evaluate`` and answers evaluation tasks with a report."""
+    """The client advertises ``evaluate`` and answers evaluation tasks with a report of
+    scores (a decline, which carries none, does not count: the probe's model can be
+    scored)."""
     advertised = any("evaluate" in c.fields["capabilities"] for c in record.log.of("Join"))
     tasks = {c.fields["task_id"] for c in record.log.of("GetTask")
              if c.fields.get("kind") == "EVALUATE"}
     reported = {c.fields["task_id"] for c in record.log.of("ReportEvaluation")
-                if c.outcome == "OK"}
+                if c.outcome == "OK" and c.fields.get("metrics")}
     committed = tasks & {c.fields["task_id"] for c in record.log.of("Commit")}
     passed = advertised and bool(reported) and not committed
     return passed, (f"capability {'advertised' if advertised else 'not advertised'}; "

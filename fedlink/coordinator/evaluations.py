@@ -125,7 +125,7 @@ class EvaluationDesk:
         self._drawn: dict[str, int] = {}  # client id -> the last version its coin was drawn for
         self._chosen: tuple[int, frozenset[str]] = (-1, frozenset())  # version, client ids
         self._final_since: float | None = None  # when the final version's evaluations began
-        self._declined: set[str] = set()  # task ids their clients declined
+        self._declined: set[str] = set()  # the kept tasks' ids their clients declined
         self._call_at = call_at
         self.on_final_change: Callable[[], None] = lambda: None
         self.final_evaluations = True
@@ -154,6 +154,7 @@ class EvaluationDesk:
         record = self._latest.pop(client_id, None)
         if record is not None:
             del self._by_id[record.task_id]
+            self._declined.discard(record.task_id)
             if record.state is TaskState.EVALUATING:
                 record.move(TaskState.CLOSED)
         if self._final_since is not None:
@@ -243,6 +244,7 @@ class EvaluationDesk:
         previous = self._latest.get(client_id)
         if previous is not None:  # ended (one open task per client): its id is forgotten
             del self._by_id[previous.task_id]
+            self._declined.discard(previous.task_id)
         self._latest[client_id] = self._by_id[record.task_id] = record
         self._events.emit(kinds.EvaluationIssued.build(client_id=client_id,
                                                        task_id=record.task_id,
@@ -323,7 +325,6 @@ class EvaluationDesk:
         if self.engine.finished:
             self.on_final_change()
         return EvaluationAck(request.task_id)
-
 
     def _decline(self, record: TaskRecord) -> EvaluationAck:
         """The client cannot score the model: the task closes without a score (a repeat of

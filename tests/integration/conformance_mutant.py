@@ -275,6 +275,16 @@ def _no_evaluate() -> None:
     del edge_client.LogisticRegressionTrainer.evaluate
 
 
+@mutant("decline_evaluations")
+def _decline_evaluations() -> None:
+    """Score every model NaN, so that every evaluation task is declined, never reported."""
+
+    def evaluate(self: Any, params: np.ndarray) -> dict[str, float]:
+        return {"accuracy": float("nan")}
+
+    edge_client.LogisticRegressionTrainer.evaluate = evaluate  # type: ignore[method-assign]
+
+
 @mutant("no_metrics")
 def _no_metrics() -> None:
     """Commit with no metrics."""

@@ -33,6 +33,7 @@ BROKEN: dict[str, tuple[str, tuple[str, ...]]] = {
     "ignore_retry_hint": ("retry_hint", ()),
     "no_rejoin": ("rejoin", ()),
     "no_evaluate": ("evaluate", ()),
+    "decline_evaluations": ("evaluate", ()),
     "no_metrics": ("metrics", ()),
     "no_leave": ("leave", ()),
     "no_inline": ("inline", ("--codecs", "fp32")),

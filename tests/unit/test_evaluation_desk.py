@@ -130,7 +130,7 @@ def test_bad_reports_are_refused_and_change_nothing(fake_clock: FakeClock) -> No
 
 def test_a_client_that_cannot_score_declines_and_the_task_closes(fake_clock: FakeClock) -> None:
     """No example scored and no score (protocol 1.2): not handed back until it expires."""
-    evaluations, engine, events = desk(fake_clock)
+    evaluations, _, events = desk(fake_clock)
     task = evaluations.offer("ca", -1)
     assert task is not None
     decline = EvaluationReport("ca", task.task_id, task.model_version, 0, {})

@@ -172,7 +172,9 @@ class VirtualEvaluations:
         # no local example, or a score that is not a finite number: declined, as a real
         # client does (``report_or_decline``)
         report, _ = report_or_decline(f"sim-{index}", task, trainer, evaluator.evaluate(model))
-        passes = math.ceil(max(report.num_examples, 1) / self._batch)
+        # a decline for a score that is not a finite number came after a whole pass
+        scored = world.population.num_examples(index) if report.declines else report.num_examples
+        passes = math.ceil(scored / self._batch)
         compute = passes * world.step_cost_s * world.population.speed(index)
         action = protocol.heard(Scored())
         assert isinstance(action, Report)
