@@ -228,21 +228,30 @@ class Experiment:
         found as a missing accuracy after it; so is one that returns no ``accuracy`` beside
         ``[run] target_accuracy``, which could then never end the run."""
         evaluate = self.evaluator()
-        keys = "[coordinator] evaluator" if (self.plugs.evaluate or self.config.evaluator) \
-            else "[client] loss (the default evaluator scores the test set with it)"
         try:
             scores = evaluate(initial)
         except ConfigError:
             raise
         except Exception as exc:
+            keys = "[coordinator] evaluator" if (self.plugs.evaluate or self.config.evaluator) \
+                else "[client] loss (the default evaluator scores the test set with it)"
             raise ConfigError(f"{keys}: scoring the initial model on the test set raised "
                               f"{type(exc).__name__}: {exc}") from exc
         if self.config.run.target_accuracy > 0 and "accuracy" not in scores:
-            raise ConfigError(f"[run] target_accuracy: the run's evaluator ({keys.split(' (')[0]}"
-                              f") returns no 'accuracy' (it returned {sorted(scores)}), so no "
-                              f"flush could reach the target. Return an 'accuracy' from it, "
-                              f"or remove target_accuracy")
+            raise self._no_accuracy_for_a_target(sorted(scores))
         return evaluate
+
+    def _no_accuracy_for_a_target(self, returned: list[str]) -> ConfigError:
+        """Why ``[run] target_accuracy`` is refused beside an evaluator that scores no
+        accuracy: no flush could ever reach it."""
+        own = bool(self.plugs.evaluate or self.config.evaluator)
+        which = ("the run's evaluator ([coordinator] evaluator)" if own else
+                 "the built-in evaluator, which scores accuracy for class labels only,")
+        fix = ("Return an 'accuracy' from it" if own else
+               "Plug an evaluator that returns an 'accuracy' ([coordinator] evaluator)")
+        return ConfigError(f"[run] target_accuracy: {which} returns no 'accuracy' (it returned "
+                           f"{returned}), so no flush could reach the target. {fix}, or "
+                           f"remove target_accuracy")
 
     @property
     def loss(self) -> Any:
