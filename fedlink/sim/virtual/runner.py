@@ -74,8 +74,11 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
     ``plugs`` (objects in place of what the config names) need ``[virtual] workers = 0``:
     worker processes rebuild the experiment from the config alone.
     """
-    from fedlink.sim.runner import (SimulationResult, recorded_config,
-                                    refuse_rounds_the_fleet_cannot_fill)
+    from fedlink.sim.runner import (
+        SimulationResult,
+        recorded_config,
+        refuse_rounds_the_fleet_cannot_fill,
+    )
 
     started = time.perf_counter()
     check_backend(config)
