@@ -210,20 +210,18 @@ def _run_warnings(summary: Mapping[str, Any]) -> list[str]:
             f"expired): the summary has no federated figures")
     empty, rounds = summary["empty_flushes"], summary["rounds"]
     if empty:
-        refused = ", ".join(f"{entry['count']} {code}"
-                            for code, entry in summary["refusals_by_code"].items())
-        warnings.append(
-            ("no flush aggregated an update, so the final model is the initial one"
-             if empty == rounds else f"{empty} of {rounds} flushes aggregated no update")
-            + f": every update of their rounds was refused (the run's refusals: "
-              f"{refused or 'none'}). Look at the refusals in events.jsonl")
-    refused = summary["flushes_refused"]
-    if refused:
-        warnings.append(
-            ("every flush's model step was refused, so the final model is the initial one"
-             if refused == rounds else f"{refused} of {rounds} flushes' model steps were refused")
-            + f" ({summary['flush_refused_reason']}). Look at [coordinator] server_optimizer_"
-              f"options and the updates' norms (flush_refused events)")
+        refusals = ", ".join(f"{entry['count']} {code}"
+                             for code, entry in summary["refusals_by_code"].items())
+        warnings.append(_unmoved(
+            empty, rounds, "no flush aggregated an update", "flushes aggregated no update",
+            f": every update of their rounds was refused (the run's refusals: "
+            f"{refusals or 'none'}). Look at the refusals in events.jsonl"))
+    if summary["flushes_refused"]:
+        warnings.append(_unmoved(
+            summary["flushes_refused"], rounds, "every flush's model step was refused",
+            "flushes' model steps were refused",
+            f" ({summary['flush_refused_reason']}). Look at [coordinator] "
+            f"server_optimizer_options and the updates' norms (flush_refused events)"))
     idle = summary["secure_updates_without_work"]
     if idle:
         warnings.append(
@@ -238,6 +236,14 @@ def _run_warnings(summary: Mapping[str, Any]) -> list[str]:
             f"({summary['evaluation_error']}): their accuracy is missing, and a target "
             f"accuracy could not end the run at them")
     return warnings
+
+
+def _unmoved(count: int, rounds: int, every: str, some: str, why: str) -> str:
+    """A warning that ``count`` of the run's ``rounds`` flushes left the model as it was:
+    ``every`` (when all did) or ``some``, then ``why``."""
+    head = (f"{every}, so the final model is the initial one" if count == rounds
+            else f"{count} of {rounds} {some}")
+    return head + why
 
 
 def _secure(config: Mapping[str, Any]) -> bool:
