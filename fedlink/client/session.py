@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 
+from fedlink.aio import cancel_and_wait
 from fedlink.client.base import AccountsPrivacy, Trainer, TrainResult
 from fedlink.client.delivery import Courier
 from fedlink.client.evaluation import capabilities, evaluator_of, report_or_decline
@@ -337,13 +338,12 @@ class ClientSession:
                     action = protocol.heard(self._left_group(task.task_id, err))
         finally:
             beating.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beating
-            if work.keys is not None and not work.keys.done():  # the task ended before
+            if work.keys is not None:  # a key exchange the task ended before is cancelled
                 work.keys.cancel()
+            await cancel_and_wait(beating)
             if work.keys is not None:
-                with contextlib.suppress(asyncio.CancelledError, RemoteError, SecAggError):
-                    await work.keys  # its outcome is the task's, already heard
+                with contextlib.suppress(RemoteError, SecAggError):
+                    await cancel_and_wait(work.keys)  # its outcome is the task's, already heard
         return action
 
     # -- the task's actions (each performs one, tells the protocol what came of it) ----------

@@ -15,6 +15,7 @@ import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from fedlink.aio import cancel_and_wait
 from fedlink.atomic import write_atomic_with
 from fedlink.clock import Clock, RealClock
 from fedlink.coordinator.auth import TokenVerifier, acting_as, authenticate, load_verifier
@@ -175,9 +176,7 @@ class CoordinatorServer:
         await self._health.enter_graceful_shutdown()
         await self._server.stop(grace_s)
         for task in self._background:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         self.service.close()
         self.lifecycle.close()
         self._server = None

@@ -29,6 +29,7 @@ from typing import Any
 
 import grpc
 
+from fedlink.aio import cancel_and_wait
 from fedlink.coordinator.handlers import rewrapped
 from fedlink.proto.v1 import coordinator_pb2 as pb
 from fedlink.wire.status import rich_status
@@ -114,9 +115,8 @@ class StopGate(grpc.aio.ServerInterceptor):
                     closing.cancel()
                 if call.done():
                     return call.result()
-                call.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await call
+                with contextlib.suppress(Exception):
+                    await cancel_and_wait(call)
                 await self._refuse(context)
             return run
         return wrap

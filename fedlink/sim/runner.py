@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedlink.aio import cancel_and_wait
 from fedlink.client import SessionStats, Trainer
 from fedlink.client.retry import Sleep
 from fedlink.coordinator.config import FlushRule
@@ -409,9 +410,7 @@ async def _client_part(session: ClientSession, gave_up: list[RemoteError],
     finally:
         cut.cancel()
     if not run.done():
-        run.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await run
+        await cancel_and_wait(run)
         session.stats.finished = session.stats.finished or CUT_OFF
         return session.stats
     try:

@@ -15,7 +15,7 @@ from conftest import CoordinatorFactory, TowardTrainer, run_async, target_of
 from fedlink.client import ClientOptions, ClientSession, UpdatePipeline
 from fedlink.client.feedback import RESIDUAL_FILENAME
 from fedlink.compress import CODECS, get_codec
-from fedlink.coordinator import CoordinatorConfig, FlushRule
+from fedlink.coordinator import CoordinatorConfig, FlushRule, LimitsConfig
 from fedlink.messages import CommitRequest
 from fedlink.proto.v1 import coordinator_pb2 as pb
 from fedlink.proto.v1 import coordinator_pb2_grpc as pb_grpc
@@ -38,7 +38,10 @@ async def _raw_client(port: int) -> tuple[pb_grpc.CoordinatorStub, str, pb.Task,
 @pytest.mark.timeout(120)
 def test_coordinator_decodes_every_codec_and_refuses_malformed_payloads(
         coordinator: CoordinatorFactory) -> None:
-    config = CoordinatorConfig(rounds=1, flush=FlushRule(goal=2, deadline_s=None))
+    # one client makes 6 calls per codec as fast as it can: more than a request budget's
+    # burst on a quick machine, and the rate limit is not what is tested here
+    config = CoordinatorConfig(rounds=1, flush=FlushRule(goal=2, deadline_s=None),
+                               limits=LimitsConfig(requests_per_s=0))
     vector = np.random.default_rng(0).standard_normal(DIM).astype(np.float32)
 
     async def scenario() -> int:
