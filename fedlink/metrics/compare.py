@@ -98,10 +98,10 @@ def _curve(name: str, events: list[Event], summary: Mapping[str, Any]) -> RunCur
                      for e in of_kind(events, UPDATE_ACCEPTED) + of_kind(events, UPDATE_REFUSED))
     times = [t for t, _ in uploads]
     sent = list(itertools.accumulate((b for _, b in uploads), initial=0))
-    points = [(made - start, float(f.get("model_version") or 0),
-               sent[bisect.bisect_right(times, made)] / 1e6, float(f["accuracy"]))
-              for f in unique_flushes(events) if f.get("accuracy") is not None
-              for made in (made_elapsed(f),)]
+    made = [(made_elapsed(f), f) for f in unique_flushes(events) if f.get("accuracy") is not None]
+    points = [(at - start, float(f.get("model_version") or 0),
+               sent[bisect.bisect_right(times, at)] / 1e6, float(f["accuracy"]))
+              for at, f in made]
     points.sort()
     return RunCurve(name, seconds=tuple(p[0] for p in points),
                     version=tuple(p[1] for p in points),

@@ -90,8 +90,9 @@
 ``flushes_refused``      flushes whose model step was refused (``flush_refused``: non-finite or
                          exploding): each left the model as it was too
 ``warning``              what makes the run's figures mislead, in sentences joined by ``"; "``
-                         (None when nothing does): empty or refused flushes, failed central
-                         evaluations, federated evaluation that no client reported;
+                         (None when nothing does): empty or refused flushes, secure sums of
+                         updates that did no work, failed central evaluations, federated
+                         evaluation that no client reported;
                          a simulation adds a final accuracy near chance (``add_warning``)
 ``privacy``              the ``privacy`` record ``run_finished`` carries (the guarantee as
                          the run ended), else that of the last ``flush`` that carries one (a
@@ -164,30 +165,36 @@ def summarize(events: list[Event], config: Mapping[str, Any]) -> dict[str, Any]:
     summary["privacy"] = _privacy_record(flushes, of_kind(events, "run_finished"))
     summary["secure_groups_lost"] = (len(of_kind(events, "secure_group_lost"))
                                      if _secure(config) else None)
-    summary["secure_updates_without_work"] = (
-        sum(1 for e in of_kind(events, UPDATE_ACCEPTED) if e.get("steps_completed") == 0)
-        if _secure(config) else None)
     failed = [str(e["evaluation_error"]) for e in flushes if e.get("evaluation_error")]
     summary["evaluation_errors"] = len(failed)
     summary["evaluation_error"] = failed[-1] if failed else None
-    summary["empty_flushes"] = sum(1 for e in flushes if e.get("num_updates") == 0)
-    summary["evaluations_issued"] = len(of_kind(events, EvaluationIssued.KIND))
-    summary["evaluations_reported"] = len(of_kind(events, EvaluationReported.KIND))
-    summary["evaluations_declined"] = len(of_kind(events, EvaluationDeclined.KIND))
-    versions = {e.get("model_version") for e in flushes}  # made after the run's last: none
-    refused_steps = list({e.get("model_version"): e  # a resumed log may repeat one
-                          for e in of_kind(events, FlushRefused.KIND)
-                          if e.get("model_version") in versions}.values())
-    summary["flushes_refused"] = len(refused_steps)
-    summary["flush_refused_reason"] = refused_steps[-1].get("reason") if refused_steps else None
-    summary["warning"] = None
-    for warning in _run_warnings(summary):
-        add_warning(summary, warning)
+    summary.update(_outcome_figures(events, flushes, _secure(config)))
+    summary["warning"] = "; ".join(_run_warnings(summary)) or None
     summary.update(model_time_figures(events, flushes))
     summary["wall_seconds"] = wall_seconds(events)
     summary["startup_seconds"] = max(0.0, first_task_elapsed(events) - start_elapsed(events))
     summary["config"] = to_jsonable(config)
     return summary
+
+
+def _outcome_figures(events: list[Event], flushes: list[Event], secure: bool) -> dict[str, Any]:
+    """What came of the run's work, for its warnings: empty and refused flushes, federated
+    evaluation tasks issued, reported and declined, and (``secure``) summed updates that did
+    no work."""
+    versions = {e.get("model_version") for e in flushes}  # made after the run's last: none
+    refused_steps = list({e.get("model_version"): e  # a resumed log may repeat one
+                          for e in of_kind(events, FlushRefused.KIND)
+                          if e.get("model_version") in versions}.values())
+    idle = sum(1 for e in of_kind(events, UPDATE_ACCEPTED) if e.get("steps_completed") == 0)
+    return {
+        "secure_updates_without_work": idle if secure else None,
+        "empty_flushes": sum(1 for e in flushes if e.get("num_updates") == 0),
+        "evaluations_issued": len(of_kind(events, EvaluationIssued.KIND)),
+        "evaluations_reported": len(of_kind(events, EvaluationReported.KIND)),
+        "evaluations_declined": len(of_kind(events, EvaluationDeclined.KIND)),
+        "flushes_refused": len(refused_steps),
+        "flush_refused_reason": refused_steps[-1].get("reason") if refused_steps else None,
+    }
 
 
 def add_warning(summary: dict[str, Any], warning: str | None) -> None:

@@ -531,18 +531,21 @@ class VirtualLoop:
         ``deadline_at`` (not at the next ``poll_s``)."""
         due = self.engine.deadline_at()
         if due is not None and due <= self.clock.now():
-            outcome = self.engine.poll()
-            if outcome is not None:
-                self.flushed(outcome)
+            self._apply_flush_rule()
+
+    def _apply_flush_rule(self) -> None:
+        """The engine's deadline part of the flush rule (``RoundEngine.poll``), and its
+        flush, if it makes one."""
+        outcome = self.engine.poll()
+        if outcome is not None:
+            self.flushed(outcome)
 
     def _poll(self) -> None:
         """The deadline rule and the liveness check, as the server's poll loop runs them."""
         if self.engine.finished:
             return
         self.engine.release_silent(self._last_seen)
-        outcome = self.engine.poll()
-        if outcome is not None:
-            self.flushed(outcome)
+        self._apply_flush_rule()
         self._fill()
         self.clock.call_later(self.options.poll_s, self._poll)
 
