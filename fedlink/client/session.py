@@ -352,7 +352,7 @@ class ClientSession:
                         protocol: ClientProtocol) -> Action:
         task = action.task
         if action.exchange_keys:  # secure phases 1 and 2 need no update: they go on meanwhile
-            work.keys = asyncio.create_task(self._exchange_keys(task, work))
+            work.keys = asyncio.create_task(self._exchange_keys(task))
         with self._network_clock():
             work.model = await self.courier.transfers.fetch_model(self.client_id, task,
                                                                   self._held)
@@ -406,22 +406,23 @@ class ClientSession:
 
     # -- secure aggregation's phases (``fedlink.client.secure``) --------------------------
 
-    async def _exchange_keys(self, task: Task, work: _TaskWork) -> SecureDelivery:
+    async def _exchange_keys(self, task: Task) -> SecureDelivery:
         """Secure phases 1 and 2 of ``task``, beside its download and training: its keys
         advertised, the roster heard, its secrets shared. A group that goes on without the
-        task before its masked update (``NEW_KEYS``: lost, or the shares came too late) is
-        followed by fresh keys for the next group while the client trains; once it has
-        trained, that refusal is the task's, as any other: the client checks in again and
-        exchanges keys while it trains again, instead of idling until a group forms."""
+        task before its masked update (``NEW_KEYS``: lost, its shares came too late, or a
+        roster short of members asks again) is followed by fresh keys for the next group,
+        while the client trains or with the update it trained: training the task again
+        would waste the work, and past the task's deadline would complete no step, which a
+        secure sum weighs as much as any other update."""
         while True:
             secure = self._secure_delivery(task)
             try:
                 await self._advertise(secure)
                 await self._share_keys(secure)
             except UpdateRefused as err:
-                if err.reason is not RefusalCode.NEW_KEYS or work.update is not None:
+                if err.reason is not RefusalCode.NEW_KEYS:
                     raise
-                log.info("%s: %s; fresh keys for the next group", self.client_id, err.detail)
+                log.info("%s: %s; advertising fresh keys", self.client_id, err.detail)
                 continue
             return secure
 

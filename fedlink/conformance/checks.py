@@ -404,7 +404,8 @@ DONE = ("OK", "REPLY_LOST")
 @check("secure_round")
 def _secure_round(record: RunRecord) -> tuple[bool, str]:
     """Every round's update delivered through the four ``Secure*`` calls and inside a
-    flushed sum (its ``update_accepted`` event), never a plain ``Commit``, exit code 0."""
+    flushed sum (its ``update_accepted`` event), no roster left without a ``SecureShare``,
+    never a plain ``Commit``, exit code 0."""
     plain = record.log.of("Commit")
     groups = {c.fields["task_id"]: c.fields["group"] for c in record.log.of("SecureAdvertise")
               if c.outcome == "OK"}
@@ -414,10 +415,14 @@ def _secure_round(record: RunRecord) -> tuple[bool, str]:
                for task in groups}
     complete = [task for task, gaps in missing.items() if not gaps]
     summed = set(groups) & set(record.accepted_tasks())
-    passed = (len(summed & set(complete)) >= record.rounds and not plain
+    left = _left_rosters(record)
+    passed = (len(summed & set(complete)) >= record.rounds and not plain and not left
               and record.exit_code == 0)
-    gaps = "; ".join(f"task {task} (group {groups[task]}) without {', '.join(names)}"
-                     for task, names in missing.items() if names)
+    gaps = "; ".join([f"task {task} (group {group}) without SecureShare: it advertised again "
+                      f"instead of sharing with the roster it was answered"
+                      for task, group in left]
+                     + [f"task {task} (group {groups[task]}) without {', '.join(names)}"
+                        for task, names in missing.items() if names])
     return passed, (f"{len(groups)} task(s) in secure groups, {len(complete)} through all four "
                     f"calls, {len(summed)} inside a flushed sum for {record.rounds} rounds"
                     + (f"; {gaps}" if gaps else "") + _failed_secure_calls(record)
@@ -432,6 +437,27 @@ def _secure_options(record: RunRecord) -> tuple[bool, str]:
     states them (else its calls are refused, or its group unmasks to a sum that is never
     flushed)."""
     return _secure_round(record)
+
+
+def _left_rosters(record: RunRecord) -> list[tuple[str, int]]:
+    """``(task, group)`` of each roster the client was answered and then left without a
+    ``SecureShare``, advertising again for the same task instead: a client that cannot use
+    the roster it got (one that looks for other neighbours than the group's graph names),
+    which a later group's graph could match by chance."""
+    calls = sorted(record.log.of("SecureAdvertise") + record.log.of("SecureShare"),
+                   key=lambda c: c.at)
+    answered: dict[str, int] = {}  # task -> the group whose roster came, no share since
+    left = []
+    for call in calls:
+        task = call.fields["task_id"]
+        if call.name == "SecureShare":
+            answered.pop(task, None)
+            continue
+        if task in answered:
+            left.append((task, answered.pop(task)))
+        if call.outcome in DONE:
+            answered[task] = call.fields["group"]
+    return left
 
 
 def _failed_secure_calls(record: RunRecord) -> str:

@@ -269,6 +269,10 @@ MAX_WEIGHTS_CHECKED = 10_000
 """The start-up check of the staleness weights stops at this staleness (``max_staleness`` can
 be any integer)."""
 
+FEWEST_MEMBERS = 3
+"""The smallest secure group that can go on: each member shares its secrets among at least
+2 others (and a sum of 2 would tell each member the other's update)."""
+
 
 @dataclass(frozen=True)
 class LimitsConfig:
@@ -644,13 +648,15 @@ class SecureConfig:
     for the sum to count. ``phase_s``: each phase's deadline (advertise keys, share keys,
     masked update, unmask), counted from the phase's opening (the masked phase's from its
     first update: its members may still be training); a client that misses it is out of the
-    group. A ``flush.deadline_s`` below ``4 x phase_s`` is refused: the phases run inside the
-    round's deadline, two beside training and two after it. ``quorum``: the fraction of the
-    group whose keys close the share phase, and of those that shared whose masked updates
-    close the masked phase, without waiting for the deadline (1: every one of them; never
-    fewer than the masked phase needs to go on). A member that answers after its phase closed
-    is out, as one that missed the deadline (one whose keys came late tries the next group
-    with fresh keys): on a fleet where a member in a blackout holds each phase up to
+    group. A roster too small to go on at its deadline (fewer than 3 members, or than
+    ``flush.min_updates``) waits for more members instead, its deadline counted again from
+    the next to join. A ``flush.deadline_s`` below ``4 x phase_s`` is refused: the phases run
+    inside the round's deadline, two beside training and two after it. ``quorum``: the
+    fraction of the group whose keys close the share phase, and of those that shared whose
+    masked updates close the masked phase, without waiting for the deadline (1: every one of
+    them; never fewer than the masked phase needs to go on). A member that answers after its
+    phase closed is out, as one that missed the deadline (one whose keys came late tries the
+    next group with fresh keys): on a fleet where a member in a blackout holds each phase up to
     ``phase_s``, a quorum below 1 trades a late member's work for the others' time.
     ``density`` below 1: group random-k, the compression that survives masking. Every member
     of a group sends the same ``ceil(density * n - 1e-9)`` coordinates of its update (drawn
@@ -991,9 +997,9 @@ class CoordinatorConfig:
                 f"flush hooks (coordinator.hooks) act on individual updates ({why})")
         require(not self.drop_partial, "coordinator.secure.enabled",
                 f"drop_partial judges individual updates ({why})")
-        require(self.flush.goal >= 3, "coordinator.flush.goal",
-                f"a secure group needs at least 3 members (each shares its secrets among at "
-                f"least 2 others), got goal = {self.flush.goal}")
+        require(self.flush.goal >= FEWEST_MEMBERS, "coordinator.flush.goal",
+                f"a secure group needs at least {FEWEST_MEMBERS} members (each shares its "
+                f"secrets among at least 2 others), got goal = {self.flush.goal}")
         require(self.flush.over_selection <= 1 or self.flush.max_staleness >= 1,
                 "coordinator.flush.over_selection",
                 f"over_selection = {self.flush.over_selection:g} with max_staleness = 0: a "

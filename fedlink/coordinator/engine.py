@@ -400,6 +400,11 @@ class RoundEngine:
         return any(t.version == version and t.state.asked
                    for t in self._by_client.get(client_id, ()))
 
+    def has_open_task(self, client_id: str) -> bool:
+        """Whether ``client_id`` holds a task an update could still be accepted for (its next
+        check-in hands it back)."""
+        return self._open_task_of(client_id) is not None
+
     def _open_task_of(self, client_id: str) -> TaskRecord | None:
         for record in self._by_client.get(client_id, ()):
             if self.is_open(record):
@@ -472,9 +477,15 @@ class RoundEngine:
         return options
 
     def _time_left(self) -> float:
-        """Seconds until this version's deadline (0 means no deadline)."""
+        """Seconds until this version's deadline (0 means no deadline). In a secure run a
+        task has the whole ``deadline_s`` from when it is handed out: a group is the next
+        clients to start a task, whenever that is, and its masked phase waits ``deadline_s``
+        for them (the version's deadline does not restart there, as no poll applies it, so
+        a task handed out past it would get no time at all and complete no step)."""
         if self.rule.deadline_s is None:
             return 0.0
+        if self.config.secure.enabled:
+            return self.rule.deadline_s
         return max(0.001, self.rule.deadline_s - self._round_age())
 
     @property
@@ -744,6 +755,18 @@ class RoundEngine:
         if self.rule.deadline_s is None or self._round_started is None:
             return None
         return self._round_started + self.rule.deadline_s
+
+    def holds_places(self) -> bool:
+        """Whether an open task still holds a place in a cohort (``release_silent`` may yet
+        free it)."""
+        return bool(self._holding_places())
+
+    def deadline_flushes(self) -> bool:
+        """Whether this version's deadline makes a flush when it passes, as things stand
+        (``min_updates`` are in; secure groups keep deadlines of their own): else it only
+        releases the late tasks and starts the round's clock again."""
+        return (not self.config.secure.enabled and self.rule.deadline_s is not None
+                and self._accumulator.count >= self.rule.min_updates)
 
     def next_due(self, last_seen: Callable[[str], float | None],
                  bound: Callable[[str], float | None] | None = None) -> float | None:

@@ -17,7 +17,10 @@ passed:
 1. advertise keys: closes at ``flush.goal`` members or ``secure.phase_s`` after the first; the
    roster is final. The flush rule binds a group as a flush: a member that would be staler
    than ``flush.max_staleness`` is left out (``TOO_STALE``), and a roster of fewer than
-   ``flush.min_updates`` is lost;
+   ``flush.min_updates`` is lost. A roster too small to go on when its deadline passes (fewer
+   fresh-enough members than ``flush.min_updates`` or ``FEWEST_MEMBERS``) is not closed: it
+   waits for more members, its deadline counted again from the next to join (lost, its
+   members would only form the same group again with fresh keys, every ``phase_s``);
 2. share keys: closes when every member shared (``secure.quorum`` of them, below 1) or
    ``phase_s`` after it opened; a member that did not share is out, and the others mask only
    with those that did. Its update was never sent, so its task stays open: it is refused
@@ -67,8 +70,9 @@ from typing import Any
 
 import numpy as np
 
-from fedlink.clock import Cancellable, Clock
-from fedlink.coordinator.config import CoordinatorConfig
+from fedlink.aio import cancel_and_wait
+from fedlink.clock import Cancellable, Clock, sleep_on
+from fedlink.coordinator.config import FEWEST_MEMBERS, CoordinatorConfig
 from fedlink.coordinator.engine import FlushOutcome, RoundEngine
 from fedlink.coordinator.outcomes import update_refused
 from fedlink.coordinator.records import SummedTask, TaskRecord
@@ -216,6 +220,9 @@ class SecureGroup:
     """Its unmasking could close, but a group ahead of it has not flushed yet."""
     unmask_due: bool = False
     """Its unmasking's deadline passed: it flushes without waiting for the groups ahead."""
+    short: bool = False
+    """Its roster's deadline passed with too few members to go on: it waits for more, its
+    deadline counted again from the next to join."""
     closed: list[asyncio.Event] = field(default_factory=lambda: [asyncio.Event()
                                                                  for _ in range(4)])
     roster: tuple[SecureMember, ...] = ()
@@ -382,6 +389,16 @@ class SecureDesk:
         if self.on_groups is not None:
             self.on_groups(self._next_number, self._open_groups())
 
+    def short_roster(self) -> str:
+        """What the group now forming waits for past its roster's deadline ("" when it does
+        not: it is not short of members)."""
+        group = self._forming
+        if group is None or not group.short:
+            return ""
+        needed = max(FEWEST_MEMBERS, self.config.flush.min_updates)
+        return (f"secure group {group.number} waits for members: {len(group.members)} "
+                f"advertised keys, {needed} needed")
+
     @property
     def group(self) -> SecureGroup | None:
         """The newest group (``None`` before the first)."""
@@ -398,8 +415,26 @@ class SecureDesk:
         if summed is not None:  # answered once that sum is flushed (or lost), not in a loop
             await summed.closed[UNMASK].wait()
         group, member = self.join(request)
+        await self._roster_closed(group)
         await self._wait(group, ADVERTISE, request.task_id, member)
         return self.advertise_reply(group, member, request.client_id, request.task_id)
+
+    async def _roster_closed(self, group: SecureGroup) -> None:
+        """Until ``group``'s roster closes. A roster short of members waits for more, longer
+        than a client's call may last (``phase_s`` and a round trip): a call still waiting
+        ``phase_s`` after it came is then refused ``NEW_KEYS``, and its client advertises
+        fresh keys again, keeping its place in the group."""
+        closed = asyncio.ensure_future(group.closed[ADVERTISE].wait())
+        try:
+            while not closed.done():
+                timer = asyncio.ensure_future(sleep_on(self._clock, self.config.secure.phase_s))
+                await asyncio.wait((closed, timer), return_when=asyncio.FIRST_COMPLETED)
+                await cancel_and_wait(timer)
+                if not closed.done() and group.short:
+                    raise UpdateRefused(f"{self.short_roster()}: advertise again",
+                                        RefusalCode.NEW_KEYS)
+        finally:
+            await cancel_and_wait(closed)
 
     def join(self, request: SecureAdvertiseRequest) -> tuple[SecureGroup, _Member]:
         """Phase 1's message: the caller joins the group now forming. The same keys again are
@@ -432,7 +467,8 @@ class SecureDesk:
         group.adverts.append(AdvertiseKeys(member.index, request.cipher_public,
                                            request.mask_public))
         member.bytes_up += 4 + len(request.cipher_public) + len(request.mask_public)
-        if len(group.members) == 1:
+        if len(group.members) == 1 or group.short:  # the roster's deadline: from the first
+            group.short = False
             self._arm(group)
         if len(group.members) >= group.goal:
             self._close(group, ADVERTISE)
@@ -727,10 +763,31 @@ class SecureDesk:
                                               lambda: self._deadline(group, phase))
 
     def _deadline(self, group: SecureGroup, phase: int) -> None:
-        """``phase``'s deadline passed: it closes with what it has."""
+        """``phase``'s deadline passed: it closes with what it has, but for a roster too
+        small to go on, which waits for more members instead of being lost (its members
+        would only advertise fresh keys and form the same too-small group again, every
+        ``phase_s``, for as long as no other client comes)."""
+        if phase == ADVERTISE and group.phase == ADVERTISE and not self._roster_can_go_on(group):
+            group.short, group.timer = True, None
+            return
         if phase == UNMASK and group.phase == UNMASK:
             group.unmask_due = True
         self._close(group, phase)
+
+    def _roster_can_go_on(self, group: SecureGroup) -> bool:
+        """Whether enough of the roster's members are fresh enough to be summed (at least
+        ``flush.min_updates`` and ``FEWEST_MEMBERS``) for the group to go on."""
+        onto = self._onto(group)
+        fresh = sum(1 for m in group.members.values()
+                    if onto - m.base_version <= self.config.flush.max_staleness)
+        return fresh >= max(FEWEST_MEMBERS, self.config.flush.min_updates)
+
+    def _onto(self, group: SecureGroup) -> int:
+        """The version ``group`` will flush onto: the current one, plus one per group ahead
+        of it that closed its roster and is still going."""
+        ahead = sum(1 for g in self._groups.values()
+                    if g.number < group.number and ADVERTISE < g.phase < DONE)
+        return self.engine.version + ahead
 
     def _training_allowance(self) -> float:
         """How long the masked phase waits for its first update: the members shared their keys
@@ -813,9 +870,7 @@ class SecureDesk:
         current one, plus one per group ahead of it still going) and its weight; a member
         staler than ``flush.max_staleness`` is left out (answered ``TOO_STALE``), as a plain
         flush refuses its update."""
-        ahead = sum(1 for g in self._groups.values()
-                    if g.number < group.number and ADVERTISE < g.phase < DONE)
-        onto = self.engine.version + ahead
+        onto = self._onto(group)
         for client_id, member in list(group.members.items()):
             member.staleness = max(0, onto - member.base_version)
             if member.staleness > self.config.flush.max_staleness:

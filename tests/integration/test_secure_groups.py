@@ -733,3 +733,75 @@ def test_a_group_stuck_ahead_holds_the_next_up_only_until_its_unmask_deadline(
             assert service.engine.version == 2
 
     run_async(main(), timeout=20)
+
+
+def test_a_roster_too_small_at_its_deadline_waits_for_members_instead_of_being_lost(
+        tmp_path: Path) -> None:
+    """Only 2 of a group of 4 advertised keys by the roster's deadline: too few to go on (each
+    member shares its secrets among at least 2 others). Before, the group was lost, and its 2
+    members formed the same group of 2 again with fresh keys, lost every ``phase_s`` for as
+    long as no other client came. Now the roster waits: each waiting call is answered
+    ``NEW_KEYS`` after ``phase_s`` (a client's call must not outlive its deadline), its client
+    advertises again and keeps its place; the next member to join counts the roster's
+    deadline again, and the group goes on with 3."""
+    config = group_config(tmp_path / "state", goal=4)
+    phase_s = config.secure.phase_s
+    clock = ManualClock()
+
+    async def main() -> None:
+        async with serving(config, clock) as (service, driver, events):
+            early = await driver.clients(["a0", "a1"])
+            first = asyncio.ensure_future(driver.advertise(early))
+            await until_waiting()
+            clock.advance(phase_s)
+            for reply in await first:
+                assert isinstance(reply, UpdateRefused), reply
+                assert reply.reason is RefusalCode.NEW_KEYS
+                assert "secure group 1 waits for members: 2 advertised keys, 3 needed" in str(
+                    reply)
+            again = [await driver.task_of(d.client_id) for d in early]  # fresh keys
+            assert [d.task.task_id for d in again] == [d.task.task_id for d in early]
+            second = asyncio.ensure_future(driver.advertise(again))
+            await until_waiting()
+            clock.advance(10 * phase_s)  # waiting past the calls' own bound: asked again
+            for reply in await second:
+                assert isinstance(reply, UpdateRefused) and reply.reason is RefusalCode.NEW_KEYS
+            again = [await driver.task_of(d.client_id) for d in early]
+            second = asyncio.ensure_future(driver.advertise(again))
+            late = await driver.clients(["a2"])
+            third = asyncio.ensure_future(driver.advertise(late))
+            await until_waiting()
+            clock.advance(phase_s / 2)
+            await until_waiting()
+            assert not second.done() and not third.done()  # counted again from a2's keys
+            clock.advance(phase_s / 2)
+            replies = await second + await third
+            assert not any(isinstance(r, BaseException) for r in replies), replies
+            assert {r.round_id for r in replies} == {1}  # the same group all along
+            members = again + late
+            await driver.share(members)
+            await driver.masked(members, [0.1, 0.2, 0.3])
+            assert [r.flushed_version for r in await driver.unmask(members)] == [1, 1, 1]
+            assert np.allclose(service.engine.model, 0.2, atol=1e-3)
+            assert not events.of_kind("secure_group_lost")
+
+    run_async(main(), timeout=20)
+
+
+def test_a_task_handed_out_past_the_versions_deadline_still_gets_the_whole_deadline(
+        tmp_path: Path) -> None:
+    """A secure group is the next clients to start a task, whenever they start, and its
+    masked phase waits ``deadline_s`` for them. Before, a task handed out once the version's
+    deadline had passed got 1 ms (no poll restarts that deadline in a secure run): its client
+    completed no local step, and the sum weighed that update as any other."""
+    config = group_config(tmp_path / "state", deadline_s=2400.0)
+    clock = ManualClock()
+
+    async def main() -> None:
+        async with serving(config, clock) as (_, driver, _events):
+            [first] = await driver.clients(["a0"])
+            clock.advance(3000.0)
+            [late] = await driver.clients(["a1"])
+            assert first.task.deadline_s == late.task.deadline_s == 2400.0
+
+    run_async(main(), timeout=20)

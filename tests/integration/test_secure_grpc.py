@@ -982,8 +982,9 @@ def test_a_quorum_closes_the_share_and_masked_phases_without_the_straggler(
         tmp_path: Path, case: str) -> None:
     """``quorum = 0.75``: a group of 4 flushes the sum of the 3 that shared while the fourth
     still holds its keys (the phases' 600 s deadline never comes), and the fourth's update,
-    moving the other way, is not in the model; its keys come too late (it has trained by then,
-    so it checks in again, and finds the run over)."""
+    moving the other way, is not in the model; its keys come too late (it has trained by then:
+    it advertises fresh keys with the update it trained, and finds its task closed with the
+    run)."""
     config = dataclasses.replace(
         secure_config(tmp_path / "state"), rounds=1, seed=5,
         flush=FlushRule(goal=4, min_updates=2, deadline_s=None),
@@ -1018,8 +1019,9 @@ def test_a_quorum_closes_the_share_and_masked_phases_without_the_straggler(
     np.testing.assert_allclose(model[kept], 0.25, atol=0.05 if config.secure.ddp else 1e-4)
     assert not np.delete(model, kept).any()
     assert late.accepted == 0 and late.refused == 1, late.refusals
-    # it had trained when it heard its group went on without its keys: the refusal is its task's
-    assert "keys were not shared" in late.refusals[0]
+    # it had trained when it heard its group went on without its keys: it kept its update for
+    # the next group, and the run's end closed its task
+    assert "is no longer open" in late.refusals[0]
     if config.secure.ddp:
         privacy = flush["privacy"]
         assert privacy["mode"] == "user_distributed" and privacy["sums_short_of_shares"] == 1
@@ -1151,3 +1153,50 @@ def test_client_processes_sigkilled_between_phases_are_unmasked(tmp_path: Path) 
     assert np.allclose(engine.model, expected, atol=4 * step)
     for path in (p for p in tmp_path.rglob("*") if p.is_file()):
         assert not leaks(path.read_bytes(), deltas, step), path
+
+
+class CountsAdvertisements(ClientSession):
+    """A client that counts its ``SecureAdvertise`` calls (each with fresh keys)."""
+
+    advertised = 0
+
+    async def _advertise(self, secure: SecureDelivery) -> None:
+        self.advertised += 1
+        await super()._advertise(secure)
+
+
+def test_a_member_waiting_for_a_roster_short_of_members_keeps_the_update_it_trained(
+        tmp_path: Path) -> None:
+    """Two clients for a group of 3: they train at once, then their roster, short of members,
+    waits; each call is answered ``NEW_KEYS`` after ``phase_s`` and its client advertises
+    fresh keys again, keeping the update it trained. Before, it dropped its task at each such
+    answer and trained it again (and once past the task's deadline, completed no step, which
+    the secure sum weighs as any other update). Once a third client comes, the group flushes
+    the three updates, each trained once."""
+    config = dataclasses.replace(
+        secure_config(tmp_path / "state"), rounds=1,
+        flush=FlushRule(goal=3, min_updates=2, deadline_s=None),
+        secure=SecureConfig(enabled=True, phase_s=0.2))
+    trainers = [TowardTrainer(np.full(DIM, 0.5, np.float32)) for _ in range(3)]
+    server = CoordinatorServer(config, X0, EventLog(None), address="127.0.0.1:0")
+
+    async def main() -> list[Any]:
+        async with server:
+            early = [CountsAdvertisements(target_of(server), trainers[i],
+                                          ClientOptions(name=f"c{i}", retry=FAST_RETRY))
+                     for i in range(2)]
+            runs = [asyncio.ensure_future(s.run()) for s in early]
+            while not all(s.advertised >= 3 and t.calls
+                          for s, t in zip(early, trainers[:2], strict=True)):
+                await asyncio.sleep(0.01)  # trained, and asked to advertise again twice
+            late = ClientSession(target_of(server), trainers[2],
+                                 ClientOptions(name="c2", retry=FAST_RETRY))
+            return await asyncio.wait_for(asyncio.gather(*runs, late.run()), 30)
+
+    done = run_async(main(), timeout=60)
+    assert [t.calls for t in trainers] == [1, 1, 1]
+    assert all(stats.accepted == 1 and stats.refused == 0 for stats in done), done
+    [flush] = server.events.of_kind("flush")
+    assert flush.num_updates == 3
+    assert server.events.of_kind("secure_group_lost") == []
+    np.testing.assert_allclose(server.service.engine.model, 0.25, atol=1e-4)

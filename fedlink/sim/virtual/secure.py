@@ -17,10 +17,11 @@ own, round trip included), as the real client sends it. As on a real client, the
 phases (advertise, share) start once the client has its task (``Download.exchange_keys``)
 and run beside the download and the training; the masked update goes once the client trained
 and its keys are shared, and a group that goes on without its keys before then (``NEW_KEYS``)
-is followed by fresh keys for the next one while it trains (once it has trained, the refusal
-ends the task: it checks in again). Message sizes are the protobuf messages' own
-(``to_proto(...).ByteSize()``), so the masked update weighs ``modulus_bits`` a value, as on
-the wire. Work pauses while a client is offline
+is followed by fresh keys for the next one, while it trains or with the update it trained.
+Message sizes are the protobuf messages' own (``to_proto(...).ByteSize()``), so the masked
+update weighs ``modulus_bits`` a value, as on the wire. A roster short of members waits for
+more (``SecureDesk``); a real client's call is answered ``NEW_KEYS`` after ``phase_s`` meanwhile
+and advertises again, which the loop does not charge. Work pauses while a client is offline
 (``fedlink.sim.virtual.availability``): a client offline past a phase's deadline is out of the
 group (unmasked from its neighbours' shares), exactly as a real client that missed it.
 ``SecurePhaseTotals`` counts the round trips and bytes of each phase for the run's summary.
@@ -137,13 +138,14 @@ class VirtualSecure:
     async def _no_upload(client_id: str, upload_id: str, size: int) -> bytes:
         raise AssertionError("virtual masked updates travel inline")  # never named here
 
-    def begin(self, busy: _Busy) -> None:
+    def begin(self, busy: _Busy) -> _Member:
         """``busy``'s task started (``Download.exchange_keys``): its key exchange goes on
         beside the download and the training, in the group now forming."""
         delivery = SecureDelivery(self.loop.client_id(busy.index), busy.task, self.settings,
                                   self.loop.engine.num_parameters)
         state = self._delivering[busy.index] = _Member(busy, delivery)
         self._send(state, ADVERTISE, delivery.advertise())
+        return state
 
     def start(self, busy: _Busy, delta: np.ndarray, num_examples: int, steps_completed: int,
               steps_planned: int, rng: np.random.Generator) -> None:
@@ -270,15 +272,21 @@ class VirtualSecure:
                                 lambda: self._heard_refusal(state, err))
 
     def _heard_refusal(self, state: _Member, err: RemoteError) -> None:
-        """The refusal reached the client: while it trains, a group that went on without the
-        task (``NEW_KEYS``) is followed by fresh keys in the next one, as the real client
-        does; any other refusal, or one heard once it trained, ends the delivery."""
+        """The refusal reached the client: a group that went on without the task before its
+        masked update (``NEW_KEYS``) is followed by fresh keys in the next one, the update
+        kept if the client has trained, as the real client does; any other refusal ends the
+        delivery."""
         if state.over:
             return
-        if (not state.trained and isinstance(err, UpdateRefused)
-                and err.reason is RefusalCode.NEW_KEYS):
+        if isinstance(err, UpdateRefused) and err.reason is RefusalCode.NEW_KEYS:
             state.over = True
-            self.begin(state.busy)
+            fresh = self.begin(state.busy)
+            if state.trained:
+                kept = state.delivery
+                assert kept.delta is not None
+                fresh.delivery.trained(kept.delta, kept.num_examples, kept.steps_completed,
+                                       kept.steps_planned, residual=kept.residual)
+                fresh.rng, fresh.trained = state.rng, True
             return
         self._end(state, outcome_of(err) or Refused(err.detail))
 
