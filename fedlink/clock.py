@@ -15,7 +15,7 @@ import heapq
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias, runtime_checkable
 
@@ -157,6 +157,11 @@ class ManualClock:
     def pending(self) -> int:
         """How many scheduled calls have not run (withdrawn ones included until skipped)."""
         return len(self._queue)
+
+    def scheduled(self) -> Iterator[tuple[float, Callback]]:
+        """The calls still to run, ``(when, callback)``, in no particular order."""
+        return ((when, event.callback) for when, _, event in self._queue
+                if event.callback is not None)
 
     def next_time(self) -> float | None:
         """When the next live event is due (``None``: nothing scheduled)."""

@@ -203,12 +203,22 @@ def add_warning(summary: dict[str, Any], warning: str | None) -> None:
         summary["warning"] = "; ".join(w for w in (summary.get("warning"), warning) if w)
 
 
+STALLED = "stalled"
+"""How the finish reason of a simulation that could no longer move begins."""
+
+
 def _run_warnings(summary: Mapping[str, Any]) -> list[str]:
-    """What in a run's own record makes its figures mislead: federated evaluation that no
-    client reported, flushes that aggregated nothing or whose step was refused (the run
-    still ends "completed N rounds"), secure sums of updates that did no work, and flushes
-    that central evaluation failed."""
+    """What in a run's own record makes its figures mislead: a simulation that stalled
+    before its end, federated evaluation that no client reported, flushes that aggregated
+    nothing or whose step was refused (the run still ends "completed N rounds"), secure sums
+    of updates that did no work, and flushes that central evaluation failed."""
     warnings = []
+    reason = summary["finish_reason"] or ""
+    if reason.startswith(STALLED):
+        warnings.append(
+            f"the run ended before its rounds were done, {reason}: no flush could come any "
+            f"more. Look at the clients' availability and the flush rule ([coordinator.flush] "
+            f"goal, min_updates)")
     if summary["evaluations_issued"] and not summary["evaluations_reported"]:
         warnings.append(
             f"federated evaluation issued {summary['evaluations_issued']} tasks and no client "

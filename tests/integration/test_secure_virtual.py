@@ -319,6 +319,35 @@ def test_a_group_below_threshold_is_lost_and_its_version_tried_again() -> None:
     assert "2 of 6 members delivered" in (first.reason or "")
 
 
+def test_members_of_a_group_lost_after_their_masked_update_check_in_again_at_once() -> None:
+    """Four of six vanish after sharing: the group is lost at its masked phase, and the two
+    that delivered are refused with their tasks still open. A real client checks in again at
+    once and gets its task back; before, the loop drew them only once the liveness check had
+    released their places (21 s of model time later here)."""
+    availability = GoesOffline(back=200.0)
+    loop, events = _loop(_config(True), availability, Fleet(mix={"4g": 1.0}))
+    share, join = SecureDesk.record_share, SecureDesk.join
+    dropped: set[int] = set()
+    joined: list[tuple[str, float]] = []
+
+    def record_share(desk: SecureDesk, request: Any) -> Any:
+        index = int(request.client_id.rsplit("-", 1)[1])
+        if index >= 2 and not dropped >= {2, 3, 4, 5}:  # once only: the first group
+            dropped.add(index)
+            availability.gone[index] = loop.clock.now()
+        return share(desk, request)
+
+    def advertise(desk: SecureDesk, request: Any) -> Any:
+        joined.append((request.client_id, loop.clock.now()))
+        return join(desk, request)
+
+    record_with(loop, {0: advertise, 1: record_share})
+    loop.run()
+    [lost] = events.of_kind("secure_group_lost")
+    again = [(client, t) for client, t in joined if t > lost["elapsed"]]
+    assert {client for client, t in again if t < lost["elapsed"] + 1.0} == {"sim-0", "sim-1"}
+
+
 def test_stragglers_join_later_groups_with_their_staleness_weight(tmp_path: Path) -> None:
     """The demo's elastic fleet with short phases: a client that finishes after a roster
     closed joins the next group, discounted by the run's staleness weight for the version its

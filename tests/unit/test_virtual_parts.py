@@ -29,6 +29,18 @@ def test_manual_clock_runs_events_in_time_order_ties_in_schedule_order() -> None
     assert seen == ["a", "b", "c"] and clock.now() == 5.0
 
 
+def test_manual_clock_lists_the_calls_still_to_run_without_the_withdrawn_or_run() -> None:
+    clock, seen = ManualClock(), []
+    clock.call_at(1.0, lambda: seen.append("run"))
+    withdrawn = clock.call_at(2.0, lambda: seen.append("withdrawn"))
+    kept = lambda: seen.append("kept")  # noqa: E731
+    clock.call_at(3.0, kept)
+    withdrawn.cancel()
+    clock.run_next()
+    assert list(clock.scheduled()) == [(3.0, kept)]
+    assert seen == ["run"]
+
+
 def test_work_pauses_while_offline_and_resumes() -> None:
     trace = TraceAvailability({0: [(0.0, 10.0), (70.0, 100.0)]})
     assert finish(trace, 0, 5.0, 10.0) == 75.0  # 5 s before, the rest after the gap

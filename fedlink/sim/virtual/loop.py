@@ -36,6 +36,7 @@ disk beyond it).
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import math
 import time
@@ -83,6 +84,7 @@ from fedlink.coordinator.records import ReceivedUpdate
 from fedlink.errors import RemoteError
 from fedlink.messages import Task
 from fedlink.metrics import EventLog, kinds
+from fedlink.metrics.summary import STALLED
 from fedlink.params.base import ParamSpec
 from fedlink.sim.virtual.availability import AlwaysOnline, Availability, finish
 from fedlink.sim.virtual.backends import (
@@ -209,7 +211,9 @@ class VirtualLoop:
         self._rngs: dict[int, np.random.Generator] = {}
         self.residuals = residuals or ResidualStore(math.inf)
         self._trainer_states: dict[int, Any] = {}  # a client's trainer state between tasks
-        self._waiting: set[int] = set()  # told to wait: they ask again after retry_after_s
+        # told to wait (and when): they ask again after retry_after_s
+        self._waiting: dict[int, float] = {}
+        self._quiet_since: float | None = None  # since when nothing can happen (``_stalled``)
         self._evaluations = VirtualEvaluations(config, VirtualWorld(
             self.engine, population, clock, self.availability, events, options.deterministic,
             options.step_cost_s, self._count_evaluation_network, self._count_download,
@@ -319,8 +323,8 @@ class VirtualLoop:
         protocol.start()  # a check-in; full models only, so the engine offers no delta
         action = protocol.heard(Offered(self.engine.issue(self.client_id(index)), now))
         if isinstance(action, WaitFor):
-            self._waiting.add(index)
-            self.clock.call_later(action.seconds, lambda: self._waiting.discard(index))
+            self._waiting[index] = now
+            self.clock.call_later(action.seconds, functools.partial(self._end_wait, index))
             return False
         if not isinstance(action, Download):  # the run is over
             return False
@@ -340,6 +344,10 @@ class VirtualLoop:
         done = finish(self.availability, index, now, down.seconds)
         self.clock.call_at(done, lambda: self._downloaded(busy))
         return True
+
+    def _end_wait(self, index: int) -> None:
+        """Client ``index`` waited as it was told: it may be drawn again."""
+        self._waiting.pop(index, None)
 
     def _download(self, busy: _Busy, action: Download) -> int:
         """Count the task's model download's bytes; returns them (0 when the client holds the
@@ -511,8 +519,11 @@ class VirtualLoop:
         if outcome is not None:
             busy.protocol.heard(outcome)
         self._done(busy)
-        if not self.engine.finished:
-            self._fill()
+        if self.engine.finished:
+            return
+        if self.engine.has_open_task(self.client_id(busy.index)):  # its group was lost late
+            self._check_in(busy.index)  # at once, as a real client: its open task comes back
+        self._fill()
 
     def busy_of(self, client_id: str) -> _Busy | None:
         """The task in progress of the client the engine knows as ``client_id``."""
@@ -541,13 +552,76 @@ class VirtualLoop:
             self.flushed(outcome)
 
     def _poll(self) -> None:
-        """The deadline rule and the liveness check, as the server's poll loop runs them."""
+        """The deadline rule and the liveness check, as the server's poll loop runs them;
+        the run ends here once it has stalled (``_stalled``)."""
         if self.engine.finished:
             return
-        self.engine.release_silent(self._last_seen)
+        released = self.engine.release_silent(self._last_seen)
         self._apply_flush_rule()
         self._fill()
+        if self.engine.finished:
+            return
+        if self._stalled(bool(released)):
+            self.engine.finish(self._stall_reason())
+            return
         self.clock.call_later(self.options.poll_s, self._poll)
+
+    # -- a run that can no longer move ------------------------------------------------------
+
+    def _stalled(self, released: bool) -> bool:
+        """Whether nothing can happen any more, for a whole poll (a served coordinator waits
+        for clients that may yet come; a simulation's fleet is all there is): no client work,
+        transfer, timer or deadline is ahead, no task holds a place the liveness check could
+        still free (``released``: it just freed one), no offline client ever comes back, and
+        every online client is busy, or was told to wait since the run went quiet and so
+        would be told again (when places are free). Such a run would poll for ever."""
+        now = self.clock.now()
+        if released or not self._nothing_ahead(now):
+            self._quiet_since = None
+            return False
+        if self._quiet_since is None:
+            self._quiet_since = now
+            return False
+        return self._fleet_spent(now, self._quiet_since)
+
+    def _nothing_ahead(self, now: float) -> bool:
+        """No flush at a deadline ahead, no call scheduled at a finite time but polls and
+        the ends of waits, and no open task that still holds a place."""
+        due = self.engine.deadline_at()
+        if due is not None and due > now and self.engine.deadline_flushes():
+            return False
+        if any(when < math.inf and not self._housekeeping(callback)
+               for when, callback in self.clock.scheduled()):
+            return False
+        return not self.engine.holds_places()
+
+    def _housekeeping(self, callback: Callable[[], None]) -> bool:
+        """Whether ``callback`` is the loop's own poll or the end of a client's wait."""
+        return callback == self._poll or (isinstance(callback, functools.partial)
+                                          and callback.func == self._end_wait)
+
+    def _fleet_spent(self, now: float, quiet_since: float) -> bool:
+        """No offline client comes back, and (when places are free) every online idle client
+        was told to wait since ``quiet_since``."""
+        free = self.engine.free_places() > 0
+        for index in range(self.population.size):
+            if not self.availability.online(index, now):
+                if self.availability.next_online(index, now) < math.inf:
+                    return False
+            elif free and index not in self._busy and self._waiting.get(
+                    index, -math.inf) < quiet_since:
+                return False
+        return True
+
+    def _stall_reason(self) -> str:
+        """The run's finish reason when it stalled."""
+        now = self.clock.now()
+        gone = sum(1 for index in range(self.population.size)
+                   if not self.availability.online(index, now))
+        short = "" if self.secure is None else self.secure.desk.short_roster()
+        return (f"{STALLED} at version {self.engine.version}: no client left can take or "
+                f"finish a task ({gone} of {self.population.size} clients offline for good"
+                f"{'; ' + short if short else ''})")
 
     def _last_seen(self, client_id: str) -> float | None:
         """Now for a busy client online (its heartbeats), else when it went offline."""
