@@ -291,12 +291,11 @@ def test_a_quorum_closes_the_phases_without_a_member_gone_after_advertising(
     assert waited == (quorum == 1.0), (flush["model_seconds"], gone_at)
 
 
-def test_a_group_below_threshold_is_lost_and_its_version_tried_again() -> None:
-    """Four of six vanish after sharing (two deliver, three needed): the group is lost, its
-    members refused; a new group of the clients that check in again makes the version."""
+def _four_vanish_after_sharing() -> tuple[VirtualLoop, EventLog, Any]:
+    """A loop of six on 4G links and the share recorder that takes clients 2 to 5 offline
+    (until 200 s) as their first group's shares arrive: two of six deliver, three needed."""
     availability = GoesOffline(back=200.0)
     loop, events = _loop(_config(True), availability, Fleet(mix={"4g": 1.0}))
-    assert loop.secure is not None
     share = SecureDesk.record_share
     dropped: set[int] = set()
 
@@ -307,6 +306,14 @@ def test_a_group_below_threshold_is_lost_and_its_version_tried_again() -> None:
             availability.gone[index] = loop.clock.now()
         return share(desk, request)
 
+    return loop, events, record_share
+
+
+def test_a_group_below_threshold_is_lost_and_its_version_tried_again() -> None:
+    """Four of six vanish after sharing (two deliver, three needed): the group is lost, its
+    members refused; a new group of the clients that check in again makes the version."""
+    loop, events, record_share = _four_vanish_after_sharing()
+    assert loop.secure is not None
     record_with(loop, {1: record_share})
     loop.run()
     assert loop.secure.totals.groups_lost >= 1
@@ -324,18 +331,9 @@ def test_members_of_a_group_lost_after_their_masked_update_check_in_again_at_onc
     that delivered are refused with their tasks still open. A real client checks in again at
     once and gets its task back; before, the loop drew them only once the liveness check had
     released their places (21 s of model time later here)."""
-    availability = GoesOffline(back=200.0)
-    loop, events = _loop(_config(True), availability, Fleet(mix={"4g": 1.0}))
-    share, join = SecureDesk.record_share, SecureDesk.join
-    dropped: set[int] = set()
+    loop, events, record_share = _four_vanish_after_sharing()
+    join = SecureDesk.join
     joined: list[tuple[str, float]] = []
-
-    def record_share(desk: SecureDesk, request: Any) -> Any:
-        index = int(request.client_id.rsplit("-", 1)[1])
-        if index >= 2 and not dropped >= {2, 3, 4, 5}:  # once only: the first group
-            dropped.add(index)
-            availability.gone[index] = loop.clock.now()
-        return share(desk, request)
 
     def advertise(desk: SecureDesk, request: Any) -> Any:
         joined.append((request.client_id, loop.clock.now()))
