@@ -703,8 +703,11 @@ class SecureDesk:
                   why: UpdateRefused) -> UpdateRefused:
         """The group goes on without this task: close it, so that its client waits for the
         next version instead of training again for this one, and record why (once: a retried
-        call is answered again, not recorded again); returns ``why``."""
-        if self.engine.task(client_id, task_id).state.deliverable:
+        call is answered again, not recorded again); returns ``why``. A task the engine
+        forgot as too stale is closed already (looking it up would refuse, and lose the
+        group for one member)."""
+        record = self._task_record(client_id, task_id)
+        if record is not None and record.state.deliverable:
             with self._durably():
                 self.engine.close_task(client_id, task_id)
                 if not self.engine.finished:  # once the run is over its log may be closing

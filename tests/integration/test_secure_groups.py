@@ -805,3 +805,39 @@ def test_a_task_handed_out_past_the_versions_deadline_still_gets_the_whole_deadl
             assert first.task.deadline_s == late.task.deadline_s == 2400.0
 
     run_async(main(), timeout=20)
+
+
+def test_a_member_whose_task_was_forgotten_while_its_roster_formed_is_left_out_alone(
+        tmp_path: Path) -> None:
+    """c0 (a version-0 task) joins the forming group 4 at version 1; two groups formed before
+    it flush, and the engine forgets c0's task as too stale (``max_staleness = 1``). When the
+    roster closes, c0 is left out ``TOO_STALE`` and the group goes on with the others.
+    Before, looking the forgotten task up to close it refused, and lost the whole group."""
+    config = group_config(tmp_path / "state", goal=4, over_selection=4.0, max_staleness=1)
+
+    async def main() -> None:
+        async with serving(config) as (service, driver, events):
+            first = await driver.clients([f"a{i}" for i in range(4)])
+            [old] = await driver.clients(["c0"])
+            await driver.exchange_keys(first)
+            await driver.masked(first, [0.1] * 4)
+            await driver.unmask(first)
+            ahead = [await driver.clients([f"{n}{i}" for i in range(4)]) for n in "bd"]
+            for group in ahead:
+                await driver.exchange_keys(group)
+            joined = asyncio.ensure_future(driver.advertise([old]))
+            await until_waiting()
+            for group in ahead:
+                await driver.masked(group, [0.1] * 4)
+                await driver.unmask(group)
+            assert service.engine.version == 3
+            fresh = await driver.clients(["e0", "e1", "e2"])
+            await driver.advertise(fresh)
+            [refused] = await joined
+            assert isinstance(refused, UpdateRefused) and refused.reason is RefusalCode.TOO_STALE
+            await driver.share(fresh)
+            await driver.masked(fresh, [0.1] * 3)
+            assert [r.flushed_version for r in await driver.unmask(fresh)] == [4, 4, 4]
+            assert not events.of_kind("secure_group_lost")
+
+    run_async(main(), timeout=20)
