@@ -441,9 +441,10 @@ def _secure_options(record: RunRecord) -> tuple[bool, str]:
 
 def _left_rosters(record: RunRecord) -> list[tuple[str, int]]:
     """``(task, group)`` of each roster the client was answered and then left without a
-    ``SecureShare``, advertising again for the same task instead: a client that cannot use
-    the roster it got (one that looks for other neighbours than the group's graph names),
-    which a later group's graph could match by chance."""
+    ``SecureShare``, advertising again for the same task into another group instead: a
+    client that cannot use the roster it got (one that looks for other neighbours than the
+    group's graph names), which a later group's graph could match by chance. A retry (the
+    same keys, answered with the same group) is not leaving."""
     calls = sorted(record.log.of("SecureAdvertise") + record.log.of("SecureShare"),
                    key=lambda c: c.at)
     answered: dict[str, int] = {}  # task -> the group whose roster came, no share since
@@ -453,10 +454,11 @@ def _left_rosters(record: RunRecord) -> list[tuple[str, int]]:
         if call.name == "SecureShare":
             answered.pop(task, None)
             continue
-        if task in answered:
+        group = call.fields.get("group") if call.outcome in DONE else None
+        if task in answered and group != answered[task]:
             left.append((task, answered.pop(task)))
-        if call.outcome in DONE:
-            answered[task] = call.fields["group"]
+        if group is not None:
+            answered[task] = group
     return left
 
 

@@ -1176,7 +1176,7 @@ def test_a_member_waiting_for_a_roster_short_of_members_keeps_the_update_it_trai
     config = dataclasses.replace(
         secure_config(tmp_path / "state"), rounds=1,
         flush=FlushRule(goal=3, min_updates=2, deadline_s=None),
-        secure=SecureConfig(enabled=True, phase_s=0.2))
+        secure=SecureConfig(enabled=True, phase_s=PHASE_S))
     trainers = [TowardTrainer(np.full(DIM, 0.5, np.float32)) for _ in range(3)]
     server = CoordinatorServer(config, X0, EventLog(None), address="127.0.0.1:0")
 
