@@ -395,9 +395,8 @@ class SecureDesk:
         group = self._forming
         if group is None or not group.short:
             return ""
-        needed = max(FEWEST_MEMBERS, self.config.flush.min_updates)
         return (f"secure group {group.number} waits for members: {len(group.members)} "
-                f"advertised keys, {needed} needed")
+                f"advertised keys, {self._fewest_to_go_on} needed")
 
     @property
     def group(self) -> SecureGroup | None:
@@ -783,7 +782,13 @@ class SecureDesk:
         onto = self._onto(group)
         fresh = sum(1 for m in group.members.values()
                     if onto - m.base_version <= self.config.flush.max_staleness)
-        return fresh >= max(FEWEST_MEMBERS, self.config.flush.min_updates)
+        return fresh >= self._fewest_to_go_on
+
+    @property
+    def _fewest_to_go_on(self) -> int:
+        """The fewest fresh-enough members a roster goes on with: ``flush.min_updates``, and
+        never below ``FEWEST_MEMBERS``."""
+        return max(FEWEST_MEMBERS, self.config.flush.min_updates)
 
     def _onto(self, group: SecureGroup) -> int:
         """The version ``group`` will flush onto: the current one, plus one per group ahead
