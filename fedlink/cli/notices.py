@@ -8,12 +8,15 @@ from fedlink.experiment.config import ExperimentConfig
 
 
 def say_simulation_sections_ignored(config: ExperimentConfig, who: str, why: str) -> None:
-    """Say on stderr which of ``[network]`` and ``[partial_work]``, the sections that shape a
-    simulation's clients, ``config`` sets, since ``who`` (a real coordinator or client, for
-    ``why``) does not apply them."""
+    """Say on stderr which of ``[network]``, ``[partial_work]`` and ``[run] device_step_s``,
+    the settings that shape a simulation's clients, ``config`` sets, since ``who`` (a real
+    coordinator or client, for ``why``) does not apply them."""
     simulated = [name for name, used in (("[network]", config.network is not None),
-                                         ("[partial_work]", config.partial_work.enabled))
+                                         ("[partial_work]", config.partial_work.enabled),
+                                         ("[run] device_step_s", config.run.device_step_s > 0))
                  if used]
     if simulated:
-        print(f"{who}: {' and '.join(simulated)} shape a simulation's clients and are not "
-              f"applied here ({why})", file=sys.stderr, flush=True)
+        names = ", ".join(simulated[:-1]) + (" and " if len(simulated) > 1 else "") + simulated[-1]
+        verbs = "shape a simulation's clients and are" if len(simulated) > 1 else \
+            "shapes a simulation's clients and is"
+        print(f"{who}: {names} {verbs} not applied here ({why})", file=sys.stderr, flush=True)

@@ -15,7 +15,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fedlink.client.base import Trainer, TrainPlan, TrainResult
+    from fedlink.client.base import Trainer, TrainerWrapper, TrainPlan, TrainResult
     from fedlink.client.outbox import DiskOutbox, MemoryOutbox, Outbox, PendingUpdate
     from fedlink.client.pipeline import UpdatePipeline
     from fedlink.client.retry import RetryPolicy
@@ -39,6 +39,7 @@ _LAZY = {
     "TrainPlan": "base",
     "TrainResult": "base",
     "Trainer": "base",
+    "TrainerWrapper": "base",
     "Transport": "transport",
     "UpdatePipeline": "pipeline",
     "run_client": "session",
@@ -60,6 +61,7 @@ __all__ = [
     "TrainPlan",
     "TrainResult",
     "Trainer",
+    "TrainerWrapper",
     "Transport",
     "UpdatePipeline",
     "run_client",

@@ -14,6 +14,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from fedlink.errors import ConfigError
+from fedlink.params import ParamSpec
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,15 @@ def planned_steps(plan: TrainPlan, num_examples: int) -> int:
     return plan.local_epochs * math.ceil(num_examples / plan.batch_size)
 
 
+def steps_that_fit(deadline: float | None, now: float, steps: int, step_s: float) -> int:
+    """How many of ``steps`` local steps of ``step_s`` seconds each a device starting at
+    ``now`` completes before ``deadline`` (``None``: no deadline, all of them), as a trainer
+    that stops early at its deadline does."""
+    if deadline is None or step_s <= 0:
+        return steps
+    return max(0, min(steps, int((deadline - now) / step_s)))
+
+
 PROX_MU = "prox_mu"
 """The trainer option that sets FedProx's ``mu`` (``proximal_mu``)."""
 
@@ -116,3 +126,24 @@ class Trainer(Protocol):
     def train(self, params: np.ndarray, plan: TrainPlan) -> TrainResult:
         """Train starting from ``params`` (not modified) as ``plan`` says."""
         ...
+
+
+class TrainerWrapper:
+    """Base of a trainer that wraps another (``self.trainer``) to change how it trains or
+    scores (a simulation's stragglers and device pace, partial work, held-out scoring). It
+    answers for the wrapped trainer's example count and model ``spec``, which a client session
+    reads from the trainer it holds: a wrapper that hid the spec would have privacy and
+    compression treat a BatchNorm's running statistics as weights (a lossy codec could make a
+    running variance negative)."""
+
+    trainer: Trainer
+
+    def num_examples(self) -> int:
+        """The wrapped trainer's example count."""
+        return self.trainer.num_examples()
+
+    @property
+    def spec(self) -> ParamSpec | None:
+        """The wrapped trainer's ``spec`` (``None`` when it has none)."""
+        spec = getattr(self.trainer, "spec", None)
+        return spec if isinstance(spec, ParamSpec) else None

@@ -19,7 +19,7 @@ from typing import Protocol, cast, runtime_checkable
 
 import numpy as np
 
-from fedlink.client.base import Trainer, TrainPlan, TrainResult
+from fedlink.client.base import Trainer, TrainerWrapper, TrainPlan, TrainResult
 from fedlink.errors import ConfigError
 from fedlink.messages import EVALUATE_CAPABILITY, EvaluationReport, Task
 
@@ -96,7 +96,7 @@ def report_or_decline(client_id: str, task: Task, trainer: Trainer,
     return report, ""
 
 
-class HeldOutEvaluation:
+class HeldOutEvaluation(TrainerWrapper):
     """A client that trains on part of its data and scores evaluation tasks on the rest
     (``[coordinator.evaluation] holdout``), so its federated accuracy is not measured on
     the examples it trained on.
@@ -109,10 +109,6 @@ class HeldOutEvaluation:
     def __init__(self, trainer: Trainer, held_out: Trainer) -> None:
         self.trainer = trainer
         self._held_out = wrapped_evaluate(held_out)
-
-    def num_examples(self) -> int:
-        """The examples it trains on."""
-        return self.trainer.num_examples()
 
     def train(self, params: np.ndarray, plan: TrainPlan) -> TrainResult:
         """Train on the training part."""

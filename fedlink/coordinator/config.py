@@ -657,7 +657,10 @@ class SecureConfig:
     them; never fewer than the masked phase needs to go on). A member that answers after its
     phase closed is out, as one that missed the deadline (one whose keys came late tries the
     next group with fresh keys): on a fleet where a member in a blackout holds each phase up to
-    ``phase_s``, a quorum below 1 trades a late member's work for the others' time.
+    ``phase_s``, a quorum below 1 trades a late member's work for the others' time. The two
+    phases' quorums compound: a group of ``flush.goal`` 8 at quorum 0.75 may close its share
+    phase at 6 members and its masked phase at 5 of those, so its version sums 5 to 8
+    updates, where a plain flush sums ``goal``.
     ``density`` below 1: group random-k, the compression that survives masking. Every member
     of a group sends the same ``ceil(density * n - 1e-9)`` coordinates of its update (drawn
     from the run's ``seed`` and the group's number, public values) and keeps the rest as a residual

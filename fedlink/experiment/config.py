@@ -33,6 +33,7 @@ code (``fedlink.plug``): see ``fedlink.experiment.setup`` for what each plug poi
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +103,19 @@ class RunSection:
     ``accuracy`` (the built-in one does for class labels; a target beside one that does not
     is refused).
 
+    ``device_step_s > 0`` (gRPC mode) makes each simulated client train at a device's pace
+    instead of this machine's: each local step takes ``device_step_s`` times the client's
+    ``[network]`` speed in seconds, and a client stops at its task's deadline with the steps
+    that fit (``fedlink.sim.stragglers.PacedTrainer``), as virtual mode's clients do with
+    ``[virtual] step_cost_s``. On a fast machine clients train in milliseconds, so a
+    simulation's time is almost all network; a device's pace (0.05 s per step is virtual
+    mode's default) charges training what it costs on the fleet being simulated. 0 (the
+    default): this machine's pace, stragglers slowed relative to the fastest client. Virtual
+    mode refuses it (its steps take ``[virtual] step_cost_s``), and a ``train_workers`` pool
+    smaller than the fleet is refused beside it (each client waits out its device time on a
+    training thread of its own); ``fedlink serve`` and ``fedlink client`` say they do not
+    apply it.
+
     ``tensorboard = true`` also writes TensorBoard scalars into ``<run folder>/tensorboard``
     (``fedlink.observe.tensorboard``; needs the ``tensorboard`` extra), for ``simulate`` and
     ``serve``; ``events.jsonl`` stays the source of truth.
@@ -115,6 +129,7 @@ class RunSection:
     evaluate_train: bool = False
     target_accuracy: float = 0.0
     tensorboard: bool = False
+    device_step_s: float = 0.0
     mode: str = "grpc"
     """``"grpc"``: real sessions over loopback; ``"virtual"``: the discrete-event loop of
     ``fedlink.sim.virtual`` (``[virtual]`` section), for populations up to 10^6. A gRPC run
@@ -144,6 +159,9 @@ class RunSection:
         require(self.seed >= 0, "run.seed", f"must be >= 0, got {self.seed}")
         require(self.train_workers >= 0, "run.train_workers", "must be >= 0")
         require(self.torch_threads >= 1, "run.torch_threads", "must be >= 1")
+        require(math.isfinite(self.device_step_s) and self.device_step_s >= 0,
+                "run.device_step_s", f"must be >= 0 (0: this machine's pace), got "
+                f"{self.device_step_s!r}")
         require(0.0 <= self.target_accuracy <= 1.0, "run.target_accuracy",
                 f"must be a number in [0, 1] (0: off), got {self.target_accuracy!r}")
 
@@ -376,6 +394,7 @@ class ExperimentConfig:
         self._refuse_noise_on_kept_tensors()
         self._refuse_striping_a_simulation_cannot_model()
         self._refuse_partial_work_of_a_single_step()
+        self._refuse_a_pool_too_small_for_paced_devices()
 
     def _refuse_virtual_settings_in_grpc_mode(self) -> None:
         """A gRPC run (``fedlink.sim.runner``) never reads ``[virtual]``, ``[ray]`` or
@@ -425,6 +444,10 @@ class ExperimentConfig:
         session settings would be recorded and never read."""
         if self.run.mode != "virtual":
             return
+        require("device_step_s" not in changed_fields(self.run), "run.device_step_s",
+                "paces gRPC mode's clients: in virtual mode a local step takes [virtual] "
+                "step_cost_s model seconds (times the client's speed). Remove "
+                "device_step_s, or set [virtual] step_cost_s")
         coordinator, unread = self.coordinator, []
         for key in ("tls", "auth", "metrics", "netcheck", "join_token", "state_dir", "drain_s"):
             if getattr(coordinator, key) != field_default(CoordinatorConfig, key):
@@ -492,6 +515,18 @@ class ExperimentConfig:
             raise ConfigError(f"partial_work.fraction: a task of one step of work "
                               f"(coordinator.training.{unit} = 1) cannot be done in part. "
                               f"Raise {unit}, or remove [partial_work]")
+
+    def _refuse_a_pool_too_small_for_paced_devices(self) -> None:
+        """A paced client waits out its device's time on its training thread: a pool of fewer
+        threads than clients would queue devices that are only waiting, and charge each the
+        time others spent."""
+        workers, clients = self.run.train_workers, self.data.clients
+        if self.run.device_step_s > 0 and 0 < workers < clients:
+            raise ConfigError(f"run.train_workers = {workers} with run.device_step_s: each of "
+                              f"the {clients} clients waits out its device's time on a "
+                              f"training thread, so a pool of {workers} would queue devices "
+                              f"that are only waiting. Unset train_workers (a thread per "
+                              f"client), or raise it to {clients}")
 
     def _refuse_striping_a_simulation_cannot_model(self) -> None:
         """Virtual mode times one transfer per payload: more than one download connection

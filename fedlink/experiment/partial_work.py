@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedlink.client import Trainer, TrainPlan, TrainResult
+from fedlink.client.base import TrainerWrapper
 from fedlink.client.evaluation import wrapped_evaluate
 from fedlink.config import changed_fields, check_fields, require
 
@@ -77,7 +78,7 @@ class PartialWorkSection:
         return PartialWorkTrainer(trainer, self.fraction, rng)
 
 
-class PartialWorkTrainer:
+class PartialWorkTrainer(TrainerWrapper):
     """Wraps a ``Trainer``: with probability ``fraction`` a task is done only in part.
 
     See the module docstring for the draw. The wrapped trainer runs a shortened plan; the
@@ -93,10 +94,6 @@ class PartialWorkTrainer:
         self._rng = rng
         self.partial_tasks = 0
         self.tasks = 0
-
-    def num_examples(self) -> int:
-        """The wrapped trainer's example count."""
-        return self.trainer.num_examples()
 
     def train(self, params: np.ndarray, plan: TrainPlan) -> TrainResult:
         """Train the full plan, or, as a straggler, a random part of it."""

@@ -50,7 +50,7 @@ from fedlink.privacy.setup import with_run_seed
 from fedlink.sim.arrivals import RunOverSleep, start_in_waves
 from fedlink.sim.capacity import for_population
 from fedlink.sim.network import ClientOutcome, network_summary
-from fedlink.sim.stragglers import SlowedTrainer
+from fedlink.sim.stragglers import PacedTrainer, SlowedTrainer
 from fedlink.sim.watch import FlushWatch
 
 if TYPE_CHECKING:  # the set-up imports torch: loaded when a simulation runs
@@ -282,18 +282,22 @@ def _links(experiment: Experiment) -> list[ClientLink | None]:
 
 
 def _trainers(experiment: Experiment, links: list[ClientLink | None]) -> list[Trainer]:
-    """One trainer per client; stragglers slowed relative to the fastest client.
+    """One trainer per client: at a device's pace with ``[run] device_step_s``, else with
+    stragglers slowed relative to the fastest client (``fedlink.sim.stragglers``).
 
     With ``[partial_work]`` each trainer also does only part of some tasks
     (``fedlink.experiment.partial_work``); the slow-down applies to the work it does.
     """
+    config = experiment.config
     speeds = [1.0 if link is None else link.speed for link in links]
     fastest = min(speeds)
-    partial = experiment.config.partial_work
     trainers: list[Trainer] = []
     for index, speed in enumerate(speeds):
-        trainer = partial.trainer(experiment.trainer(index), index, experiment.config.run.seed)
-        if speed > fastest:
+        trainer = config.partial_work.trainer(experiment.trainer(index), index, config.run.seed)
+        if config.run.device_step_s > 0:
+            trainer = PacedTrainer(trainer, config.run.device_step_s * speed,
+                                   config.coordinator.training.batch_size)
+        elif speed > fastest:
             trainer = SlowedTrainer(trainer, speed / fastest)
         trainers.append(trainer)
     return trainers
@@ -314,7 +318,7 @@ async def _simulate(experiment: Experiment, coordinator: CoordinatorConfig, even
     # Trainers first: building one converts its data and warms torch up, which is set-up
     # cost, not part of the run.
     trainers = _trainers(experiment, links)
-    threaded = config.run.train_workers > 0 or any(isinstance(t, SlowedTrainer)
+    threaded = config.run.train_workers > 0 or any(isinstance(t, (SlowedTrainer, PacedTrainer))
                                                    for t in trainers)
     workers = len(trainers) if threaded and config.run.train_workers == 0 else \
         max(1, config.run.train_workers)

@@ -83,5 +83,8 @@ def test_serve_refuses_a_virtual_run_and_says_what_simulation_sections_it_ignore
         "coordinator": {"training": {"local_epochs": 2}}}))
     said = capsys.readouterr().err
     assert "[network] and [partial_work] shape a simulation's clients and are not applied" in said
+    _check_servable(ExperimentConfig.from_dict({"run": {"device_step_s": 0.05}}))
+    said = capsys.readouterr().err
+    assert "[run] device_step_s shapes a simulation's clients and is not applied" in said
     _check_servable(ExperimentConfig.from_dict({}))
     assert capsys.readouterr().err == ""

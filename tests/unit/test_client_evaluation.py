@@ -11,7 +11,12 @@ import pytest
 from conftest import TowardTrainer
 
 from fedlink.client import ClientSession
-from fedlink.client.evaluation import capabilities, evaluation_report, evaluator_of
+from fedlink.client.evaluation import (
+    HeldOutEvaluation,
+    capabilities,
+    evaluation_report,
+    evaluator_of,
+)
 from fedlink.errors import ConfigError
 from fedlink.messages import EVALUATE_CAPABILITY, RunConfig, Task, TaskKind, TensorHeader
 
@@ -69,11 +74,12 @@ def test_wrapping_trainers_evaluate_exactly_when_what_they_wrap_does() -> None:
     from fedlink.client.lazy import LazyTrainer
     from fedlink.clock import ManualClock
     from fedlink.experiment.partial_work import PartialWorkTrainer
-    from fedlink.sim.stragglers import SlowedTrainer
+    from fedlink.sim.stragglers import PacedTrainer, SlowedTrainer
 
     plain = TowardTrainer(np.zeros(2, np.float32))
     scoring = Scoring({"loss": 1.5})
     for wrap in (lambda t: SlowedTrainer(t, 2.0, ManualClock()),
+                 lambda t: PacedTrainer(t, 0.05, 32, ManualClock()),
                  lambda t: PartialWorkTrainer(t, 0.5, np.random.default_rng(0))):
         assert capabilities(wrap(plain)) == ()
         wrapped = evaluator_of(wrap(scoring))
@@ -89,3 +95,28 @@ def test_wrapping_trainers_evaluate_exactly_when_what_they_wrap_does() -> None:
     assert capabilities(lazy) == (EVALUATE_CAPABILITY,) and built == []  # data not loaded
     assert evaluator_of(lazy).evaluate(np.zeros(2, np.float32)) == {"loss": 1.5}  # type: ignore[union-attr]
     assert built == [1]
+
+
+def test_wrapping_trainers_answer_for_the_model_spec_of_what_they_wrap() -> None:
+    """A session binds its pipeline to its trainer's ``spec`` (privacy and compression treat
+    buffers and counters apart from weights): every wrapper a simulation or a held-out split
+    puts around a trainer must pass the spec on, or a straggler's lossy codec would quantize
+    a BatchNorm's running variance like a weight."""
+    from fedlink.clock import ManualClock
+    from fedlink.experiment.partial_work import PartialWorkTrainer
+    from fedlink.params import BUFFER, TRAINABLE, ParamSpec
+    from fedlink.sim.stragglers import PacedTrainer, SlowedTrainer
+
+    class WithSpec(TowardTrainer):
+        spec = ParamSpec(("w", "running_var"), ((2,), (1,)), ("float32", "float32"),
+                         (TRAINABLE, BUFFER))
+
+    inner = WithSpec(np.zeros(3, np.float32))
+    wraps = (lambda t: SlowedTrainer(t, 2.0, ManualClock()),
+             lambda t: PacedTrainer(t, 0.05, 32, ManualClock()),
+             lambda t: PartialWorkTrainer(t, 0.5, np.random.default_rng(0)),
+             lambda t: HeldOutEvaluation(t, Scoring({"loss": 1.0})))
+    for wrap in wraps:
+        assert wrap(inner).spec is WithSpec.spec
+        assert wrap(wrap(inner)).spec is WithSpec.spec  # a straggler with partial work
+        assert wrap(TowardTrainer(np.zeros(3, np.float32))).spec is None

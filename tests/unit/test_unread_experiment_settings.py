@@ -4,6 +4,7 @@ config is read, naming the key, instead of being recorded as applied and never r
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from typing import Any
 
@@ -280,3 +281,23 @@ def test_density_safety_is_range_checked(safety: float) -> None:
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.toml")), ids=lambda p: p.name)
 def test_every_example_still_loads(path: Path) -> None:
     ExperimentConfig.from_toml(path)
+
+
+def test_virtual_mode_refuses_a_device_pace_and_names_its_own() -> None:
+    """``[run] device_step_s`` paces gRPC mode's clients; virtual mode's steps take
+    ``[virtual] step_cost_s``, so the key would be recorded and never read there."""
+    message = _refused(_with(VIRTUAL, {"run": {"device_step_s": 0.05}}), "run.device_step_s")
+    assert "[virtual] step_cost_s" in message
+    ExperimentConfig.from_dict({"run": {"device_step_s": 0.05}})  # read in gRPC mode
+    for bad in (-0.1, math.inf, math.nan):
+        _refused({"run": {"device_step_s": bad}}, "run.device_step_s")
+
+
+def test_paced_devices_need_a_training_thread_each() -> None:
+    """A paced client waits out its device time on its training thread: a pool of fewer
+    threads than clients would queue devices that are only waiting."""
+    paced = {"run": {"device_step_s": 0.05, "train_workers": 3}, "data": {"clients": 4}}
+    assert "raise it to 4" in _refused(paced, "run.train_workers")
+    ExperimentConfig.from_dict(_with(paced, {"run": {"train_workers": 4}}))
+    ExperimentConfig.from_dict(_with(paced, {"run": {"train_workers": 0}}))
+    ExperimentConfig.from_dict(_with(paced, {"run": {"device_step_s": 0.0}}))

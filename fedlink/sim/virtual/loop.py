@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from fedlink.client import Trainer
-from fedlink.client.base import planned_steps
+from fedlink.client.base import planned_steps, steps_that_fit
 from fedlink.client.pipeline import UpdatePipeline
 from fedlink.client.protocol import (
     Accepted,
@@ -393,7 +393,7 @@ class VirtualLoop:
                         training.trainer_options, int(rng.integers(2**31)))
         steps = planned_steps(plan, examples)
         step_s = self.options.step_cost_s * self.population.speed(index)
-        fits = self._steps_before_deadline(action.deadline, steps, step_s)
+        fits = steps_that_fit(action.deadline, self.clock.now(), steps, step_s)
         # model time follows the plan, known now; the result is needed only when it ends
         compute = fits * step_s
         trained = finish(self.availability, index, self.clock.now(), compute)
@@ -453,13 +453,6 @@ class VirtualLoop:
         if rng is None:  # built only once: a generator costs as much as a small update
             rng = self._rngs[index] = np.random.default_rng(self.options.seed * 1_000_003 + index)
         return rng
-
-    def _steps_before_deadline(self, deadline: float | None, steps: int, step_s: float) -> int:
-        """Steps that fit before the task's ``deadline`` (the trainer stops early at it)."""
-        if deadline is None or step_s <= 0:
-            return steps
-        left = deadline - self.clock.now()
-        return max(0, min(steps, int(left / step_s)))
 
     def _upload(self, busy: _Busy, update: ReceivedUpdate, action: Deliver) -> None:
         """Time the upload and commit (one call when the update travels inline)."""
