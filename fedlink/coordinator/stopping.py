@@ -8,7 +8,8 @@ SDK retries after at least that long. The order (``serve_until_done``) is:
 
 1. ``StopGate.close``: new ``fedlink.v1.Coordinator`` calls are answered ``UNAVAILABLE`` +
    hint at once, and long-polling ``GetTask`` calls waiting for a task are answered so too (a
-   task they were just issued stays theirs: ``GetTask`` is idempotent);
+   task they were just issued stays theirs: ``GetTask`` is idempotent), as are a secure
+   group's advertise, share and masked calls waiting for their phase (``LONG_POLLS``);
 2. the run's record (``summary.json`` and the model) is written;
 3. calls already running (an upload's last chunks, a commit being made durable) get up to
    ``[coordinator] drain_s`` to finish: every update acknowledged before the stop is durable,
@@ -35,8 +36,14 @@ from fedlink.proto.v1 import coordinator_pb2 as pb
 from fedlink.wire.status import rich_status
 
 SERVICE_PREFIX = "/" + pb.DESCRIPTOR.services_by_name["Coordinator"].full_name + "/"
-LONG_POLLS = frozenset({SERVICE_PREFIX + "GetTask"})
-"""Calls that may wait idle for a long time: the gate answers them when it closes."""
+LONG_POLLS = frozenset(SERVICE_PREFIX + name for name in (
+    "GetTask", "SecureAdvertise", "SecureShare", "SecureMasked"))
+"""Calls that may wait idle for a long time, and that nothing durable can come of while the
+coordinator stops: the gate answers them when it closes. A secure group's advertise, share
+and masked phases lead only to later phases, whose calls the closed gate refuses, so its
+members are told to come back at once rather than held to ``drain_s``; ``SecureUnmask`` is
+not among them: the answers already in may be enough to unmask the group's sum, which is
+then flushed and durable."""
 
 
 class StopGate(grpc.aio.ServerInterceptor):

@@ -28,7 +28,9 @@ from conftest import run_async, wait_until
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from test_deployables import FEDLINK, LISTENING, STARTUP_S, Spawner, spawn
 
+from fedlink.aggregate.flushguard import RobustConfig
 from fedlink.coordinator import CoordinatorConfig, CoordinatorServer, FlushRule
+from fedlink.coordinator.config import SecureConfig
 from fedlink.coordinator.server import serve_until_done
 from fedlink.metrics import EventLog
 from fedlink.proto.v1 import coordinator_pb2 as pb
@@ -122,6 +124,51 @@ def test_a_stop_tells_callers_to_come_back_writes_the_record_first_and_keeps_ack
 
     (restored,) = [e for e in run_async(restarted()) if e["kind"] == "coordinator_restored"]
     assert restored["pending_updates"] == 1  # a's acknowledged update survived the stop
+
+
+def test_a_stop_tells_secure_members_waiting_for_their_phase_to_come_back_at_once(
+        tmp_path: Path) -> None:
+    """Two members of a secure group wait for a third (a long ``phase_s``): their advertise
+    calls are long polls nothing durable can come of once the gate refuses the later phases'
+    calls, so a stop answers them at once, as it does a ``GetTask`` waiting for a task,
+    instead of holding them (and the stop) to ``drain_s``."""
+    config = CoordinatorConfig(
+        rounds=5, flush=FlushRule(goal=3, min_updates=2, deadline_s=None), drain_s=60.0,
+        robust=RobustConfig(enabled=False), norm_bound_adaptive=False,
+        secure=SecureConfig(enabled=True, phase_s=60.0))
+
+    async def scenario() -> tuple[list[Answer], int]:
+        stop = asyncio.Event()
+        with EventLog(tmp_path / "events.jsonl") as events:
+            server = CoordinatorServer(config, np.zeros(8, np.float32), events)
+            serving = asyncio.ensure_future(serve_until_done(server, stop=stop))
+            await wait_until(lambda: server.port != 0, what="the server listening")
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                raw = Raw(channel)
+                adverts = []
+                for i in range(2):
+                    client = await raw.client(f"m{i}")
+                    task = await raw.task(client)
+                    adverts.append(asyncio.ensure_future(answer_of(raw.stub.SecureAdvertise(
+                        pb.SecureAdvertiseRequest(client_id=client, task_id=task.task_id,
+                                                  cipher_public=bytes([i + 1]) * 32,
+                                                  mask_public=bytes([i + 9]) * 32),
+                        timeout=90))))
+                desk = server.service.secure
+                assert desk is not None
+                await wait_until(lambda: desk.group is not None and len(desk.group.members) == 2,
+                                 what="both members in the roster")
+                stop.set()
+                answers = list(await asyncio.gather(*adverts))
+                await serving
+        return answers, server.gate.refused
+
+    answers, refused = run_async(scenario(), timeout=60)  # a held call would take drain_s
+    for answer in answers:
+        assert answer.code == "UNAVAILABLE", answer
+        assert "come back" in answer.detail  # the gate's answer, not a cut at the bound
+        assert answer.retry_delay is not None and answer.retry_delay >= 60.0
+    assert refused == 2
 
 
 HOOK = '''
