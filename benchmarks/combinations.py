@@ -1,10 +1,11 @@
 """The combination matrix, whole: every cell of ``fedlink.sim.combinations.FACTORS``.
 
 Each cell (mode x server optimizer x model with buffers / ``keep_local`` x partition x codec x
-privacy x trainer) is one small digits experiment, judged as ``fedlink.sim.combinations.judge``
-says: it learned (final accuracy above the cell's floor, a finite model, every BatchNorm
-``running_var`` > 0), it was refused at config time with a message naming the keys, it ran
-to the end wrong (``silently_wrong``: the failure this matrix exists to find), or it crashed.
+privacy x trainer x fleet) is one small digits experiment, judged as
+``fedlink.sim.combinations.judge`` says: it learned (final accuracy above the cell's floor, a
+finite model, every BatchNorm ``running_var`` > 0), it was refused at config time with a
+message naming the keys, it ran to the end wrong (``silently_wrong``: the failure this matrix
+exists to find), or it crashed.
 
 Figures: ``cells``, ``cells_learned``, ``cells_refused``, ``cells_silently_wrong`` (must be
 0), ``cells_crashed`` (must be 0), ``pairwise_cells`` (how many cells the all-pairs set of

@@ -3,8 +3,8 @@
 Each feature of fedlink can work alone while a combination of them runs to the end and produces
 a wrong model or a wrong record without a word. This module names the factors a research run
 combines (``FACTORS``: mode x server optimizer x model with buffers / ``keep_local`` x partition
-x codec x privacy x trainer), builds one small experiment per *cell* (a choice of one level per
-factor), runs it on the digits and judges it (``judge``):
+x codec x privacy x trainer x fleet), builds one small experiment per *cell* (a choice of one
+level per factor), runs it on the digits and judges it (``judge``):
 
 - ``learned``: the run finished, its final central accuracy is at least the cell's floor
   (``floor``: lower with privacy noise, a lossy codec or a skewed partition), every tensor of
@@ -46,10 +46,18 @@ FACTORS: dict[str, tuple[str, ...]] = {
     "codec": ("fp32", "topk", "qsgd"),
     "privacy": ("none", "dp_fedavg", "dp_sgd"),
     "trainer": ("builtin", "own"),
+    "fleet": ("even", "stragglers"),
 }
 """Each factor's levels. ``cnn_fedbn`` is the BatchNorm CNN with ``[client] keep_local =
 ["batchnorm"]``; ``own`` is a trainer factory of the user's, plugged with
-``run_simulation(trainer=...)``; ``dp_sgd`` is ``[client] trainer = "dp_sgd"``."""
+``run_simulation(trainer=...)``; ``dp_sgd`` is ``[client] trainer = "dp_sgd"``;
+``stragglers`` is a ``[network]`` whose clients compute at different speeds (``STRAGGLERS``:
+in gRPC mode the slower ones' trainers are wrapped to take longer)."""
+
+STRAGGLERS: dict[str, Any] = {"preset": "lan",
+                              "speed": {"kind": "choice", "values": [1.0, 1.5]}}
+"""The ``stragglers`` fleet: a fast link, each client drawing whether it computes 1.5 times as
+slowly as the others."""
 
 Cell = Mapping[str, str]
 """One level per factor of ``FACTORS``."""
@@ -147,8 +155,11 @@ def config_table(cell: Cell, name: str = "cell") -> dict[str, Any]:
                             "partition": cell["partition"]}
     if cell["partition"] == "dirichlet":
         data["options"] = {"alpha": 1.0}
-    return {"run": {"name": name, "seed": 1, "mode": cell["mode"]}, "data": data,
-            "model": model, "client": client, "coordinator": coordinator}
+    table = {"run": {"name": name, "seed": 1, "mode": cell["mode"]}, "data": data,
+             "model": model, "client": client, "coordinator": coordinator}
+    if cell["fleet"] == "stragglers":
+        table["network"] = STRAGGLERS
+    return table
 
 
 @dataclass(frozen=True)
