@@ -612,6 +612,7 @@ def _grpc_time_to_target(table: dict[str, Any], workdir: Path,
     """Wall seconds from the first task to the first version at the run's target accuracy,
     the run over real gRPC on the fleet's emulated links (infinity when none reaches it),
     its clients training at this machine's pace or (``device_step_s``) a device's."""
+    from fedlink.metrics import read_events
     from fedlink.metrics.summary import first_task_elapsed
     from fedlink.sim import run_simulation
 
@@ -620,9 +621,9 @@ def _grpc_time_to_target(table: dict[str, Any], workdir: Path,
         table["run"]["device_step_s"] = device_step_s
     config = ExperimentConfig.from_dict(table)
     result = run_simulation(config, workdir, progress=False)
-    events = _events(result.run_dir)
-    hit = _first_at_target(events, config.run.target_accuracy)
-    return math.inf if hit is None else float(hit["elapsed"]) - first_task_elapsed(events)
+    hit = _first_at_target(_events(result.run_dir), config.run.target_accuracy)
+    started = first_task_elapsed(read_events(result.run_dir / "events.jsonl"))
+    return math.inf if hit is None else float(hit["elapsed"]) - started
 
 
 DEVICE_STEP_S = VirtualSection.step_cost_s
