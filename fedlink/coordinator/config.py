@@ -31,7 +31,9 @@ class FlushRule:
     A flush fires when ``goal`` updates are in, or when ``deadline_s`` seconds have passed since
     the current model version was published and at least ``min_updates`` are in. Updates more
     than ``max_staleness`` versions old are refused. ``deadline_s = 0`` (or ``None``) means no
-    deadline: flush only at ``goal``. If the deadline passes with fewer than ``min_updates``
+    deadline: flush only at ``goal`` (a ``min_updates`` other than 1 or ``goal`` is then
+    refused, as nothing would read it, but in a secure run, where it is each group's floor; a
+    preset's is ``goal``). If the deadline passes with fewer than ``min_updates``
     in, the open tasks are released and their places offered to other clients; the deadline
     then starts again.
 
@@ -94,7 +96,7 @@ class FlushRule:
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> FlushRule:
         """The preset ``name`` (``FLUSH_PRESETS``) with ``overrides`` applied."""
-        return cls(**{**FLUSH_PRESETS.create(name).fields(overrides.get("goal")), **overrides})
+        return cls(**_preset_fields(name, overrides))
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any], section: str = "coordinator.flush") -> FlushRule:
@@ -105,10 +107,10 @@ class FlushRule:
         name = values.pop("preset")
         require(isinstance(name, str), f"{section}.preset", f"expected a name, got {name!r}")
         try:
-            base = FLUSH_PRESETS.create(name).fields(values.get("goal"))
+            fields = _preset_fields(name, values)
         except ConfigError as exc:
             raise ConfigError(f"{section}.preset: {exc}") from exc
-        return from_table(cls, {**base, **values}, section)
+        return from_table(cls, fields, section)
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,17 @@ class FlushPreset:
 
 
 FLUSH_PRESETS: Registry[FlushPreset] = Registry("flush preset")
+
+
+def _preset_fields(name: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The preset ``name``'s ``FlushRule`` fields with ``overrides`` applied. Its
+    ``min_updates`` is what its deadline flushes with: where ``overrides`` remove the deadline
+    (``deadline_s = 0``) and set no ``min_updates``, a version flushes at ``goal`` alone and
+    ``min_updates`` is ``goal``."""
+    fields = {**FLUSH_PRESETS.create(name).fields(overrides.get("goal")), **overrides}
+    if not fields["deadline_s"] and "min_updates" not in overrides:
+        fields["min_updates"] = fields["goal"]
+    return fields
 
 FLUSH_PRESETS.register("sync")(lambda: FlushPreset(
     goal=10, min_fraction=1.0, deadline_s=0.0, over_selection=1.0, max_staleness=0,
@@ -855,6 +868,7 @@ class CoordinatorConfig:
                 raise ConfigError(f"coordinator.{name}: {exc}") from exc
         self._check_staleness_weights(built["staleness_weight"])
         self._refuse_unread_staleness_weight()
+        self._refuse_unread_min_updates()
         require(math.isfinite(self.norm_bound) and self.norm_bound >= 0, "coordinator.norm_bound",
                 f"must be >= 0 (0: no bound), got {self.norm_bound}")
         require(math.isfinite(self.norm_bound_multiple) and self.norm_bound_multiple >= 1,
@@ -957,6 +971,17 @@ class CoordinatorConfig:
                 f"are, and with coordinator.flush.max_staleness = 0 every accepted update is "
                 f"fresh: set max_staleness >= 1, or remove staleness_weight and "
                 f"staleness_weight_options")
+
+    def _refuse_unread_min_updates(self) -> None:
+        """Without a deadline a version flushes at ``goal`` updates and nothing else:
+        ``min_updates``, what the deadline flushes with, is never read there, but in a secure
+        run, where it is each group's floor."""
+        flush = self.flush
+        require(flush.deadline_s is not None or self.secure.enabled
+                or flush.min_updates in (1, flush.goal), "coordinator.flush.min_updates",
+                f"{flush.min_updates} is how many updates the deadline flushes with, and there "
+                f"is no deadline (deadline_s = 0): every version waits for goal = {flush.goal} "
+                f"updates. Set deadline_s, or remove min_updates")
 
     def _check_secure(self) -> None:
         """Settings that need each individual update cannot work with secure aggregation:

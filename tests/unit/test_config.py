@@ -222,3 +222,34 @@ def test_a_round_fewer_clients_can_never_flush_is_named(rule: FlushRule, clients
 ])
 def test_a_round_the_clients_can_flush_is_not(rule: FlushRule) -> None:
     assert rule.unfillable_by(4) is None
+
+
+SECURE = {"secure": {"enabled": True}, "robust": {"enabled": False},
+          "norm_bound_adaptive": False}
+
+
+@pytest.mark.parametrize("flush", [
+    {"goal": 8, "min_updates": 4, "deadline_s": 0},
+    {"preset": "elastic", "goal": 8, "min_updates": 4, "deadline_s": 0},
+    {"preset": "async", "goal": 8, "min_updates": 4},
+])
+def test_min_updates_without_a_deadline_is_refused(flush: dict[str, Any]) -> None:
+    """Without a deadline every version waits for ``goal``: a ``min_updates`` below it would
+    be recorded and never read."""
+    with pytest.raises(ConfigError, match=r"^coordinator\.flush\.min_updates: 4 is how many "
+                                          r"updates the deadline flushes with"):
+        CoordinatorConfig.from_dict({"flush": flush})
+
+
+@pytest.mark.parametrize(("table", "min_updates"), [
+    ({"flush": {"goal": 8, "min_updates": 8, "deadline_s": 0}}, 8),
+    ({"flush": {"goal": 8, "min_updates": 4, "deadline_s": 10}}, 4),
+    # a preset's min_updates is what its deadline flushes with: without one, goal
+    ({"flush": {"preset": "elastic", "goal": 8, "deadline_s": 0}}, 8),
+    ({"flush": {"preset": "elastic", "goal": 8}}, 4),
+    ({"flush": {"preset": "sync", "goal": 8}}, 8),
+    # each secure group's floor, with or without a deadline
+    ({"flush": {"goal": 8, "min_updates": 4, "deadline_s": 0}} | SECURE, 4),
+])
+def test_min_updates_that_takes_effect_is_kept(table: dict[str, Any], min_updates: int) -> None:
+    assert CoordinatorConfig.from_dict(table).flush.min_updates == min_updates
