@@ -50,7 +50,8 @@ async def _serve(config_path: Path, address: str, output_dir: Path | None,
     """``serve``, with ``stop`` set by a signal."""
     # The set-up imports what the config's model and data need (torch for the built-in
     # models), so it is loaded only once there is a config to serve.
-    from fedlink.experiment.setup import Experiment, prepare_run_dir
+    from fedlink.experiment.run_folder import prepare_run_dir
+    from fedlink.experiment.setup import Experiment
 
     config = ExperimentConfig.from_toml(config_path)
     _check_servable(config)  # before the command line's overrides, which a virtual file refuses
@@ -64,7 +65,7 @@ async def _serve(config_path: Path, address: str, output_dir: Path | None,
             host=metrics_host or metrics.host)))
     resuming = holds_state(config.coordinator.state_dir)
     experiment = Experiment.build(config)
-    run_dir = prepare_run_dir(config, output_dir, keep_events=resuming)
+    run_dir = prepare_run_dir(config, output_dir, keep_records=resuming)
     host = address.rsplit(":", 1)[0]
 
     def announce(port: int) -> None:

@@ -50,8 +50,8 @@ from fedlink.experiment.config import (
     evaluate_train_refused,
     refuse_unread_trainer_options,
 )
+from fedlink.experiment.run_folder import MODEL_FILENAME, VECTOR_FILENAME
 from fedlink.experiment.trainers import TRAINERS, TrainerFactory
-from fedlink.metrics import EVENTS_FILENAME
 from fedlink.metrics.distribution import label_distribution
 from fedlink.models import Evaluator, UserEvaluator, build_model
 from fedlink.params import ParamSpec, to_vector
@@ -61,10 +61,6 @@ from fedlink.private import private_dir
 
 ModelPlug = nn.Module | Callable[..., nn.Module]
 
-MODEL_FILENAME = "model.pt"
-"""The final global model as a torch ``state_dict`` (``torch.load`` it into the model)."""
-VECTOR_FILENAME = "model.npy"
-"""The final global model as the flat float32 vector the coordinator holds."""
 
 
 @dataclass(frozen=True)
@@ -563,15 +559,3 @@ def pooled_train(data: FederatedData, holdout: float = 0.0,
                    y=np.concatenate([c.y for c in clients]),
                    num_classes=data.num_classes, num_features=data.num_features,
                    name=f"{data.name}-train")
-
-
-def prepare_run_dir(config: ExperimentConfig, output_dir: Path | None,
-                    keep_events: bool = False) -> Path:
-    """Create ``<output_dir>/<run name>/``; a previous run's event log there is replaced.
-
-    ``keep_events`` keeps it instead (a resumed run appends to its own log).
-    """
-    run_dir = private_dir(Path(output_dir or config.run.output_dir) / config.run.name)
-    if not keep_events:
-        (run_dir / EVENTS_FILENAME).unlink(missing_ok=True)
-    return run_dir

@@ -41,6 +41,8 @@ from fedlink.metrics.svg import BarPanel, Series, line_plot, stacked_bars, write
 ACCURACY_VS_MODEL_TIME = "accuracy_vs_model_time.svg"
 ACCURACY_VS_SIMULATION_TIME = "accuracy_vs_simulation_time.svg"
 TIME_SHARES = "comm_vs_compute.svg"
+PLOTS = (ACCURACY_VS_MODEL_TIME, ACCURACY_VS_SIMULATION_TIME, TIME_SHARES)
+"""The plots ``draw_model_time`` may draw."""
 
 _UNITS = ((7200.0, 3600.0, "hours"), (120.0, 60.0, "minutes"), (0.0, 1.0, "seconds"))
 """(span from which a unit is used, seconds per unit, its name), longest first."""

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedlink.metrics.distribution import draw_label_distribution, label_section
+from fedlink.metrics.distribution import LABEL_PLOT, draw_label_distribution, label_section
 from fedlink.metrics.events import FLUSH, UPDATE_ACCEPTED, Event
-from fedlink.metrics.federated import draw_federated
+from fedlink.metrics.federated import CURVES_PLOT, SPREAD_PLOT, draw_federated
 from fedlink.metrics.formatting import fmt_metric, human_bytes, human_seconds, key_figures
+from fedlink.metrics.model_time import PLOTS as MODEL_TIME_PLOTS
 from fedlink.metrics.model_time import draw_model_time
 from fedlink.metrics.summary import comm_figures, made_elapsed, of_kind, start_elapsed
 from fedlink.metrics.svg import Series, line_plot, write_svg
@@ -26,6 +27,9 @@ REPORT_FILENAME = "report.md"
 ACCURACY_VS_ROUND = "accuracy_vs_round.svg"
 ACCURACY_VS_TIME = "accuracy_vs_time.svg"
 LOSS_VS_ROUND = "loss_vs_round.svg"
+PLOT_FILENAMES = (ACCURACY_VS_ROUND, ACCURACY_VS_TIME, LOSS_VS_ROUND, *MODEL_TIME_PLOTS,
+                  LABEL_PLOT, CURVES_PLOT, SPREAD_PLOT)
+"""Every plot a report may draw into the run folder."""
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from fedlink.errors import ConfigError
+from fedlink.experiment.run_folder import TENSORBOARD_DIRNAME
 from fedlink.metrics.events import Event, EventLog
 from fedlink.metrics.summary import made_elapsed
 
@@ -38,8 +39,6 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ConfigError("[run] tensorboard = true needs the tensorboard package: "
                       "pip install 'fedlink[tensorboard]'") from exc
 
-TENSORBOARD_DIRNAME = "tensorboard"
-"""The folder of the event files inside a run folder."""
 
 
 class TensorBoardScalars:

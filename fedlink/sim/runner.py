@@ -163,7 +163,8 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
                           "`fedlink client --tls-ca ...` to try TLS")
     import torch  # deferred, with the set-up: importing fedlink.sim needs neither
 
-    from fedlink.experiment.setup import Experiment, Plugs, prepare_run_dir
+    from fedlink.experiment.run_folder import prepare_run_dir
+    from fedlink.experiment.setup import Experiment, Plugs
 
     torch.set_num_threads(config.run.torch_threads)
     plugs = Plugs(model=model, data=data, trainer=trainer, evaluate=evaluate, loss=loss)

@@ -25,6 +25,7 @@ import numpy as np
 from fedlink.clock import ManualClock
 from fedlink.coordinator.engine import FlushOutcome
 from fedlink.errors import ConfigError
+from fedlink.experiment.run_folder import VECTOR_FILENAME, prepare_run_dir
 from fedlink.metrics import (
     EVENTS_FILENAME,
     SUMMARY_FILENAME,
@@ -36,7 +37,6 @@ from fedlink.metrics import (
 from fedlink.metrics.federated import federated_figures
 from fedlink.metrics.model_time import time_shares
 from fedlink.privacy.setup import with_run_seed
-from fedlink.private import private_dir
 from fedlink.sim.virtual.availability import TraceAvailability, build_availability
 from fedlink.sim.virtual.backends import (
     BACKENDS,
@@ -61,7 +61,6 @@ if TYPE_CHECKING:
     from fedlink.experiment.setup import Experiment, Plugs
     from fedlink.sim.runner import SimulationResult
 
-VECTOR_FILENAME = "model.npy"
 
 
 def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
@@ -91,8 +90,7 @@ def run_virtual(config: ExperimentConfig, output_dir: Path | None = None,
     refuse_rounds_the_fleet_cannot_fill(
         config.coordinator.flush, population.size,
         "[virtual] population" if config.virtual.population else "[data] clients")
-    run_dir = private_dir(Path(output_dir or config.run.output_dir) / config.run.name)
-    (run_dir / EVENTS_FILENAME).unlink(missing_ok=True)
+    run_dir = prepare_run_dir(config, output_dir)
     clock = ManualClock()
     availability = build_availability(config.virtual, config.run.seed)
     traced = population
