@@ -157,3 +157,20 @@ def test_virtual_run_is_reproducible(tmp_path: Path) -> None:
     np.testing.assert_array_equal(np.load(first.run_dir / "model.npy"),
                                   np.load(second.run_dir / "model.npy"))
     assert first.summary["model_seconds"] == second.summary["model_seconds"] > 0
+
+
+def test_a_client_holding_a_recent_version_downloads_the_same_delta_in_both_modes(
+        tmp_path: Path) -> None:
+    """Each client trains every version, so from the second on it holds the previous one and
+    is offered the coordinator's exact delta from it: a virtual client takes it, timed and
+    counted at its bytes, as a real one does (it once took the whole model each time)."""
+    real, virtual = _both({"goal": 3, "deadline_s": 0}, tmp_path, rounds=3)
+    _same(real, virtual)
+    for summary in (real.summary, virtual.summary):
+        assert summary["bytes_down_delta"] > 0
+        assert summary["delta_bytes_saved"] > 0
+        assert summary["bytes_down"] == sum(summary[f"bytes_down_{kind}"]
+                                            for kind in ("model", "delta", "evaluation"))
+    # the same downloads of the same versions: xor-zlib deltas of models equal to 1e-6
+    for key in ("bytes_down_model", "bytes_down_delta", "delta_bytes_saved"):
+        assert virtual.summary[key] == pytest.approx(real.summary[key], rel=0.02), key

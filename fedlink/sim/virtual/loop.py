@@ -5,7 +5,9 @@ Each selected client lives through timed events, driven by the same lifecycle as
 ``ClientSession`` over gRPC (``fedlink.client.protocol``: the loop performs the actions it
 answers, on the manual clock): it checks in (one ``GetTask`` round trip), downloads the task's
 model (its encoded payload, decoded with ``fedlink.wire.unpack`` as the real client does;
-nothing when it holds that version; full models, never deltas), trains (the real trainer;
+nothing when it holds that version; the coordinator's exact delta from the version it holds,
+timed at the delta's bytes, when the engine offers one, as it offers a real client that
+names its version at check-in), trains (the real trainer;
 model time is ``steps x step_cost_s x speed``), runs the real ``UpdatePipeline`` (privacy,
 codec, error feedback), uploads and commits (inline when the protocol says so). The training
 and the pipeline, a device's own work, run in a ``TrainingBackend``
@@ -71,7 +73,7 @@ from fedlink.client.protocol import (
 from fedlink.clock import ManualClock
 from fedlink.coordinator.commits import bounded_examples
 from fedlink.coordinator.config import CoordinatorConfig
-from fedlink.coordinator.downloads import EVALUATION, MODEL
+from fedlink.coordinator.downloads import DELTA, EVALUATION, MODEL
 from fedlink.coordinator.engine import FlushOutcome, RoundEngine
 from fedlink.coordinator.lifecycle import target_accuracy
 from fedlink.coordinator.outcomes import (
@@ -129,6 +131,8 @@ class _Busy:
     network_s: float = 0.0
     compute_s: float = 0.0
     bytes_down: int = 0
+    bytes_saved: int = 0
+    """What its delta download saved against the whole model (0: a whole model)."""
     rows: tuple[dict[str, float], ...] = ()
     """The task's rows of ``LoopTotals.per_profile`` and ``per_round`` (found at its first
     charge: a task is charged four times)."""
@@ -173,7 +177,13 @@ class LoopTotals:
     downloads: int = 0
     """The tasks whose model was sent (the rest held its version already)."""
     bytes_down_evaluation: int = 0
-    """The evaluation tasks' part of ``bytes_down`` (the rest is full models: no deltas)."""
+    """The evaluation tasks' part of ``bytes_down`` (whole models: evaluation tasks take no
+    delta in virtual mode)."""
+    bytes_down_delta: int = 0
+    """The training tasks' delta downloads' part of ``bytes_down``."""
+    delta_bytes_saved: int = 0
+    """What the delta downloads of tasks whose update was accepted saved against whole
+    models: the real run's ``delta_bytes_saved``."""
     bytes_down_used: int = 0
     """The downloads of tasks whose update or evaluation report was accepted; the rest of
     ``bytes_down`` is the real run's ``bytes_down_wasted``."""
@@ -319,9 +329,10 @@ class VirtualLoop:
         if not self.availability.online(index, now):
             return False
         self._checked_in[index] = True
-        protocol = ClientProtocol(self._lifecycle, int(self._held[index]))
-        protocol.start()  # a check-in; full models only, so the engine offers no delta
-        action = protocol.heard(Offered(self.engine.issue(self.client_id(index)), now))
+        held = int(self._held[index])
+        protocol = ClientProtocol(self._lifecycle, held)
+        protocol.start()  # a check-in naming the version it holds: a delta may be offered
+        action = protocol.heard(Offered(self.engine.issue(self.client_id(index), held), now))
         if isinstance(action, WaitFor):
             self._waiting[index] = now
             self.clock.call_later(action.seconds, functools.partial(self._end_wait, index))
@@ -352,16 +363,25 @@ class VirtualLoop:
     def _download(self, busy: _Busy, action: Download) -> int:
         """Count the task's model download's bytes; returns them (0 when the client holds the
         task's version, having just evaluated it, and as a real client that says so in
-        ``GetTask`` is sent nothing)."""
+        ``GetTask`` is sent nothing). The task's delta when it offers one from the version the
+        client holds (``fedlink.client.transfer``'s rule), else the whole model."""
         if not action.needed:
             return 0
-        self._held[busy.index] = version = action.task.model_version
-        header = self.engine.payload(version).header
-        self._round_down.sent(MODEL, header.num_bytes)
-        self.totals.bytes_down += header.num_bytes
+        task = action.task
+        self._held[busy.index] = task.model_version
+        whole = task.model.num_bytes
+        if task.delta is not None and task.delta_base_version == action.held_version:
+            num_bytes = task.delta.num_bytes
+            self._round_down.sent(DELTA, num_bytes)
+            self.totals.bytes_down_delta += num_bytes
+            busy.bytes_saved = whole - num_bytes
+        else:
+            num_bytes = whole
+            self._round_down.sent(MODEL, num_bytes)
+        self.totals.bytes_down += num_bytes
         self.totals.downloads += 1
-        busy.bytes_down = header.num_bytes
-        return header.num_bytes
+        busy.bytes_down = num_bytes
+        return num_bytes
 
     # -- a client's task -------------------------------------------------------------------
 
@@ -490,7 +510,7 @@ class VirtualLoop:
             self._poll_if_due()  # a refused answer may have completed its cohort
         else:
             busy.protocol.heard(Accepted())
-            self.count_used(busy.bytes_down)
+            self.count_used(busy.bytes_down, busy.bytes_saved)
             if acceptance.flush is not None:
                 self.flushed(acceptance.flush)
         self._fill()
@@ -658,9 +678,11 @@ class VirtualLoop:
         self.totals.downloads += 1
         self.totals.bytes_down_evaluation += num_bytes
 
-    def count_used(self, num_bytes: int) -> None:
-        """A task's download was used: its update or evaluation report was accepted."""
+    def count_used(self, num_bytes: int, bytes_saved: int = 0) -> None:
+        """A task's download was used: its update or evaluation report was accepted
+        (``bytes_saved``: what it saved as a delta)."""
         self.totals.bytes_down_used += num_bytes
+        self.totals.delta_bytes_saved += bytes_saved
 
     def _count_evaluation_network(self, index: int, version: int, seconds: float,
                                   transfer: Any) -> None:

@@ -256,8 +256,10 @@ def virtual_figures(totals: LoopTotals, wall_s: float, loop: VirtualLoop) -> dic
         "wall_seconds": totals.wall_s,
         "clients": totals.clients,
         "bytes_down": totals.bytes_down,
-        "bytes_down_model": totals.bytes_down - totals.bytes_down_evaluation,
-        "bytes_down_delta": 0,
+        "bytes_down_model": (totals.bytes_down - totals.bytes_down_evaluation
+                             - totals.bytes_down_delta),
+        "bytes_down_delta": totals.bytes_down_delta,
+        "delta_bytes_saved": totals.delta_bytes_saved,
         "bytes_down_evaluation": totals.bytes_down_evaluation,
         "bytes_down_wasted": totals.bytes_down - totals.bytes_down_used,
         # a real run's from its download_finished events, which a virtual one does not log

@@ -339,7 +339,7 @@ class VirtualSecure:
         """A task's update is in a flushed sum: the model it downloaded was used."""
         busy = self.loop.busy_of(client_id)
         if busy is not None and busy.task.task_id == task_id:
-            self.loop.count_used(busy.bytes_down)
+            self.loop.count_used(busy.bytes_down, busy.bytes_saved)
 
     _RECORDERS: dict[int, Callable[[SecureDesk, Any], tuple[SecureGroup, Any]]] = {
         ADVERTISE: SecureDesk.join, SHARE: SecureDesk.record_share,
