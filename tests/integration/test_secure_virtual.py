@@ -43,8 +43,9 @@ def _config(secure: bool, rounds: int = 1, density: float = 1.0,
     table: dict[str, Any] = {
         "rounds": rounds, "training": {"local_steps": 4},
         "robust": {"enabled": False}, "norm_bound_adaptive": False,
-        "flush": {"goal": CLIENTS, "min_updates": 2, "deadline_s": None, **flush}}
-    if secure:
+        "flush": {"goal": CLIENTS, "deadline_s": None, **flush}}
+    if secure:  # each group's floor (a plain flush with no deadline waits for goal alone)
+        table["flush"] = {"min_updates": 2, **table["flush"]}
         table["secure"] = {"enabled": True, "phase_s": 5.0, "density": density, **(ddp or {})}
     return CoordinatorConfig.from_dict(table)
 
