@@ -256,6 +256,13 @@ class Task:
         """Whether the coordinator offers a delta from ``delta_base_version``."""
         return self.delta is not None and bool(self.delta.encoding)
 
+    def delta_from(self, held_version: int) -> TensorHeader | None:
+        """The delta a client holding ``held_version`` downloads instead of the whole model
+        (``None``: none is offered from that version)."""
+        if self.has_delta and self.delta_base_version == held_version:
+            return self.delta
+        return None
+
 
 @dataclass(frozen=True)
 class Wait:

@@ -319,9 +319,9 @@ class Transfers:
         if held is not None and held.checksum == task.model.checksum:
             self.stats.delta_bytes_saved += task.model.num_bytes
             return held.vector
-        if held is not None and task.delta is not None and task.has_delta \
-                and task.delta_base_version == held.version:
-            model = await self._fetch_delta(client_id, task, task.delta, held)
+        delta = task.delta_from(held.version) if held is not None else None
+        if held is not None and delta is not None:
+            model = await self._fetch_delta(client_id, task, delta, held)
             if model is not None:
                 return model
         if task.model_data:

@@ -364,14 +364,15 @@ class VirtualLoop:
         """Count the task's model download's bytes; returns them (0 when the client holds the
         task's version, having just evaluated it, and as a real client that says so in
         ``GetTask`` is sent nothing). The task's delta when it offers one from the version the
-        client holds (``fedlink.client.transfer``'s rule), else the whole model."""
+        client holds (``Task.delta_from``, the real client's rule), else the whole model."""
         if not action.needed:
             return 0
         task = action.task
         self._held[busy.index] = task.model_version
         whole = task.model.num_bytes
-        if task.delta is not None and task.delta_base_version == action.held_version:
-            num_bytes = task.delta.num_bytes
+        delta = task.delta_from(action.held_version)
+        if delta is not None:
+            num_bytes = delta.num_bytes
             self._round_down.sent(DELTA, num_bytes)
             self.totals.bytes_down_delta += num_bytes
             busy.bytes_saved = whole - num_bytes
