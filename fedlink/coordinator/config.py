@@ -673,7 +673,9 @@ class SecureConfig:
     ``phase_s``, a quorum below 1 trades a late member's work for the others' time. The two
     phases' quorums compound: a group of ``flush.goal`` 8 at quorum 0.75 may close its share
     phase at 6 members and its masked phase at 5 of those, so its version sums 5 to 8
-    updates, where a plain flush sums ``goal``.
+    updates, where a plain flush sums ``goal``: with a quorum below 1, make the group a
+    member larger than the plain flush's ``goal`` (a group of 9 at quorum 0.8 stops waiting
+    once 8 shared and 7 of them delivered).
     ``density`` below 1: group random-k, the compression that survives masking. Every member
     of a group sends the same ``ceil(density * n - 1e-9)`` coordinates of its update (drawn
     from the run's ``seed`` and the group's number, public values) and keeps the rest as a residual
@@ -809,7 +811,9 @@ class CoordinatorConfig:
     ``drain_s``: how long a stop (SIGTERM, SIGINT) may take. The run's summary and model are
     written first; then callers are told to come back (``UNAVAILABLE`` with a retry hint),
     calls already running get what is left of ``drain_s`` to finish, and the process exits
-    (``fedlink.coordinator.stopping``). Keep the supervisor's stop timeout above it.
+    (``fedlink.coordinator.stopping``). Keep the supervisor's stop timeout above it. Only
+    ``fedlink serve`` stops so: ``fedlink simulate``, whose clients run in its process and stop
+    with it, refuses it.
 
     ``metrics`` and ``netcheck``: the Prometheus endpoint and the ``Probe`` call that
     ``fedlink netcheck`` uses, both off by default (``fedlink.coordinator.operations``).

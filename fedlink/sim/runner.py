@@ -31,7 +31,8 @@ import numpy as np
 from fedlink.aio import cancel_and_wait
 from fedlink.client import SessionStats, Trainer
 from fedlink.client.retry import Sleep
-from fedlink.coordinator.config import FlushRule
+from fedlink.config import field_default
+from fedlink.coordinator.config import CoordinatorConfig, FlushRule
 from fedlink.coordinator.lifecycle import target_rules
 from fedlink.errors import ConfigError, FedlinkError, RemoteError
 from fedlink.experiment.config import ExperimentConfig
@@ -161,6 +162,11 @@ def run_simulation(config: ExperimentConfig, output_dir: Path | None = None,
         raise ConfigError("fedlink simulate runs its clients in this process over loopback in "
                           "plaintext: remove [coordinator.tls], or run `fedlink serve` and "
                           "`fedlink client --tls-ca ...` to try TLS")
+    if config.coordinator.drain_s != field_default(CoordinatorConfig, "drain_s"):
+        raise ConfigError("coordinator.drain_s: fedlink simulate runs its clients in this "
+                          "process, so a stop (Ctrl-C) ends them with the coordinator and no "
+                          "call is left to drain: nothing would read it. Remove drain_s, or "
+                          "run `fedlink serve`, where a stop drains the clients' calls")
     import torch  # deferred, with the set-up: importing fedlink.sim needs neither
 
     from fedlink.experiment.run_folder import prepare_run_dir

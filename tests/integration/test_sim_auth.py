@@ -43,3 +43,9 @@ def test_tls_is_refused_with_a_reason(tmp_path: Path) -> None:
     config = tiny("sim-tls", tls={"cert_file": "server.pem", "key_file": "server.key"})
     with pytest.raises(ConfigError, match="plaintext"):
         run_simulation(config, tmp_path, progress=False)
+
+
+def test_drain_s_is_refused_as_nothing_would_read_it(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="drain_s"):
+        run_simulation(tiny("sim-drain", drain_s=30.0), tmp_path, progress=False)
+    assert not (tmp_path / "sim-drain").exists()  # refused before the run folder is made
