@@ -136,3 +136,45 @@ def test_the_reports_accuracy_against_time_says_its_seconds_are_model_seconds(
     labels = [t.text for t in ET.parse(run_dir / ACCURACY_VS_TIME).getroot().iter(
         "{http://www.w3.org/2000/svg}text")]
     assert "model seconds since run start" in labels
+
+
+def test_an_update_counts_when_its_commit_reaches_the_coordinator_not_when_its_answer_is_back(
+        tmp_path: Path) -> None:
+    """On a deterministic 3g link a task costs the check-in's round trip with the model in
+    its answer, the training, then the commit's one leg up with the update: the engine takes
+    the update when the request arrives, and the client checks in again once the answer
+    came back, one one-way latency later (as over gRPC: timing it a round trip before the
+    engine saw the update delayed every flush, and so every version, by that leg)."""
+    from fedlink.netem.presets import preset
+    from fedlink.sim import run_simulation
+
+    link = preset("3g")
+    one_way = link.latency_ms / 1000.0
+    down_rate, up_rate = link.down_kbps * 1000 / 8, link.up_kbps * 1000 / 8
+    config = ExperimentConfig.from_dict({
+        "run": {"name": "legs", "seed": 1, "mode": "virtual"},
+        "data": {"dataset": "digits", "clients": 2},
+        "model": {"name": "logreg"},
+        "coordinator": {"rounds": 2, "flush": {"goal": 2},
+                        "training": {"local_epochs": 1, "learning_rate": 0.5}},
+        "virtual": {"deterministic": True, "step_cost_s": 0.5},
+        "network": {"preset": "3g"},
+    })
+    events = _events(run_simulation(config, tmp_path, progress=False).run_dir)
+    issued = {e["task_id"]: e for e in events if e["kind"] == "task_issued"}
+    flushes = {e["model_version"]: e for e in events if e["kind"] == "flush"}
+    accepted = [e for e in events if e["kind"] == "update_accepted"]
+    assert len(accepted) == 4
+    for update in accepted:
+        flush = flushes[update["base_version"] + 1]
+        bytes_down = flush["bytes_down"] / flush["num_updates"]  # the same model to each
+        network = 2 * one_way + bytes_down / down_rate + one_way + update["bytes_up"] / up_rate
+        assert update["network_seconds"] == pytest.approx(network)
+        task = issued[update["task_id"]]
+        assert update["elapsed"] - task["elapsed"] == pytest.approx(
+            update["train_seconds"] + network)
+    first_round = [e for e in accepted if e["base_version"] == 0]
+    next_tasks = [e for e in issued.values() if e["model_version"] == 1]
+    assert {t["client_id"] for t in next_tasks} == {u["client_id"] for u in first_round}
+    for task in next_tasks:  # the flush's answer on its way back, then the check-in
+        assert task["elapsed"] == pytest.approx(flushes[1]["elapsed"] + one_way)

@@ -55,7 +55,7 @@ from fedlink.messages import EvaluationReport, Task, TaskKind
 from fedlink.metrics import EventLog, kinds
 from fedlink.sim.virtual.availability import Availability, finish
 from fedlink.sim.virtual.population import Population
-from fedlink.sim.virtual.timing import check_in_time, round_trip_s
+from fedlink.sim.virtual.timing import UP, check_in_time, leg_time
 from fedlink.wire import unpack
 
 _STREAM = 0xE7A1  # this module's generator stream, apart from selection and timing
@@ -134,7 +134,8 @@ class VirtualEvaluations:
         world.events.emit(kinds.EvaluationIssued.build(client_id=f"sim-{index}",
                                                        task_id=task_id, model_version=version))
         profile = world.population.profile(index)
-        report = round_trip_s(profile, self._timing) if profile is not None else 0.0
+        # the task ends when the report reaches the coordinator, after its request's leg
+        report = leg_time(profile, 0, UP, self._timing).seconds
         task = Task(task_id, version, 0, 0, 0.0, header, kind=TaskKind.EVALUATE)
         protocol = ClientProtocol(held_version=world.held(index))
         protocol.start()

@@ -9,7 +9,9 @@ nothing when it holds that version; the coordinator's exact delta from the versi
 timed at the delta's bytes, when the engine offers one, as it offers a real client that
 names its version at check-in), trains (the real trainer;
 model time is ``steps x step_cost_s x speed``), runs the real ``UpdatePipeline`` (privacy,
-codec, error feedback), uploads and commits (inline when the protocol says so). The training
+codec, error feedback), uploads and commits (inline when the protocol says so: the engine takes
+the update when the commit's request reaches it, and the client checks in again once the
+answer is back, a one-way latency later, as over gRPC). The training
 and the pipeline, a device's own work, run in a ``TrainingBackend``
 (``fedlink.sim.virtual.backends``): handed over when the download ends, the encoded update
 taken when training ends in model time, so worker processes work for several clients at
@@ -99,7 +101,7 @@ from fedlink.sim.virtual.backends import (
 from fedlink.sim.virtual.evaluations import VirtualEvaluations, VirtualWorld
 from fedlink.sim.virtual.population import Population
 from fedlink.sim.virtual.residuals import ResidualStore
-from fedlink.sim.virtual.timing import UP, check_in_time, round_trip_s, transfer_time
+from fedlink.sim.virtual.timing import DOWN, UP, check_in_time, leg_time, transfer_time
 from fedlink.wire import unpack
 
 Evaluate = Callable[[np.ndarray], Mapping[str, float]]
@@ -129,13 +131,14 @@ class _Busy:
     trainer: Trainer | None = None
     seen: float = 0.0
     network_s: float = 0.0
+    answer_s: float = 0.0  # the commit's answer on its way back
     compute_s: float = 0.0
     bytes_down: int = 0
     bytes_saved: int = 0
     """What its delta download saved against the whole model (0: a whole model)."""
     rows: tuple[dict[str, float], ...] = ()
     """The task's rows of ``LoopTotals.per_profile`` and ``per_round`` (found at its first
-    charge: a task is charged four times)."""
+    charge: a task is charged several times)."""
 
 
 @dataclass(frozen=True)
@@ -356,6 +359,11 @@ class VirtualLoop:
         self.clock.call_at(done, lambda: self._downloaded(busy))
         return True
 
+    def _answered(self, index: int) -> None:
+        """The commit's answer reached client ``index``: it checks in again (may be drawn)."""
+        self._waiting.pop(index, None)
+        self._fill()
+
     def _end_wait(self, index: int) -> None:
         """Client ``index`` waited as it was told: it may be drawn again."""
         self._waiting.pop(index, None)
@@ -476,12 +484,19 @@ class VirtualLoop:
         return rng
 
     def _upload(self, busy: _Busy, update: ReceivedUpdate, action: Deliver) -> None:
-        """Time the upload and commit (one call when the update travels inline)."""
+        """Time the upload and commit (one call when the update travels inline): the commit
+        reaches the coordinator after its request's leg (the one-way latency and, inline, the
+        update's bytes; else after a resumable upload of its own, round trip included), and
+        its answer reaches the client one one-way latency later (``_arrive``)."""
         index = busy.index
         profile = self.population.profile(index)
-        up = transfer_time(profile, update.bytes_up, UP, self.timing)
-        commit = round_trip_s(profile, self.timing) if profile is not None else 0.0
-        seconds = up.seconds if action.inline else up.seconds + commit
+        if action.inline:
+            up = leg_time(profile, update.bytes_up, UP, self.timing)
+            seconds = up.seconds
+        else:
+            up = transfer_time(profile, update.bytes_up, UP, self.timing)
+            seconds = up.seconds + leg_time(profile, 0, UP, self.timing).seconds
+        busy.answer_s = leg_time(profile, 0, DOWN, self.timing).seconds
         self.count_network(busy, seconds, up)
         arrives = finish(self.availability, index, self.clock.now(), seconds)
         if arrives <= self.clock.now():
@@ -497,11 +512,16 @@ class VirtualLoop:
     def _arrive(self, busy: _Busy, update: ReceivedUpdate) -> None:
         """The commit reaches the coordinator: the engine accepts or refuses it, with the
         task's model time reported as a real client reports its own (``train_seconds``,
-        ``network_seconds``, ``offline_seconds``)."""
+        ``network_seconds``, ``offline_seconds``): the task ends here, as its events say. The
+        client checks in again once the answer reached it."""
+        metrics = {**update.metrics, **self._task_times(busy)}
         self._done(busy)
+        if busy.answer_s > 0:  # not drawn before the answer reached it
+            self._waiting[busy.index] = self.clock.now()
+            self.clock.call_later(busy.answer_s, functools.partial(self._answered, busy.index))
         if self.engine.finished:  # after the end (the final evaluations): refused unheard
             return
-        update = replace(update, metrics={**update.metrics, **self._task_times(busy)})
+        update = replace(update, metrics=metrics)
         try:
             acceptance = self.engine.submit(update)
         except RemoteError as err:
