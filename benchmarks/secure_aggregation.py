@@ -578,6 +578,12 @@ waiting once 8 shared and 7 of those delivered, where a group of 8 stops at 6 (t
 figures)."""
 
 
+VARIANTS = {"": (DEMO_QUORUM, DEMO_GROUP), "_wait_all": (1.0, DEMO_GROUP),
+            "_group8": (DEMO_QUORUM, 8)}
+"""The secure runs measured against plain, by the suffix of their figures: ``(quorum,
+group)``; the unsuffixed one is the benchmark's secure side."""
+
+
 def _tta_tables(seed: int, quorum: float,
                 group: int = DEMO_GROUP) -> tuple[dict[str, Any], dict[str, Any]]:
     """The demo as it is (plain) and with secure aggregation in groups of ``group``, both in
@@ -598,19 +604,17 @@ def _tta_tables(seed: int, quorum: float,
 def secure_time_to_accuracy(seeds: tuple[int, ...]) -> dict[str, Any]:
     """The demo in virtual mode, plain and secure, paired by ``seeds`` (see the docstring)."""
     pairs: list[tuple[tuple[float, int, dict[str, Any]], ...]] = []
-    variants = {"wait_all": (1.0, DEMO_GROUP), "group8": (DEMO_QUORUM, 8)}
-    others: dict[str, list[float]] = {name: [] for name in variants}
+    ratios_by: dict[str, list[float]] = {name: [] for name in VARIANTS}
     with tempfile.TemporaryDirectory() as workdir:
         for seed in seeds:
-            plain, secure = _tta_tables(seed, DEMO_QUORUM)
-            plain_run = _time_to_target(plain, Path(workdir))
-            pairs.append((plain_run, _time_to_target(secure, Path(workdir))))
-            for name, (quorum, group) in variants.items():
-                other = _tta_tables(seed, quorum, group)[1]
-                others[name].append(_time_to_target(other, Path(workdir))[0] / plain_run[0])
+            plain_run = _time_to_target(_tta_tables(seed, DEMO_QUORUM)[0], Path(workdir))
+            for name, (quorum, group) in VARIANTS.items():
+                run = _time_to_target(_tta_tables(seed, quorum, group)[1], Path(workdir))
+                ratios_by[name].append(run[0] / plain_run[0])
+                if not name:
+                    pairs.append((plain_run, run))
     figures: dict[str, Any] = {}
-    for name, ratios in (("", [s[0] / p[0] for p, s in pairs]),
-                         *((f"_{k}", v) for k, v in others.items())):
+    for name, ratios in ratios_by.items():
         figures |= {f"secure_time_to_accuracy_ratio{name}": statistics.median(ratios),
                     f"secure_time_to_accuracy_ratio{name}_min": min(ratios),
                     f"secure_time_to_accuracy_ratio{name}_max": max(ratios)}
@@ -659,13 +663,13 @@ def _last_accuracy(table: dict[str, Any], workdir: Path) -> float:
     return statistics.mean(accuracies[-3:])
 
 
-def _seed_accuracies(seed: int) -> tuple[float, float, float, float]:
-    """One seed's last accuracies: plain, secure, secure with quorum 1, secure in groups of 8."""
-    plain, secure = _tta_tables(seed, DEMO_QUORUM)
-    tables = (plain, secure, _tta_tables(seed, 1.0)[1], _tta_tables(seed, DEMO_QUORUM, 8)[1])
+def _seed_accuracies(seed: int) -> dict[str, float]:
+    """One seed's last accuracies: ``"plain"``'s, and each of ``VARIANTS``' by its suffix."""
     with tempfile.TemporaryDirectory() as workdir:
-        first, second, third, fourth = (_last_accuracy(t, Path(workdir)) for t in tables)
-    return first, second, third, fourth
+        accuracies = {"plain": _last_accuracy(_tta_tables(seed, DEMO_QUORUM)[0], Path(workdir))}
+        for name, (quorum, group) in VARIANTS.items():
+            accuracies[name] = _last_accuracy(_tta_tables(seed, quorum, group)[1], Path(workdir))
+    return accuracies
 
 
 def secure_accuracy_on_the_demo_fleet(seeds: tuple[int, ...]) -> dict[str, Any]:
@@ -677,13 +681,13 @@ def secure_accuracy_on_the_demo_fleet(seeds: tuple[int, ...]) -> dict[str, Any]:
     with ProcessPoolExecutor(os.cpu_count(), mp_context=multiprocessing.get_context("spawn")) \
             as pool:
         runs = list(pool.map(_seed_accuracies, seeds))
-    drops = [r[0] - r[1] for r in runs]
-    return {"secure_accuracy_drop": statistics.median(drops),
+    drops = [r["plain"] - r[""] for r in runs]
+    return {**{f"secure_accuracy_drop{name}": statistics.median(r["plain"] - r[name]
+                                                                 for r in runs)
+               for name in VARIANTS},
             "secure_accuracy_drop_min": min(drops), "secure_accuracy_drop_max": max(drops),
-            "secure_accuracy_drop_wait_all": statistics.median(r[0] - r[2] for r in runs),
-            "secure_accuracy_drop_group8": statistics.median(r[0] - r[3] for r in runs),
-            "secure_accuracy_demo_plain": statistics.median(r[0] for r in runs),
-            "secure_accuracy_demo_secure": statistics.median(r[1] for r in runs),
+            "secure_accuracy_demo_plain": statistics.median(r["plain"] for r in runs),
+            "secure_accuracy_demo_secure": statistics.median(r[""] for r in runs),
             "secure_accuracy_demo_seeds": len(seeds), "secure_accuracy_demo_group": DEMO_GROUP}
 
 

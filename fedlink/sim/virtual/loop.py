@@ -361,7 +361,7 @@ class VirtualLoop:
 
     def _answered(self, index: int) -> None:
         """The commit's answer reached client ``index``: it checks in again (may be drawn)."""
-        self._waiting.pop(index, None)
+        self._end_wait(index)
         self._fill()
 
     def _end_wait(self, index: int) -> None:
